@@ -1,0 +1,70 @@
+"""`hrl`: the command tree. Heavy modules (torch, transformers, aiohttp) are imported inside commands only,
+so `hrl --help` and `hrl --version` stay fast."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import click
+import typer
+
+from hrl.cli import __version__
+from hrl.cli.errors import EXIT_INTERRUPTED, report
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="hrl",
+    help="Harnessed agentic RL: train LLM agents through the harness they are deployed with.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hrl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Harnessed agentic RL: train LLM agents through the harness they are deployed with."""
+
+
+def _register() -> None:
+    from hrl.cli import doctor, models, serve
+
+    app.add_typer(models.app, name="models")
+    app.command("serve", epilog=serve.EPILOG)(serve.serve)
+    app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
+
+
+_register()
+
+
+def main() -> None:
+    """Console entry point: run the app and map every exception to one error line and an exit code."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress goes to stderr via rich
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        rc = app(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        rc = e.exit_code
+    except click.ClickException as e:
+        e.show()
+        rc = e.exit_code
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        rc = EXIT_INTERRUPTED
+    except Exception as e:
+        rc = report(e)
+    sys.exit(rc if isinstance(rc, int) else 0)

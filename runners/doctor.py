@@ -1,0 +1,82 @@
+"""Checks of what hrl can use on this machine. Each check returns (ok, detail); nothing here raises."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Check", "run_checks", "vllm_python"]
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    required_for: str
+
+
+def vllm_python() -> str | None:
+    """The interpreter that runs vLLM: HRL_VLLM_PYTHON, else this one if it has vllm, else None."""
+    env = os.environ.get("HRL_VLLM_PYTHON")
+    if env:
+        return env
+    return sys.executable if importlib.util.find_spec("vllm") else None
+
+
+def _module(name: str) -> tuple[bool, str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return False, "not installed"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return True, version(name)
+    except PackageNotFoundError:
+        return True, "installed"
+
+
+def _docker() -> tuple[bool, str]:
+    if not shutil.which("docker"):
+        return False, "docker client not found"
+    try:
+        out = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        return False, "docker info timed out"
+    if out.returncode != 0:
+        return False, "daemon not reachable: " + (out.stderr.strip().splitlines() or ["?"])[-1][:120]
+    return True, f"daemon {out.stdout.strip()}"
+
+
+def _vllm() -> tuple[bool, str]:
+    py = vllm_python()
+    if py is None:
+        return False, "no vllm here; set HRL_VLLM_PYTHON to a python that has vllm"
+    probe = "import importlib.util as u; print('ok' if u.find_spec('vllm') else 'missing')"
+    try:
+        res = subprocess.run([py, "-c", probe], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"{py}: {e}"
+    if res.stdout.strip() != "ok":
+        return False, f"{py} has no vllm"
+    return True, py
+
+
+CHECKS: list[tuple[str, Callable[[], tuple[bool, str]], str]] = [
+    ("torch", lambda: _module("torch"), "hrl train, embedded engine"),
+    ("transformers", lambda: _module("transformers"), "tokenizers, chat templates, models"),
+    ("peft", lambda: _module("peft"), "LoRA training and publishing"),
+    ("docker", _docker, "docker sandboxes"),
+    ("vllm", _vllm, "--engine vllm"),
+]
+
+
+def run_checks() -> list[Check]:
+    return [Check(name, *fn(), required_for) for name, fn, required_for in CHECKS]

@@ -1,0 +1,115 @@
+"""The engine protocol: generate from token ids, abort, pause/resume, publish weights, report the live version.
+
+Both engines (vLLM server, embedded transformers) implement it, and so does the scripted engine used to test
+harness integrations. The proxy talks only to this protocol, always in token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "Engine",
+    "Generation",
+    "PublishKind",
+    "SamplingParams",
+    "TokenDelta",
+    "collect",
+]
+
+PublishKind = Literal["lora", "full"]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters, in the units the engines understand.
+
+    temperature: 0 means greedy. top_k: 0 means no top-k cut. seed: None means nondeterministic.
+    stop_token_ids: generation ends after emitting one of these (the stop token is part of the response).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class TokenDelta:
+    """A piece of a streamed generation: new sampled ids with their logprobs, all from one policy version."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class Generation:
+    """A finished generation. `versions` is run-length: (start index in token_ids, policy version) pairs."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+
+    def add(self, delta: TokenDelta) -> None:
+        if delta.token_ids and (not self.versions or self.versions[-1][1] != delta.version):
+            self.versions.append((len(self.token_ids), delta.version))
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the proxy and the trainer need from an inference engine."""
+
+    name: str
+
+    @property
+    def version(self) -> int:
+        """The live policy version: the version new tokens are sampled with."""
+        ...
+
+    async def start(self) -> None:
+        """Load the model / start the server; return when it can serve. Raises EngineStartError."""
+        ...
+
+    def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+    ) -> AsyncIterator[TokenDelta]:
+        """Stream sampled tokens for `prompt_ids`. `version` pins a loaded older policy version (None = live)."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running generation; its stream ends with finish_reason 'abort'."""
+        ...
+
+    async def pause(self) -> None:
+        """Hold generation between steps (requests wait, nothing fails) until resume()."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def publish(self, path: str, kind: PublishKind) -> int:
+        """Serve new weights from `path` (a peft adapter dir or a full HF checkpoint); return the new version."""
+        ...
+
+    async def close(self) -> None:
+        """Stop everything this engine started. Safe to call twice."""
+        ...
+
+
+async def collect(stream: AsyncIterator[TokenDelta]) -> Generation:
+    """Drain a generate() stream into one Generation."""
+    gen = Generation()
+    async for delta in stream:
+        gen.add(delta)
+    return gen

@@ -1,0 +1,261 @@
+"""The embedded engine: in-process transformers generation for CPU and small models.
+
+One scheduler thread runs batched decoding with a KV cache. Requests that arrive while a batch runs wait for
+the next batch. Several LoRA adapters (policy versions) can be loaded at once and mixed in one batch through
+peft's `adapter_names`; a full publish swaps weights in place. Pause holds the scheduler between decode
+steps, so a publish lands between two tokens and each token records the version that produced it.
+
+torch, transformers and peft are imported lazily: this module is the one place below `train` that uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.engines.base import SamplingParams, TokenDelta
+from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError
+from hrl.runners.models import resolve_model
+
+__all__ = ["EmbeddedEngine", "EmbeddedEngineConfig"]
+
+
+class EmbeddedEngineConfig(BaseModel):
+    model: str = Field(description="HF model id or local model dir.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = the checkpoint's dtype."
+    )
+    max_batch_size: int = Field(16, description="Most sequences decoded together in one batch.")
+    max_model_len: int = Field(0, description="Context window in tokens; 0 = the model's max_position_embeddings.")
+    threads: int = Field(0, description="torch intra-op threads; 0 = torch's default.")
+    max_loaded_versions: int = Field(4, description="LoRA policy versions kept loaded for pinned traces.")
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    version: int
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenDelta | BaseException]
+    pinned: bool = False
+    generated: int = 0
+    aborted: bool = False
+    done: bool = False
+    rng: Any = field(default=None)
+
+    def send(self, item: TokenDelta | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class EmbeddedEngine:
+    """Engine protocol over a transformers model running in this process."""
+
+    name = "embedded"
+
+    def __init__(self, config: EmbeddedEngineConfig) -> None:
+        self.config = config
+        self._version = 0
+        self._adapters: dict[int, str | None] = {0: None}  # version -> peft adapter name (None = base weights)
+        self._pending: list[_Request] = []
+        self._active: dict[str, _Request] = {}
+        self._cv = threading.Condition()
+        self._paused = False
+        self._in_step = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.model: Any = None
+        self._eos: set[int] = set()
+        self.max_model_len = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        self._thread = threading.Thread(target=self._loop, name="hrl-embedded-engine", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = resolve_model(self.config.model)
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        dtype = "auto" if self.config.dtype == "auto" else getattr(torch, self.config.dtype)
+        try:
+            cfg = AutoConfig.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        except Exception as e:
+            raise EngineStartError(f"embedded engine could not load {self.config.model}: {e}") from e
+        self.max_model_len = self.config.max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
+        eos = self.model.generation_config.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+    ) -> AsyncIterator[TokenDelta]:
+        if len(prompt_ids) + 1 > self.max_model_len:
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context window of {self.max_model_len}"
+            )
+        want = self._version if version is None else version
+        if want not in self._adapters:
+            raise EngineError(f"policy version {want} is not loaded (loaded: {sorted(self._adapters)})")
+        loop = asyncio.get_running_loop()
+        req = _Request(request_id, list(prompt_ids), params, want, loop, asyncio.Queue(), pinned=version is not None)
+        with self._cv:
+            if self._closed:
+                raise EngineError("embedded engine is closed")
+            self._pending.append(req)
+            self._cv.notify_all()
+        try:
+            while True:
+                item = await req.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            req.aborted = True  # the consumer went away: stop spending compute on it
+
+    async def abort(self, request_id: str) -> None:
+        with self._cv:
+            for req in [*self._pending, *self._active.values()]:
+                if req.rid == request_id:
+                    req.aborted = True
+            self._cv.notify_all()
+
+    async def pause(self) -> None:
+        """Return once no decode step is running; later steps wait for resume()."""
+        with self._cv:
+            self._paused = True
+        await asyncio.to_thread(self._wait_idle)
+
+    def _wait_idle(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: not self._in_step)
+
+    async def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    # ---- weights -----------------------------------------------------------------------------------------
+    async def publish(self, path: str, kind: Literal["lora", "full"]) -> int:
+        was_paused = self._paused
+        await self.pause()
+        try:
+            await asyncio.to_thread(self._swap, path, kind)
+        finally:
+            if not was_paused:
+                await self.resume()
+        return self._version
+
+    def _swap(self, path: str, kind: str) -> None:
+        new = self._version + 1
+        if kind == "lora":
+            self._load_adapter(path, f"v{new}")
+            self._adapters[new] = f"v{new}"
+            self._evict_old_adapters()
+        elif kind == "full":
+            self._load_full(path)
+            self._adapters = {new: None}
+        else:
+            raise ValueError(f"unknown publish kind {kind!r} (expected 'lora' or 'full')")
+        self._version = new
+
+    def _load_adapter(self, path: str, adapter_name: str) -> None:
+        from peft import PeftModel
+
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(path, adapter_name=adapter_name)
+        else:
+            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=adapter_name).eval()
+
+    def _evict_old_adapters(self) -> None:
+        in_use = {r.version for r in [*self._pending, *self._active.values()]}
+        lora_versions = sorted(v for v, a in self._adapters.items() if a is not None)
+        for v in lora_versions[: -self.config.max_loaded_versions]:
+            if v not in in_use:
+                self.model.delete_adapter(self._adapters.pop(v))
+
+    def _load_full(self, path: str) -> None:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        if isinstance(self.model, PeftModel):
+            self.model = self.model.unload()  # drop all adapters, keep the unmerged base weights
+            base = self.model
+        new = AutoModelForCausalLM.from_pretrained(resolve_model(path), dtype=base.dtype)
+        with torch.no_grad():
+            missing = base.load_state_dict(new.state_dict(), strict=False)
+        if missing.missing_keys:
+            raise EngineError(f"checkpoint {path} lacks weights: {missing.missing_keys[:5]}")
+
+    # ---- scheduler ---------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._closed or (self._pending and not self._paused))
+                if self._closed:
+                    for r in self._pending:
+                        r.send(EngineError("embedded engine closed"))
+                    return
+                batch = self._next_batch()
+                self._active = {r.rid: r for r in batch}
+            try:
+                self._run_batch(batch)
+            except Exception as e:  # a broken batch fails its requests, never the engine
+                for r in batch:
+                    if not r.done:
+                        r.send(EngineError(f"embedded engine failed: {e}"))
+            finally:
+                with self._cv:
+                    self._active = {}
+                    self._in_step = False
+                    self._cv.notify_all()
+
+    def _next_batch(self) -> list[_Request]:
+        """The oldest request and those that share its weights: live ones, or ones pinned to the same version."""
+        key = (self._pending[0].pinned, self._pending[0].version if self._pending[0].pinned else None)
+        batch = [r for r in self._pending if (r.pinned, r.version if r.pinned else None) == key]
+        batch = batch[: self.config.max_batch_size]
+        taken = {id(r) for r in batch}
+        self._pending = [r for r in self._pending if id(r) not in taken]
+        return batch
+
+    def _step_gate(self) -> bool:
+        """Between decode steps: honour pause and close. Returns False when the engine is closing."""
+        with self._cv:
+            self._in_step = False
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._closed or not self._paused)
+            self._in_step = not self._closed
+            return not self._closed
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        from hrl.runners.engines import _embedded_decode
+
+        _embedded_decode.run_batch(self, batch)

@@ -1,0 +1,43 @@
+"""Resolve a model name (local dir or HF id) to something transformers / vLLM can load, or fail clearly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hrl.runners.errors import ModelNotFoundError
+
+__all__ = ["resolve_model"]
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name in {".", ".."} or name.count("/") > 1
+
+
+def resolve_model(name: str) -> str:
+    """Return a local directory for `name`, or the HF id itself when it may be downloaded or is cached.
+
+    A path that does not exist, a directory without config.json, or an uncached id with HF_HUB_OFFLINE=1 raises
+    ModelNotFoundError naming the model.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model dir {name} has no config.json", hint="point --model at a HF model dir")
+        return str(path.resolve())
+    if path.exists() or _looks_like_path(name):
+        raise ModelNotFoundError(f"model not found: {name}")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:
+        cached = None
+    if isinstance(cached, str):
+        return name
+    if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0"):
+        raise ModelNotFoundError(
+            f"model {name} is not in the local HF cache and HF_HUB_OFFLINE is set",
+            hint="download it first, pass a local dir, or build one with `hrl models tiny DIR`",
+        )
+    return name

@@ -1,0 +1,201 @@
+"""The embedded engine against a plain transformers recompute: logprob parity, publishes, pause, abort, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from hrl.runners.engines import SamplingParams, collect, make_engine
+from hrl.runners.errors import ContextLengthError, EngineError, ModelNotFoundError
+from tests.models import chat_prompt, hf_greedy, load_hf, recompute_logprobs
+
+SAMPLE = SamplingParams(max_tokens=32, temperature=1.0, seed=7)
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _started(model: str, **options):
+    engine = make_engine("embedded", model, **options)
+    await engine.start()
+    return engine
+
+
+def _max_delta(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    assert a
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 0.05)])
+def test_logprob_parity_base_lora_full(tiny_model, tiny_lora, tiny_full, dtype, tol):
+    prompt = chat_prompt(tiny_model)
+    ref_dtype = getattr(torch, dtype)
+
+    async def go():
+        engine = await _started(tiny_model, dtype=dtype)
+        try:
+            base = await collect(engine.generate("a", prompt, SAMPLE))
+            t0 = time.perf_counter()
+            await engine.publish(tiny_lora, "lora")
+            lora_s = time.perf_counter() - t0
+            lora = await collect(engine.generate("b", prompt, SAMPLE))
+            t0 = time.perf_counter()
+            await engine.publish(tiny_full, "full")
+            full_s = time.perf_counter() - t0
+            full = await collect(engine.generate("c", prompt, SAMPLE))
+            return base, lora, full, lora_s, full_s, engine.version
+        finally:
+            await engine.close()
+
+    base, lora, full, lora_s, full_s, version = run(go())
+    deltas = {
+        "base": _max_delta(
+            base.logprobs, recompute_logprobs(load_hf(tiny_model, dtype=ref_dtype), prompt, base.token_ids)
+        ),
+        "lora": _max_delta(
+            lora.logprobs, recompute_logprobs(load_hf(tiny_model, tiny_lora, dtype=ref_dtype), prompt, lora.token_ids)
+        ),
+        "full": _max_delta(
+            full.logprobs, recompute_logprobs(load_hf(tiny_full, dtype=ref_dtype), prompt, full.token_ids)
+        ),
+    }
+    print(f"\nembedded {dtype}: max|Δlogp| {deltas}; swap lora {lora_s * 1e3:.1f} ms, full {full_s * 1e3:.1f} ms")
+    assert all(d <= tol for d in deltas.values()), deltas
+    assert (base.versions, lora.versions, full.versions) == ([(0, 0)], [(0, 1)], [(0, 2)])
+    assert version == 2
+
+
+def test_publish_changes_greedy_output_to_transformers_greedy(tiny_model, tiny_lora, tiny_full):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        engine = await _started(tiny_model, dtype="float32")
+        try:
+            outs = [(await collect(engine.generate("g0", prompt, GREEDY))).token_ids]
+            await engine.publish(tiny_lora, "lora")
+            outs.append((await collect(engine.generate("g1", prompt, GREEDY))).token_ids)
+            await engine.publish(tiny_full, "full")
+            outs.append((await collect(engine.generate("g2", prompt, GREEDY))).token_ids)
+            return outs
+        finally:
+            await engine.close()
+
+    base, lora, full = run(go())
+    assert base == hf_greedy(load_hf(tiny_model), prompt, len(base))
+    assert lora == hf_greedy(load_hf(tiny_model, tiny_lora), prompt, len(lora))
+    assert full == hf_greedy(load_hf(tiny_full), prompt, len(full))
+    assert base != lora
+    assert base != full
+
+
+def test_batched_generation_matches_single_and_pins_versions(tiny_model, tiny_lora):
+    """Different prompt lengths in one left-padded batch give the same greedy ids as alone; a pinned request
+    keeps its version while the live one moves on."""
+    prompts = [chat_prompt(tiny_model, t) for t in ["hi", "run the tests please and report back", "ls"]]
+
+    async def go():
+        engine = await _started(tiny_model, dtype="float32")
+        try:
+            alone = [(await collect(engine.generate(f"s{i}", p, GREEDY))).token_ids for i, p in enumerate(prompts)]
+            together = await asyncio.gather(
+                *[collect(engine.generate(f"b{i}", p, GREEDY)) for i, p in enumerate(prompts)]
+            )
+            await engine.publish(tiny_lora, "lora")
+            pinned, live = await asyncio.gather(
+                collect(engine.generate("p", prompts[0], GREEDY, version=0)),
+                collect(engine.generate("l", prompts[0], GREEDY)),
+            )
+            return alone, [g.token_ids for g in together], pinned, live
+        finally:
+            await engine.close()
+
+    alone, together, pinned, live = run(go())
+    assert together == alone
+    assert pinned.token_ids == alone[0]
+    assert pinned.versions == [(0, 0)]
+    assert live.versions == [(0, 1)]
+    assert live.token_ids != alone[0]
+
+
+def test_publish_mid_generation_records_two_version_spans(tiny_model, tiny_lora):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        engine = await _started(tiny_model, dtype="float32")
+        try:
+            gen_stream = engine.generate("long", prompt, SamplingParams(max_tokens=40, temperature=0.0))
+            first = await anext(gen_stream)
+            await engine.publish(tiny_lora, "lora")
+            rest = await collect(gen_stream)
+            return first, rest
+        finally:
+            await engine.close()
+
+    first, rest = run(go())
+    assert first.version == 0
+    assert rest.versions
+    assert rest.versions[-1][1] == 1
+
+
+def test_pause_holds_requests_until_resume(tiny_model):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        engine = await _started(tiny_model)
+        try:
+            await engine.pause()
+            task = asyncio.create_task(collect(engine.generate("w", prompt, GREEDY)))
+            await asyncio.sleep(0.3)
+            held = not task.done()
+            await engine.resume()
+            return held, await asyncio.wait_for(task, 30)
+        finally:
+            await engine.close()
+
+    held, gen = run(go())
+    assert held
+    assert len(gen.token_ids) == GREEDY.max_tokens
+
+
+def test_abort_ends_stream_with_abort(tiny_model):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        engine = await _started(tiny_model)
+        try:
+            stream = engine.generate("x", prompt, SamplingParams(max_tokens=10_000, temperature=1.0, seed=1))
+            await anext(stream)
+            await engine.abort("x")
+            return await collect(stream)
+        finally:
+            await engine.close()
+
+    assert run(go()).finish_reason == "abort"
+
+
+def test_context_overflow_and_unknown_version(tiny_model):
+    async def go():
+        engine = await _started(tiny_model, max_model_len=64)
+        try:
+            with pytest.raises(ContextLengthError):
+                await collect(engine.generate("o", [5] * 100, GREEDY))
+            with pytest.raises(EngineError, match="not loaded"):
+                await collect(engine.generate("v", [5] * 10, GREEDY, version=9))
+            short = await collect(engine.generate("s", [5] * 60, SamplingParams(max_tokens=100, temperature=0)))
+            assert short.finish_reason == "length"
+            assert len(short.token_ids) == 4
+        finally:
+            await engine.close()
+
+    run(go())
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        run(_started(str(tmp_path / "nope")))

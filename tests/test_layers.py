@@ -1,0 +1,63 @@
+"""Import direction: cli → train → runners → sandboxes, recipes a leaf; no torch/peft/vllm below train."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["cli", "train", "runners", "sandboxes"]  # a layer may import those after it, never before
+HEAVY = {"torch", "peft", "vllm"}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, at_top_level) for every import in a file."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, id(node) in top))
+    return out
+
+
+def _files(layer: str) -> list[Path]:
+    return sorted((ROOT / layer).rglob("*.py"))
+
+
+def test_layers_import_downwards_only():
+    bad = []
+    for layer in [*ORDER, "recipes"]:
+        allowed = set(ORDER[ORDER.index(layer) :]) if layer in ORDER else {"recipes"}
+        for f in _files(layer):
+            for mod, _ in _imports(f):
+                parts = mod.split(".")
+                if parts[0] == "hrl" and len(parts) > 1 and parts[1] not in allowed:
+                    bad.append(f"{f.relative_to(ROOT)} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_rollout_side_has_no_top_level_heavy_imports():
+    bad = [
+        f"{f.relative_to(ROOT)} imports {mod} at module level"
+        for layer in ["runners", "sandboxes", "recipes", "cli"]
+        for f in _files(layer)
+        for mod, top in _imports(f)
+        if top and mod.split(".")[0] in HEAVY
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_help_and_version_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "sys.argv = ['hrl', '--help']\n"
+        "from hrl.cli.main import app\n"
+        "try:\n    app(standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'peft', 'aiohttp'})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out, out

@@ -1,0 +1,248 @@
+"""Build a tiny chat model offline and deterministically: BPE tokenizer + tool-calling template + random Qwen2.
+
+Used by tests and the CPU demo, and by users who want to try a harness integration with no model hub. The
+same seed gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from hrl.train.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
+
+__all__ = ["TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer", "tiny_corpus"]
+
+_WORDS = [
+    "the",
+    "a",
+    "to",
+    "of",
+    "and",
+    "in",
+    "is",
+    "it",
+    "for",
+    "on",
+    "that",
+    "with",
+    "this",
+    "file",
+    "test",
+    "bug",
+    "fix",
+    "run",
+    "read",
+    "write",
+    "edit",
+    "open",
+    "close",
+    "list",
+    "error",
+    "value",
+    "return",
+    "def",
+    "class",
+    "import",
+    "from",
+    "self",
+    "true",
+    "false",
+    "none",
+    "if",
+    "else",
+    "elif",
+    "while",
+    "try",
+    "except",
+    "raise",
+    "print",
+    "len",
+    "range",
+    "str",
+    "int",
+    "float",
+    "dict",
+    "list",
+    "tuple",
+    "set",
+    "assert",
+    "pass",
+    "break",
+    "continue",
+    "lambda",
+    "yield",
+    "async",
+    "await",
+    "python",
+    "bash",
+    "git",
+    "diff",
+    "patch",
+    "cat",
+    "ls",
+    "cd",
+    "grep",
+    "sed",
+    "echo",
+    "mkdir",
+    "rm",
+    "cp",
+    "mv",
+    "pytest",
+    "make",
+    "install",
+    "tests",
+    "src",
+    "main",
+    "function",
+    "argument",
+    "result",
+    "output",
+    "input",
+    "path",
+    "name",
+    "type",
+    "line",
+    "number",
+    "string",
+    "index",
+    "count",
+    "total",
+    "sum",
+    "max",
+    "min",
+    "please",
+    "done",
+    "ok",
+    "yes",
+    "no",
+    "hello",
+    "world",
+    "task",
+    "agent",
+    "model",
+    "tool",
+    "call",
+    "answer",
+    "think",
+    "step",
+    "next",
+    "first",
+    "last",
+]
+_TOOLS = ("bash", "read", "write", "edit", "grep", "glob", "exec_command", "run_shell_command", "str_replace")
+_SNIPPETS = (
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    total += i\n",
+    "if x is None:\n    raise ValueError('x')\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+    "import os\nimport sys\nfrom pathlib import Path\n",
+    "assert f(2) == 4, 'wrong'\n",
+    "$ pytest -q tests/\n1 failed, 3 passed in 0.12s\n",
+    "diff --git a/src/m.py b/src/m.py\n--- a/src/m.py\n+++ b/src/m.py\n@@ -1,3 +1,3 @@\n-    return a - b\n+    return a + b\n",
+    '{"returncode": 0, "output": ""}',
+    'Traceback (most recent call last):\n  File "m.py", line 3, in <module>\nAssertionError\n',
+)
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny model. Defaults: ~0.4M parameters, a 32k-token context (rope, no extra weights)."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.2  # wide init: peaky distributions, so greedy decoding is stable across engines
+
+
+def tiny_corpus(seed: int, n: int = 3000) -> list[str]:
+    """Procedurally generated text resembling what coding agents exchange (prose, code, shell, tool JSON)."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        kind = rng.random()
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 14)))
+        if kind < 0.4:
+            lines.append(words.capitalize() + rng.choice([".", "?", "!", ":"]))
+        elif kind < 0.7:
+            lines.append(rng.choice(_SNIPPETS))
+        else:
+            args = {
+                "command": f"{rng.choice(['ls', 'cat', 'grep -n', 'sed -n', 'python -m pytest'])} {rng.choice(_WORDS)}.py"
+            }
+            lines.append(json.dumps({"name": rng.choice(_TOOLS), "arguments": args}))
+    return lines
+
+
+def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE trained on `tiny_corpus(seed)`, wrapped with the ChatML tool template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(tiny_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TOOLS_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | None = None) -> Path:
+    """Write tokenizer, chat template, config and random weights (float32 safetensors) to `out_dir`."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    cfg = cfg or TinyModelConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        initializer_range=cfg.initializer_range,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        torch_dtype="float32",
+    )
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.dim() == 1:  # norms: ones, biases: small
+                p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * cfg.initializer_range)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
