@@ -24,7 +24,7 @@ EXIT_FAILURE, EXIT_USAGE, EXIT_PREREQ, EXIT_INTERRUPTED = 1, 2, 4, 130
 
 # (exception type, exit code, default hint) — first match wins, so specific types come first.
 _TABLE: list[tuple[type[BaseException], int, str | None]] = [
-    (UnknownNameError, EXIT_USAGE, None),
+    (UnknownNameError, EXIT_USAGE, "use one of the valid names listed"),
     (ModelNotFoundError, EXIT_FAILURE, "pass an HF model id or a local model dir; `hrl models tiny DIR` builds one"),
     (PortInUseError, EXIT_FAILURE, "choose another --port, or stop the process holding it"),
     (PrerequisiteError, EXIT_PREREQ, "run `hrl doctor` to see what is missing"),

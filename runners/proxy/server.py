@@ -100,7 +100,7 @@ class _Chat:
 
     async def _stream(self, request: web.Request, rid: str, stream: Any, n_prompt: int, body: dict[str, Any]):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        gen, sent = Generation(), 0
+        gen, sent, visible = Generation(), 0, ""
         first = await anext(stream, None)  # errors before the first token still get a JSON error response
         await resp.prepare(request)
 
@@ -124,6 +124,9 @@ class _Chat:
                 await send({"content": visible[sent:]})
                 sent = len(visible)
         msg, finish = self._message(gen)
+        final = msg["content"] or ""
+        if len(final) > sent and final.startswith(visible[:sent]):
+            await send({"content": final[sent:]})
         for i, call in enumerate(msg.get("tool_calls", [])):
             await send({"tool_calls": [{"index": i, **call}]})
         await send({}, finish)

@@ -44,8 +44,8 @@ def parse_hermes(text: str) -> ParsedReply:
             }
         )
     if calls:
-        text = _TOOL_CALL.sub("", text)
-    return ParsedReply(content=text.strip(), reasoning=reasoning, tool_calls=calls)
+        text = _TOOL_CALL.sub("", text).strip()
+    return ParsedReply(content=text, reasoning=reasoning, tool_calls=calls)
 
 
 class ChatTemplate:

@@ -1,0 +1,3 @@
+from hrl.cli.main import main
+
+main()

@@ -1,0 +1,117 @@
+"""The `hrl` command as users run it: speed of --help, one-line errors with hints, `hrl serve` end to end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HRL = [sys.executable, "-m", "hrl.cli"]
+
+
+def hrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*HRL, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
+
+
+def test_version_and_help_are_fast():
+    t0 = time.monotonic()
+    out = hrl("--version")
+    assert out.returncode == 0 and out.stdout.startswith("hrl ")
+    out = hrl("--help")
+    assert out.returncode == 0 and "serve" in out.stdout
+    assert time.monotonic() - t0 < 4  # two interpreter starts, well under a second each on an idle machine
+
+
+def test_models_tiny_is_deterministic(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d, seed in [(a, "3"), (b, "3"), (c, "4")]:
+        assert hrl("models", "tiny", str(d), "--seed", seed).returncode == 0
+    files = sorted(p.name for p in a.iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(files)
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+
+
+def _assert_clean_error(out: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[0].startswith("Error: ") and lines[-1].startswith("Hint: "), out.stderr
+    for needle in needles:
+        assert needle in out.stderr
+
+
+def test_serve_missing_model_is_one_error_line(tmp_path):
+    _assert_clean_error(hrl("serve", "--model", str(tmp_path / "missing")), "model not found")
+
+
+def test_serve_port_in_use(tiny_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _assert_clean_error(hrl("serve", "--model", tiny_model, "--port", str(port)), f"port {port}", "--port")
+
+
+def test_serve_unknown_engine(tiny_model):
+    out = hrl("serve", "--model", tiny_model, "--engine", "nope", "--port", "0")
+    _assert_clean_error(out, "unknown engine 'nope'", "embedded")
+    assert out.returncode == 2
+
+
+def test_serve_broken_model_fails_to_start_without_orphans(tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    _assert_clean_error(hrl("serve", "--model", str(bad), "--port", "0"))
+
+
+@contextlib.contextmanager
+def served(model: str, *extra: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*HRL, "serve", "--model", model, "--port", str(port), *extra], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
+def test_serve_openai_sdk_stream_and_not(tiny_model):
+    from openai import OpenAI
+
+    with served(tiny_model) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="unused")
+        assert [m.id for m in client.models.list()] == [tiny_model]
+        msgs = [{"role": "user", "content": "hi"}]
+        full = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=msgs, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+            )
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 12
+    assert full.choices[0].finish_reason == "length"
+
+
+def test_package_layout_is_the_documented_one():
+    root = Path(__file__).resolve().parents[1]
+    for name in ["cli", "runners", "sandboxes", "train", "recipes", "tests", "pyproject.toml", "README.md"]:
+        assert (root / name).exists(), name
