@@ -22,8 +22,8 @@ SPECIAL_TOKENS = [
 
 CHATML_TOOLS_TEMPLATE = """\
 {%- macro text(content) -%}
-{%- if content is string -%}{{ content }}
-{%- elif content is iterable -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is iterable -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
 {%- endif -%}
 {%- endmacro -%}
 {%- set msgs = messages -%}
@@ -31,55 +31,37 @@ CHATML_TOOLS_TEMPLATE = """\
 {%- set system_text = text(msgs[0].content) -%}{%- set msgs = msgs[1:] -%}
 {%- else -%}{%- set system_text = 'You are a helpful assistant.' -%}
 {%- endif -%}
-<|im_start|>system
-{{ system_text }}
-{%- if tools %}
-
-# Tools
-
-You may call one or more functions. Their signatures are inside <tools></tools>:
-<tools>
-{%- for tool in tools %}
-{{ (tool.function if tool.function is defined else tool) | tojson }}
-{%- endfor %}
-</tools>
-
-To call a function, answer with a JSON object inside <tool_call></tool_call> tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call>
-{%- endif %}<|im_end|>
-{% for m in msgs -%}
+{{- '<|im_start|>system\\n' + system_text -}}
+{%- if tools -%}
+{{- '\\n\\n# Tools\\n\\nYou may call one or more functions. Their signatures are inside <tools></tools>:\\n<tools>' -}}
+{%- for tool in tools -%}{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson) -}}{%- endfor -%}
+{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object inside <tool_call></tool_call> tags:\\n' -}}
+{{- '<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' -}}
+{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- for m in msgs -%}
 {%- if m.role == 'tool' -%}
-{%- if loop.first or msgs[loop.index0 - 1].role != 'tool' -%}<|im_start|>user{%- endif %}
-<tool_response>
-{{ text(m.content) }}
-</tool_response>
-{%- if loop.last or msgs[loop.index0 + 1].role != 'tool' -%}<|im_end|>
-{% endif -%}
+{%- if loop.first or msgs[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' -}}
+{%- if loop.last or msgs[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
 {%- elif m.role == 'assistant' -%}
-<|im_start|>assistant
-{%- if m.reasoning_content is defined and m.reasoning_content %}
-<think>
-{{ m.reasoning_content }}
-</think>
-{%- endif %}
-{%- if m.content %}
-{{ text(m.content) }}
-{%- endif %}
-{%- if m.tool_calls is defined and m.tool_calls %}
-{%- for call in m.tool_calls %}
-{%- set fn = call.function if call.function is defined else call %}
-<tool_call>
-{"name": {{ fn.name | tojson }}, "arguments": {{ (fn.arguments if fn.arguments is string else fn.arguments | tojson) }}}
-</tool_call>
-{%- endfor %}
-{%- endif %}<|im_end|>
-{% else -%}
-<|im_start|>{{ m.role }}
-{{ text(m.content) }}<|im_end|>
-{% endif -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if m.reasoning_content is defined and m.reasoning_content -%}
+{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}
+{%- endif -%}
+{%- if m.content -%}{{- text(m.content) -}}{%- endif -%}
+{%- if m.tool_calls is defined and m.tool_calls -%}
+{%- for call in m.tool_calls -%}
+{%- set fn = call.function if call.function is defined else call -%}
+{%- set args = fn.arguments if fn.arguments is string else (fn.arguments | tojson) -%}
+{%- if m.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}
+{{- '<tool_call>\\n{"name": ' + (fn.name | tojson) + ', "arguments": ' + args + '}\\n</tool_call>' -}}
 {%- endfor -%}
-{%- if add_generation_prompt -%}<|im_start|>assistant
-{% endif -%}
+{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
 """

@@ -14,6 +14,7 @@ __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "TokenDelta", "c
 ENGINES: dict[str, tuple[str, str]] = {
     "embedded": ("hrl.runners.engines.embedded:EmbeddedEngine", "hrl.runners.engines.embedded:EmbeddedEngineConfig"),
     "vllm": ("hrl.runners.engines.vllm:VLLMEngine", "hrl.runners.engines.vllm:VLLMEngineConfig"),
+    "scripted": ("hrl.runners.engines.scripted:ScriptedEngine", "hrl.runners.engines.scripted:ScriptedEngineConfig"),
 }
 
 

@@ -1,23 +1,32 @@
-"""HTTP front of an engine: an OpenAI-compatible chat endpoint (the dialects and recording grow from here)."""
+"""HTTP front of the recording proxy: session routing, the four agent dialects, SSE streaming, session API.
+
+Routes (each also under `/s/<token>/`, which names the session; the API key `hrl-<token>` works too):
+  POST /v1/chat/completions · /v1/responses · /v1/messages (+ /count_tokens) ·
+       /v1beta/models/<model>:generateContent | :streamGenerateContent
+  GET  /v1/models · /health        HEAD / (connectivity preflight)
+  POST /sessions (register) · /s/<token>/end (end, optionally with reward)    GET /sessions
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import socket
-import time
 import uuid
 from typing import Any
 
 from aiohttp import web
 
-from hrl.runners.engines.base import Engine, Generation, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
-from hrl.runners.proxy.template import ChatTemplate, parse_hermes
+from hrl.runners.proxy.dialects import BadRequestError, get_dialect
+from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
+from hrl.runners.proxy.template import StreamSplitter
 
 __all__ = ["build_app", "check_port_free", "run_server"]
 
-MAX_BODY = 32 * 1024 * 1024
+_SESSION_HEADERS = ("x-session-id", "session-id", "x-claude-code-session-id")
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -32,136 +41,194 @@ def check_port_free(host: str, port: int) -> None:
             raise PortInUseError(f"port {port} on {host} is in use ({e.strerror})") from e
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+def _route(path: str) -> tuple[str | None, str]:
+    """Split `/s/<token>/rest` into (token, '/rest')."""
+    if path.startswith("/s/"):
+        token, _, rest = path[3:].partition("/")
+        return token or None, "/" + rest
+    return None, path
 
 
-def _params(body: dict[str, Any], stop_ids: tuple[int, ...]) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 1024
-    return SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
-        top_p=float(body.get("top_p") or 1.0),
-        top_k=int(body.get("top_k") or 0),
-        seed=body.get("seed"),
-        stop_token_ids=stop_ids,
-    )
+def _dialect_for(method: str, path: str) -> tuple[str, dict[str, Any]] | None:
+    p = path.rstrip("/")
+    if p.endswith("/chat/completions"):
+        return "chat", {}
+    if p.endswith("/responses"):
+        return "responses", {}
+    if p.endswith("/messages/count_tokens"):
+        return "anthropic", {"count_tokens": True}
+    if p.endswith("/messages"):
+        return "anthropic", {}
+    if "/models/" in p and ":" in p.rsplit("/", 1)[-1]:
+        model, _, verb = p.rsplit("/", 1)[-1].partition(":")
+        if verb in ("generateContent", "streamGenerateContent"):
+            return "gemini", {"model": model, "stream": verb == "streamGenerateContent"}
+    return None
 
 
-class _Chat:
-    def __init__(self, engine: Engine, template: ChatTemplate, model_name: str) -> None:
-        self.engine, self.template, self.model_name = engine, template, model_name
+def _api_key_token(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    for key in (
+        auth.removeprefix("Bearer ").strip(),
+        request.headers.get("x-api-key", ""),
+        request.headers.get("x-goog-api-key", ""),
+        request.query.get("key", ""),
+    ):
+        if key.startswith("hrl-") and len(key) > 4:
+            return key[4:]
+    return None
 
-    async def models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-            messages = body["messages"]
-            if not isinstance(messages, list):
-                raise TypeError("messages must be a list")
-        except (ValueError, KeyError, TypeError) as e:
-            return _error(400, f"malformed request: {e}")
-        prompt = self.template.encode(self.template.render(messages, body.get("tools")))
-        params = _params(body, self.template.stop_ids)
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        stream = self.engine.generate(rid, prompt, params)
-        try:
-            if body.get("stream"):
-                return await self._stream(request, rid, stream, len(prompt), body)
-            gen = Generation()
-            async for delta in stream:
-                gen.add(delta)
-        except ContextLengthError as e:
-            return _error(400, str(e))
-        except EngineError as e:
-            return _error(502, str(e), "engine_error")
-        return web.json_response(self._completion(rid, gen, len(prompt)))
+class _Handler:
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
 
-    def _message(self, gen: Generation) -> tuple[dict[str, Any], str]:
-        reply = parse_hermes(self.template.reply_text(gen.token_ids))
-        msg: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
-        if reply.tool_calls:
-            msg["tool_calls"] = reply.tool_calls
-        finish = "tool_calls" if reply.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
-        return msg, finish
+    def _token(self, request: web.Request, path_token: str | None) -> str:
+        if path_token:
+            return path_token
+        token = _api_key_token(request)
+        if token:
+            return token
+        for h in _SESSION_HEADERS:
+            if request.headers.get(h):
+                return request.headers[h]
+        return "default"
 
-    def _completion(self, rid: str, gen: Generation, n_prompt: int) -> dict[str, Any]:
-        msg, finish = self._message(gen)
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-            "usage": _usage(n_prompt, len(gen.token_ids)),
-        }
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        token, path = _route(request.path)
+        if request.method == "HEAD":
+            return web.Response(status=200)
+        if request.method == "GET":
+            return await self._get(path)
+        if request.method != "POST":
+            return web.json_response({"error": {"message": "method not allowed"}}, status=405)
+        if path == "/sessions":
+            return await self._register(request)
+        if token and path.rstrip("/") == "/end":
+            return await self._end(request, token)
+        found = _dialect_for(request.method, path)
+        if found is None:
+            return web.json_response({"error": {"message": f"no route for POST {request.path}"}}, status=404)
+        name, route = found
+        return await self._generate(request, name, route, self._token(request, token))
 
-    async def _stream(self, request: web.Request, rid: str, stream: Any, n_prompt: int, body: dict[str, Any]):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        gen, sent, visible = Generation(), 0, ""
-        first = await anext(stream, None)  # errors before the first token still get a JSON error response
-        await resp.prepare(request)
-
-        async def send(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> None:
-            chunk = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": int(time.time()),
-                "model": self.model_name,
-            }
-            chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
-            await resp.write(f"data: {json.dumps({**chunk, **extra})}\n\n".encode())
-
-        await send({"role": "assistant", "content": ""})
-        pending = [first] if first is not None else []
-        async for delta in _chain(pending, stream):
-            gen.add(delta)
-            text = self.template.reply_text(gen.token_ids)
-            visible = text.split("<tool_call>", 1)[0]  # tool calls are sent whole at the end
-            if len(visible) > sent and not visible.endswith("\ufffd"):
-                await send({"content": visible[sent:]})
-                sent = len(visible)
-        msg, finish = self._message(gen)
-        final = msg["content"] or ""
-        if len(final) > sent and final.startswith(visible[:sent]):
-            await send({"content": final[sent:]})
-        for i, call in enumerate(msg.get("tool_calls", [])):
-            await send({"tool_calls": [{"index": i, **call}]})
-        await send({}, finish)
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunk = {"id": rid, "object": "chat.completion.chunk", "model": self.model_name, "choices": []}
-            await resp.write(
-                f"data: {json.dumps({**chunk, 'usage': _usage(n_prompt, len(gen.token_ids))})}\n\n".encode()
+    async def _get(self, path: str) -> web.Response:
+        p = path.rstrip("/")
+        if p == "/health":
+            return web.json_response({"status": "ok", "version": self.proxy.engine.version})
+        if p == "/sessions":
+            return web.json_response({"sessions": sorted(self.proxy.sessions)})
+        if p.endswith("/models"):
+            name = self.proxy.config.model_name
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": [{"id": name, "object": "model", "owned_by": "hrl"}],
+                    "models": [{"name": f"models/{name}"}],
+                }
             )
-        await resp.write(b"data: [DONE]\n\n")
+        return web.json_response({"error": {"message": f"no route for GET {path}"}}, status=404)
+
+    async def _register(self, request: web.Request) -> web.Response:
+        body = await _json_or_empty(request)
+        try:
+            session = self.proxy.open_session(body.pop("token", None), body)
+        except ValueError as e:
+            return web.json_response({"error": {"message": str(e)}}, status=409)
+        return web.json_response({"token": session.token, "base_path": f"/s/{session.token}"}, status=201)
+
+    async def _end(self, request: web.Request, token: str) -> web.Response:
+        body = await _json_or_empty(request)
+        outcome = {k: body[k] for k in ("status", "failure_reason", "reward", "reward_info") if k in body}
+        try:
+            trace = self.proxy.end_session(token, **outcome, extra=body.get("metadata") or {})
+        except UnknownSessionError:
+            return web.json_response({"error": {"message": f"unknown session {token}"}}, status=404)
+        except ValueError as e:  # e.g. a failure_reason the trace format does not know
+            return web.json_response({"error": {"message": str(e)}}, status=400)
+        return web.json_response(
+            {"trace_id": trace["trace_id"], "calls": len(trace["calls"]), "status": trace["status"]}
+        )
+
+    async def _generate(self, request: web.Request, name: str, route: dict[str, Any], token: str) -> web.StreamResponse:
+        dialect = get_dialect(name)
+
+        def fail(status: int, message: str) -> web.Response:
+            return web.json_response(dialect.error(status, message), status=status)
+
+        if (request.content_length or 0) > self.proxy.config.max_body_bytes:
+            return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise BadRequestError("the request body must be a JSON object")
+            if route.get("stream"):
+                body["stream"] = True
+            req = dialect.parse(body, route.get("model") or self.proxy.config.model_name)
+            session = self.proxy.session_for(token)
+        except UnknownSessionError:
+            return fail(401, f"unknown session token {token!r}: register it first (POST /sessions)")
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and BadRequestError are ValueErrors
+            return fail(400, f"malformed request: {e}")
+        if route.get("count_tokens"):
+            n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
+            return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
+        try:
+            turn = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
+        except ContextLengthError as e:
+            return fail(400, str(e))
+        rid = uuid.uuid4().hex[:24]
+        if req.stream:
+            return await self._stream(request, dialect, turn, rid)
+        try:
+            async for _ in self.proxy.stream(turn):
+                pass
+        except (EngineError, ContextLengthError) as e:
+            return fail(502 if isinstance(e, EngineError) and not isinstance(e, ContextLengthError) else 400, str(e))
+        return web.json_response(dialect.response(req, self.proxy.finish(turn), rid))
+
+    async def _stream(self, request: web.Request, dialect: Any, turn: Any, rid: str) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        enc, split = dialect.encoder(turn.req, rid), StreamSplitter()
+        for chunk in enc.start():
+            await resp.write(chunk)
+        try:
+            async with contextlib.aclosing(self.proxy.stream(turn)) as texts:
+                async for text in texts:
+                    for kind, piece in split.feed(text):
+                        for chunk in enc.reasoning(piece) if kind == "reasoning" else enc.text(piece):
+                            await resp.write(chunk)
+            chunks = enc.finish(self.proxy.finish(turn))
+        except (EngineError, ContextLengthError) as e:
+            chunks = enc.error(502, str(e))
+        for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
         return resp
 
 
-async def _chain(first: list[Any], rest: Any) -> Any:
-    for item in first:
-        yield item
-    async for item in rest:
-        yield item
+async def _json_or_empty(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
-def _usage(n_prompt: int, n_completion: int) -> dict[str, int]:
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
-
-
-def build_app(engine: Engine, template: ChatTemplate, model_name: str) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
-    chat = _Chat(engine, template, model_name)
-    app.router.add_get("/health", lambda _: web.json_response({"status": "ok", "version": engine.version}))
-    app.router.add_get("/v1/models", chat.models)
-    app.router.add_post("/v1/chat/completions", chat.chat)
+def build_app(proxy: Proxy) -> web.Application:
+    app = web.Application(client_max_size=proxy.config.max_body_bytes + 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", _Handler(proxy).dispatch)
     return app
 
 
 async def run_server(app: web.Application, host: str, port: int, ready: asyncio.Event | None = None) -> None:
     """Serve until cancelled; `ready` is set once the socket is bound."""
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ChatTemplate", "ParsedReply", "parse_hermes"]
+__all__ = ["ChatTemplate", "IncrementalDecoder", "ParsedReply", "StreamSplitter", "parse_hermes"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
@@ -57,15 +57,24 @@ class ChatTemplate:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if not self.tokenizer.chat_template:
             raise ValueError(f"tokenizer of {model_path} has no chat template")
-        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        tok = self.tokenizer
+        im_end = tok.convert_tokens_to_ids("<|im_end|>")
+        has_im_end = isinstance(im_end, int) and im_end != tok.unk_token_id
+        self.end_of_turn: str = "<|im_end|>" if has_im_end else str(tok.eos_token)
         self.stop_ids: tuple[int, ...] = tuple(
-            t for t in {self.tokenizer.eos_token_id, eos} if isinstance(t, int) and t != self.tokenizer.unk_token_id
+            sorted(t for t in {tok.eos_token_id, im_end if has_im_end else None} if isinstance(t, int))
         )
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False
             )
         )
 
@@ -80,3 +89,73 @@ class ChatTemplate:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
         return self.decode(ids)
+
+
+class IncrementalDecoder:
+    """Turns sampled ids into text deltas without re-decoding the whole response at every token, and never
+    emits half a UTF-8 character (ids that end mid-character are held until the character completes)."""
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(i for i in ids if i not in self.template.stop_ids)
+        before = self.template.decode(self.ids[self._prefix : self._read])
+        now = self.template.decode(self.ids[self._prefix :])
+        if now.endswith("\ufffd") or len(now) <= len(before):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return now[len(before) :]
+
+
+class StreamSplitter:
+    """Splits streamed text into reasoning (a leading <think>…</think>) and visible text, holding back tool
+    calls (sent whole at the end) and any tail that might be the start of a tag."""
+
+    _TAGS = ("<think>", "</think>", "<tool_call>")
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.mode = "start"  # start -> think -> text -> tool
+        self.held = ""
+
+    def feed(self, delta: str) -> list[tuple[str, str]]:
+        self.held += delta
+        out: list[tuple[str, str]] = []
+        while self.held and self.mode != "tool":
+            if self.mode == "start":
+                stripped = self.held.lstrip()
+                if stripped.startswith("<think>"):
+                    self.held, self.mode = stripped[len("<think>") :], "think"
+                    continue
+                if "<think>".startswith(stripped):
+                    return out  # could still become <think>
+                self.mode = "text"
+            tag = "</think>" if self.mode == "think" else "<tool_call>"
+            kind = "reasoning" if self.mode == "think" else "text"
+            idx = self.held.find(tag)
+            if idx >= 0:
+                if idx:
+                    out.append((kind, self.held[:idx]))
+                self.held = self.held[idx + len(tag) :]
+                self.mode = "text" if self.mode == "think" else "tool"
+                if self.mode == "text":
+                    self.held = self.held.lstrip("\n")
+                continue
+            keep = _partial_tag_len(self.held, tag)
+            if len(self.held) > keep:
+                out.append((kind, self.held[: len(self.held) - keep]))
+                self.held = self.held[len(self.held) - keep :]
+            return out
+        return out
+
+
+def _partial_tag_len(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

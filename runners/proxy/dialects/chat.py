@@ -1,0 +1,123 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): opencode, Qwen Code, mini-swe-agent, aider."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse, text_of
+
+__all__ = ["ChatDialect"]
+
+
+def _message(m: Any) -> dict[str, Any]:
+    if not isinstance(m, dict) or "role" not in m:
+        raise BadRequestError("each message needs a role")
+    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": c.get("id", ""),
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"},
+            }
+            for c in m["tool_calls"]
+        ]
+    if m.get("tool_call_id"):
+        out["tool_call_id"] = m["tool_call_id"]
+    if m.get("reasoning_content"):
+        out["reasoning_content"] = m["reasoning_content"]
+    return out
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    p, c = result.prompt_tokens, result.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+class ChatDialect:
+    name = "chat"
+
+    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequestError("'messages' must be a non-empty list")
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequestError("'tools' must be a list")
+        if body.get("tool_choice") == "none":
+            tools = None
+        return ChatRequest(
+            model=str(body.get("model") or model or ""),
+            messages=[_message(m) for m in messages],
+            tools=tools,
+            stream=bool(body.get("stream")),
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            top_k=body.get("top_k"),
+            seed=body.get("seed"),
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        )
+
+    def _msg(self, result: ChatResult) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": result.reply.content or None}
+        if result.reply.reasoning:
+            msg["reasoning_content"] = result.reply.reasoning
+        if result.reply.tool_calls:
+            msg["tool_calls"] = result.reply.tool_calls
+        return msg
+
+    def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [{"index": 0, "message": self._msg(result), "finish_reason": result.finish}],
+            "usage": _usage(result),
+        }
+
+    def encoder(self, req: ChatRequest, rid: str) -> _ChatStream:
+        return _ChatStream(req, rid)
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+class _ChatStream:
+    def __init__(self, req: ChatRequest, rid: str) -> None:
+        self.req, self.rid, self.created = req, rid, int(time.time())
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse(
+            {
+                "id": self.rid,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.req.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
+
+    def start(self) -> list[bytes]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        return [self._chunk({"reasoning_content": delta})]
+
+    def text(self, delta: str) -> list[bytes]:
+        return [self._chunk({"content": delta})]
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        out = [self._chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(result.reply.tool_calls)]
+        out.append(self._chunk({}, result.finish))
+        if self.req.include_usage:
+            usage = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created}
+            out.append(sse({**usage, "model": self.req.model, "choices": [], "usage": _usage(result)}))
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        return [sse(ChatDialect().error(status, message)), b"data: [DONE]\n\n"]

@@ -1,0 +1,169 @@
+"""The recording proxy: sessions in front of one engine, recording every call token-exactly.
+
+`Proxy` is the in-process API (the rollout manager uses it directly); `runners.proxy.server` puts HTTP in front
+of it. Sessions end on `end_session` (or `POST /s/<token>/end`), after an idle timeout, or at `close()`; each
+ending writes exactly one trace line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.engines.base import Engine, SamplingParams
+from hrl.runners.errors import ContextLengthError, EngineError
+from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
+from hrl.runners.proxy.session import CallRecord, PromptPlan, Session
+from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder, parse_hermes
+from hrl.runners.trace import TraceWriter
+
+__all__ = ["Proxy", "ProxyConfig", "UnknownSessionError"]
+
+
+class ProxyConfig(BaseModel):
+    model_name: str = Field("model", description="Model name reported to agents.")
+    require_sessions: bool = Field(False, description="Only serve sessions registered through the API (else 401).")
+    idle_timeout_s: float = Field(1800, description="End a session after this long without a request; 0 = never.")
+    max_body_bytes: int = Field(32 * 1024 * 1024, description="Larger request bodies get a 413.")
+    default_max_tokens: int = Field(1024, description="max_tokens when the agent sends none.")
+    max_context: int = Field(0, description="Context window in tokens; 0 = the engine's / model's.")
+
+
+class UnknownSessionError(KeyError):
+    """A request named a session token the proxy does not know (and may not create)."""
+
+
+@dataclass
+class Turn:
+    """One call in flight: its record, prompt plan and the request it came from."""
+
+    call: CallRecord
+    plan: PromptPlan
+    req: ChatRequest
+    session: Session
+
+
+class Proxy:
+    def __init__(
+        self, engine: Engine, template: ChatTemplate, config: ProxyConfig, traces: TraceWriter | None = None
+    ) -> None:
+        self.engine, self.template, self.config, self.traces = engine, template, config, traces
+        self.sessions: dict[str, Session] = {}
+        self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
+        self.max_context = config.max_context or int(getattr(engine, "max_model_len", 0) or 0) or 32768
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ---- sessions ------------------------------------------------------------------------------------------
+    def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
+        token = token or secrets.token_urlsafe(12)
+        if token in self.sessions:
+            raise ValueError(f"session {token} already exists")
+        session = self.sessions[token] = Session(token, meta)
+        return session
+
+    def session_for(self, token: str) -> Session:
+        if token in self.sessions:
+            return self.sessions[token]
+        if self.config.require_sessions:
+            raise UnknownSessionError(token)
+        return self.open_session(token, {"metadata": {"opened_by": "first request"}})
+
+    def end_session(self, token: str, **outcome: Any) -> dict[str, Any]:
+        """End a session and write its trace. `outcome`: status, failure_reason, reward, reward_info, extra."""
+        session = self.sessions.pop(token, None)
+        if session is None:
+            raise UnknownSessionError(token)
+        if not session.calls and outcome.get("failure_reason") is None:
+            outcome["failure_reason"] = "no_llm_calls"
+        trace = session.to_trace(**outcome)
+        if self.traces is not None:
+            self.traces.write(trace)
+        self.finished = [*self.finished[-255:], trace]
+        return trace
+
+    def close(self) -> list[dict[str, Any]]:
+        """End every open session (server stopping): nothing is lost."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        return [self.end_session(t, extra={"ended_by": "proxy stop"}) for t in list(self.sessions)]
+
+    def start_reaper(self) -> None:
+        if self.config.idle_timeout_s > 0 and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.config.idle_timeout_s / 4, 30))
+            cutoff = time.time() - self.config.idle_timeout_s
+            for token, s in list(self.sessions.items()):
+                if s.last_active < cutoff:
+                    self.end_session(token, extra={"ended_by": "idle timeout"})
+
+    # ---- calls ---------------------------------------------------------------------------------------------
+    def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Turn:
+        """Build the prompt (reusing sampled ids) and open the call record. Raises ContextLengthError."""
+        plan = session.plan(req, self.template)
+        call = session.open_call(dialect, req, plan, body_hash)
+        turn = Turn(call, plan, req, session)
+        if len(plan.prompt_ids) + 1 > self.max_context:
+            msg = f"prompt of {len(plan.prompt_ids)} tokens exceeds the context window of {self.max_context} tokens"
+            self.fail(turn, msg)
+            raise ContextLengthError(msg)
+        return turn
+
+    def params(self, req: ChatRequest) -> SamplingParams:
+        room = self.max_context - 1  # at least one token; the engine ends the call at the window
+        return SamplingParams(
+            max_tokens=max(1, min(int(req.max_tokens or self.config.default_max_tokens), room)),
+            temperature=1.0 if req.temperature is None else float(req.temperature),
+            top_p=1.0 if req.top_p is None else float(req.top_p),
+            top_k=int(req.top_k or 0),
+            seed=req.seed,
+            stop_token_ids=self.template.stop_ids,
+        )
+
+    async def stream(self, turn: Turn) -> AsyncIterator[str]:
+        """Generate for a turn, yielding text deltas; the call record fills in as tokens arrive."""
+        call, decoder = turn.call, IncrementalDecoder(self.template)
+        stream = self.engine.generate(call.call_id, turn.plan.prompt_ids, self.params(turn.req))
+        try:
+            async for delta in stream:
+                if call.first_token_at is None:
+                    call.first_token_at = time.time()
+                if delta.token_ids and (not call.versions or call.versions[-1][1] != delta.version):
+                    call.versions.append((len(call.response_ids), delta.version))
+                call.response_ids.extend(delta.token_ids)
+                call.response_logprobs.extend(delta.logprobs)
+                if delta.finish_reason is not None:
+                    call.finish_reason = delta.finish_reason
+                text = decoder.push(delta.token_ids)
+                if text:
+                    yield text
+        except (EngineError, ContextLengthError) as e:
+            self.fail(turn, str(e))
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            await self.engine.abort(call.call_id)
+            call.finish_reason = "abort"
+            turn.session.close_call(call, None)
+            raise
+
+    def finish(self, turn: Turn) -> ChatResult:
+        """Close the call record and parse what the model said."""
+        reply = parse_hermes(self.template.reply_text(turn.call.response_ids))
+        turn.session.close_call(turn.call, reply)
+        finish = "tool_calls" if reply.tool_calls else ("length" if turn.call.finish_reason == "length" else "stop")
+        if reply.tool_calls:
+            turn.call.finish_reason = "tool_calls"
+        return ChatResult(reply, finish, len(turn.plan.prompt_ids), len(turn.call.response_ids))
+
+    def fail(self, turn: Turn, message: str) -> None:
+        turn.call.error = message
+        turn.call.finish_reason = "error"
+        turn.session.close_call(turn.call, None)

@@ -1,0 +1,266 @@
+"""Sessions: the calls of one rollout, token-in/token-out prompt building, and the trace they become.
+
+The guarantee: when a request's messages extend an earlier call of the same session (the earlier messages,
+then the assistant reply the proxy produced, then new messages), its prompt ids are that call's prompt ids +
+sampled ids, verbatim, + the tokenization of only the new text. Anything else (compaction, an edited earlier
+turn, another system prompt) starts a new branch, tokenized whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from hrl.runners.proxy.dialects.base import ChatRequest
+from hrl.runners.proxy.template import ChatTemplate, ParsedReply
+from hrl.runners.trace import SCHEMA
+
+__all__ = ["CallRecord", "PromptPlan", "Session"]
+
+_SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.blake2b(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode(), digest_size=12).hexdigest()
+
+
+def _canonical_args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return arguments
+
+
+def message_key(m: dict[str, Any]) -> str:
+    """What the template renders of a message (ids and formatting of tool arguments left out)."""
+    calls = [
+        (c["function"]["name"], _canonical_args(c["function"].get("arguments"))) for c in m.get("tool_calls") or []
+    ]
+    content = m.get("content") or ""
+    return _digest([m["role"], content.strip() if m["role"] == "assistant" else content, calls])
+
+
+def reply_key(reply: ParsedReply) -> str:
+    msg = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
+    return message_key(msg)
+
+
+@dataclass
+class PromptPlan:
+    """How a request's prompt was built: `parent` is the call whose prompt + response it extends, if any."""
+
+    prompt_ids: list[int]
+    parent: CallRecord | None
+    message_keys: list[str]
+    tools_key: str
+
+
+@dataclass
+class CallRecord:
+    call_id: str
+    dialect: str
+    stream: bool
+    started_at: float
+    prompt_ids: list[int]
+    parent_id: str | None
+    message_keys: list[str]
+    tools_key: str
+    has_tools: bool
+    system_text: str
+    body_hash: str
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    reply_key: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+class Session:
+    """One rollout's conversation(s) with the model; becomes one `hrl.trace/1` object."""
+
+    def __init__(self, token: str, meta: dict[str, Any] | None = None) -> None:
+        self.token = token
+        self.meta = dict(meta or {})
+        self.started_at = time.time()
+        self.last_active = self.started_at
+        self.calls: list[CallRecord] = []
+        self.tools: list[dict[str, Any]] = []
+        self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
+
+    # ---- prompt building -----------------------------------------------------------------------------------
+    def plan(self, req: ChatRequest, template: ChatTemplate) -> PromptPlan:
+        keys = [message_key(m) for m in req.messages]
+        tools_key = _digest(req.tools or [])
+        text = template.render(req.messages, req.tools)
+        for parent in reversed(self.calls):
+            n = len(parent.message_keys)
+            if (
+                parent.error is None
+                and parent.tools_key == tools_key
+                and len(keys) > n + 1
+                and keys[:n] == parent.message_keys
+                and keys[n] == parent.reply_key
+            ):
+                suffix = self._suffix(req, template, parent, text)
+                if suffix is not None:
+                    return PromptPlan(parent.full_ids + template.encode(suffix), parent, keys, tools_key)
+        return PromptPlan(template.encode(text), None, keys, tools_key)
+
+    @staticmethod
+    def _suffix(req: ChatRequest, template: ChatTemplate, parent: CallRecord, text: str) -> str | None:
+        """The text after the parent's sampled tokens: the end of the assistant turn, then the new messages."""
+        n = len(parent.message_keys)
+        before = template.render(req.messages[:n], req.tools)
+        upto = template.render(req.messages[: n + 1], req.tools, add_generation_prompt=False)
+        if not (upto.startswith(before) and text.startswith(upto)):
+            return None  # the template is not append-only for this conversation
+        turn = upto[len(before) :]
+        sampled_stop = parent.response_ids[-1:] and parent.response_ids[-1] in template.stop_ids
+        end = template.end_of_turn
+        cut = turn.rfind(end)
+        if cut < 0:
+            return None
+        bridge = turn[cut + len(end) :] if sampled_stop else turn[cut:]
+        return bridge + text[len(upto) :]
+
+    # ---- recording -----------------------------------------------------------------------------------------
+    def open_call(self, dialect: str, req: ChatRequest, plan: PromptPlan, body_hash: str) -> CallRecord:
+        now = time.time()
+        self.last_active = now
+        for m in req.messages:  # tool results that came back since the model asked for them
+            tcid = m.get("tool_call_id")
+            if m["role"] == "tool" and tcid in self._pending_tools:
+                name, issued = self._pending_tools.pop(tcid)
+                self.tools.append({"name": name, "tool_call_id": tcid, "started_at": issued, "ended_at": now})
+        system = req.messages[0]["content"] if req.messages and req.messages[0]["role"] == "system" else ""
+        return CallRecord(
+            call_id=f"c{len(self.calls) + 1}-{uuid.uuid4().hex[:6]}",
+            dialect=dialect,
+            stream=req.stream,
+            started_at=now,
+            prompt_ids=plan.prompt_ids,
+            parent_id=plan.parent.call_id if plan.parent else None,
+            message_keys=plan.message_keys,
+            tools_key=plan.tools_key,
+            has_tools=bool(req.tools),
+            system_text=system[:2000],
+            body_hash=body_hash,
+        )
+
+    def close_call(self, call: CallRecord, reply: ParsedReply | None) -> None:
+        call.ended_at = self.last_active = time.time()
+        if reply is not None:
+            call.reply_key = reply_key(reply)
+            call.tool_calls = reply.tool_calls
+            for tc in reply.tool_calls:
+                self._pending_tools[tc["id"]] = (tc["function"]["name"], call.ended_at)
+        # an identical retried request replaces the earlier record instead of adding a second one
+        self.calls = [c for c in self.calls if c.body_hash != call.body_hash]
+        self.calls.append(call)
+
+    # ---- the trace -----------------------------------------------------------------------------------------
+    def to_trace(
+        self,
+        *,
+        status: str = "ok",
+        failure_reason: str | None = None,
+        reward: float | None = None,
+        reward_info: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        ended = time.time()
+        agentic = any(c.has_tools for c in self.calls)
+        if failure_reason is None and self.calls and self.calls[-1].error is not None:
+            failure_reason = "context_overflow" if "context" in self.calls[-1].error else "engine_error"
+        if failure_reason is not None:
+            status = "failed"
+        t0 = self.started_at
+        meta = self.meta
+        return {
+            "schema": SCHEMA,
+            "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
+            "session": self.token,
+            "task_id": meta.get("task_id"),
+            "group_id": meta.get("group_id"),
+            "agent": meta.get("agent") or {},
+            "env": meta.get("env") or {},
+            "model": meta.get("model") or {},
+            "status": status,
+            "failure_reason": failure_reason,
+            "reward": reward,
+            "reward_info": reward_info or {},
+            "started_at": round(t0, 3),
+            "ended_at": round(ended, 3),
+            "calls": _encode_calls(self.calls, t0, agentic),
+            "tools": [
+                {**t, "started_at": round(t["started_at"] - t0, 3), "ended_at": round(t["ended_at"] - t0, 3)}
+                for t in self.tools
+            ],
+            "metadata": {**meta.get("metadata", {}), **(extra or {})},
+        }
+
+
+def _is_side(call: CallRecord, agentic: bool) -> bool:
+    low = call.system_text.lower()
+    return (agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
+
+
+def _encode_calls(calls: list[CallRecord], t0: float, agentic: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(calls):
+        d: dict[str, Any] = {
+            "call_id": c.call_id,
+            "dialect": c.dialect,
+            "stream": c.stream,
+            "side": _is_side(c, agentic),
+            "started_at": round(c.started_at - t0, 3),
+            "first_token_at": round((c.first_token_at or c.started_at) - t0, 3),
+            "ended_at": round((c.ended_at or c.started_at) - t0, 3),
+        }
+        ref, length = _best_ref(calls[:i], c)
+        if ref is not None:
+            d["prompt_ref"] = {"call_id": ref.call_id, "length": length}
+            d["prompt_suffix_ids"] = c.prompt_ids[length:]
+        else:
+            d["prompt_ids"] = c.prompt_ids
+        d["response_ids"] = c.response_ids
+        d["response_logprobs"] = [round(x, 5) for x in c.response_logprobs]
+        d["versions"] = [list(v) for v in c.versions]
+        d["finish_reason"] = c.finish_reason
+        if c.parent_id:
+            d["parent"] = c.parent_id
+        if c.error:
+            d["error"] = c.error
+        out.append(d)
+    return out
+
+
+def _best_ref(earlier: list[CallRecord], call: CallRecord) -> tuple[CallRecord | None, int]:
+    """The earlier call sharing the longest token prefix with this prompt (the parent when there is one)."""
+    by_id = {c.call_id: c for c in earlier}
+    if call.parent_id in by_id:
+        parent = by_id[call.parent_id]
+        return parent, len(parent.full_ids)
+    best, best_len = None, 0
+    for c in earlier:
+        full, n = c.full_ids, 0
+        limit = min(len(full), len(call.prompt_ids))
+        while n < limit and full[n] == call.prompt_ids[n]:
+            n += 1
+        if n > best_len:
+            best, best_len = c, n
+    return (best, best_len) if best_len >= 16 else (None, 0)

@@ -1,0 +1,163 @@
+"""The recording proxy over real HTTP with the official OpenAI SDK: token reuse, branches, traces, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from hrl.runners.trace import call_prompt_ids, read_traces
+from tests.proxy_helpers import running_proxy
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+SCRIPT = [
+    {"text": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+    {"tool_calls": [{"name": "bash", "arguments": {"command": "sed -i s/-/+/ m.py"}}]},
+    "Fixed: the sign in m.py was wrong.",
+]
+
+
+def _conversation(client: OpenAI, stream: bool, turns: int = 3) -> list[dict]:
+    msgs: list[dict] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "fix m.py"}]
+    for _ in range(turns):
+        if stream:
+            chunks = list(client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, stream=True))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            msg: dict = {"role": "assistant", "content": content or None}
+            if calls:
+                msg["tool_calls"] = [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                    }
+                    for tc in calls
+                ]
+        else:
+            msg = (
+                client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+                .choices[0]
+                .message.model_dump(exclude_none=True)
+            )
+        msgs.append(msg)
+        for tc in msg.get("tool_calls") or []:
+            msgs.append({"role": "tool", "tool_call_id": tc["id"], "content": "m.py\ntests/"})
+        if not msg.get("tool_calls"):
+            msgs.append({"role": "user", "content": "thanks"})
+    return msgs
+
+
+def _assert_append_only(trace: dict) -> None:
+    calls = trace["calls"]
+    for k in range(1, len(calls)):
+        prev = call_prompt_ids(trace, k - 1) + calls[k - 1]["response_ids"]
+        assert call_prompt_ids(trace, k)[: len(prev)] == prev, f"call {k} drifted"
+        assert calls[k]["prompt_ref"] == {"call_id": calls[k - 1]["call_id"], "length": len(prev)}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_multi_turn_tool_calls_reuse_sampled_ids_exactly(tiny_model, tmp_path, stream):
+    out = tmp_path / "traces.jsonl"
+    with running_proxy(tiny_model, traces=str(out), engine_options={"turns": SCRIPT}) as p:
+        client = OpenAI(base_url=f"{p.url}/s/ep1/v1", api_key="unused")
+        msgs = _conversation(client, stream)
+        assert msgs[-2]["content"].startswith("Fixed")
+        assert httpx.post(f"{p.url}/s/ep1/end", json={"reward": 1.0}).json()["calls"] == 3
+    (trace,) = list(read_traces(out))
+    _assert_append_only(trace)
+    assert [c["finish_reason"] for c in trace["calls"]] == ["tool_calls", "tool_calls", "stop"]
+    assert all(c["stream"] is stream and c["dialect"] == "chat" and not c["side"] for c in trace["calls"])
+    assert [t["name"] for t in trace["tools"]] == ["bash", "bash"]
+    assert all(t["ended_at"] >= t["started_at"] for t in trace["tools"])
+    assert trace["reward"] == 1.0
+    assert trace["status"] == "ok"
+    assert all(c["versions"] == [[0, 0]] for c in trace["calls"])
+
+
+def test_rewritten_history_starts_a_new_branch(tiny_model, tmp_path):
+    out = tmp_path / "traces.jsonl"
+    with running_proxy(tiny_model, traces=str(out), engine_options={"turns": SCRIPT}) as p:
+        client = OpenAI(base_url=f"{p.url}/s/ep2/v1", api_key="unused")
+        msgs = _conversation(client, stream=False, turns=2)
+        compacted = [{"role": "system", "content": "Summary so far: listed files."}, msgs[-1]]
+        compacted[-1] = {"role": "user", "content": "continue"}
+        client.chat.completions.create(model="m", messages=compacted, tools=TOOLS)
+        p.end("ep2")
+    (trace,) = list(read_traces(out))
+    calls = trace["calls"]
+    assert calls[1]["parent"] == calls[0]["call_id"]
+    assert "parent" not in calls[2]  # a new root: its history was re-tokenized, nothing of it is trusted
+
+
+def test_identical_retry_is_recorded_once(tiny_model):
+    with running_proxy(tiny_model, engine_options={"turns": SCRIPT}) as p:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+        for _ in range(2):
+            assert httpx.post(f"{p.url}/s/r/v1/chat/completions", json=body).status_code == 200
+        trace = p.end("r")
+    assert len(trace["calls"]) == 1
+
+
+def test_bad_input_gets_dialect_errors_and_proxy_keeps_serving(tiny_model, tmp_path):
+    out = tmp_path / "t.jsonl"
+    with running_proxy(
+        tiny_model, traces=str(out), engine_options={"turns": SCRIPT, "max_model_len": 400}, max_body_bytes=50_000
+    ) as p:
+        url = f"{p.url}/s/bad/v1/chat/completions"
+        r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert "malformed" in r.json()["error"]["message"]
+        r = httpx.post(url, json={"messages": "nope"})
+        assert r.status_code == 400
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "x" * 60_000}]})
+        assert r.status_code == 413
+        assert r.json()["error"]["code"] == 413
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 500}]})
+        assert r.status_code == 400
+        assert "context window" in r.json()["error"]["message"]
+        ok = httpx.post(f"{p.url}/s/good/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200
+        p.end("bad")
+        p.end("good")
+    bad, good = list(read_traces(out))
+    assert bad["failure_reason"] == "context_overflow"
+    assert bad["status"] == "failed"
+    assert good["status"] == "ok"
+
+
+def test_require_sessions_rejects_unknown_tokens_with_401(tiny_model):
+    with running_proxy(tiny_model, require_sessions=True) as p:
+        r = httpx.post(f"{p.url}/s/nope/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 401
+        assert "unknown session" in r.json()["error"]["message"]
+        token = httpx.post(f"{p.url}/sessions", json={"task_id": "t1"}).json()["token"]
+        r = httpx.post(
+            f"{p.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer hrl-{token}"},
+        )
+        assert r.status_code == 200
+        trace = p.end(token)
+    assert trace["task_id"] == "t1"
+    assert len(trace["calls"]) == 1
+
+
+def test_stop_flushes_open_sessions(tiny_model, tmp_path):
+    out = tmp_path / "t.jsonl"
+    with running_proxy(tiny_model, traces=str(out)) as p:
+        for tok in ("a", "b"):
+            httpx.post(f"{p.url}/s/{tok}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert sorted(t["session"] for t in read_traces(out)) == ["a", "b"]
+    assert all(json.loads(line)["metadata"]["ended_by"] == "proxy stop" for line in out.read_text().splitlines())
