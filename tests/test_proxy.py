@@ -161,3 +161,21 @@ def test_stop_flushes_open_sessions(tiny_model, tmp_path):
             httpx.post(f"{p.url}/s/{tok}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert sorted(t["session"] for t in read_traces(out)) == ["a", "b"]
     assert all(json.loads(line)["metadata"]["ended_by"] == "proxy stop" for line in out.read_text().splitlines())
+
+
+def test_engine_dying_mid_stream_is_an_error_in_dialect_shape(tiny_model, tmp_path):
+    out = tmp_path / "t.jsonl"
+    script = [{"text": "I will now crash halfway through this sentence.", "fail_after": 3}]
+    with running_proxy(tiny_model, traces=str(out), engine_options={"turns": script}) as p:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", f"{p.url}/s/dies/v1/chat/completions", json=body) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert r.status_code == 200  # headers were sent before the engine died
+        assert "scripted engine failure" in events[-2] and events[-1] == "data: [DONE]"
+        r = httpx.post(f"{p.url}/s/dies2/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 502 and r.json()["error"]["type"] == "server_error"
+        p.end("dies")
+        p.end("dies2")
+    traces = list(read_traces(out))
+    assert [t["failure_reason"] for t in traces] == ["engine_error", "engine_error"]
+    assert traces[0]["calls"][0]["response_ids"] and traces[0]["calls"][0]["finish_reason"] == "error"

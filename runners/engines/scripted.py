@@ -28,8 +28,9 @@ class ScriptedEngineConfig(BaseModel):
     model: str = Field(description="Model dir or id whose tokenizer renders the turns.")
     turns: list[str | dict[str, Any]] = Field(
         default_factory=lambda: ["Done."],
-        description="Assistant turns: a string, or {'text': …, 'tool_calls': [{'name': …, 'arguments': {…}}]}. "
-        "Past the end, the last turn repeats.",
+        description="Assistant turns: a string, or {'text': …, 'tool_calls': [{'name': …, 'arguments': {…}}]}, "
+        "optionally with 'fail_after': N to die with an engine error after N tokens. Past the end, the last turn "
+        "repeats.",
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(0.0, description="Pause between streamed tokens, to mimic decoding time.")
@@ -93,7 +94,10 @@ class ScriptedEngine:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
         turn = self.turns[min(self._turn_index(prompt_ids), len(self.turns) - 1)]
         ids = self.tokenizer.encode(render_turn(turn, self._end), add_special_tokens=False)
+        fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
         for i, tok in enumerate(ids[: params.max_tokens]):
+            if fail_after is not None and i >= fail_after:
+                raise EngineError(f"scripted engine failure after {i} tokens")
             await self._paused.wait()
             if request_id in self._aborted:
                 self._aborted.discard(request_id)
