@@ -1,0 +1,78 @@
+"""The trainer against the real proxy and engine: train/infer mismatch, and a reward that rises."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from hrl.runners.engines import make_engine
+from hrl.runners.proxy.proxy import Proxy, ProxyConfig
+from hrl.runners.proxy.server import build_app, run_server
+from hrl.runners.proxy.template import ChatTemplate
+from hrl.train.advantages import group_advantages
+from hrl.train.samples import build_samples
+from hrl.train.trainer import Trainer, TrainerConfig
+from tests.proxy_helpers import free_port
+
+PROMPTS = ["fix the bug", "run the tests", "list files", "read m.py"]
+
+
+def _reward(text: str) -> float:
+    """What the 'task' wants: answers rich in the letter e (any policy can move this)."""
+    return text.count("e") / max(len(text), 1)
+
+
+async def _episode(client: httpx.AsyncClient, url: str, proxy: Proxy, prompt: str, group: str) -> dict:
+    token = proxy.open_session(meta={"task_id": group, "group_id": group}).token
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 1.0}
+    r = await client.post(f"{url}/s/{token}/v1/chat/completions", json=body)
+    text = r.json()["choices"][0]["message"]["content"] or ""
+    return proxy.end_session(token, reward=_reward(text))
+
+
+async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) -> tuple[list[float], list[float]]:
+    engine = make_engine("embedded", model, dtype="float32")
+    await engine.start()
+    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name="tiny"))
+    port, ready = free_port(), asyncio.Event()
+    server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
+    await ready.wait()
+    trainer = Trainer(cfg)
+    curve, mismatch = [], []
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            for it in range(n_iter):
+                traces = await asyncio.gather(
+                    *[
+                        _episode(client, f"http://127.0.0.1:{port}", proxy, p, f"{it}-{p}")
+                        for p in PROMPTS
+                        for _ in range(k)
+                    ]
+                )
+                curve.append(sum(t["reward"] for t in traces) / len(traces))
+                adv, _ = group_advantages(
+                    {t["trace_id"]: t["reward"] for t in traces}, {t["trace_id"]: t["group_id"] for t in traces}
+                )
+                samples = [s for t in traces for s in build_samples(t)]
+                for s in samples:
+                    s.advantage = adv[s.trace_id]
+                metrics = await asyncio.to_thread(trainer.step, samples)
+                mismatch.append(metrics["train/mismatch_kl"])
+                path = await asyncio.to_thread(trainer.save, tmp / f"v{it + 1}")
+                await engine.publish(str(path), cfg.mode)
+    finally:
+        server.cancel()
+        await engine.close()
+    return curve, mismatch
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_reward_rises_through_real_proxy_and_engine(tiny_model, tmp_path, mode):
+    lr = 5e-2 if mode == "lora" else 5e-3
+    cfg = TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=16, lora_rank=8)
+    curve, mismatch = asyncio.run(_iterations(tiny_model, 8, 8, cfg, tmp_path))
+    print(f"\n{mode}: reward per iteration {[round(x, 3) for x in curve]}; max mismatch KL {max(mismatch):.2e}")
+    assert max(mismatch) <= 1e-3  # trainer vs engine logprobs on the same weights, fp32
+    assert sum(curve[-2:]) > 1.5 * sum(curve[:2]), curve  # the reward rises by half or more

@@ -1,0 +1,139 @@
+"""Losses, advantages and sample building against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hrl.train.advantages import group_advantages
+from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
+from hrl.train.samples import build_samples, trace_branches
+
+
+def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=False, finish="stop"):
+    c = {
+        "call_id": cid,
+        "dialect": "chat",
+        "stream": False,
+        "side": side,
+        "response_ids": list(resp),
+        "response_logprobs": [-0.5] * len(resp),
+        "versions": [[0, 3]],
+        "finish_reason": finish,
+    }
+    if ref:
+        c["prompt_ref"], c["prompt_suffix_ids"] = {"call_id": ref[0], "length": ref[1]}, list(suffix)
+    else:
+        c["prompt_ids"] = list(prompt)
+    if parent:
+        c["parent"] = parent
+    return c
+
+
+def _trace(calls, tid="t", reward=1.0):
+    return {
+        "schema": "hrl.trace/1",
+        "trace_id": tid,
+        "group_id": "g",
+        "session": "s",
+        "status": "ok",
+        "reward": reward,
+        "started_at": 0,
+        "ended_at": 1,
+        "calls": calls,
+    }
+
+
+LINEAR = [
+    _call("a", prompt=[1, 2, 3], resp=[4, 5]),
+    _call("b", ref=("a", 5), suffix=[6], resp=[7, 8], parent="a"),
+    _call("c", ref=("b", 8), suffix=[9], resp=[10], parent="b"),
+]
+
+
+def test_linear_trace_is_one_sample_with_exact_mask():
+    (s,) = build_samples(_trace(LINEAR))
+    assert s.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert s.loss_mask == [0, 0, 0, 1, 1, 0, 1, 1, 0, 1]
+    assert s.behaviour_logprobs == [0, 0, 0, -0.5, -0.5, 0, -0.5, -0.5, 0, -0.5]
+    assert s.versions == [-1, -1, -1, 3, 3, -1, 3, 3, -1, 3]
+    assert sum(s.weight) == pytest.approx(1.0)
+    assert s.weight[3] == pytest.approx(1 / 5)
+
+
+def test_branching_trace_weighs_the_same_as_an_unsplit_one():
+    # c2 is a compaction: a new root. d is a side call (excluded). The trace has 3 branches:
+    # a->b, a->e (b and e both extend a), and the new root c2.
+    calls = [
+        _call("a", prompt=[1, 2], resp=[3, 4]),
+        _call("b", ref=("a", 4), suffix=[5], resp=[6], parent="a"),
+        _call("e", ref=("a", 4), suffix=[7], resp=[8, 9], parent="a"),
+        _call("d", prompt=[50], resp=[51], side=True),
+        _call("c2", prompt=[1, 9, 9], resp=[10, 11, 12]),
+        _call("x", prompt=[1], resp=[2], finish="error"),
+    ]
+    samples = build_samples(_trace(calls))
+    assert [s.branch for s in samples] == [["a", "b"], ["a", "e"], ["c2"]]
+    assert trace_branches(_trace(calls), include_side=True)[-2:] == [[3], [4]]
+    # distinct sampled tokens: a(2) + b(1) + e(2) + c2(3) = 8; a's tokens are shared by 2 branches
+    assert sum(sum(s.weight) for s in samples) == pytest.approx(1.0)
+    assert samples[0].weight[2] == pytest.approx(1 / (2 * 8))
+    assert samples[0].weight[5] == pytest.approx(1 / 8)
+    # the same loss tokens unsplit weigh exactly one trace, like the split version
+    (single,) = build_samples(_trace([_call("a", prompt=[1, 2], resp=[3, 4, 5, 6, 7, 8, 9, 10])]))
+    assert sum(single.weight) == pytest.approx(1.0)
+
+
+def test_group_advantages_variants():
+    rewards = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "e": 0.5, "f": 0.5}
+    groups = {"a": "g1", "b": "g1", "c": "g1", "d": "g1", "e": "g2", "f": "g2"}
+    adv, m = group_advantages(rewards, groups, "grpo")
+    assert adv["a"] == pytest.approx(0.5 / (0.5 + 1e-6))
+    assert adv["b"] == pytest.approx(-0.5 / (0.5 + 1e-6))
+    assert adv["e"] == 0.0
+    assert m["adv/zero_variance_groups"] == 1.0
+    adv, _ = group_advantages(rewards, groups, "dr_grpo")
+    assert adv["a"] == pytest.approx(0.5)
+    assert adv["b"] == pytest.approx(-0.5)
+    adv, m = group_advantages(rewards, groups, "mean", drop_zero_variance=True)
+    assert set(adv) == {"a", "b", "c", "d"}
+    assert m["adv/dropped_traces"] == 2.0
+
+
+def test_policy_loss_hand_computed():
+    logp = torch.log(torch.tensor([0.5, 0.5, 0.5]))
+    old = torch.log(torch.tensor([0.25, 0.5, 1.0]))  # ratios 2, 1, 0.5
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    w = torch.tensor([0.5, 0.25, 0.25])
+    loss, m = policy_loss(logp, old, adv, w, clip_low=0.2, clip_high=0.2)
+    # token 1: min(2*1, 1.2*1) = 1.2 ; token 2: 1 ; token 3: min(0.5*-1, 0.8*-1) = -0.8
+    assert float(loss) == pytest.approx(-(0.5 * 1.2 + 0.25 * 1.0 + 0.25 * -0.8))
+    assert m["train/clip_frac"] == pytest.approx(0.75)  # tokens 1 and 3 are clipped
+    loss_hi, _ = policy_loss(logp, old, adv, w, clip_low=0.2, clip_high=0.28)  # DAPO clip-higher
+    assert float(loss_hi) == pytest.approx(-(0.5 * 1.28 + 0.25 * 1.0 + 0.25 * -0.8))
+    loss_is, _ = policy_loss(logp, old, adv, w, behaviour_weight=torch.tensor([2.0, 1.0, 1.0]))
+    assert float(loss_is) == pytest.approx(-(0.5 * 2.4 + 0.25 * 1.0 + 0.25 * -0.8))
+
+
+def test_policy_gradient_direction():
+    logp = torch.log(torch.tensor([0.5])).requires_grad_()
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.tensor([1.0]))
+    loss.backward()
+    assert logp.grad is not None
+    assert float(logp.grad) == pytest.approx(-1.0)
+
+
+def test_importance_weights_and_kls():
+    prox, behav = torch.log(torch.tensor([0.9, 0.1])), torch.log(torch.tensor([0.3, 0.1]))
+    w, m = importance_weights(prox, behav, cap=2.0)
+    assert w.tolist() == pytest.approx([2.0, 1.0])
+    assert m["train/is_capped_frac"] == 0.5
+    w, _ = importance_weights(prox, behav, cap=None)
+    assert w.tolist() == pytest.approx([3.0, 1.0])
+    kl, _ = kl_to_reference(torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25])), torch.tensor([1.0]))
+    assert float(kl) == pytest.approx(0.5 - math.log(0.5) - 1)
+    mk = mismatch_kl(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.0]))
+    assert mk["train/mismatch_kl"] == 0.0
+    assert mk["train/mismatch_max_abs"] == 0.0

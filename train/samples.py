@@ -1,0 +1,111 @@
+"""Traces → token-exact training samples, one per branch of each trace's token tree. Never re-tokenizes.
+
+A call's parent is the call whose prompt + response its prompt extends exactly (recorded by the proxy as
+`parent`). Each root-to-leaf path is one sample: the leaf's prompt + response ids, with `loss_mask` = 1 on
+tokens the engine sampled in this trace along that path (earlier calls' responses sit verbatim inside later
+prompts, so they are still provably sampled), 0 on everything the proxy tokenized from text.
+
+`weight` spreads each trace's unit of loss over its distinct sampled tokens: a token shared by k branches
+gets 1/k of its share in each, so a trace that splits into 5 branches weighs the same as one that does not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hrl.runners.trace import call_prompt_ids
+
+__all__ = ["Sample", "build_samples", "trace_branches"]
+
+_UNUSABLE = {"error", "abort"}  # calls whose tokens never reached the agent whole
+
+
+@dataclass
+class Sample:
+    """One branch of one trace. All lists have the same length T (the branch's token count)."""
+
+    trace_id: str
+    group_id: str
+    branch: list[str]  # call ids, root to leaf
+    input_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]  # the engine's logprob where loss_mask is 1, else 0.0
+    versions: list[int]  # policy version that sampled each token; -1 where loss_mask is 0
+    weight: list[float] = field(default_factory=list)  # per-token share of the trace's unit weight
+    reward: float = 0.0
+    advantage: float = 0.0
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def trace_branches(trace: dict[str, Any], include_side: bool = False) -> list[list[int]]:
+    """Root-to-leaf paths of call indices through the trace's token tree."""
+    calls = trace["calls"]
+    usable = [
+        i for i, c in enumerate(calls) if c["finish_reason"] not in _UNUSABLE and (include_side or not c.get("side"))
+    ]
+    index = {calls[i]["call_id"]: i for i in usable}
+    parent = {i: index.get(calls[i].get("parent", "")) for i in usable}
+    has_child = {p for p in parent.values() if p is not None}
+    branches = []
+    for leaf in usable:
+        if leaf in has_child:
+            continue
+        path, node = [], leaf
+        while node is not None:
+            path.append(node)
+            node = parent[node]
+        branches.append(path[::-1])
+    return branches
+
+
+def _expand_versions(runs: list[list[int]], n: int) -> list[int]:
+    out = [0] * n
+    for j, (start, version) in enumerate(runs):
+        end = runs[j + 1][0] if j + 1 < len(runs) else n
+        out[start:end] = [version] * (end - start)
+    return out
+
+
+def _branch_sample(trace: dict[str, Any], path: list[int]) -> Sample:
+    calls = trace["calls"]
+    leaf = path[-1]
+    ids = call_prompt_ids(trace, leaf) + list(calls[leaf]["response_ids"])
+    mask, logps, versions = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids)
+    for i in path:
+        start = len(call_prompt_ids(trace, i))
+        resp = calls[i]["response_ids"]
+        assert ids[start : start + len(resp)] == list(resp), "a parent's response is not inside its child's prompt"
+        vers = _expand_versions(calls[i]["versions"], len(resp))
+        for j, lp in enumerate(calls[i]["response_logprobs"]):
+            mask[start + j], logps[start + j], versions[start + j] = 1, float(lp), vers[j]
+    return Sample(
+        trace_id=trace["trace_id"],
+        group_id=str(trace.get("group_id") or trace.get("task_id") or trace["trace_id"]),
+        branch=[calls[i]["call_id"] for i in path],
+        input_ids=ids,
+        loss_mask=mask,
+        behaviour_logprobs=logps,
+        versions=versions,
+        reward=float(trace.get("reward") or 0.0),
+    )
+
+
+def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sample]:
+    """All branch samples of one trace, with per-token weights summing to 1 over the trace."""
+    paths = trace_branches(trace, include_side)
+    samples = [_branch_sample(trace, p) for p in paths]
+    # how many branches hold each sampled token of each call (tokens are identified by (call, offset))
+    shared: Counter[int] = Counter(i for p in paths for i in p)
+    distinct = sum(len(trace["calls"][i]["response_ids"]) for i in shared)
+    for s, path in zip(samples, paths, strict=True):
+        s.weight = [0.0] * len(s.input_ids)
+        for i in path:
+            start = len(call_prompt_ids(trace, i))
+            for j in range(len(trace["calls"][i]["response_ids"])):
+                s.weight[start + j] = 1.0 / (shared[i] * distinct)
+    return samples

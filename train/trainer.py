@@ -1,0 +1,180 @@
+"""The trainer: one GRPO-family update on a batch of samples, for LoRA (peft) or full fine-tuning of any HF
+causal LM, with micro-batching and gradient accumulation; saves HF / peft checkpoints for publishing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from hrl.runners.models import resolve_model
+from hrl.train.logprobs import token_logprobs
+from hrl.train.loss import importance_weights, mismatch_kl, policy_loss
+from hrl.train.samples import Sample
+
+__all__ = ["Trainer", "TrainerConfig"]
+
+_ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class TrainerConfig(BaseModel):
+    model: str = Field(description="HF model id or local dir to train.")
+    mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or all weights.")
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    lora_targets: list[str] = Field(default_factory=lambda: list(_ALL_PROJ))
+    lr: float = Field(1e-5, description="AdamW learning rate.")
+    weight_decay: float = 0.0
+    max_grad_norm: float = Field(1.0, description="Global grad-norm clip; 0 = off.")
+    micro_batch: int = Field(4, description="Samples per forward/backward (gradient accumulation over the rest).")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights and compute dtype.")
+    logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
+    clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
+    clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
+    correction: Literal["tis", "decoupled", "none"] = Field(
+        "tis",
+        description="none: ratio against the recorded behaviour logprobs. tis: ratio against the trainer's logprobs "
+        "at update start, × min(π_prox/π_behav, tis_cap). decoupled: the same, untruncated (decoupled PPO).",
+    )
+    tis_cap: float = Field(2.0, description="Truncation of the importance weight for 'tis'.")
+    loss_norm: Literal["trace", "constant"] = Field(
+        "trace", description="trace: token mean within each trace, mean over traces. constant: Dr.GRPO, ÷ max_len."
+    )
+    max_len: int = Field(4096, description="Dr.GRPO's constant normaliser, in tokens.")
+    seed: int = 0
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.path = resolve_model(config.model)
+        dtype = getattr(torch, config.dtype)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+        model.config.use_cache = False
+        if config.mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
+            model = get_peft_model(model, lora)
+        self.model = model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.n_trainable = sum(p.numel() for p in params)
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.steps = 0
+
+    # ---- forward helpers -------------------------------------------------------------------------------------
+    def _pad(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s.input_ids) for s in samples)
+        ids = torch.zeros((len(samples), width), dtype=torch.long)  # (B, T) right-padded
+        mask = torch.zeros((len(samples), width), dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
+            mask[i, : len(s.input_ids)] = 1
+        return ids, mask
+
+    def _gather(self, samples: list[Sample], logp: torch.Tensor) -> torch.Tensor:
+        """Flatten the loss tokens of a micro-batch: logp is (B, T-1), predicting tokens 1..T-1."""
+        return torch.cat([logp[i, torch.tensor(_loss_pos(s)) - 1] for i, s in enumerate(samples)])
+
+    def _flat(self, samples: list[Sample], attr: str) -> torch.Tensor:
+        return torch.tensor([getattr(s, attr)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The trainer's logprobs of each sample's loss tokens, under the current weights (eval mode)."""
+        self.model.eval()
+        out = []
+        for i in range(0, len(samples), self.config.micro_batch):
+            mb = samples[i : i + self.config.micro_batch]
+            ids, mask = self._pad(mb)
+            lp = token_logprobs(self.model, ids, mask, self.config.logprob_chunk).float()
+            out += [lp[j, torch.tensor(_loss_pos(s)) - 1] for j, s in enumerate(mb)]
+        self.model.train()
+        return out
+
+    # ---- the update ----------------------------------------------------------------------------------------
+    def step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step over all samples (gradient accumulation across micro-batches)."""
+        cfg, t0 = self.config, time.monotonic()
+        samples = [s for s in samples if s.loss_tokens > 0]
+        if not samples:
+            return {"train/samples": 0.0}
+        n_traces = len({s.trace_id for s in samples})
+        proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
+        behaviour = [self._flat([s], "behaviour_logprobs") for s in samples]
+        metrics = mismatch_kl(torch.cat(proximal), torch.cat(behaviour))
+        self.optimizer.zero_grad(set_to_none=True)
+        total, parts = 0.0, []
+        for i in range(0, len(samples), cfg.micro_batch):
+            mb = samples[i : i + cfg.micro_batch]
+            ids, mask = self._pad(mb)
+            logp = self._gather(mb, token_logprobs(self.model, ids, mask, cfg.logprob_chunk).float())  # (N,)
+            prox = torch.cat(proximal[i : i + cfg.micro_batch])
+            behav = torch.cat(behaviour[i : i + cfg.micro_batch])
+            adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb])
+            weight = self._weights(mb, n_traces)
+            old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
+            if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine
+                is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
+                parts.append(m)
+            loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
+            loss.backward()
+            total += float(loss.detach())
+            parts.append(m)
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.steps += 1
+        for m in parts:
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v / max(1, sum(1 for p in parts if k in p))
+        metrics.update(
+            {
+                "train/loss": total,
+                "train/grad_norm": grad_norm,
+                "train/samples": float(len(samples)),
+                "train/traces": float(n_traces),
+                "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
+                "train/step_s": time.monotonic() - t0,
+            }
+        )
+        return metrics
+
+    def _weights(self, mb: list[Sample], n_traces: int) -> torch.Tensor:
+        if self.config.loss_norm == "constant":  # Dr.GRPO: every token counts the same, ÷ a constant
+            return torch.cat([torch.full((len(_loss_pos(s)),), 1.0 / (self.config.max_len * n_traces)) for s in mb])
+        return self._flat(mb, "weight") / n_traces
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.config.max_grad_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        norms = [p.grad.detach().norm() for p in params]
+        return float(torch.norm(torch.stack(norms))) if norms else 0.0
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> Path:
+        """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out, safe_serialization=True)
+        if self.config.mode == "full":
+            import shutil
+
+            for f in Path(self.path).iterdir() if Path(self.path).is_dir() else []:
+                if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
+                    shutil.copy(f, out / f.name)
+        return out
+
+    def lr_info(self) -> dict[str, float]:
+        return {"train/lr": self.optimizer.param_groups[0]["lr"], "train/trainable_params": float(self.n_trainable)}
+
+
+def _loss_pos(s: Sample) -> list[int]:
+    """Indices of loss tokens in a sample (never 0: the first token has no prediction)."""
+    return [i for i, m in enumerate(s.loss_mask) if m and i > 0]
