@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import socket
 import uuid
 from typing import Any
@@ -226,16 +227,29 @@ def build_app(proxy: Proxy) -> web.Application:
     return app
 
 
-async def run_server(app: web.Application, host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    """Serve until cancelled; `ready` is set once the socket is bound."""
+async def run_server(
+    app: web.Application,
+    host: str,
+    port: int,
+    ready: asyncio.Event | None = None,
+    unix_socket: str | None = None,
+) -> None:
+    """Serve until cancelled on host:port (and on a unix socket too, for sandboxes that reach only the proxy);
+    `ready` is set once the sockets are bound."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as e:
-            raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror})") from e
+        sites: list[web.BaseSite] = [web.TCPSite(runner, host, port)]
+        if unix_socket:
+            sites.append(web.UnixSite(runner, unix_socket))
+        for site in sites:
+            try:
+                await site.start()
+            except OSError as e:
+                where = f"{host}:{port}" if isinstance(site, web.TCPSite) else unix_socket
+                raise PortInUseError(f"cannot listen on {where} ({e.strerror})") from e
+        if unix_socket:
+            os.chmod(unix_socket, 0o777)  # agents in containers may run as another user
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()

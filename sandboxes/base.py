@@ -1,0 +1,99 @@
+"""The sandbox protocol: somewhere to run an agent CLI on a task's files, with time limits, always cleaned up.
+
+Backends (`docker`, `local`) implement `SandboxBackend.create`; sandboxes are async context managers that remove
+everything they created on exit, whatever happened. The layer knows nothing of agents, traces or rewards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+__all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec"]
+
+
+class SandboxError(Exception):
+    """A sandbox could not be created or used (not: the command inside failed — that is an ExecResult)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class Mount(BaseModel):
+    source: str = Field(description="Host path.")
+    target: str = Field(description="Path inside the sandbox.")
+    read_only: bool = True
+
+
+class SandboxSpec(BaseModel):
+    image: str = Field("hrl/base:bookworm", description="Docker image (ignored by the local backend).")
+    workdir: str = Field("/work", description="Where the task's files live inside the sandbox.")
+    env: dict[str, str] = Field(default_factory=dict)
+    mounts: list[Mount] = Field(default_factory=list)
+    network: Literal["none", "proxy", "host"] = Field(
+        "proxy", description="none: no network. proxy: only the hrl proxy (proxy_socket), as 127.0.0.1:proxy_port. "
+        "host: the host's network (for installs only)."
+    )
+    proxy_socket: str | None = Field(None, description="Host path of the proxy's unix socket (network='proxy').")
+    proxy_port: int = Field(8000, description="Port the proxy appears on inside the sandbox (network='proxy').")
+    cpus: float = Field(0.0, description="CPU limit; 0 = none.")
+    memory_mb: int = Field(0, description="Memory limit in MiB; 0 = none.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (run and episode ids are added).")
+
+
+@dataclass
+class ExecResult:
+    exit_code: int  # -1 when killed by the timeout
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Sandbox(Protocol):
+    id: str
+    workdir: str
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        timeout_s: float = 0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        """Run a command (a list, or a string for `bash -lc`); timeout_s 0 = none. Kills the whole process tree
+        on timeout."""
+        ...
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def copy_in(self, host_dir: str, target: str) -> None:
+        """Copy a host directory's contents into the sandbox at `target`."""
+        ...
+
+    async def close(self) -> None:
+        """Remove everything this sandbox created. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> Sandbox:
+        """Create and start a sandbox labelled hrl.run=<run_id>, hrl.episode=<episode_id>. Raises SandboxError."""
+        ...
+
+    async def prune(self, run_id: str | None = None) -> int:
+        """Remove leftovers of crashed runs (all hrl sandboxes, or one run's). Returns how many were removed."""
+        ...
