@@ -42,10 +42,11 @@ def _root(
 
 
 def _register() -> None:
-    from hrl.cli import doctor, models, serve
+    from hrl.cli import doctor, inspect, models, serve
 
     app.add_typer(models.app, name="models")
     app.command("serve", epilog=serve.EPILOG)(serve.serve)
+    app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
 
 

@@ -1,0 +1,263 @@
+"""`hrl inspect`: a trace file as a summary table, one trace as a tree of calls and tool events, its branches."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from hrl.cli.output import emit, err
+
+__all__ = ["EPILOG", "inspect"]
+
+EPILOG = """Examples:
+
+  hrl inspect traces.jsonl                           # one row per trace, totals below
+
+  hrl inspect traces.jsonl --trace 3f2a              # one trace (id prefix) as a tree of calls and tools
+
+  hrl inspect traces.jsonl --trace 3f2a --samples    # ... plus its branches (the training samples)
+
+  hrl inspect traces.jsonl --json | jq '.[] | select(.status != "ok") | .failure_reason'
+
+  hrl inspect traces.jsonl --trace 3f2a --json | jq '.call_details[] | [.call_id, .response_tokens]'
+"""
+
+Trace = dict[str, Any]
+
+
+def inspect(
+    file: Annotated[Path, typer.Argument(help="An hrl.trace/1 JSONL file (e.g. written by `hrl serve --traces`).")],
+    trace_id: Annotated[
+        str | None, typer.Option("--trace", "-t", help="Show only this trace (an id or a unique id prefix).")
+    ] = None,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="Also list the branches: the root-to-leaf paths that become samples.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON (an object with --trace).")] = False,
+) -> None:
+    """Summarize a trace file: outcome, calls, turns, tokens, branches and timing per trace; with --trace (or a
+    file of one trace) the calls and tool events in time order, as a tree."""
+    from hrl.runners.summary import select_trace
+
+    traces = _load(file)
+    chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
+    if as_json:
+        emit(_json_result(chosen, single=trace_id is not None, samples=samples), as_json=True)
+        return
+    if not traces:
+        err.print(f"no traces in {file}", markup=False, highlight=False)
+        return
+    _render(_stdout_console(), chosen, samples=samples)
+
+
+def _load(file: Path) -> list[Trace]:
+    """All traces of the file; a missing path or a directory is a FileNotFoundError naming it."""
+    from hrl.runners.trace import read_traces
+
+    if file.is_dir():
+        raise FileNotFoundError(f"{file} is a directory, not a trace file (try {file / 'traces'}/*.jsonl)")
+    if not file.exists():
+        raise FileNotFoundError(f"trace file not found: {file}")
+    return list(read_traces(file))
+
+
+def _json_result(traces: list[Trace], *, single: bool, samples: bool) -> Any:
+    """Per-trace summaries (+ `samples` = branches); a single trace also gets its calls and tool events."""
+    from hrl.runners.summary import describe_calls, summarize_trace, trace_branches
+
+    out = []
+    for t in traces:
+        s = summarize_trace(t)
+        if samples:
+            s["samples"] = trace_branches(t)
+        if single:
+            s |= {"reward_info": t.get("reward_info") or {}, "call_details": describe_calls(t)}
+            s["tool_events"] = t.get("tools") or []
+        out.append(s)
+    return out[0] if single else out
+
+
+def _stdout_console() -> Console:
+    """Rich on stdout: colour only on a TTY without NO_COLOR; 100 columns when piped (unless COLUMNS says)."""
+    tty = sys.stdout.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else 100
+    no_color = not tty or bool(os.environ.get("NO_COLOR"))
+    return Console(file=sys.stdout, width=width, no_color=no_color, highlight=False, emoji=False)
+
+
+def _render(console: Console, traces: list[Trace], *, samples: bool) -> None:
+    """Table of summaries; the tree when one trace is shown; totals when several; branches with --samples."""
+    from hrl.runners.summary import summarize_file, summarize_trace
+
+    console.print(_summary_table([summarize_trace(t) for t in traces]))
+    console.print()
+    console.print(_trace_tree(traces[0]) if len(traces) == 1 else _totals(summarize_file(traces)))
+    if samples:
+        console.print()
+        console.print(Text("branches (training samples)", style="bold"))
+        console.print(_branches_table(traces))
+
+
+# ---- formatting --------------------------------------------------------------------------------------------
+
+
+def _num(n: float | None) -> str:
+    """Compact count: 1234, 12.3k, 1.2M."""
+    if n is None:
+        return "-"
+    if abs(n) >= 1_000_000:
+        return f"{n / 1_000_000:.1f}M"
+    return f"{n / 1000:.1f}k" if abs(n) >= 10_000 else str(n)
+
+
+def _secs(s: float | None) -> str:
+    """Seconds in at most 6 characters below ~28 hours: 5.00s, 12.5s, 222s."""
+    if s is None:
+        return "-"
+    return f"{s:.2f}s" if s < 10 else f"{s:.1f}s" if s < 100 else f"{s:.0f}s"
+
+
+def _short(trace_id: Any) -> str:
+    return str(trace_id)[:8]
+
+
+def _outcome(s: dict[str, Any]) -> Text:
+    """`ok`, or the failure reason when there is one (the status is then `failed`)."""
+    if s["failure_reason"]:
+        return Text(str(s["failure_reason"]), style="red")
+    return Text(str(s["status"]), style="green" if s["status"] == "ok" else "yellow")
+
+
+def _table() -> Table:
+    """Borderless, one header rule, two spaces between columns."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold")
+
+
+def _summary_table(sums: list[dict[str, Any]]) -> Table:
+    table = _table()
+    table.add_column("trace", no_wrap=True, min_width=8)
+    table.add_column("task", max_width=22, overflow="ellipsis", no_wrap=True)
+    table.add_column("status", max_width=16, overflow="ellipsis", no_wrap=True)
+    for name, width in (("reward", 6), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2), ("time", 6)):
+        table.add_column(name, justify="right", no_wrap=True, min_width=width)
+    for s in sums:
+        reward = "-" if s["reward"] is None else f"{s['reward']:.3g}"
+        table.add_row(
+            Text(_short(s["trace_id"])),
+            Text(str(s["task_id"] or "-")),
+            _outcome(s),
+            reward,
+            str(s["calls"]),
+            str(s["turns"]),
+            _num(s["prompt_tokens"]),
+            _num(s["response_tokens"]),
+            str(s["branches"]),
+            _secs(s["duration_s"]),
+        )
+    return table
+
+
+def _totals(agg: dict[str, Any]) -> Text:
+    """Two lines under the table: outcomes and reward, then tokens and latency percentiles."""
+    status = ", ".join(f"{n} {k}" for k, n in sorted(agg["status"].items(), key=lambda kv: (kv[0] != "ok", kv[0])))
+    fails = ", ".join(f"{k} {n}" for k, n in sorted(agg["failures"].items()))
+    reward = "-" if agg["reward_mean"] is None else f"{agg['reward_mean']:.3g}"
+    lat, tok = agg["latency_s"], agg["tokens"]
+    first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · mean reward {reward}"
+    second = (
+        f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
+        f"time p50 {_secs(lat['duration']['p50'])} p95 {_secs(lat['duration']['p95'])} · "
+        f"call p50 {_secs(lat['call']['p50'])} p95 {_secs(lat['call']['p95'])}"
+    )
+    return Text(f"{first}\n{second}")
+
+
+_LEGEND = "call  @start  dialect  prompt→response tokens  finish  versions  first-token/total  ← parent"
+
+
+def _call_label(c: dict[str, Any], first: bool) -> Text:
+    """One call on one line, in the order of `_LEGEND`; flags `side`, `nostream`; an error on a second line."""
+    kind = c["dialect"] + (" side" if c["side"] else "") + ("" if c["stream"] else " nostream")
+    versions = ",".join(f"v{v}" for v in c["versions"]) or "v-"
+    label = Text.assemble(
+        (c["call_id"], "bold"),
+        f"  @{_secs(c['started_at'])}  {kind}  {_num(c['prompt_tokens'])}→{_num(c['response_tokens'])}  ",
+        (c["finish_reason"], "cyan"),
+        f"  {versions}  {c['first_token_s']:.2f}/{_secs(c['total_s'])}",
+    )
+    if c["parent"] is not None:
+        label.append(f"  ← {c['parent']}", style="dim")
+    elif not (first or c["side"]):
+        label.append("  new root", style="yellow")
+    if c["error"]:
+        label.append(f"\nerror: {c['error']}", style="red")
+    return label
+
+
+def _tool_label(t: dict[str, Any]) -> Text:
+    dur = max(0.0, float(t.get("ended_at", 0.0)) - float(t.get("started_at", 0.0)))
+    return Text(f"tool {t.get('name', '?')}  @{_secs(t.get('started_at'))}  {_secs(dur)}", style="magenta")
+
+
+def _reward_label(trace: Trace) -> Text:
+    reward = trace.get("reward")
+    label = Text("reward " + ("-" if reward is None else f"{reward:g}"), style="bold")
+    info = trace.get("reward_info") or {}
+    parts = [
+        f"{k} {v['passed']}/{v['total']}" if isinstance(v, dict) and {"passed", "total"} <= v.keys() else f"{k} {v}"
+        for k, v in info.items()
+    ]
+    if parts:
+        text = " · ".join(parts)
+        label.append("  " + (text if len(text) <= 70 else text[:69] + "…"))
+    return label
+
+
+def _trace_tree(trace: Trace) -> Tree:
+    """trace → calls and tool events in time order (a tool sorts after the call that asked for it) → outcome."""
+    from hrl.runners.summary import describe_calls
+
+    calls = describe_calls(trace)
+    agent, model = trace.get("agent") or {}, trace.get("model") or {}
+    head = Text.assemble(("trace ", "bold"), str(trace["trace_id"]), f"  task {trace.get('task_id') or '-'}")
+    who = " · ".join(str(x) for x in (agent.get("name"), model.get("name")) if x)
+    if who:
+        head.append(f"\n{who}", style="dim")
+    head.append(f"\n{_LEGEND}", style="dim")
+    tree = Tree(head)
+    events = [((c["started_at"] or 0.0, 0), _call_label(c, i == 0)) for i, c in enumerate(calls)]
+    events += [((t.get("started_at") or 0.0, 1), _tool_label(t)) for t in trace.get("tools") or []]
+    for _, label in sorted(events, key=lambda e: e[0]):
+        tree.add(label)
+    tree.add(_reward_label(trace))
+    if trace.get("failure_reason"):
+        tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
+    return tree
+
+
+def _branches_table(traces: list[Trace]) -> Table:
+    from hrl.runners.summary import trace_branches
+
+    several = len(traces) > 1
+    table = _table()
+    if several:
+        table.add_column("trace", no_wrap=True)
+    table.add_column("calls (root → leaf)", overflow="fold")
+    for name in ("tokens", "loss", "versions"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for t in traces:
+        for b in trace_branches(t):
+            path = " → ".join(b["calls"]) + (" (side)" if b["side"] else "")
+            versions = "-" if b["first_version"] is None else f"v{b['first_version']}→v{b['last_version']}"
+            row = [Text(path), _num(b["tokens"]), _num(b["loss_tokens"]), versions]
+            table.add_row(*([Text(_short(t["trace_id"]))] if several else []), *row)
+    return table

@@ -1,0 +1,225 @@
+"""Numbers about `hrl.trace/1` traces, for `hrl inspect` and the metrics: pure functions, no printing.
+
+Calls form a token tree: a call is a child of the call it names as `parent` (its prompt extends that call's
+prompt + response exactly); calls without one are roots. Each root-to-leaf path is a branch, i.e. one training
+sample, whose tokens are the leaf's prompt + response. Token counts come from the stored lengths, so nothing
+here materializes prompt ids.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from hrl.runners.errors import HrlError
+
+__all__ = [
+    "TraceSelectionError",
+    "describe_calls",
+    "select_trace",
+    "summarize_file",
+    "summarize_trace",
+    "trace_branches",
+]
+
+Trace = dict[str, Any]
+
+
+class TraceSelectionError(HrlError):
+    """`--trace ID` matched no trace, or (as a prefix) several; the message lists candidates."""
+
+
+# ---- per call ----------------------------------------------------------------------------------------------
+
+
+def _prompt_len(call: dict[str, Any]) -> int:
+    """Full prompt length of a call, resolving a prompt reference by its length only."""
+    ref = call.get("prompt_ref")
+    if ref is None:
+        return len(call["prompt_ids"])
+    return int(ref["length"]) + len(call.get("prompt_suffix_ids", []))
+
+
+def _full_len(call: dict[str, Any]) -> int:
+    return _prompt_len(call) + len(call["response_ids"])
+
+
+def _sampled_versions(call: dict[str, Any]) -> list[int]:
+    """Policy versions of the call's sampled tokens, in order (run-length runs that cover no token dropped)."""
+    n = len(call["response_ids"])
+    return [int(v) for start, v in call["versions"] if start < n]
+
+
+def _span(obj: dict[str, Any], start: str = "started_at", end: str = "ended_at") -> float:
+    a, b = obj.get(start), obj.get(end)
+    return max(0.0, float(b) - float(a)) if a is not None and b is not None else 0.0
+
+
+def describe_calls(trace: Trace) -> list[dict[str, Any]]:
+    """One row per call: ids, tree parent, token counts, finish reason, versions, timing (seconds)."""
+    calls = trace["calls"]
+    parents = _parents(calls)
+    return [
+        {
+            "call_id": c["call_id"],
+            "dialect": c["dialect"],
+            "stream": bool(c["stream"]),
+            "side": bool(c.get("side", False)),
+            "parent": None if parents[i] is None else calls[parents[i]]["call_id"],
+            "prompt_tokens": _prompt_len(c),
+            "response_tokens": len(c["response_ids"]),
+            "finish_reason": c["finish_reason"],
+            "versions": sorted(set(_sampled_versions(c))),
+            "started_at": c.get("started_at"),
+            "first_token_s": round(_span(c, "started_at", "first_token_at"), 3),
+            "total_s": round(_span(c), 3),
+            "error": c.get("error"),
+        }
+        for i, c in enumerate(calls)
+    ]
+
+
+# ---- the token tree ----------------------------------------------------------------------------------------
+
+
+def _parents(calls: list[dict[str, Any]]) -> list[int | None]:
+    """Index of each call's tree parent; a parent that is not an earlier call of the trace makes it a root."""
+    index: dict[str, int] = {}
+    out: list[int | None] = []
+    for i, c in enumerate(calls):
+        out.append(index.get(c.get("parent")))
+        index[c["call_id"]] = i
+    return out
+
+
+def _paths(calls: list[dict[str, Any]]) -> list[list[int]]:
+    """Root-to-leaf paths as call indices, one per leaf, in leaf order."""
+    parents = _parents(calls)
+    named = {p for p in parents if p is not None}
+    paths = []
+    for leaf in (i for i in range(len(calls)) if i not in named):
+        path, node = [], leaf
+        while node is not None:
+            path.append(node)
+            node = parents[node]
+        paths.append(path[::-1])
+    return paths
+
+
+def trace_branches(trace: Trace) -> list[dict[str, Any]]:
+    """Each branch (training sample): its call ids root to leaf, total tokens, tokens the engine sampled in it
+    (the loss tokens), first and last policy version of those, and whether a side call is on it."""
+    calls = trace["calls"]
+    out = []
+    for path in _paths(calls):
+        versions = [v for i in path for v in _sampled_versions(calls[i])]
+        out.append(
+            {
+                "calls": [calls[i]["call_id"] for i in path],
+                "tokens": _full_len(calls[path[-1]]),
+                "loss_tokens": sum(len(calls[i]["response_ids"]) for i in path),
+                "first_version": versions[0] if versions else None,
+                "last_version": versions[-1] if versions else None,
+                "side": any(calls[i].get("side", False) for i in path),
+            }
+        )
+    return out
+
+
+# ---- per trace ---------------------------------------------------------------------------------------------
+
+
+def _merge_ratio(calls: list[dict[str, Any]], paths: list[list[int]]) -> float | None:
+    """Tokens of every call on its own ÷ tokens of the merged branches (≥ 1); None without tokens."""
+    merged = sum(_full_len(calls[p[-1]]) for p in paths)
+    return round(sum(_full_len(c) for c in calls) / merged, 3) if merged else None
+
+
+def summarize_trace(trace: Trace) -> dict[str, Any]:
+    """One trace in numbers: outcome, call/turn/branch counts, token totals, merge ratio, latencies, versions."""
+    calls = trace["calls"]
+    main = [c for c in calls if not c.get("side", False)]
+    paths = _paths(calls)
+    tools = trace.get("tools") or []
+    return {
+        "trace_id": trace["trace_id"],
+        "task_id": trace.get("task_id"),
+        "status": trace["status"],
+        "failure_reason": trace.get("failure_reason"),
+        "reward": trace.get("reward"),
+        "calls": len(calls),
+        "side_calls": len(calls) - len(main),
+        "turns": len(main),
+        "call_errors": sum(1 for c in calls if c.get("error")),
+        "branches": len(paths),
+        "prompt_tokens": sum(_prompt_len(c) for c in calls),
+        "response_tokens": sum(len(c["response_ids"]) for c in calls),
+        "trained_tokens": sum(len(c["response_ids"]) for c in main),
+        "merge_ratio": _merge_ratio(calls, paths),
+        "duration_s": round(_span(trace), 3),
+        "llm_s": round(sum((_span(c) for c in calls), 0.0), 3),
+        "tool_s": round(sum((_span(t) for t in tools), 0.0), 3),
+        "versions": sorted({v for c in calls for v in _sampled_versions(c)}),
+        "dialects": sorted({c["dialect"] for c in calls}),
+        "tools": dict(sorted(Counter(t.get("name", "?") for t in tools).items())),
+    }
+
+
+def select_trace(traces: list[Trace], trace_id: str) -> Trace:
+    """The trace whose id is `trace_id`, or the only one it is a prefix of."""
+    exact = [t for t in traces if t["trace_id"] == trace_id]
+    matches = exact or [t for t in traces if str(t["trace_id"]).startswith(trace_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        ids = ", ".join(str(t["trace_id"]) for t in matches[:8]) + (", …" if len(matches) > 8 else "")
+        raise TraceSelectionError(
+            f"trace id prefix {trace_id!r} matches {len(matches)} traces: {ids}", hint="give a longer prefix"
+        )
+    known = ", ".join(str(t["trace_id"]) for t in traces[:5]) + (", …" if len(traces) > 5 else "")
+    hint = f"known ids: {known} (run without --trace to list all)" if traces else "the file holds no traces"
+    raise TraceSelectionError(f"no trace with id {trace_id!r}", hint=hint)
+
+
+# ---- per file ----------------------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 1]); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
+
+
+def _p50_p95(values: list[float]) -> dict[str, float | None]:
+    return {"p50": _percentile(values, 0.5), "p95": _percentile(values, 0.95)}
+
+
+def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:
+    """Aggregate over traces: counts by status and failure reason, mean reward, token totals, p50/p95 latencies
+    (trace duration, LLM time and tool time per trace; total time per call)."""
+    traces = list(traces)
+    sums = [summarize_trace(t) for t in traces]
+    rewards = [s["reward"] for s in sums if s["reward"] is not None]
+    return {
+        "traces": len(sums),
+        "status": dict(Counter(s["status"] for s in sums)),
+        "failures": dict(Counter(s["failure_reason"] for s in sums if s["failure_reason"])),
+        "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        "rewarded": len(rewards),
+        "calls": sum(s["calls"] for s in sums),
+        "branches": sum(s["branches"] for s in sums),
+        "tokens": {k: sum(s[f"{k}_tokens"] for s in sums) for k in ("prompt", "response", "trained")},
+        "latency_s": {
+            "duration": _p50_p95([s["duration_s"] for s in sums]),
+            "llm": _p50_p95([s["llm_s"] for s in sums]),
+            "tool": _p50_p95([s["tool_s"] for s in sums]),
+            "call": _p50_p95([_span(c) for t in traces for c in t["calls"]]),
+        },
+    }
