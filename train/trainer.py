@@ -163,6 +163,7 @@ class Trainer:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out, safe_serialization=True)
+        self.save_optimizer(out)
         if self.config.mode == "full":
             import shutil
 
@@ -170,6 +171,30 @@ class Trainer:
                 if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
                     shutil.copy(f, out / f.name)
         return out
+
+    def save_optimizer(self, out_dir: str | Path) -> None:
+        torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, Path(out_dir) / "optimizer.pt")
+
+    def load(self, checkpoint: str | Path) -> None:
+        """Restore weights (adapter or full) and optimizer state saved by save() + save_optimizer()."""
+        ckpt = Path(checkpoint)
+        if self.config.mode == "lora":
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.model, load_file(ckpt / "adapter_model.safetensors"))
+        else:
+            from safetensors.torch import load_file
+
+            state = {}
+            for f in sorted(ckpt.glob("*.safetensors")):
+                state.update(load_file(f))
+            self.model.load_state_dict(state, strict=False)
+        opt = ckpt / "optimizer.pt"
+        if opt.is_file():
+            saved = torch.load(opt, weights_only=True)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.steps = int(saved["steps"])
 
     def lr_info(self) -> dict[str, float]:
         return {"train/lr": self.optimizer.param_groups[0]["lr"], "train/trainable_params": float(self.n_trainable)}

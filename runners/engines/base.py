@@ -98,8 +98,9 @@ class Engine(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def publish(self, path: str, kind: PublishKind) -> int:
-        """Serve new weights from `path` (a peft adapter dir or a full HF checkpoint); return the new version."""
+    async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
+        """Serve new weights from `path` (a peft adapter dir or a full HF checkpoint) as policy `version`
+        (default: the live version + 1; a resumed run passes its own); return the new version."""
         ...
 
     async def close(self) -> None:

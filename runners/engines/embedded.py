@@ -161,18 +161,19 @@ class EmbeddedEngine:
             self._cv.notify_all()
 
     # ---- weights -----------------------------------------------------------------------------------------
-    async def publish(self, path: str, kind: Literal["lora", "full"]) -> int:
+    async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:
         was_paused = self._paused
         await self.pause()
         try:
-            await asyncio.to_thread(self._swap, path, kind)
+            await asyncio.to_thread(self._swap, path, kind, self._version + 1 if version is None else version)
         finally:
             if not was_paused:
                 await self.resume()
         return self._version
 
-    def _swap(self, path: str, kind: str) -> None:
-        new = self._version + 1
+    def _swap(self, path: str, kind: str, new: int) -> None:
+        if new <= self._version:
+            raise ValueError(f"policy version must grow: {new} after {self._version}")
         if kind == "lora":
             self._load_adapter(path, f"v{new}")
             self._adapters[new] = f"v{new}"

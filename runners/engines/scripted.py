@@ -120,8 +120,8 @@ class ScriptedEngine:
     async def resume(self) -> None:
         self._paused.set()
 
-    async def publish(self, path: str, kind: Literal["lora", "full"]) -> int:
-        self._version += 1
+    async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:
+        self._version = self._version + 1 if version is None else version
         return self._version
 
     async def close(self) -> None:
