@@ -1,0 +1,283 @@
+"""Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`): Claude Code.
+
+`system` and system-role entries in `messages` (Claude Code's mid-conversation reminders) become system
+messages where they stand, so a conversation that grows by appending still converts by appending; a leading run
+of them is joined into one. A user turn's `tool_result` blocks become tool messages and its text blocks a user
+message, in block order; an assistant turn's `tool_use` blocks become `tool_calls` (arguments serialised with
+`json.dumps(input, ensure_ascii=False)`) and its `thinking` blocks `reasoning_content`. Images and documents
+are dropped. Tool call ids pass through unchanged both ways, so the `tool_result` blocks Claude Code sends back
+name the calls the proxy produced. Every SSE event carries its `event:` line: the SDKs skip events without one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse
+from hrl.runners.proxy.dialects.responses import join_text, merge_leading_system
+
+__all__ = ["AnthropicDialect"]
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _blocks(content: Any, role: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise BadRequestError(f"{role} message content must be a string or a list of content blocks")
+    return content
+
+
+def _assistant(content: Any) -> dict[str, Any]:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in _blocks(content, "assistant"):
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block.get("text") or "")
+        elif kind == "thinking":
+            thoughts.append(block.get("thinking") or "")
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise BadRequestError("a tool_use block needs 'id' and 'name'")
+            args = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append(
+                {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
+            )
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if any(thoughts):
+        msg["reasoning_content"] = "".join(thoughts)
+    return msg
+
+
+def _user(content: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for block in _blocks(content, "user"):
+        if block.get("type") == "text":
+            texts.append(block.get("text") or "")
+        elif block.get("type") == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise BadRequestError("a tool_result block needs 'tool_use_id'")
+            if texts:
+                out.append({"role": "user", "content": "\n\n".join(texts)})
+                texts = []
+            result = join_text(block.get("content"), "\n\n")
+            out.append({"role": "tool", "content": result, "tool_call_id": block["tool_use_id"]})
+    if texts or not out:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty list")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequestError("'system' must be a string or a list of text blocks")
+    text = join_text(system, "\n\n")
+    out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
+    for m in messages:
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "user":
+            out += _user(m.get("content"))
+        elif role == "assistant":
+            out.append(_assistant(m.get("content")))
+        elif role == "system":
+            out.append({"role": "system", "content": join_text(m.get("content"), "\n\n")})
+        else:
+            raise BadRequestError(f"each message needs a role of user, assistant or system, not {role!r}")
+    return merge_leading_system(out)
+
+
+def _tool(t: Any) -> dict[str, Any] | None:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise BadRequestError("each tool must be an object with a 'name'")
+    if t.get("type") not in (None, "custom") or "input_schema" not in t:
+        return None  # server tools (web_search_…, bash_…, text_editor_…) the template cannot offer
+    fn: dict[str, Any] = {"name": t["name"]}
+    if t.get("description"):
+        fn["description"] = t["description"]
+    fn["parameters"] = t["input_schema"]
+    return {"type": "function", "function": fn}
+
+
+def _input(arguments: Any) -> dict[str, Any]:
+    """A tool call's arguments as the `input` object (arguments that are not a JSON object give {})."""
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    return {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": _input(fn.get("arguments"))}
+
+
+def _mid(rid: str) -> str:
+    return rid if rid.startswith("msg_") else f"msg_{rid}"
+
+
+class AnthropicDialect:
+    name = "anthropic"
+
+    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+        tools = body.get("tools") or []
+        if not isinstance(tools, list):
+            raise BadRequestError("'tools' must be a list")
+        functions = [f for f in (_tool(t) for t in tools) if f is not None]
+        choice = body.get("tool_choice")
+        none = isinstance(choice, dict) and choice.get("type") == "none"
+        return ChatRequest(
+            model=str(body.get("model") or model or ""),
+            messages=_messages(body),
+            tools=functions if functions and not none else None,
+            stream=bool(body.get("stream")),
+            max_tokens=body.get("max_tokens"),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            top_k=body.get("top_k"),
+        )
+
+    def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:
+        reply = result.reply
+        content: list[dict[str, Any]] = []
+        if reply.reasoning:
+            content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+        if reply.content:
+            content.append({"type": "text", "text": reply.content})
+        content += [_tool_use(c) for c in reply.tool_calls]
+        return {
+            "id": _mid(rid),
+            "type": "message",
+            "role": "assistant",
+            "model": req.model,
+            "content": content,
+            "stop_reason": _STOP[result.finish],
+            "stop_sequence": None,
+            "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens},
+        }
+
+    def encoder(self, req: ChatRequest, rid: str) -> _AnthropicStream:
+        return _AnthropicStream(req, rid)
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        kind = _ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def count_tokens_body(self, n: int) -> dict[str, Any]:
+        """The answer to `/v1/messages/count_tokens` (its body parses like a messages request without max_tokens)."""
+        return {"input_tokens": n}
+
+
+class _AnthropicStream:
+    """message_start, one content block per kind as deltas arrive (thinking, text), the tool_use blocks whole,
+    then message_delta (stop_reason, usage) and message_stop.
+
+    Deltas must concatenate to a prefix of the final reasoning / text: `finish` sends what is missing. Set
+    `req.extra["prompt_tokens"]` before `encoder()` for message_start to carry the prompt size; message_delta
+    always carries the final counts."""
+
+    def __init__(self, req: ChatRequest, rid: str) -> None:
+        self.req, self.id = req, _mid(rid)
+        self.index = -1  # of the last block started
+        self.open: str | None = None  # type of the block receiving deltas
+        self.sent = ""
+        self.kinds: set[str] = set()
+
+    @staticmethod
+    def _event(kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, **fields}, event=kind)
+
+    def _open(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.open, self.sent = block["type"], ""
+        self.kinds.add(block["type"])
+        return [*out, self._event("content_block_start", index=self.index, content_block=block)]
+
+    def _delta(self, delta: str) -> bytes:
+        self.sent += delta
+        if self.open == "thinking":
+            return self._event(
+                "content_block_delta", index=self.index, delta={"type": "thinking_delta", "thinking": delta}
+            )
+        return self._event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": delta})
+
+    def _close(self, final: str | None = None) -> list[bytes]:
+        if self.open is None:
+            return []
+        out = []
+        if final is not None and final.startswith(self.sent) and len(final) > len(self.sent):
+            out.append(self._delta(final[len(self.sent) :]))
+        self.open = None
+        return [*out, self._event("content_block_stop", index=self.index)]
+
+    def _whole(self, block: dict[str, Any], text: str) -> list[bytes]:
+        return [*self._open(block), *self._close(text)]
+
+    def start(self) -> list[bytes]:
+        message: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": int(self.req.extra.get("prompt_tokens", 0)), "output_tokens": 0},
+        }
+        return [self._event("message_start", message=message)]
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        if not delta:
+            return []
+        out = [] if self.open == "thinking" else self._open({"type": "thinking", "thinking": "", "signature": ""})
+        return [*out, self._delta(delta)]
+
+    def text(self, delta: str) -> list[bytes]:
+        if not delta:
+            return []
+        out = [] if self.open == "text" else self._open({"type": "text", "text": ""})
+        return [*out, self._delta(delta)]
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        reply, kinds = result.reply, set(self.kinds)
+        out = self._close(reply.reasoning if self.open == "thinking" else reply.content)
+        if reply.reasoning and "thinking" not in kinds:
+            out += self._whole({"type": "thinking", "thinking": "", "signature": ""}, reply.reasoning)
+        if reply.content and "text" not in kinds:
+            out += self._whole({"type": "text", "text": ""}, reply.content)
+        for call in reply.tool_calls:
+            block = _tool_use(call)
+            args = json.dumps(block["input"], ensure_ascii=False)
+            out += self._open(dict(block, input={}))
+            out.append(
+                self._event(
+                    "content_block_delta", index=self.index, delta={"type": "input_json_delta", "partial_json": args}
+                )
+            )
+            out += self._close()
+        usage = {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens}
+        delta = {"stop_reason": _STOP[result.finish], "stop_sequence": None}
+        return [*out, self._event("message_delta", delta=delta, usage=usage), self._event("message_stop")]
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        return [sse(AnthropicDialect().error(status, message), event="error")]

@@ -1,0 +1,258 @@
+"""Gemini API (`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent?alt=sse`): Gemini CLI.
+
+The route carries what the body does not: the server passes the `{model}` of the URL as `parse`'s `model`, and
+for `:streamGenerateContent` sets `body["stream"] = True` before calling `parse` (the body has no stream field).
+
+`systemInstruction` → the system message. A `model` turn → one assistant message (text parts joined, `thought`
+parts → `reasoning_content`, `functionCall` parts → `tool_calls`); a `user` turn → tool messages for its
+`functionResponse` parts (content `json.dumps(response, ensure_ascii=False)`) and a user message for its text,
+in part order. Calls keep the `id` they carry; a call without one gets `call_{turn}_{i}` (its position, so the
+same history always converts the same), and a response without one takes the id of the earliest unanswered
+call of the same name in the model turn before it. Declarations' schemas get their Gemini type names
+("OBJECT", "STRING") lower-cased. `thoughtSignature`, `thinkingConfig` and `responseMimeType` are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse
+from hrl.runners.proxy.dialects.responses import join_text
+
+__all__ = ["GeminiDialect"]
+
+_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+_FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not")
+
+
+def _schema(schema: Any) -> Any:
+    """A JSON schema with Gemini's upper-case type names lower-cased (only `type` keys, wherever schemas nest)."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "type":
+            value = value.lower() if isinstance(value, str) else [t.lower() if isinstance(t, str) else t for t in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            value = {name: _schema(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            value = [_schema(sub) for sub in value]
+        elif key in _SUBSCHEMAS:
+            value = _schema(value)
+        out[key] = value
+    return out
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise BadRequestError("each content needs 'parts', a list of objects")
+    return parts
+
+
+def _model_turn(parts: list[dict[str, Any]], turn: int) -> dict[str, Any]:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in parts:
+        if "functionCall" in part:
+            fc = part["functionCall"]
+            if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
+                raise BadRequestError("a functionCall part needs a 'name'")
+            args = json.dumps(fc.get("args") or {}, ensure_ascii=False)
+            call_id = fc.get("id") or f"call_{turn}_{len(calls)}"
+            calls.append({"id": call_id, "type": "function", "function": {"name": fc["name"], "arguments": args}})
+        elif isinstance(part.get("text"), str):
+            (thoughts if part.get("thought") else texts).append(part["text"])
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if any(thoughts):
+        msg["reasoning_content"] = "".join(thoughts)
+    return msg
+
+
+def _user_turn(parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Messages of a user turn; `unanswered` holds (name, id) of the calls before it and loses those answered."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for i, part in enumerate(parts):
+        if "functionResponse" in part:
+            fr = part["functionResponse"]
+            if not isinstance(fr, dict) or not isinstance(fr.get("name"), str):
+                raise BadRequestError("a functionResponse part needs a 'name'")
+            match = next(
+                (c for c in unanswered if c[1] == fr.get("id") or (not fr.get("id") and c[0] == fr["name"])), None
+            )
+            if match is not None:
+                unanswered.remove(match)
+            call_id = fr.get("id") or (match[1] if match else f"call_{turn}_{i}")
+            if texts:
+                out.append({"role": "user", "content": "\n\n".join(texts)})
+                texts = []
+            content = json.dumps(fr.get("response") or {}, ensure_ascii=False)
+            out.append({"role": "tool", "content": content, "tool_call_id": call_id})
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    if texts or not out:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise BadRequestError("'contents' must be a non-empty list")
+    system = body.get("systemInstruction")
+    text = system if isinstance(system, str) else join_text(_parts(system), "\n\n") if system is not None else ""
+    out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
+    unanswered: list[tuple[str, str]] = []
+    for turn, content in enumerate(contents):
+        parts = _parts(content)
+        role = content.get("role") or "user"
+        if role == "model":
+            msg = _model_turn(parts, turn)
+            unanswered = [(c["function"]["name"], c["id"]) for c in msg.get("tool_calls", [])]
+            out.append(msg)
+        elif role in ("user", "function", "tool"):
+            out += _user_turn(parts, turn, unanswered)
+        else:
+            raise BadRequestError(f"a content's role must be 'user' or 'model', not {role!r}")
+    return out
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = body.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRequestError("'tools' must be a list of objects")
+    out = []
+    for decl in (d for t in tools for d in t.get("functionDeclarations") or []):  # googleSearch & co. are dropped
+        if not isinstance(decl, dict) or not isinstance(decl.get("name"), str):
+            raise BadRequestError("each function declaration needs a 'name'")
+        fn: dict[str, Any] = {"name": decl["name"]}
+        if decl.get("description"):
+            fn["description"] = decl["description"]
+        fn["parameters"] = _schema(decl.get("parametersJsonSchema") or decl.get("parameters") or _EMPTY_SCHEMA)
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _args(arguments: Any) -> dict[str, Any]:
+    """A tool call's arguments as the `args` object (arguments that are not a JSON object give {})."""
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _calls(result: ChatResult) -> list[dict[str, Any]]:
+    return [
+        {"functionCall": {"id": c["id"], "name": c["function"]["name"], "args": _args(c["function"].get("arguments"))}}
+        for c in result.reply.tool_calls
+    ]
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    p, c = result.prompt_tokens, result.completion_tokens
+    return {"promptTokenCount": p, "candidatesTokenCount": c, "totalTokenCount": p + c}
+
+
+def _chunk(req: ChatRequest, rid: str, parts: list[dict[str, Any]], result: ChatResult | None) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+    out: dict[str, Any] = {"candidates": [candidate]}
+    if result is not None:
+        candidate["finishReason"] = _FINISH[result.finish]
+        out["usageMetadata"] = _usage(result)
+    return {**out, "modelVersion": req.model, "responseId": rid}
+
+
+class GeminiDialect:
+    name = "gemini"
+
+    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+        config = body.get("generationConfig") or {}
+        if not isinstance(config, dict):
+            raise BadRequestError("'generationConfig' must be an object")
+        tools = _tools(body)
+        mode = ((body.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
+        return ChatRequest(
+            model=str(model or body.get("model") or ""),
+            messages=_messages(body),
+            tools=tools if tools and mode != "NONE" else None,
+            stream=bool(body.get("stream")),
+            max_tokens=config.get("maxOutputTokens"),
+            temperature=config.get("temperature"),
+            top_p=config.get("topP"),
+            top_k=config.get("topK"),
+            seed=config.get("seed"),
+        )
+
+    def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:
+        reply = result.reply
+        parts = [{"text": reply.reasoning, "thought": True}] if reply.reasoning else []
+        if reply.content:
+            parts.append({"text": reply.content})
+        return _chunk(req, rid, (parts + _calls(result)) or [{"text": ""}], result)
+
+    def encoder(self, req: ChatRequest, rid: str) -> _GeminiStream:
+        return _GeminiStream(req, rid)
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        kind = _STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+        return {"error": {"code": status, "message": message, "status": kind}}
+
+
+class _GeminiStream:
+    """`data:` events, each a partial GenerateContentResponse: one per delta (thought parts for reasoning), then
+    a last one with what the deltas missed, the function calls, finishReason and usageMetadata.
+
+    Deltas must concatenate to a prefix of the final reasoning / text; `finish` sends the rest."""
+
+    def __init__(self, req: ChatRequest, rid: str) -> None:
+        self.req, self.rid = req, rid
+        self.sent = {"reasoning": "", "text": ""}
+
+    def _send(self, kind: str, delta: str) -> list[bytes]:
+        if not delta:
+            return []
+        self.sent[kind] += delta
+        part = {"text": delta, "thought": True} if kind == "reasoning" else {"text": delta}
+        return [sse(_chunk(self.req, self.rid, [part], None))]
+
+    def _rest(self, kind: str, final: str) -> list[dict[str, Any]]:
+        sent = self.sent[kind]
+        if not final.startswith(sent) or len(final) == len(sent):
+            return []
+        return [{"text": final[len(sent) :], "thought": True} if kind == "reasoning" else {"text": final[len(sent) :]}]
+
+    def start(self) -> list[bytes]:
+        return []
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        return self._send("reasoning", delta)
+
+    def text(self, delta: str) -> list[bytes]:
+        return self._send("text", delta)
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        parts = self._rest("reasoning", result.reply.reasoning) + self._rest("text", result.reply.content)
+        return [sse(_chunk(self.req, self.rid, (parts + _calls(result)) or [{"text": ""}], result))]
+
+    def error(self, status: int, message: str) -> list[bytes]:
+        return [sse(GeminiDialect().error(status, message))]
