@@ -58,6 +58,8 @@ class ChatTemplate:
         if not self.tokenizer.chat_template:
             raise ValueError(f"tokenizer of {model_path} has no chat template")
         tok = self.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None)  # the Rust tokenizer: ~3x faster than tok.decode
+        self._raw_decode = backend.decode if backend is not None else tok.decode
         im_end = tok.convert_tokens_to_ids("<|im_end|>")
         has_im_end = isinstance(im_end, int) and im_end != tok.unk_token_id
         self.end_of_turn: str = "<|im_end|>" if has_im_end else str(tok.eos_token)
@@ -82,7 +84,7 @@ class ChatTemplate:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return str(self._raw_decode(ids, skip_special_tokens=False))
 
     def reply_text(self, ids: list[int]) -> str:
         """Decode sampled ids for the user: the trailing stop token is not part of the message."""
@@ -115,14 +117,13 @@ class StreamSplitter:
     """Splits streamed text into reasoning (a leading <think>…</think>) and visible text, holding back tool
     calls (sent whole at the end) and any tail that might be the start of a tag."""
 
-    _TAGS = ("<think>", "</think>", "<tool_call>")
-
     def __init__(self) -> None:
-        self.buf = ""
         self.mode = "start"  # start -> think -> text -> tool
         self.held = ""
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
+        if self.mode == "text" and not self.held and "<" not in delta:
+            return [("text", delta)]  # the hot path: plain text, nothing held back
         self.held += delta
         out: list[tuple[str, str]] = []
         while self.held and self.mode != "tool":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -89,6 +90,8 @@ class ChatDialect:
 class _ChatStream:
     def __init__(self, req: ChatRequest, rid: str) -> None:
         self.req, self.rid, self.created = req, rid, int(time.time())
+        self._text_head: bytes | None = None
+        self._text_tail = b""
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return sse(
@@ -108,7 +111,11 @@ class _ChatStream:
         return [self._chunk({"reasoning_content": delta})]
 
     def text(self, delta: str) -> list[bytes]:
-        return [self._chunk({"content": delta})]
+        # the per-token hot path: only the text is JSON-encoded, the rest of the chunk is fixed per stream
+        if self._text_head is None:
+            head, _, tail = self._chunk({"content": "\x00"}).decode().partition('"\\u0000"')
+            self._text_head, self._text_tail = head.encode(), tail.encode()
+        return [self._text_head + json.dumps(delta).encode() + self._text_tail]
 
     def finish(self, result: ChatResult) -> list[bytes]:
         out = [self._chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(result.reply.tool_calls)]
