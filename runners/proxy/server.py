@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -249,7 +249,7 @@ async def run_server(
                 where = f"{host}:{port}" if isinstance(site, web.TCPSite) else unix_socket
                 raise PortInUseError(f"cannot listen on {where} ({e.strerror})") from e
         if unix_socket:
-            os.chmod(unix_socket, 0o777)  # agents in containers may run as another user
+            await asyncio.to_thread(Path(unix_socket).chmod, 0o777)  # agents may run as another user
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()
