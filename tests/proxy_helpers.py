@@ -34,6 +34,10 @@ class RunningProxy:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
 
+    def call_async(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Start coroutine fn(*args) on the proxy's loop; returns a concurrent Future."""
+        return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self.loop)
+
     def end(self, token: str, **outcome: Any) -> dict[str, Any]:
         return self.call(self.proxy.end_session, token, **outcome)
 

@@ -58,6 +58,7 @@ class EmbeddedEngine:
     """Engine protocol over a transformers model running in this process."""
 
     name = "embedded"
+    continues_in_place = True  # a publish lands between two decode steps of running requests
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
@@ -77,6 +78,10 @@ class EmbeddedEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    def loaded_versions(self) -> list[int]:
+        """Policy versions a request can still be pinned to."""
+        return sorted(self._adapters)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:

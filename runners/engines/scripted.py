@@ -35,6 +35,10 @@ class ScriptedEngineConfig(BaseModel):
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(0.0, description="Pause between streamed tokens, to mimic decoding time.")
     max_model_len: int = Field(32768, description="Context window in tokens.")
+    publish_delay_s: float = Field(0.0, description="How long a publish takes (to test waiting through one).")
+    continues_in_place: bool = Field(
+        True, description="Publishes apply to running requests (False: like vLLM LoRA, the proxy must resubmit)."
+    )
 
 
 def render_turn(turn: str | dict[str, Any], end_of_turn: str) -> str:
@@ -61,6 +65,7 @@ class ScriptedEngine:
         self._aborted: set[str] = set()
         self.tokenizer: Any = None
         self.turns = list(config.turns)
+        self.continues_in_place = config.continues_in_place
 
     @property
     def version(self) -> int:
@@ -95,7 +100,9 @@ class ScriptedEngine:
         turn = self.turns[min(self._turn_index(prompt_ids), len(self.turns) - 1)]
         ids = self.tokenizer.encode(render_turn(turn, self._end), add_special_tokens=False)
         fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
-        for i, tok in enumerate(ids[: params.max_tokens]):
+        start = next((j for j in range(len(ids) - 1, 0, -1) if prompt_ids[-j:] == ids[:j]), 0)  # a resubmission
+        live = self._version if version is None else version
+        for i, tok in enumerate(ids[start : start + params.max_tokens], start):
             if fail_after is not None and i >= fail_after:
                 raise EngineError(f"scripted engine failure after {i} tokens")
             await self._paused.wait()
@@ -105,11 +112,17 @@ class ScriptedEngine:
                 return
             if self.config.token_delay_s:
                 await asyncio.sleep(self.config.token_delay_s)
-            last = i == len(ids) - 1 or i == params.max_tokens - 1
             finish: Literal["stop", "length"] | None = None
-            if last:
-                finish = "stop" if i == len(ids) - 1 else "length"
-            yield TokenDelta([tok], [0.0], self._version if version is None else version, finish)
+            if i == len(ids) - 1:
+                finish = "stop"
+            elif i == start + params.max_tokens - 1:
+                finish = "length"
+            if version is None and self.continues_in_place:
+                live = self._version
+            yield TokenDelta([tok], [0.0], live, finish)
+
+    def loaded_versions(self) -> list[int]:
+        return list(range(self._version + 1))
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -121,6 +134,7 @@ class ScriptedEngine:
         self._paused.set()
 
     async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:
+        await asyncio.sleep(self.config.publish_delay_s)
         self._version = self._version + 1 if version is None else version
         return self._version
 

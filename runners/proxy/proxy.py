@@ -11,8 +11,8 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -33,6 +33,11 @@ class ProxyConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, description="Larger request bodies get a 413.")
     default_max_tokens: int = Field(1024, description="max_tokens when the agent sends none.")
     max_context: int = Field(0, description="Context window in tokens; 0 = the engine's / model's.")
+    version_policy: Literal["mixed", "pin"] = Field(
+        "mixed",
+        description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
+        "version) or keep the version they started with until they end (pin; needs LoRA publishes).",
+    )
 
 
 class UnknownSessionError(KeyError):
@@ -58,6 +63,11 @@ class Proxy:
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self.max_context = config.max_context or int(getattr(engine, "max_model_len", 0) or 0) or 32768
         self._reaper: asyncio.Task[None] | None = None
+        self._open = asyncio.Event()  # cleared while a publish is under way: new generations wait
+        self._open.set()
+        self._inflight: dict[str, Turn] = {}
+        self._preempted: set[str] = set()
+        self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0}
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
@@ -129,22 +139,35 @@ class Proxy:
         )
 
     async def stream(self, turn: Turn) -> AsyncIterator[str]:
-        """Generate for a turn, yielding text deltas; the call record fills in as tokens arrive."""
+        """Generate for a turn, yielding text deltas; the call record fills in as tokens arrive.
+
+        Waits while a publish is under way. If a publish preempts the generation (engines that cannot swap
+        weights under a running request), it continues on the new weights from the tokens already sampled, so
+        the agent sees one uninterrupted response and every token keeps the version that sampled it.
+        """
         call, decoder = turn.call, IncrementalDecoder(self.template)
-        stream = self.engine.generate(call.call_id, turn.plan.prompt_ids, self.params(turn.req))
+        params = self.params(turn.req)
         try:
-            async for delta in stream:
-                if call.first_token_at is None:
-                    call.first_token_at = time.time()
-                if delta.token_ids and (not call.versions or call.versions[-1][1] != delta.version):
-                    call.versions.append((len(call.response_ids), delta.version))
-                call.response_ids.extend(delta.token_ids)
-                call.response_logprobs.extend(delta.logprobs)
-                if delta.finish_reason is not None:
-                    call.finish_reason = delta.finish_reason
-                text = decoder.push(delta.token_ids)
-                if text:
-                    yield text
+            while True:
+                await self._open.wait()
+                prompt = turn.plan.prompt_ids + call.response_ids
+                left = params.max_tokens - len(call.response_ids)
+                self._inflight[call.call_id] = turn
+                stream = self.engine.generate(
+                    call.call_id, prompt, replace(params, max_tokens=left), version=self._pinned(turn.session)
+                )
+                async for delta in stream:
+                    if delta.finish_reason == "abort" and call.call_id in self._preempted:
+                        break  # resumed below, on the new weights
+                    self._record(call, delta)
+                    text = decoder.push(delta.token_ids)
+                    if text:
+                        yield text
+                if call.call_id not in self._preempted:
+                    return
+                self._preempted.discard(call.call_id)
+                if (call.response_ids and call.response_ids[-1] in self.template.stop_ids) or left <= 0:
+                    return
         except (EngineError, ContextLengthError) as e:
             self.fail(turn, str(e))
             raise
@@ -153,6 +176,49 @@ class Proxy:
             call.finish_reason = "abort"
             turn.session.close_call(call, None)
             raise
+        finally:
+            self._inflight.pop(call.call_id, None)
+
+    @staticmethod
+    def _record(call: CallRecord, delta: Any) -> None:
+        if call.first_token_at is None:
+            call.first_token_at = time.time()
+        if delta.token_ids and (not call.versions or call.versions[-1][1] != delta.version):
+            call.versions.append((len(call.response_ids), delta.version))
+        call.response_ids.extend(delta.token_ids)
+        call.response_logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            call.finish_reason = delta.finish_reason
+
+    def _pinned(self, session: Session) -> int | None:
+        """`pin`: a session keeps the version its first call got, while the engine still holds it."""
+        if self.config.version_policy != "pin":
+            return None
+        if session.pinned_version is None:
+            session.pinned_version = self.engine.version
+        loaded = getattr(self.engine, "loaded_versions", None)
+        if loaded is not None and session.pinned_version not in loaded():
+            return None  # evicted: the rest of this trace follows the live policy (its versions say so)
+        return session.pinned_version
+
+    # ---- weight updates ------------------------------------------------------------------------------------
+    async def publish(self, path: str, kind: str, version: int | None = None) -> int:
+        """Publish new weights without agents noticing: new requests wait in the proxy (no error, no 429), and
+        in-flight generations continue on the new weights (`mixed`) or stay on their pinned version (`pin`)."""
+        self._open.clear()
+        t0 = time.monotonic()
+        try:
+            in_place = getattr(self.engine, "continues_in_place", False)
+            if self.config.version_policy == "mixed" and not in_place:
+                self._preempted |= set(self._inflight)
+                for call_id in list(self._inflight):
+                    await self.engine.abort(call_id)
+            new = await self.engine.publish(path, kind, version)  # type: ignore[arg-type]
+        finally:
+            self._open.set()
+            self.stats["proxy/pause_s"] += time.monotonic() - t0
+            self.stats["proxy/publishes"] += 1
+        return new
 
     def finish(self, turn: Turn) -> ChatResult:
         """Close the call record and parse what the model said."""

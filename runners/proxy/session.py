@@ -99,6 +99,7 @@ class Session:
         self.last_active = self.started_at
         self.calls: list[CallRecord] = []
         self.tools: list[dict[str, Any]] = []
+        self.pinned_version: int | None = None  # `pin` policy: the version this session's calls are served by
         self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
 
     # ---- prompt building -----------------------------------------------------------------------------------
