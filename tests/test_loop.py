@@ -21,27 +21,28 @@ from tests.proxy_helpers import free_port
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls", "read"])]
 
 
+class Crash(Exception):
+    pass
+
+
 class ChatRollouts:
     """One chat call per episode over HTTP; reward = share of the letter e in the answer."""
 
     def __init__(self, proxy: Proxy, url: str, crash_after: int | None = None) -> None:
         self.proxy, self.url, self.crash_after, self.runs = proxy, url, crash_after, 0
 
-    async def run(self, episodes: list[Episode], trace_file: Path, version: int) -> list[dict]:
+    async def episode(self, ep: Episode, trace_file: Path) -> dict:
         self.proxy.traces = TraceWriter(trace_file)
-        out = []
+        if self.crash_after is not None and self.runs >= self.crash_after:
+            raise Crash  # a crash mid-iteration: some traces written, state not committed
+        meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
+        token = self.proxy.open_session(meta=meta).token
+        body = {"messages": [{"role": "user", "content": ep.task["problem_statement"]}], "max_tokens": 12}
         async with httpx.AsyncClient(timeout=120) as client:
-            for ep in episodes:
-                if self.crash_after is not None and self.runs >= self.crash_after:
-                    raise KeyboardInterrupt  # a crash mid-iteration: some traces written, state not committed
-                meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
-                token = self.proxy.open_session(meta=meta).token
-                body = {"messages": [{"role": "user", "content": ep.task["problem_statement"]}], "max_tokens": 12}
-                r = await client.post(f"{self.url}/s/{token}/v1/chat/completions", json=body)
-                text = r.json()["choices"][0]["message"]["content"] or ""
-                out.append(self.proxy.end_session(token, reward=text.count("e") / max(len(text), 1)))
-                self.runs += 1
-        return out
+            r = await client.post(f"{self.url}/s/{token}/v1/chat/completions", json=body)
+        text = r.json()["choices"][0]["message"]["content"] or ""
+        self.runs += 1
+        return self.proxy.end_session(token, reward=text.count("e") / max(len(text), 1))
 
 
 async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None) -> list[dict]:
@@ -61,12 +62,12 @@ async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
     run = RunDir(tmp_path / "run")
     cfg = LoopConfig(
-        iterations=3, tasks_per_iteration=2, group_size=3, trainer=TrainerConfig(model=tiny_model, lr=1e-2)
+        iterations=3, tasks_per_iteration=2, group_size=3, concurrency=1, trainer=TrainerConfig(model=tiny_model, lr=1e-2)
     )
     run.create(cfg.model_dump())
     try:  # iteration 0 completes (6 episodes), iteration 1 crashes after 2 of its 6 episodes
         asyncio.run(_run(tiny_model, run, cfg, crash_after=8))
-    except KeyboardInterrupt:
+    except Crash:
         pass
     assert run.state()["iteration"] == 1
     assert run.state()["version"] == 1

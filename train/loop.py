@@ -26,7 +26,7 @@ from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
 from hrl.train.trainer import Trainer, TrainerConfig
 
-__all__ = ["Episode", "LoopConfig", "Rollouts", "train"]
+__all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -35,6 +35,7 @@ class LoopConfig(BaseModel):
     iterations: int = Field(10, description="Training steps (one batch of rollouts each).")
     tasks_per_iteration: int = Field(4, description="Distinct tasks per batch.")
     group_size: int = Field(4, description="Episodes per task per batch (the GRPO group).")
+    concurrency: int = Field(4, description="Episodes running at once.")
     advantage: AdvantageKind = "grpo"
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
@@ -62,9 +63,21 @@ class Episode:
 
 
 class Rollouts(Protocol):
-    async def run(self, episodes: list[Episode], trace_file: Path, version: int) -> list[dict[str, Any]]:
-        """Run every episode to exactly one trace (appended to trace_file as each ends); return those traces."""
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
+        """Run one episode to exactly one trace (appended to trace_file when it ends) and return that trace.
+        Failures are data (the trace's failure_reason); only cancellation propagates."""
         ...
+
+
+async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:
+    """Run episodes with at most `concurrency` at once."""
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(ep: Episode) -> dict[str, Any]:
+        async with sem:
+            return await rollouts.episode(ep, trace_file)
+
+    return list(await asyncio.gather(*[one(ep) for ep in episodes]))
 
 
 def _batch(tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int) -> list[Episode]:
@@ -101,7 +114,7 @@ async def train(
         done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
         todo = [e for e in episodes if e.key not in done]
         on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo)})
-        await rollouts.run(todo, trace_file, version)
+        await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
         traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in {e.key for e in episodes}]
         t1 = time.monotonic()
         metrics = await asyncio.to_thread(_update, trainer, traces, cfg)
