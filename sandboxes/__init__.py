@@ -7,7 +7,16 @@ from typing import Any
 
 from hrl.sandboxes.base import ExecResult, Mount, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
-__all__ = ["SANDBOXES", "ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec", "get_backend"]
+__all__ = [
+    "SANDBOXES",
+    "ExecResult",
+    "Mount",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxSpec",
+    "get_backend",
+]
 
 SANDBOXES: dict[str, str] = {
     "docker": "hrl.sandboxes.docker:DockerBackend",

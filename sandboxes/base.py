@@ -34,8 +34,9 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
     network: Literal["none", "proxy", "host"] = Field(
-        "proxy", description="none: no network. proxy: only the hrl proxy (proxy_socket), as 127.0.0.1:proxy_port. "
-        "host: the host's network (for installs only)."
+        "proxy",
+        description="none: no network. proxy: only the hrl proxy (proxy_socket), as 127.0.0.1:proxy_port. "
+        "host: the host's network (for installs only).",
     )
     proxy_socket: str | None = Field(None, description="Host path of the proxy's unix socket (network='proxy').")
     proxy_port: int = Field(8000, description="Port the proxy appears on inside the sandbox (network='proxy').")
@@ -66,7 +67,7 @@ class Sandbox(Protocol):
         env: dict[str, str] | None = None,
         workdir: str | None = None,
     ) -> ExecResult:
-        """Run a command (a list, or a string for `bash -lc`); timeout_s 0 = none. Kills the whole process tree
+        """Run a command (a list, or a string for `bash -c`); timeout_s 0 = none. Kills the whole process tree
         on timeout."""
         ...
 

@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 HRL = [sys.executable, "-m", "hrl.cli"]
 
 
 def hrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*HRL, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.run(
+        [*HRL, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"}
+    )
 
 
 def test_version_and_help_are_fast():
@@ -78,7 +78,9 @@ def served(model: str, *extra: str):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([*HRL, "serve", "--model", model, "--port", str(port), *extra], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*HRL, "serve", "--model", model, "--port", str(port), *extra], stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -102,7 +104,12 @@ def test_serve_openai_sdk_stream_and_not(tiny_model):
         full = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
         chunks = list(
             client.chat.completions.create(
-                model="m", messages=msgs, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+                model="m",
+                messages=msgs,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -61,3 +61,16 @@ def test_help_and_version_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out, out
+
+
+def test_every_package_is_listed_in_pyproject():
+    """Wheel installs only ship the packages pyproject names (the folders are mapped into hrl.* by hand)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        "hrl." + ".".join(p.parent.relative_to(ROOT).parts)
+        for layer in [*ORDER, "recipes"]
+        for p in (ROOT / layer).rglob("__init__.py")
+    }
+    assert found <= listed, f"add to pyproject packages: {sorted(found - listed)}"

@@ -26,7 +26,7 @@ from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
 from hrl.train.trainer import Trainer, TrainerConfig
 
-__all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train"]
+__all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train", "update_from_traces"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -117,7 +117,7 @@ async def train(
         await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
         traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in {e.key for e in episodes}]
         t1 = time.monotonic()
-        metrics = await asyncio.to_thread(_update, trainer, traces, cfg)
+        metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
         t2 = time.monotonic()
         path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
         version = await engine.publish(path, kind, version=version + 1)
@@ -137,7 +137,7 @@ async def train(
     return history
 
 
-def _update(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
+def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
     rewards = {t["trace_id"]: float(t.get("reward") or 0.0) for t in traces}
     groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
     usable = {tid for tid, t in ((t["trace_id"], t) for t in traces) if t.get("failure_reason") in (None, "agent_exit")}

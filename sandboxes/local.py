@@ -1,0 +1,304 @@
+"""Local sandboxes, for development: a temporary directory per episode and plain subprocesses. No isolation.
+
+- Files: `spec.workdir` is `<root>/work` on the host, and paths under it, given to `exec(workdir=)`,
+  `read_file`, `write_file` and `copy_in`, are translated (relative paths are relative to the workdir). A mount's
+  target is translated to its host source the same way, and a mount whose target lies under the workdir also
+  appears there as a symlink; `read_only` is not enforced. Other absolute paths are the host's own paths.
+  Environment values (spec.env, exec env) that are such paths are translated too. Command lines are not: commands
+  run with the workdir as their current directory and should use relative paths.
+- Commands inherit the host's environment plus spec.env and run in their own session (process group); a timeout
+  kills the group and every process that still carries the sandbox's marks in its environment (Linux /proc).
+- Network: none is isolated; `none`, `proxy` and `host` all mean the host's network. For `proxy` the caller
+  passes the proxy's TCP address to the agent through `spec.env` (there is no unix-socket forwarder here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
+
+__all__ = ["LocalBackend", "LocalSandbox", "kill_marked"]
+
+PREFIX = "hrl-sbx-"
+MARKER = ".hrl-sandbox.json"
+SANDBOX_MARK = "HRL_SANDBOX"  # on every command of a sandbox: close() kills what is left by it
+EXEC_MARK = "HRL_EXEC"  # on one command's tree: its timeout kills by it
+KILL_GRACE_S = 5.0
+
+
+class LocalBackend:
+    """Creates `LocalSandbox`es under `root` (default: the system temp directory)."""
+
+    name = "local"
+
+    def __init__(self, *, root: str | None = None, max_output_bytes: int = 16 << 20) -> None:
+        self.root = root or tempfile.gettempdir()
+        self.max_output_bytes = max_output_bytes
+
+    async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> LocalSandbox:
+        root = await asyncio.to_thread(_make_root, Path(self.root), run_id, episode_id)
+        sandbox = LocalSandbox(self, root, spec)
+        try:
+            await asyncio.to_thread(_lay_out, root, spec)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def prune(self, run_id: str | None = None) -> int:
+        """Remove sandbox directories of `run_id`, or (None) those whose creating process is gone."""
+        removed = 0
+        for path, info in await asyncio.to_thread(_find_roots, Path(self.root)):
+            if run_id is not None and info.get("run_id") != run_id:
+                continue
+            if run_id is None and _alive(int(info.get("pid", 0))):
+                continue
+            await asyncio.to_thread(kill_marked, SANDBOX_MARK, path.name)
+            await asyncio.to_thread(shutil.rmtree, path, True)
+            removed += 1
+        return removed
+
+
+class LocalSandbox:
+    def __init__(self, backend: LocalBackend, root: Path, spec: SandboxSpec) -> None:
+        self.backend = backend
+        self.root = root
+        self.id = root.name
+        self.spec = spec
+        self.workdir = spec.workdir
+        self._groups: set[int] = set()
+        self._closed = False
+        # Longest container prefix first: mount targets, then the workdir.
+        table = [(posixpath.normpath(m.target), str(Path(m.source).absolute())) for m in spec.mounts]
+        table.append((posixpath.normpath(spec.workdir), str(root / "work")))
+        self._table = sorted(table, key=lambda row: len(row[0]), reverse=True)
+
+    async def __aenter__(self) -> LocalSandbox:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            await self.close()
+        except SandboxError as cleanup:
+            if exc is None:
+                raise
+            exc.add_note(f"also: {cleanup}")  # do not hide the error that is already propagating
+
+    def host_path(self, path: str) -> str:
+        """The host path for a sandbox path (relative paths are relative to the workdir)."""
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        return self._translate(full) or full
+
+    def _translate(self, full: str) -> str | None:
+        for inside, outside in self._table:
+            if full == inside:
+                return outside
+            if full.startswith(inside.rstrip("/") + "/"):
+                return str(Path(outside) / posixpath.relpath(full, inside))
+        return None
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        return {k: self._translate(posixpath.normpath(v)) or v if v.startswith("/") else v for k, v in extra.items()}
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        timeout_s: float = 0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        self._check_open()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        token = uuid.uuid4().hex
+        marks = {SANDBOX_MARK: self.id, EXEC_MARK: token}
+        full_env = {**os.environ, **self._env(self.spec.env), **self._env(env or {}), **marks}
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=self.host_path(workdir or self.workdir),
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:  # like a shell: a missing program or directory is exit 127, not an exception
+            return ExecResult(127, "", f"{exc}\n", duration_s=time.monotonic() - started)
+        self._groups.add(proc.pid)
+        cap = self.backend.max_output_bytes
+        out, err, dropped = bytearray(), bytearray(), {"stdout": 0, "stderr": 0}
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        waiter = asyncio.ensure_future(
+            asyncio.gather(
+                _pump(proc.stdout, out, cap, dropped, "stdout"),
+                _pump(proc.stderr, err, cap, dropped, "stderr"),
+                proc.wait(),
+            )
+        )
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=timeout_s if timeout_s > 0 else None)
+            if not done:
+                timed_out = True
+                await asyncio.to_thread(self._kill, proc.pid, token)
+                done, _ = await asyncio.wait({waiter}, timeout=KILL_GRACE_S)
+                if not done:  # something escaped and holds the pipes: keep what was read
+                    waiter.cancel()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
+        except asyncio.CancelledError:
+            self._kill(proc.pid, token)
+            waiter.cancel()
+            raise
+        if not _group_alive(proc.pid):
+            self._groups.discard(proc.pid)
+        code = proc.returncode if proc.returncode is not None and not timed_out else None
+        return ExecResult(  # killed by signal N: 128+N, as a shell or docker says
+            exit_code=-1 if code is None else 128 - code if code < 0 else code,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            extra={"truncated_bytes": dropped} if any(dropped.values()) else {},
+        )
+
+    def _kill(self, group: int, token: str) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+        kill_marked(EXEC_MARK, token)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self._check_open()
+        await asyncio.to_thread(_write, Path(self.host_path(path)), data, mode)
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_open()
+        return await asyncio.to_thread(Path(self.host_path(path)).read_bytes)
+
+    async def copy_in(self, host_dir: str, target: str) -> None:
+        self._check_open()
+        await asyncio.to_thread(_copy_tree, Path(host_dir), Path(self.host_path(target)))
+
+    async def close(self) -> None:
+        """Kill whatever the sandbox's commands left running, then delete its directory. Idempotent."""
+        if self._closed:
+            return
+        await asyncio.to_thread(kill_marked, SANDBOX_MARK, self.id)
+        for group in self._groups:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if self.root.exists():
+            raise SandboxError(f"cannot delete local sandbox directory {self.root}")
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+
+
+def _make_root(parent: Path, run_id: str, episode_id: str) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_clean(run_id)}-", dir=parent))
+    info = {"run_id": run_id, "episode_id": episode_id, "pid": os.getpid(), "created": time.time()}
+    (root / MARKER).write_text(json.dumps(info))
+    return root
+
+
+def _lay_out(root: Path, spec: SandboxSpec) -> None:
+    (root / "work").mkdir()
+    for mount in spec.mounts:
+        source = Path(mount.source).absolute()
+        if not source.exists():
+            raise SandboxError(f"mount source {source} does not exist")
+        target = posixpath.normpath(mount.target)
+        if target.startswith(spec.workdir.rstrip("/") + "/"):
+            link = root / "work" / posixpath.relpath(target, spec.workdir)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(source)
+
+
+def _find_roots(parent: Path) -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in parent.glob(f"{PREFIX}*"):
+        try:
+            found.append((path, json.loads((path / MARKER).read_text())))
+        except (OSError, ValueError):
+            continue  # not ours, or being created
+    return found
+
+
+def _write(target: Path, data: bytes, mode: int) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    target.chmod(mode)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    if not source.is_dir():
+        raise SandboxError(f"copy_in: {source} is not a directory")
+    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+
+
+async def _pump(stream: asyncio.StreamReader, buf: bytearray, cap: int, dropped: dict[str, int], name: str) -> None:
+    while data := await stream.read(65536):
+        room = max(cap - len(buf), 0)
+        buf += data[:room]
+        dropped[name] += max(len(data) - room, 0)
+
+
+def kill_marked(name: str, value: str) -> int:
+    """SIGKILL every process whose environment has name=value (Linux /proc; elsewhere a no-op). Returns how many."""
+    mark, killed = f"{name}={value}".encode(), 0
+    for _ in range(10):  # again, for children forked while we were killing
+        found = 0
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if mark in environ.read_bytes().split(b"\0"):
+                    os.kill(int(environ.parent.name), signal.SIGKILL)
+                    found += 1
+            except (OSError, ValueError):
+                continue
+        killed += found
+        if not found:
+            break
+        time.sleep(0.02)
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return pid > 0
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "x"

@@ -1,0 +1,102 @@
+"""Shared pytest configuration: marker checks first, shared fixtures below."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+import pytest
+
+# --------------------------------------------------------------------------------------------------------------
+# Marker checks: `docker`, `vllm` and `gpu` tests need real components.
+#
+# `docker` and `vllm` skip with the reason when their component is missing, except in CI (the `CI` environment
+# variable is set), where .ci/setup.sh must have prepared them and a missing one fails the test. `gpu` always
+# skips without `nvidia-smi`. The checks run once per session, and only when such a test is about to run.
+# --------------------------------------------------------------------------------------------------------------
+
+SETUP_HINT = 'run .ci/setup.sh (or `make setup`) and `. "$HRL_CACHE/env.sh"`'
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    """Why `docker` tests cannot run here, or None when the daemon and the base image are there."""
+    image = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
+    try:
+        import docker
+        import docker.errors
+    except ImportError:
+        return "the `docker` Python package is not installed"
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        return f"no Docker daemon answers ({exc}); {SETUP_HINT}"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"Docker base image {image!r} is missing; {SETUP_HINT}"
+    finally:
+        client.close()
+    return None
+
+
+@functools.cache
+def vllm_problem() -> str | None:
+    """Why `vllm` tests cannot run here, or None when HRL_VLLM_PYTHON has vllm."""
+    python = os.environ.get("HRL_VLLM_PYTHON")
+    if not python:
+        return f"HRL_VLLM_PYTHON is not set; {SETUP_HINT}"
+    if not os.access(python, os.X_OK):
+        return f"HRL_VLLM_PYTHON={python} is not an executable; {SETUP_HINT}"
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if subprocess.run([python, "-c", probe], check=False, timeout=60).returncode != 0:
+        return f"HRL_VLLM_PYTHON={python} cannot import vllm; {SETUP_HINT}"
+    return None
+
+
+MARKER_CHECKS = {"docker": docker_problem, "vllm": vllm_problem}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    markers = {mark.name for mark in item.iter_markers()}
+    if "gpu" in markers and shutil.which("nvidia-smi") is None:
+        pytest.skip("needs a GPU (no nvidia-smi on PATH)")
+    for name, check in MARKER_CHECKS.items():
+        if name in markers and (problem := check()):
+            if in_ci():
+                pytest.fail(f"[{name}] required in CI: {problem}", pytrace=False)
+            pytest.skip(f"[{name}] {problem}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shared fixtures
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny chat model (hrl models tiny, seed 0) built once per test session."""
+    from hrl.train.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.models import make_lora
+
+    return str(make_lora(tiny_model, tmp_path_factory.mktemp("lora") / "adapter"))
+
+
+@pytest.fixture(scope="session")
+def tiny_full(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.models import make_full
+
+    return str(make_full(tiny_model, tmp_path_factory.mktemp("full") / "ckpt"))

@@ -1,0 +1,393 @@
+"""Sandbox backends: round trips, timeouts that kill whole process trees, cleanup, prune, and (docker) proof that a
+`proxy` container reaches the proxy's unix socket and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+
+from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
+from hrl.sandboxes.base import Mount
+from hrl.sandboxes.docker import DockerBackend
+from hrl.sandboxes.local import MARKER, LocalBackend
+
+T = TypeVar("T")
+IMAGE = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def run_id() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+def make_tree(root: Path) -> Path:
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "a.txt").write_text("alpha\n")
+    (root / "src" / "pkg" / "b.py").write_text("print('beta')\n")
+    (root / "src" / "link").symlink_to("a.txt")
+    return root / "src"
+
+
+async def round_trip(backend: Any, spec: SandboxSpec, tree: Path, rid: str) -> Any:
+    """The same checks for every backend; returns the (closed) sandbox."""
+    async with await backend.create(spec, rid, "ep-1") as sandbox:
+        result = await sandbox.exec("echo out; echo err >&2; exit 3")
+        assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n"), result
+        assert not result.timed_out
+        assert result.duration_s > 0
+        assert (await sandbox.exec(["sh", "-c", "pwd"])).stdout.strip().endswith("work")
+        env = await sandbox.exec(["sh", "-c", 'echo "$A $B"'], env={"B": "call"})
+        assert env.stdout == "spec call\n"
+        await sandbox.write_file("sub/dir/x.sh", b"#!/bin/sh\necho run-me\n", mode=0o755)
+        assert await sandbox.read_file(f"{spec.workdir}/sub/dir/x.sh") == b"#!/bin/sh\necho run-me\n"
+        assert (await sandbox.exec(["./x.sh"], workdir=f"{spec.workdir}/sub/dir")).stdout == "run-me\n"
+        await sandbox.copy_in(str(tree), f"{spec.workdir}/repo")
+        assert await sandbox.read_file("repo/pkg/b.py") == b"print('beta')\n"
+        assert await sandbox.read_file("repo/link") == b"alpha\n"
+        assert (await sandbox.exec("cat repo/a.txt && test -L repo/link")).stdout == "alpha\n"
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("missing.txt")
+        missing = await sandbox.exec(["no-such-program-hrl"])
+        assert (missing.exit_code in (126, 127), missing.timed_out) == (True, False)
+    await sandbox.close()  # idempotent
+    with pytest.raises(SandboxError):
+        await sandbox.exec("true")
+    return sandbox
+
+
+async def timeouts(backend: Any, spec: SandboxSpec) -> None:
+    sleep = f"sleep {uuid.uuid4().int % 9000 + 1000}"  # a unique command line, to look for leftovers
+    async with await backend.create(spec, run_id(), "ep-timeout") as sandbox:
+        for cmd in (sleep, f"bash -c '{sleep} & {sleep}'", f"setsid {sleep} & {sleep}"):
+            started = time.monotonic()
+            result = await sandbox.exec(cmd, timeout_s=1)
+            assert (result.timed_out, result.exit_code) == (True, -1), (cmd, result)
+            assert time.monotonic() - started < 6, cmd
+        partial = await sandbox.exec(["bash", "-c", f"echo started; {sleep}"], timeout_s=0.5)
+        assert (partial.stdout, partial.timed_out) == ("started\n", True)  # output before the kill is kept
+        left = await sandbox.exec(f"ps -eo args | grep -c '^{sleep}$' || true", timeout_s=10)
+        assert left.stdout.strip() == "0", left
+        quick = await sandbox.exec("echo fast", timeout_s=30)
+        assert (quick.exit_code, quick.stdout, quick.timed_out) == (0, "fast\n", False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# local
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(root=str(tmp_path / "sandboxes"))
+
+
+def test_registry_builds_both_backends_lazily() -> None:
+    assert get_backend("local").name == "local"
+    assert get_backend("docker").name == "docker"  # connects only when used
+    with pytest.raises(SandboxError, match="valid: docker, local"):
+        get_backend("nope")
+
+
+def test_local_round_trip_and_cleanup(local: LocalBackend, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "d.txt").write_text("mounted")
+    spec = SandboxSpec(env={"A": "spec"}, mounts=[Mount(source=str(data), target="/work/data")])
+    sandbox = run(round_trip(local, spec, make_tree(tmp_path), run_id()))
+    assert not sandbox.root.exists()
+    assert list(Path(local.root).iterdir()) == []
+
+
+def test_local_paths_and_mounts(local: LocalBackend, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "d.txt").write_text("mounted")
+
+    async def main() -> None:
+        spec = SandboxSpec(env={"HOME": "/work/.home"}, mounts=[Mount(source=str(data), target="/work/data")])
+        async with await local.create(spec, run_id(), "ep") as sandbox:
+            assert sandbox.host_path("/work/x") == str(sandbox.root / "work" / "x")
+            assert sandbox.host_path("/work/data/d.txt") == str(data / "d.txt")
+            assert sandbox.host_path("/etc/hostname") == "/etc/hostname"  # no isolation: documented
+            assert (await sandbox.exec("cat data/d.txt; echo; echo $HOME")).stdout == (
+                f"mounted\n{sandbox.root / 'work' / '.home'}\n"
+            )
+
+    run(main())
+
+
+def test_local_timeouts_kill_process_trees(local: LocalBackend) -> None:
+    run(timeouts(local, SandboxSpec()))
+
+
+def test_local_close_kills_leftovers_and_exceptions_clean_up(local: LocalBackend) -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with await local.create(SandboxSpec(), run_id(), "ep") as sandbox:
+            seen["root"] = sandbox.root
+            seen["pid"] = int((await sandbox.exec("setsid sleep 100 >/dev/null 2>&1 & echo $!")).stdout)
+            assert is_running(seen["pid"])
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run(main())
+    assert wait_gone(seen["pid"])
+    assert not seen["root"].exists()
+
+
+def test_local_prune(local: LocalBackend) -> None:
+    async def main() -> None:
+        rid = run_id()
+        sandboxes = [await local.create(SandboxSpec(), rid, f"ep-{i}") for i in range(2)]
+        other = await local.create(SandboxSpec(), run_id(), "ep")
+        pid = int((await sandboxes[0].exec("setsid sleep 100 >/dev/null 2>&1 & echo $!")).stdout)
+        assert await local.prune(rid) == 2
+        assert wait_gone(pid)
+        assert not any(s.root.exists() for s in sandboxes)
+        assert await local.prune() == 0  # `other` belongs to a live process
+        info = json.loads((other.root / MARKER).read_text())
+        info["pid"] = dead_pid()  # as if the creating process had crashed
+        (other.root / MARKER).write_text(json.dumps(info))
+        assert await local.prune() == 1
+        for sandbox in [*sandboxes, other]:
+            await sandbox.close()  # already gone: no error
+
+    run(main())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# docker
+# --------------------------------------------------------------------------------------------------------------
+
+
+def containers(run: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=hrl.run={run}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.mark.docker
+def test_docker_round_trip_labels_and_cleanup(tmp_path: Path) -> None:
+    backend = DockerBackend()
+    spec = SandboxSpec(image=IMAGE, network="none", env={"A": "spec"}, labels={"team": "x"}, cpus=1, memory_mb=256)
+    rid = run_id()
+    run(round_trip(backend, spec, make_tree(tmp_path), rid))
+    assert containers(rid) == []
+    assert run(backend.prune(rid)) == 0
+
+    async def labels_and_exception(rid: str) -> None:
+        async with await backend.create(spec, rid, "ep-7") as sandbox:
+            info = await backend.call(backend.api.inspect_container, sandbox.id)
+            assert info["Config"]["Labels"] == {"hrl": "1", "hrl.run": rid, "hrl.episode": "ep-7", "team": "x"}
+            assert (info["HostConfig"]["NanoCpus"], info["HostConfig"]["Memory"]) == (10**9, 256 << 20)
+            assert (info["HostConfig"]["Init"], info["HostConfig"]["NetworkMode"]) == (True, "none")
+            assert containers(rid) != []
+            raise RuntimeError("boom")
+
+    rid = run_id()
+    with pytest.raises(RuntimeError, match="boom"):
+        run(labels_and_exception(rid))
+    assert containers(rid) == []
+
+
+@pytest.mark.docker
+def test_docker_timeouts_kill_process_trees() -> None:
+    run(timeouts(DockerBackend(), SandboxSpec(image=IMAGE, network="none")))
+
+
+@pytest.mark.docker
+def test_docker_prune_and_failures() -> None:
+    backend = DockerBackend()
+
+    async def main() -> None:
+        rid = run_id()
+        sandboxes = [await backend.create(SandboxSpec(image=IMAGE, network="none"), rid, f"ep-{i}") for i in range(2)]
+        assert len(containers(rid)) == 2
+        assert await backend.prune(rid) == 2
+        assert containers(rid) == []
+        for sandbox in sandboxes:
+            await sandbox.close()  # the container is already gone: no error
+        with pytest.raises(SandboxError, match="not found") as missing:
+            await backend.create(SandboxSpec(image="hrl/no-such-image:none", network="none"), rid, "ep")
+        assert "hrl sandbox build" in (missing.value.hint or "")
+        bad_mount = SandboxSpec(image=IMAGE, network="none", mounts=[Mount(source="/nonexistent/hrl", target="/d")])
+        with pytest.raises(SandboxError, match="cannot create"):
+            await backend.create(bad_mount, rid, "ep")
+        with pytest.raises(SandboxError, match="proxy_socket"):
+            await backend.create(SandboxSpec(image=IMAGE, network="proxy"), rid, "ep")
+        assert containers(rid) == []
+
+    run(main())
+
+
+# Runs inside the container: the proxy answers through the forwarder; every other address fails, and fast.
+PROBE = r"""
+import errno, json, socket, sys, time
+proxy_port, host_port, other_port, host_ip = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def get(path):
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=5) as s:
+        s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.partition(b"\r\n\r\n")[2]
+
+def attempt(address):
+    started = time.monotonic()
+    try:
+        socket.create_connection(address, timeout=5).close()
+        return "connected", time.monotonic() - started
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc)), time.monotonic() - started
+
+report = {"interfaces": sorted(name for _, name in socket.if_nameindex())}
+try:
+    report["hello"] = get("/hello").decode()
+    report["big"] = len(get("/big"))
+except OSError as exc:
+    report["hello"] = errno.errorcode.get(exc.errno, str(exc))
+for name, address in {"host_lo": ("127.0.0.1", host_port), "other_lo": ("127.0.0.1", other_port),
+                      "host_ip": (host_ip, host_port), "outside": ("1.1.1.1", 80)}.items():
+    report[name] = attempt(address)
+print(json.dumps(report))
+"""
+
+
+@contextlib.asynccontextmanager
+async def host_servers(sock: str) -> AsyncIterator[tuple[int, int, list[str]]]:
+    """An HTTP server on the unix socket, and two TCP listeners that record whoever connects."""
+    app = web.Application()
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="hello from the unix socket")
+
+    async def big(_: web.Request) -> web.Response:
+        return web.Response(body=b"x" * (1 << 20))
+
+    app.router.add_get("/hello", hello)
+    app.router.add_get("/big", big)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.UnixSite(runner, sock).start()
+    seen: list[str] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(str(writer.get_extra_info("peername")))
+        writer.close()
+
+    tcp = [await asyncio.start_server(record, "0.0.0.0", 0) for _ in range(2)]
+    try:
+        yield tcp[0].sockets[0].getsockname()[1], tcp[1].sockets[0].getsockname()[1], seen
+    finally:
+        for server in tcp:
+            server.close()
+        await runner.cleanup()
+
+
+def host_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: picks the route, sends nothing
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="hrl-sock-")  # short: unix socket paths are limited to ~107 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_docker_proxy_network_reaches_only_the_proxy(socket_dir: str) -> None:
+    backend, sock, rid = DockerBackend(), str(Path(socket_dir) / "proxy.sock"), run_id()
+
+    async def main() -> dict[str, dict[str, Any]]:
+        async with host_servers(sock) as (host_port, other_port, seen):
+            specs = {
+                net: SandboxSpec(image=IMAGE, network=net, proxy_socket=sock, proxy_port=8123)
+                for net in ("proxy", "none")
+            }
+            reports = {}
+            for net, spec in specs.items():
+                async with await backend.create(spec, rid, f"ep-{net}") as sandbox:
+                    args = ["python3", "-c", PROBE, "8123", str(host_port), str(other_port), host_ip()]
+                    result = await sandbox.exec(args, timeout_s=60)
+                    assert result.exit_code == 0, result
+                    reports[net] = json.loads(result.stdout)
+            assert seen == []  # no connection reached the host's TCP listeners
+            return reports
+
+    reports = run(main())
+    assert containers(rid) == []
+    proxy, none = reports["proxy"], reports["none"]
+    assert (proxy["hello"], proxy["big"]) == ("hello from the unix socket", 1 << 20), proxy
+    assert none["hello"] == "ECONNREFUSED", none
+    for report in (proxy, none):
+        assert report["interfaces"] == ["lo"], report
+        expected = {
+            "host_lo": "ECONNREFUSED",
+            "other_lo": "ECONNREFUSED",
+            "host_ip": "ENETUNREACH",
+            "outside": "ENETUNREACH",
+        }
+        if host_ip() == "127.0.0.1":  # no outward address on this host
+            expected["host_ip"] = "ECONNREFUSED"
+        for name, error in expected.items():
+            outcome, seconds = report[name]
+            assert outcome == error, (name, report)  # refused by the container's own lo, or no route at all
+            assert seconds < 1, (name, report)  # at once: nothing was sent anywhere
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def is_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pid: int, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while is_running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait(timeout=10)
+    return proc.pid

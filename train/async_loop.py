@@ -1,0 +1,164 @@
+"""Asynchronous RL: a producer keeps M episodes in flight; the trainer takes the next N finished traces (whole
+GRPO groups only), updates and publishes while rollouts go on.
+
+- Weight updates go through `Proxy.publish`, so agents never see them: new requests wait inside the proxy, and
+  in-flight generations follow the proxy's version policy (`mixed` or `pin`).
+- `max_staleness` (in versions): a trace whose oldest sampled token is older than `version - max_staleness`
+  at the time it would be trained on is dropped, and counted (`async/dropped_stale`). Nothing is dropped silently.
+- Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hrl.train.loop import Episode, Event, LoopConfig, Rollouts, update_from_traces
+from hrl.train.rundir import RunDir
+from hrl.train.trainer import Trainer
+
+__all__ = ["AsyncConfig", "oldest_version", "train_async"]
+
+
+class AsyncConfig(BaseModel):
+    max_in_flight: int = Field(8, description="Episodes kept running at all times (M).")
+    batch_traces: int = Field(8, description="Finished traces per update (N), rounded up to whole groups.")
+    max_staleness: int = Field(1, description="Drop traces whose oldest token is more versions old than this.")
+    max_buffered: int = Field(32, description="Most finished-but-untrained traces before new episodes wait.")
+
+
+def oldest_version(trace: dict[str, Any]) -> int | None:
+    """The oldest policy version that sampled any token of the trace (None: no sampled tokens)."""
+    versions = [v for c in trace["calls"] for _, v in c.get("versions", [])]
+    return min(versions) if versions else None
+
+
+def _age(trace: dict[str, Any], version: int) -> int:
+    """Staleness of a trace for a trainer at `version`: versions since its oldest token was sampled."""
+    oldest = oldest_version(trace)
+    return 0 if oldest is None else version - oldest
+
+
+class _Producer:
+    """Launches whole groups while there is room; collects finished traces into complete groups."""
+
+    def __init__(
+        self, tasks: list[dict[str, Any]], cfg: LoopConfig, acfg: AsyncConfig, rollouts: Rollouts, run: RunDir
+    ):
+        self.cfg, self.acfg, self.rollouts, self.run = cfg, acfg, rollouts, run
+        rng = random.Random(cfg.seed)
+        self._groups = (
+            [Episode(t, k, n) for k in range(cfg.group_size)] for n in itertools.count() for t in [rng.choice(tasks)]
+        )
+        self.running: set[asyncio.Task[dict[str, Any]]] = set()
+        self.partial: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.ready: list[list[dict[str, Any]]] = []
+        self.changed = asyncio.Event()
+        self.started = self.finished = 0
+
+    def buffered(self) -> int:
+        return sum(len(g) for g in self.ready) + sum(len(g) for g in self.partial.values())
+
+    async def loop(self) -> None:
+        trace_file = self.run.traces / "rollouts.jsonl"
+        while True:
+            while len(self.running) + self.cfg.group_size <= max(self.acfg.max_in_flight, self.cfg.group_size) and (
+                self.buffered() < self.acfg.max_buffered
+            ):
+                for ep in next(self._groups):
+                    task = asyncio.create_task(self.rollouts.episode(ep, trace_file))
+                    task.add_done_callback(self._done)
+                    self.running.add(task)
+                    self.started += 1
+            self.changed.clear()
+            await self.changed.wait()
+
+    def _done(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        self.running.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            self.changed.set()
+            return
+        trace = task.result()
+        self.finished += 1
+        group = self.partial[str(trace.get("group_id"))]
+        group.append(trace)
+        if len(group) == self.cfg.group_size:
+            self.ready.append(self.partial.pop(str(trace.get("group_id"))))
+        self.changed.set()
+
+    async def take(self, n: int) -> list[dict[str, Any]]:
+        """Wait for ≥ n traces in complete groups; take whole groups, oldest first."""
+        while sum(len(g) for g in self.ready) < n:
+            self.changed.clear()
+            await self.changed.wait()
+        out: list[dict[str, Any]] = []
+        while self.ready and len(out) < n:
+            out += self.ready.pop(0)
+        self.changed.set()  # room for more episodes
+        return out
+
+    async def stop(self) -> None:
+        for t in list(self.running):
+            t.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+
+
+async def train_async(
+    tasks: list[dict[str, Any]],
+    cfg: LoopConfig,
+    acfg: AsyncConfig,
+    run: RunDir,
+    publish: Any,
+    rollouts: Rollouts,
+    on_event: Event = lambda kind, data: None,
+) -> list[dict[str, Any]]:
+    """Run `cfg.iterations` updates asynchronously. `publish(path, kind, version)` must be the proxy's publish."""
+    state = run.state()
+    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
+    if state["checkpoint"]:
+        await asyncio.to_thread(trainer.load, state["checkpoint"])
+        await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
+    version, history, dropped_total = state["version"], [], 0
+    producer = _Producer(tasks, cfg, acfg, rollouts, run)
+    feeder = asyncio.create_task(producer.loop())
+    t_start = time.monotonic()
+    try:
+        for step in range(state["iteration"], cfg.iterations):
+            t0 = time.monotonic()
+            batch = await producer.take(acfg.batch_traces)
+            t1 = time.monotonic()
+            fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
+            dropped_total += len(batch) - len(fresh)
+            metrics = await asyncio.to_thread(update_from_traces, trainer, fresh, cfg)
+            path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
+            version = await publish(path, cfg.trainer.mode, version + 1)
+            run.save_state(step + 1, version, path)
+            staleness = [_age(t, version - 1) for t in fresh]
+            metrics.update(
+                {
+                    "step": step,
+                    "version": version,
+                    "async/dropped_stale": len(batch) - len(fresh),
+                    "async/dropped_stale_total": dropped_total,
+                    "async/in_flight": len(producer.running),
+                    "async/buffered": producer.buffered(),
+                    "async/started": producer.started,
+                    "trace/staleness/max": max(staleness, default=0),
+                    "time/wait_s": t1 - t0,
+                    "time/step_s": time.monotonic() - t0,
+                    "time/elapsed_s": time.monotonic() - t_start,
+                }
+            )
+            run.log_metrics(metrics)
+            history.append(metrics)
+            on_event("step", metrics)
+    finally:
+        feeder.cancel()
+        await producer.stop()
+    return history
