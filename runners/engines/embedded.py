@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -74,6 +75,7 @@ class EmbeddedEngine:
         self.model: Any = None
         self._eos: set[int] = set()
         self.max_model_len = 0
+        self.busy_s = 0.0  # wall time spent running batches (for engine/busy_frac)
 
     @property
     def version(self) -> int:
@@ -231,6 +233,7 @@ class EmbeddedEngine:
                     return
                 batch = self._next_batch()
                 self._active = {r.rid: r for r in batch}
+            t0 = time.monotonic()
             try:
                 self._run_batch(batch)
             except Exception as e:  # a broken batch fails its requests, never the engine
@@ -238,6 +241,7 @@ class EmbeddedEngine:
                     if not r.done:
                         r.send(EngineError(f"embedded engine failed: {e}"))
             finally:
+                self.busy_s += time.monotonic() - t0
                 with self._cv:
                     self._active = {}
                     self._in_step = False
