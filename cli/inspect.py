@@ -1,4 +1,5 @@
-"""`hrl inspect`: a trace file as a summary table, one trace as a tree of calls and tool events, its branches."""
+"""`hrl inspect`: a trace file as a summary table, one trace as a tree of calls and tool events, its branches;
+a run directory as one row per iteration with sparkline trends."""
 
 from __future__ import annotations
 
@@ -29,13 +30,25 @@ EPILOG = """Examples:
   hrl inspect traces.jsonl --json | jq '.[] | select(.status != "ok") | .failure_reason'
 
   hrl inspect traces.jsonl --trace 3f2a --json | jq '.call_details[] | [.call_id, .response_tokens]'
+
+  hrl inspect runs/demo                              # a run: one row per iteration, trends as sparklines
+
+  hrl inspect runs/demo --json | jq '.[] | [.iteration, .metrics["trace/reward"]]'
+
+  hrl inspect runs/demo --trace 3f2a                 # one trace of the run, found in any iteration
 """
 
 Trace = dict[str, Any]
 
 
 def inspect(
-    file: Annotated[Path, typer.Argument(help="An hrl.trace/1 JSONL file (e.g. written by `hrl serve --traces`).")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE|RUN_DIR",
+            help="An hrl.trace/1 JSONL file (e.g. written by `hrl serve --traces`), or a run directory.",
+        ),
+    ],
     trace_id: Annotated[
         str | None, typer.Option("--trace", "-t", help="Show only this trace (an id or a unique id prefix).")
     ] = None,
@@ -45,9 +58,13 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON (an object with --trace).")] = False,
 ) -> None:
     """Summarize a trace file: outcome, calls, turns, tokens, branches and timing per trace; with --trace (or a
-    file of one trace) the calls and tool events in time order, as a tree."""
+    file of one trace) the calls and tool events in time order, as a tree. For a run directory: reward,
+    failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
     from hrl.runners.summary import select_trace
 
+    if file.is_dir() and trace_id is None:
+        _inspect_run(file, as_json=as_json)
+        return
     traces = _load(file)
     chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
     if as_json:
@@ -60,11 +77,14 @@ def inspect(
 
 
 def _load(file: Path) -> list[Trace]:
-    """All traces of the file; a missing path or a directory is a FileNotFoundError naming it."""
+    """All traces of the file, or of every iteration of a run directory; a missing path is a FileNotFoundError
+    naming it, a directory that is no run a NotARunDirError."""
     from hrl.runners.trace import read_traces
 
     if file.is_dir():
-        raise FileNotFoundError(f"{file} is a directory, not a trace file (try {file / 'traces'}/*.jsonl)")
+        from hrl.runners.report.run import load_run
+
+        return [t for _, t in load_run(file).traces]
     if not file.exists():
         raise FileNotFoundError(f"trace file not found: {file}")
     return list(read_traces(file))
@@ -260,4 +280,115 @@ def _branches_table(traces: list[Trace]) -> Table:
             versions = "-" if b["first_version"] is None else f"v{b['first_version']}→v{b['last_version']}"
             row = [Text(path), _num(b["tokens"]), _num(b["loss_tokens"]), versions]
             table.add_row(*([Text(_short(t["trace_id"]))] if several else []), *row)
+    return table
+
+
+# ---- a run directory ---------------------------------------------------------------------------------------
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], width: int = 60) -> str:
+    """One character per value (a blank for None), scaled min→max; more than `width` values are averaged into
+    `width` buckets."""
+    if len(values) > width:
+        size = len(values) / width
+        chunks = [values[int(i * size) : int((i + 1) * size)] for i in range(width)]
+        values = [(sum(xs) / len(xs)) if (xs := [v for v in c if v is not None]) else None for c in chunks]
+    known = [v for v in values if v is not None]
+    if not known:
+        return " " * len(values)
+    lo, hi = min(known), max(known)
+    top = len(_SPARK) - 1
+    return "".join(" " if v is None else _SPARK[round((v - lo) / (hi - lo) * top) if hi > lo else 0] for v in values)
+
+
+def _inspect_run(path: Path, *, as_json: bool) -> None:
+    from hrl.runners.report.run import iteration_summaries, load_run
+
+    run = load_run(path)
+    rows = iteration_summaries(run)
+    if as_json:
+        emit(rows, as_json=True)
+        return
+    if not rows:
+        err.print(f"no iterations in {path} yet", markup=False, highlight=False)
+        return
+    console = _stdout_console()
+    console.print(_run_table(rows))
+    console.print()
+    console.print(_trends(rows))
+    state = run.state
+    console.print(
+        Text(
+            f"{len(rows)} iterations, {len(run.traces)} traces · next iteration {state.get('iteration', '-')} · "
+            f"policy version {state.get('version', '-')}",
+            style="dim",
+        )
+    )
+
+
+def _m(row: dict[str, Any], key: str) -> float | None:
+    v = row["metrics"].get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _run_table(rows: list[dict[str, Any]]) -> Table:
+    table = _table()
+    for name in ("iter", "n", "reward"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("failures", max_width=20, overflow="fold")
+    for name in ("time p50/p95", "llm", "tool", "tokens p/r", "stale avg/max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        reward = _m(r, "trace/reward")
+        fails = "\n".join(f"{k} {n}" for k, n in sorted(r["failures"].items()))  # one reason per line
+        stale = _m(r, "trace/staleness")
+        table.add_row(
+            str(r["iteration"]),
+            str(r["traces"]),
+            "-" if reward is None else f"{reward:.3g}",
+            Text(fails or "-", style="red" if fails else ""),
+            f"{_secs(_m(r, 'trace/latency_s/p50'))}/{_secs(_m(r, 'trace/latency_s/p95'))}",
+            _secs(_m(r, "trace/llm_latency_s/p50")),
+            _secs(_m(r, "trace/tool_latency_s/p50")),
+            f"{_num(_round(_m(r, 'trace/prompt_tokens')))}/{_num(_round(_m(r, 'trace/response_tokens')))}",
+            "-" if stale is None else f"{stale:.2g}/{_m(r, 'trace/staleness/max') or 0:.0f}",
+        )
+    return table
+
+
+def _value(v: float) -> str:
+    return _num(round(v)) if abs(v) >= 1000 else f"{v:.3g}"
+
+
+def _round(v: float | None) -> int | None:
+    return None if v is None else round(v)
+
+
+_TRENDS = (
+    ("reward", "trace/reward"),
+    ("failed", None),
+    ("time p50", "trace/latency_s/p50"),
+    ("llm p50", "trace/llm_latency_s/p50"),
+    ("tool p50", "trace/tool_latency_s/p50"),
+    ("prompt tok", "trace/prompt_tokens"),
+    ("resp tok", "trace/response_tokens"),
+    ("staleness", "trace/staleness"),
+    ("loss", "train/loss"),
+    ("mismatch kl", "train/mismatch_kl"),
+)
+
+
+def _trends(rows: list[dict[str, Any]]) -> Table:
+    """One sparkline per metric over the iterations, with its first → last value (rows without data left out)."""
+    table = _table()
+    table.add_column("trend")
+    table.add_column("", no_wrap=True)
+    table.add_column("first → last", justify="right", no_wrap=True)
+    for label, key in _TRENDS:
+        values = [float(sum(r["failures"].values())) if key is None else _m(r, key) for r in rows]
+        known = [v for v in values if v is not None]
+        if known:
+            table.add_row(label, Text(sparkline(values), style="cyan"), f"{_value(known[0])} → {_value(known[-1])}")
     return table

@@ -42,11 +42,12 @@ def _root(
 
 
 def _register() -> None:
-    from hrl.cli import doctor, inspect, models, serve
+    from hrl.cli import doctor, inspect, models, report, serve
 
     app.add_typer(models.app, name="models")
     app.command("serve", epilog=serve.EPILOG)(serve.serve)
     app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
+    app.command("report", epilog=report.EPILOG)(report.report)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
 
 

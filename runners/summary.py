@@ -18,6 +18,7 @@ from hrl.runners.errors import HrlError
 __all__ = [
     "TraceSelectionError",
     "describe_calls",
+    "percentile",
     "select_trace",
     "summarize_file",
     "summarize_trace",
@@ -186,7 +187,7 @@ def select_trace(traces: list[Trace], trace_id: str) -> Trace:
 # ---- per file ----------------------------------------------------------------------------------------------
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in [0, 1]); None for no values."""
     if not values:
         return None
@@ -198,7 +199,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def _p50_p95(values: list[float]) -> dict[str, float | None]:
-    return {"p50": _percentile(values, 0.5), "p95": _percentile(values, 0.95)}
+    return {"p50": percentile(values, 0.5), "p95": percentile(values, 0.95)}
 
 
 def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ __all__ = [
     "SCHEMA",
     "TraceFormatError",
     "TraceWriter",
+    "all_prompt_ids",
     "call_prompt_ids",
     "read_traces",
     "validate_trace",
@@ -56,7 +57,7 @@ def validate_trace(obj: Any) -> None:
     reason = obj.get("failure_reason")
     if reason is not None and reason not in FAILURE_REASONS:
         raise ValueError(f"unknown failure_reason {reason!r}")
-    seen: dict[str, int] = {}
+    full_len: dict[str, int] = {}  # call id -> prompt + response length, so validation stays linear
     for i, call in enumerate(obj["calls"]):
         miss = [k for k in _CALL_REQUIRED if k not in call]
         if miss:
@@ -65,23 +66,35 @@ def validate_trace(obj: Any) -> None:
             raise ValueError(f"call {call['call_id']}: response_ids and response_logprobs differ in length")
         ref = call.get("prompt_ref")
         if ref is not None:
-            if ref["call_id"] not in seen or ref["length"] > seen[ref["call_id"]]:
+            if ref["call_id"] not in full_len or ref["length"] > full_len[ref["call_id"]]:
                 raise ValueError(f"call {call['call_id']}: prompt_ref points past an earlier call")
-        elif "prompt_ids" not in call:
+            prompt_len = ref["length"] + len(call.get("prompt_suffix_ids", []))
+        elif "prompt_ids" in call:
+            prompt_len = len(call["prompt_ids"])
+        else:
             raise ValueError(f"call {call['call_id']}: neither prompt_ids nor prompt_ref")
-        seen[call["call_id"]] = len(call_prompt_ids(obj, i)) + len(call["response_ids"])
+        full_len[call["call_id"]] = prompt_len + len(call["response_ids"])
 
 
 def call_prompt_ids(trace: dict[str, Any], index: int) -> list[int]:
     """The full prompt ids of call `index`, resolving prompt references."""
-    call = trace["calls"][index]
-    ref = call.get("prompt_ref")
-    if ref is None:
-        return list(call["prompt_ids"])
-    by_id = {c["call_id"]: i for i, c in enumerate(trace["calls"][:index])}
-    parent = by_id[ref["call_id"]]
-    base = call_prompt_ids(trace, parent) + list(trace["calls"][parent]["response_ids"])
-    return base[: ref["length"]] + list(call.get("prompt_suffix_ids", []))
+    return all_prompt_ids(trace, index + 1)[index]
+
+
+def all_prompt_ids(trace: dict[str, Any], upto: int | None = None) -> list[list[int]]:
+    """Full prompt ids of the first `upto` calls (all by default), resolved in one linear pass."""
+    calls = trace["calls"][:upto]
+    full: dict[str, list[int]] = {}
+    out = []
+    for call in calls:
+        ref = call.get("prompt_ref")
+        if ref is None:
+            prompt = list(call["prompt_ids"])
+        else:
+            prompt = full[ref["call_id"]][: ref["length"]] + list(call.get("prompt_suffix_ids", []))
+        full[call["call_id"]] = prompt + list(call["response_ids"])
+        out.append(prompt)
+    return out
 
 
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:

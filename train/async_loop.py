@@ -19,8 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.metrics import step_metrics
 from hrl.train.loop import Episode, Event, LoopConfig, Rollouts, update_from_traces
 from hrl.train.rundir import RunDir
+from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
@@ -128,6 +130,7 @@ async def train_async(
     producer = _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
+    sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     try:
         for step in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
@@ -136,6 +139,7 @@ async def train_async(
             fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
             dropped_total += len(batch) - len(fresh)
             metrics = await asyncio.to_thread(update_from_traces, trainer, fresh, cfg)
+            metrics |= step_metrics(fresh, trainer_version=version)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
             version = await publish(path, cfg.trainer.mode, version + 1)
             run.save_state(step + 1, version, path)
@@ -155,10 +159,11 @@ async def train_async(
                     "time/elapsed_s": time.monotonic() - t_start,
                 }
             )
-            run.log_metrics(metrics)
+            sink.log(metrics, step=step)
             history.append(metrics)
             on_event("step", metrics)
     finally:
+        sink.close()
         feeder.cancel()
         await producer.stop()
     return history

@@ -11,24 +11,25 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import Engine
+from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.metrics import step_metrics
 from hrl.runners.trace import read_traces
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
+from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
 
 __all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train", "update_from_traces"]
 
 Event = Callable[[str, dict[str, Any]], None]
+INFRA_FAILURES = {"sandbox_error", "engine_error", "verifier_error", "cancelled", "no_llm_calls"}
 
 
 class LoopConfig(BaseModel):
@@ -40,44 +41,14 @@ class LoopConfig(BaseModel):
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
+    wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig
 
 
-@dataclass(frozen=True)
-class Episode:
-    task: dict[str, Any]
-    index: int  # k within the group
-    iteration: int
+class Publisher(Protocol):
+    """The engine, or better the proxy in front of it (so agents never see the update)."""
 
-    @property
-    def task_id(self) -> str:
-        return str(self.task.get("instance_id") or self.task.get("task_id") or self.task.get("id"))
-
-    @property
-    def group_id(self) -> str:
-        return f"it{self.iteration}:{self.task_id}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.group_id}#{self.index}"
-
-
-class Rollouts(Protocol):
-    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
-        """Run one episode to exactly one trace (appended to trace_file when it ends) and return that trace.
-        Failures are data (the trace's failure_reason); only cancellation propagates."""
-        ...
-
-
-async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:
-    """Run episodes with at most `concurrency` at once."""
-    sem = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(ep: Episode) -> dict[str, Any]:
-        async with sem:
-            return await rollouts.episode(ep, trace_file)
-
-    return list(await asyncio.gather(*[one(ep) for ep in episodes]))
+    async def publish(self, path: str, kind: Any, version: int | None = None) -> int: ...
 
 
 def _batch(tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int) -> list[Episode]:
@@ -94,7 +65,7 @@ async def train(
     tasks: list[dict[str, Any]],
     cfg: LoopConfig,
     run: RunDir,
-    engine: Engine,
+    publisher: Publisher,
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
 ) -> list[dict[str, Any]]:
@@ -104,45 +75,58 @@ async def train(
     kind = cfg.trainer.mode
     if state["checkpoint"]:  # resume: same weights in trainer and engine, same version numbering
         await asyncio.to_thread(trainer.load, state["checkpoint"])
-        await engine.publish(state["checkpoint"], kind, version=state["version"])
+        await publisher.publish(state["checkpoint"], kind, version=state["version"])
         on_event("resumed", state)
     version, history = state["version"], []
-    for it in range(state["iteration"], cfg.iterations):
-        t0 = time.monotonic()
-        episodes = _batch(tasks, cfg, it)
-        trace_file = run.trace_file(it)
-        done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
-        todo = [e for e in episodes if e.key not in done]
-        on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo)})
-        await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
-        traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in {e.key for e in episodes}]
-        t1 = time.monotonic()
-        metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
-        t2 = time.monotonic()
-        path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-        version = await engine.publish(path, kind, version=version + 1)
-        run.save_state(it + 1, version, path)
-        metrics.update(
-            {
+    with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
+        for it in range(state["iteration"], cfg.iterations):
+            t0 = time.monotonic()
+            episodes = _batch(tasks, cfg, it)
+            trace_file = run.trace_file(it)
+            done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
+            todo = [e for e in episodes if e.key not in done]
+            on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo)})
+            await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
+            keys = {e.key for e in episodes}
+            traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in keys]
+            t1 = time.monotonic()
+            metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+            metrics |= step_metrics(traces, trainer_version=version)
+            t2 = time.monotonic()
+            pause0 = _pause_s(publisher)
+            path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
+            version = await publisher.publish(path, kind, version=version + 1)
+            run.save_state(it + 1, version, path)
+            metrics |= {
                 "step": it,
                 "version": version,
+                "proxy/pause_s": _pause_s(publisher) - pause0,
                 "time/rollout_s": t1 - t0,
                 "time/train_s": t2 - t1,
                 "time/publish_s": time.monotonic() - t2,
             }
-        )
-        run.log_metrics(metrics)
-        history.append(metrics)
-        on_event("step", metrics)
+            sink.log(metrics, step=it)
+            history.append(metrics)
+            on_event("step", metrics)
     return history
 
 
+def _pause_s(publisher: Any) -> float:
+    return float(getattr(publisher, "stats", {}).get("proxy/pause_s", 0.0))
+
+
+def trainable(trace: dict[str, Any]) -> bool:
+    """Traces with a real score: the agent's own failures (exit, timeout, crash, overflow) keep their reward and
+    are trained on; infrastructure failures (no reward) are not."""
+    return trace.get("reward") is not None and trace.get("failure_reason") not in INFRA_FAILURES
+
+
 def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
-    rewards = {t["trace_id"]: float(t.get("reward") or 0.0) for t in traces}
+    """Advantages per group, branch samples, one trainer step. Returns the step's advantage and train metrics."""
+    rewards = {t["trace_id"]: float(t["reward"]) for t in traces if trainable(t)}
     groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
-    usable = {tid for tid, t in ((t["trace_id"], t) for t in traces) if t.get("failure_reason") in (None, "agent_exit")}
     adv, adv_metrics = group_advantages(
-        {k: v for k, v in rewards.items() if k in usable},
+        rewards,
         groups,
         cfg.advantage,
         drop_zero_variance=cfg.drop_zero_variance,
@@ -153,11 +137,4 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
             for s in build_samples(t, cfg.include_side_calls):
                 s.advantage = adv[t["trace_id"]]
                 samples.append(s)
-    metrics: dict[str, Any] = {
-        "trace/count": len(traces),
-        "trace/reward": sum(rewards.values()) / max(len(rewards), 1),
-        **{f"trace/failures/{k}": v for k, v in Counter(t.get("failure_reason") or "none" for t in traces).items()},
-        **adv_metrics,
-    }
-    metrics.update(trainer.step(samples))
-    return metrics
+    return {**adv_metrics, "train/trained_traces": float(len(rewards)), **trainer.step(samples)}

@@ -48,18 +48,6 @@ class RunDir:
         state = {"iteration": iteration, "version": version, "checkpoint": checkpoint}
         self._atomic_write(self.path / "state.json", json.dumps(state))
 
-    def log_metrics(self, metrics: dict[str, Any]) -> None:
-        with (self.path / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(metrics, default=float) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def metrics(self) -> list[dict[str, Any]]:
-        path = self.path / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
     @staticmethod
     def _atomic_write(path: Path, text: str) -> None:
         tmp = path.with_suffix(path.suffix + ".tmp")

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hrl.runners.trace import call_prompt_ids
+from hrl.runners.trace import all_prompt_ids
 
 __all__ = ["Sample", "build_samples", "trace_branches"]
 
@@ -71,13 +71,13 @@ def _expand_versions(runs: list[list[int]], n: int) -> list[int]:
     return out
 
 
-def _branch_sample(trace: dict[str, Any], path: list[int]) -> Sample:
+def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> Sample:
     calls = trace["calls"]
     leaf = path[-1]
-    ids = call_prompt_ids(trace, leaf) + list(calls[leaf]["response_ids"])
+    ids = prompts[leaf] + list(calls[leaf]["response_ids"])
     mask, logps, versions = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids)
     for i in path:
-        start = len(call_prompt_ids(trace, i))
+        start = len(prompts[i])
         resp = calls[i]["response_ids"]
         assert ids[start : start + len(resp)] == list(resp), "a parent's response is not inside its child's prompt"
         vers = _expand_versions(calls[i]["versions"], len(resp))
@@ -98,14 +98,15 @@ def _branch_sample(trace: dict[str, Any], path: list[int]) -> Sample:
 def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sample]:
     """All branch samples of one trace, with per-token weights summing to 1 over the trace."""
     paths = trace_branches(trace, include_side)
-    samples = [_branch_sample(trace, p) for p in paths]
+    prompts = all_prompt_ids(trace)
+    samples = [_branch_sample(trace, p, prompts) for p in paths]
     # how many branches hold each sampled token of each call (tokens are identified by (call, offset))
     shared: Counter[int] = Counter(i for p in paths for i in p)
     distinct = sum(len(trace["calls"][i]["response_ids"]) for i in shared)
     for s, path in zip(samples, paths, strict=True):
         s.weight = [0.0] * len(s.input_ids)
         for i in path:
-            start = len(call_prompt_ids(trace, i))
+            start = len(prompts[i])
             for j in range(len(trace["calls"][i]["response_ids"])):
                 s.weight[start + j] = 1.0 / (shared[i] * distinct)
     return samples

@@ -148,6 +148,11 @@ _SNIPPETS = (
 )
 
 
+_QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """Shape of the tiny model. Defaults: ~0.4M parameters, a 32k-token context (rope, no extra weights)."""
@@ -183,11 +188,19 @@ def tiny_corpus(seed: int, n: int = 3000) -> list[str]:
 
 def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
     """A byte-level BPE trained on `tiny_corpus(seed)`, wrapped with the ChatML tool template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's pre-tokenization (NFC, its split regex, then bytes), so the saved dir tokenizes the same whether
+    # it loads as a generic fast tokenizer or as Qwen2Tokenizer (what transformers 5 picks for a qwen2 config)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

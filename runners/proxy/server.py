@@ -201,6 +201,9 @@ class _Handler:
                     for kind, piece in split.feed(text):
                         for chunk in enc.reasoning(piece) if kind == "reasoning" else enc.text(piece):
                             await resp.write(chunk)
+            for kind, piece in split.flush():
+                for chunk in enc.reasoning(piece) if kind == "reasoning" else enc.text(piece):
+                    await resp.write(chunk)
             chunks = enc.finish(self.proxy.finish(turn))
         except (EngineError, ContextLengthError) as e:
             chunks = enc.error(502, str(e))

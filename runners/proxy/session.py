@@ -169,8 +169,9 @@ class Session:
             call.tool_calls = reply.tool_calls
             for tc in reply.tool_calls:
                 self._pending_tools[tc["id"]] = (tc["function"]["name"], call.ended_at)
-        # an identical retried request replaces the earlier record instead of adding a second one
-        self.calls = [c for c in self.calls if c.body_hash != call.body_hash]
+        # an identical request retried right away replaces the earlier record instead of adding a second one
+        if self.calls and self.calls[-1].body_hash == call.body_hash:
+            self.calls.pop()
         self.calls.append(call)
 
     # ---- the trace -----------------------------------------------------------------------------------------

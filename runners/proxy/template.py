@@ -153,6 +153,15 @@ class StreamSplitter:
             return out
         return out
 
+    def flush(self) -> list[tuple[str, str]]:
+        """At the end of a stream: release what was held back (a partial tag, text after a tool call)."""
+        held, self.held = self.held, ""
+        if self.mode == "think":
+            return [("reasoning", held)] if held else []
+        if self.mode == "tool":
+            held = _TOOL_CALL.sub("", "<tool_call>" + held)
+        return [("text", held)] if held else []
+
 
 def _partial_tag_len(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""

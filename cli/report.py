@@ -1,0 +1,42 @@
+"""`hrl report`: a run directory as one self-contained HTML file (plots + a searchable table of traces)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hrl.cli.output import emit, err
+
+__all__ = ["EPILOG", "report"]
+
+EPILOG = """Examples:
+
+  hrl report runs/demo                          # writes runs/demo/report.html
+
+  hrl report runs/demo --out /tmp/demo.html     # somewhere else
+
+  hrl report runs/demo --json | jq -r .out      # the path, for scripts
+"""
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (the --run-dir of `hrl train`).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {out, traces, steps, bytes} as JSON.")] = False,
+) -> None:
+    """Render RUN_DIR as one HTML file that needs no network to view: reward, failures by reason, latency and
+    token distributions, staleness and versions over steps, and a table of traces that opens each trace's
+    calls and tool events (link one with `report.html#trace=ID`)."""
+    from hrl.runners.report.builder import write_report
+    from hrl.runners.report.run import load_run
+
+    run = load_run(run_dir)
+    path = write_report(run, out)
+    info = {"out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size}
+    if not as_json:
+        err.print(f"{info['steps']} steps, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)")
+    emit(info, as_json=as_json, human=str(path))

@@ -1,0 +1,48 @@
+"""Episodes: one agent run on one task, the unit rollouts are made of; and running many with a bound."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["Episode", "Rollouts", "run_episodes"]
+
+
+@dataclass(frozen=True)
+class Episode:
+    task: Any  # a task dict, or a runners.tasks.Task
+    index: int  # k within the group
+    iteration: int  # the batch (sync) or group number (async) it belongs to
+
+    @property
+    def task_id(self) -> str:
+        t = self.task if isinstance(self.task, dict) else self.task.model_dump()
+        return str(t.get("instance_id") or t.get("task_id") or t.get("id"))
+
+    @property
+    def group_id(self) -> str:
+        return f"it{self.iteration}:{self.task_id}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.group_id}#{self.index}"
+
+
+class Rollouts(Protocol):
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
+        """Run one episode to exactly one trace (appended to trace_file when it ends) and return that trace.
+        Failures are data (the trace's failure_reason); only cancellation propagates."""
+        ...
+
+
+async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:
+    """Run episodes with at most `concurrency` at once."""
+    sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(ep: Episode) -> dict[str, Any]:
+        async with sem:
+            return await rollouts.episode(ep, trace_file)
+
+    return list(await asyncio.gather(*[one(ep) for ep in episodes]))

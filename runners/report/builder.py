@@ -1,0 +1,249 @@
+"""`hrl report`: one self-contained HTML file for a run — plots over steps and distributions (inline SVG, drawn
+here) and a searchable table of traces whose rows open each trace's calls and tool events (a little inline
+JS over an embedded JSON blob). Nothing is fetched at view time.
+
+Element ids are stable (tests and users link to them): `plot-reward`, `plot-failures`, `plot-latency-steps`,
+`plot-latency`, `plot-prompt-tokens`, `plot-response-tokens`, `plot-staleness`, `plot-versions`,
+`plot-train-*`; the table is `#traces`, each row `tr.trace[data-trace=ID]`; `#trace=ID` in the URL opens one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from html import escape
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.metrics import trace_metrics
+from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
+from hrl.runners.report.svg import histogram, line_chart, stacked_bars
+from hrl.runners.summary import describe_calls, summarize_trace
+
+__all__ = ["build_report", "render_report", "write_report"]
+
+Trace = dict[str, Any]
+_TRAIN_PLOTS = (("train/loss", "loss"), ("train/mismatch_kl", "mismatch-kl"), ("train/grad_norm", "grad-norm"))
+
+
+def _series(iters: list[dict[str, Any]], key: str) -> list[float | None]:
+    return [v if isinstance(v := it["metrics"].get(key), int | float) else None for it in iters]
+
+
+def _stats(iters: list[dict[str, Any]], key: str, *stats: str) -> list[tuple[str, list[float | None]]]:
+    """(stat, values per step) for a distribution metric; "mean" is the bare name."""
+    return [(s, _series(iters, key if s == "mean" else f"{key}/{s}")) for s in stats]
+
+
+def _column(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
+    """Charts over steps: reward, failures, latency percentiles, staleness, versions, trainer numbers."""
+    xs = [float(it["iteration"]) for it in iters]
+    reasons = sorted({r for it in iters for r in it["failures"]})
+    failures = [(r, [float(it["failures"].get(r, 0)) for it in iters]) for r in reasons]
+    latency = [
+        ("trace p50", _series(iters, "trace/latency_s/p50")),
+        ("trace p95", _series(iters, "trace/latency_s/p95")),
+        ("llm p50", _series(iters, "trace/llm_latency_s/p50")),
+        ("tool p50", _series(iters, "trace/tool_latency_s/p50")),
+    ]
+    versions = [
+        ("oldest token", _series(iters, "trace/policy_version_min/min")),
+        ("newest token", _series(iters, "trace/policy_version_max/max")),
+        ("trainer", _series(iters, "train/version")),
+        ("env", _series(iters, "trace/env_version")),
+    ]
+    charts = [
+        line_chart("plot-reward", "Reward per step", xs, _stats(iters, "trace/reward", "mean", "min", "max")),
+        stacked_bars("plot-failures", "Failures by reason per step", xs, failures),
+        line_chart("plot-latency-steps", "Latency per step (s)", xs, latency),
+        line_chart(
+            "plot-staleness", "Staleness per step (versions)", xs, _stats(iters, "trace/staleness", "mean", "max")
+        ),
+        line_chart("plot-versions", "Versions per step", xs, versions),
+    ]
+    return charts + [
+        line_chart(f"plot-train-{slug}", key, xs, [(key, _series(iters, key))])
+        for key, slug in _TRAIN_PLOTS
+        if any(v is not None for v in _series(iters, key))
+    ]
+
+
+def _distribution_plots(rows: list[dict[str, Any]]) -> list[str]:
+    """Histograms over every trace of the run: latencies and tokens."""
+    latency = [
+        ("trace", _column(rows, "latency_s")),
+        ("llm", _column(rows, "llm_s")),
+        ("tool", _column(rows, "tool_s")),
+    ]
+    per_call = [float(n) for r in rows for n in r["call_response_tokens"]]
+    return [
+        histogram("plot-latency", "Latency per trace, all steps", latency, "seconds"),
+        histogram(
+            "plot-prompt-tokens", "Prompt tokens per trace", [("per trace", _column(rows, "prompt_tokens"))], "tokens"
+        ),
+        histogram(
+            "plot-response-tokens",
+            "Response tokens",
+            [("per trace", _column(rows, "response_tokens")), ("per call", per_call)],
+            "tokens",
+        ),
+    ]
+
+
+def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    step = _step_plots(iters)
+    # reading order: outcome (reward, failures), time, tokens, versions, trainer
+    return "\n".join([*step[:3], *_distribution_plots(rows), *step[3:]])
+
+
+# ---- the trace table ---------------------------------------------------------------------------------------
+
+
+def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, Any]:
+    """The table's numbers for one trace (its summary + contract metrics) and the details a click opens."""
+    s, m = summarize_trace(trace), trace_metrics(trace, version)
+    calls = describe_calls(trace)
+    return {
+        "iteration": iteration,
+        "trace_id": str(trace["trace_id"]),
+        "task_id": s["task_id"],
+        "agent": (trace.get("agent") or {}).get("name"),
+        "outcome": s["failure_reason"] or s["status"],
+        "reward": s["reward"],
+        "turns": s["turns"],
+        "calls": s["calls"],
+        "branches": s["branches"],
+        "prompt_tokens": s["prompt_tokens"],
+        "response_tokens": s["response_tokens"],
+        "latency_s": s["duration_s"],
+        "llm_s": s["llm_s"],
+        "tool_s": m["trace/tool_latency_s"],
+        "versions": s["versions"],
+        "staleness": m.get("trace/staleness"),
+        "call_response_tokens": [c["response_tokens"] for c in calls],
+        "detail": {
+            "calls": calls,
+            "tools": trace.get("tools") or [],
+            "reward_info": trace.get("reward_info") or {},
+            "session": trace.get("session"),
+            "group_id": trace.get("group_id"),
+            "model": (trace.get("model") or {}).get("name"),
+            "env": trace.get("env") or {},
+        },
+    }
+
+
+def _cell(value: Any, cls: str = "") -> str:
+    if value is None:
+        text = "–"
+    elif isinstance(value, float):
+        text = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    elif isinstance(value, list):
+        text = ",".join(f"v{v}" for v in value) or "–"
+    else:
+        text = str(value)
+    sort = value if isinstance(value, int | float) else ""
+    return f'<td class="{cls}" data-sort="{escape(str(sort))}">{escape(text)}</td>'
+
+
+_COLUMNS = (
+    ("trace", "trace_id"),
+    ("iter", "iteration"),
+    ("task", "task_id"),
+    ("agent", "agent"),
+    ("outcome", "outcome"),
+    ("reward", "reward"),
+    ("turns", "turns"),
+    ("calls", "calls"),
+    ("branches", "branches"),
+    ("prompt tok", "prompt_tokens"),
+    ("resp tok", "response_tokens"),
+    ("latency s", "latency_s"),
+    ("llm s", "llm_s"),
+    ("tool s", "tool_s"),
+    ("versions", "versions"),
+    ("staleness", "staleness"),
+)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = "".join(f'<th data-col="{i}">{escape(name)}</th>' for i, (name, _) in enumerate(_COLUMNS))
+    body = []
+    for n, r in enumerate(rows):
+        outcome_cls = "ok" if r["outcome"] == "ok" else "bad"
+        cells = "".join(
+            _cell(r[key], outcome_cls if key == "outcome" else "id" if key == "trace_id" else "") for _, key in _COLUMNS
+        )
+        body.append(
+            f'<tr class="trace" tabindex="0" data-n="{n}" data-trace="{escape(r["trace_id"])}" '
+            f'data-outcome="{escape(str(r["outcome"]))}" data-iter="{r["iteration"]}">{cells}</tr>'
+        )
+    return f'<table id="traces"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _options(values: list[Any]) -> str:
+    return "".join(f'<option value="{escape(str(v))}">{escape(str(v))}</option>' for v in values)
+
+
+# ---- the page ----------------------------------------------------------------------------------------------
+
+
+def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    fails = sum(1 for r in rows if r["outcome"] != "ok")
+    rewards = [r["reward"] for r in rows if isinstance(r["reward"], int | float)]
+    model = run.config.get("model") or (run.config.get("trainer") or {}).get("model")
+    facts = [
+        ("steps", str(len(iters))),
+        ("traces", str(len(rows))),
+        ("failed", str(fails)),
+        ("mean reward", f"{sum(rewards) / len(rewards):.3g}" if rewards else "–"),
+        ("policy version", str(run.state.get("version", "–"))),
+        ("model", str(model or "–")),
+    ]
+    return "".join(f'<div class="fact"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in facts)
+
+
+def render_report(run: Run) -> str:
+    """The HTML document for a loaded run."""
+    iters = iteration_summaries(run)
+    versions = {it["iteration"]: trainer_version(it["metrics"]) for it in iters}
+    rows = [_trace_row(i, t, versions.get(i)) for i, t in run.traces]
+    details = [{"id": r["trace_id"], **r["detail"]} for r in rows]
+    data = json.dumps(details, separators=(",", ":"), default=str).replace("<", "\\u003c")
+    outcomes = sorted({str(r["outcome"]) for r in rows}, key=lambda o: (o != "ok", o))
+    parts = {
+        "TITLE": escape(f"hrl report · {run.path.name}"),
+        "RUN": escape(str(run.path)),
+        "GENERATED": escape(time.strftime("%Y-%m-%d %H:%M:%S")),
+        "HEADLINE": _headline(run, iters, rows),
+        "PLOTS": _plots(iters, rows),
+        "OUTCOMES": _options(outcomes),
+        "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
+        "TABLE": _table(rows),
+        "DATA": data,
+    }
+    page = resources.files("hrl.runners.report").joinpath("template.html").read_text(encoding="utf-8")
+    for key, value in parts.items():
+        page = page.replace(f"<!--HRL:{key}-->", value)
+    return page
+
+
+def build_report(run_dir: str | Path) -> str:
+    return render_report(load_run(run_dir))
+
+
+def write_report(run: Run | str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of a run (or run dir) to `out` (default `<run>/report.html`) atomically; its path."""
+    run = run if isinstance(run, Run) else load_run(run)
+    path = Path(out) if out is not None else run.path / "report.html"
+    html = render_report(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(path)
+    return path

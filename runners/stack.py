@@ -1,0 +1,77 @@
+"""The serving stack a rollout or training run needs: an engine, the recording proxy in front of it, and the
+proxy's HTTP server on a loopback port plus a private unix socket (docker sandboxes reach only that socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.engines import Engine, make_engine
+from hrl.runners.models import resolve_model
+from hrl.runners.proxy.proxy import Proxy, ProxyConfig
+from hrl.runners.proxy.server import build_app, check_port_free, run_server
+from hrl.runners.proxy.template import ChatTemplate
+
+__all__ = ["Stack", "serving"]
+
+
+@dataclass
+class Stack:
+    engine: Engine
+    proxy: Proxy
+    url: str  # http://127.0.0.1:PORT, for local sandboxes and tools on the host
+    socket: str  # unix socket path, for docker sandboxes (mount its directory)
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    model: str,
+    engine: str = "embedded",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    model_name: str | None = None,
+    engine_options: dict[str, Any] | None = None,
+    proxy_options: dict[str, Any] | None = None,
+) -> AsyncIterator[Stack]:
+    """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all."""
+    path = resolve_model(model)
+    port = port or _free_port(host)
+    check_port_free(host, port)
+    eng = make_engine(engine, path, **(engine_options or {}))
+    sock_dir = Path(tempfile.mkdtemp(prefix="hrl-proxy-"))
+    await asyncio.to_thread(sock_dir.chmod, 0o755)
+    sock = str(sock_dir / "proxy.sock")
+    proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})))
+    server: asyncio.Task[None] | None = None
+    try:
+        await eng.start()
+        ready = asyncio.Event()
+        server = asyncio.create_task(run_server(build_app(proxy), host, port, ready, unix_socket=sock))
+        done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if server in done:
+            server.result()  # raises why it could not listen
+        proxy.start_reaper()
+        yield Stack(eng, proxy, f"http://{host}:{port}", sock)
+    finally:
+        proxy.close()
+        if server is not None:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await server
+        await eng.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
