@@ -66,8 +66,9 @@ async def one(a: argparse.Namespace, mode: str, policy: str, workdir: Path) -> d
             history = await train(TASKS, cfg, run, engine, agent)
         else:
             acfg = AsyncConfig(
-                max_in_flight=a.batch, batch_traces=a.batch, max_staleness=a.staleness, max_buffered=2 * a.batch
-            )
+                max_in_flight=a.in_flight or a.batch, batch_traces=a.batch, max_staleness=a.staleness,
+                max_buffered=2 * a.batch,
+            )  # fmt: skip
             history = await train_async(TASKS, cfg, acfg, run, proxy.publish, agent)
         wall = time.monotonic() - t0
     finally:
@@ -106,5 +107,6 @@ if __name__ == "__main__":
     ap.add_argument("--tool-median", type=float, default=0.5, help="median tool/think time per turn, seconds")
     ap.add_argument("--tokens", type=int, default=16, help="max tokens per model turn")
     ap.add_argument("--staleness", type=int, default=2)
+    ap.add_argument("--in-flight", type=int, default=0, help="async: episodes kept in flight (default: --batch)")
     ap.add_argument("--seed", type=int, default=0)
     asyncio.run(main(ap.parse_args()))
