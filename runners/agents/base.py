@@ -1,0 +1,69 @@
+"""The agent-runner protocol: an agent CLI as data plus a few hooks.
+
+A runner says which package to install (pinned), which wire dialect the CLI speaks, which config files go into the
+fresh HOME, which environment redirects it to the session's proxy (telemetry and auto-update off), and which
+headless, auto-approving command runs it. Everything else (HOME, workdir, time budget, exit code, kill) is the
+lifecycle in `runners.agents.run`, written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+__all__ = ["AgentContext", "AgentRunner", "Dialect", "PackageKind", "Turn", "shell_turns"]
+
+PackageKind = Literal["npm", "pypi"]
+Dialect = Literal["chat", "responses", "anthropic", "gemini"]
+Turn = str | dict[str, Any]  # a scripted assistant turn: text, or {"text": …, "tool_calls": [{"name", "arguments"}]}
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What one episode's agent needs to know; every path is as seen from inside the sandbox."""
+
+    base_url: str  # the session's proxy root, e.g. http://127.0.0.1:8000/s/<token> (no /v1)
+    api_key: str  # hrl-<token>: also names the session
+    model: str  # model name the agent asks for
+    prompt: str  # the task, given to the CLI as its one headless message
+    home: str  # a fresh, empty HOME for this episode
+    workdir: str  # the task's files; the CLI runs here
+    install_dir: str  # the CLI's install root (npm prefix, or the dir holding `venv/`)
+
+    @property
+    def openai_base(self) -> str:
+        """The OpenAI-style base URL (`…/v1`)."""
+        return f"{self.base_url.rstrip('/')}/v1"
+
+
+class AgentRunner(Protocol):
+    name: str  # registry name, e.g. "opencode"
+    version: str  # pinned package version
+    package_kind: PackageKind
+    package: str  # npm or PyPI package name
+    bin: str  # the executable the package installs
+    install_scripts: bool  # npm: run the packages' install scripts (only where the CLI needs them to link its binary)
+    dialect: Dialect  # the wire API it speaks to the proxy
+    needs_tty: bool  # run under a pseudo-terminal (none of the supported CLIs needs one)
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        """Config files to write before the run: path (relative = under HOME) -> content."""
+        ...
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        """Environment that points the CLI at the proxy and turns off telemetry and updates."""
+        ...
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        """The headless, auto-approving command line (bin first, found on PATH)."""
+        ...
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        """Scripted assistant turns (see ScriptedEngineConfig.turns) that make this CLI write `text` and a newline
+        into `path` (relative to the workdir) with its own tools, then finish: `hrl agents doctor` and the tests."""
+        ...
+
+
+def shell_turns(tool: str, arg: str, path: str, text: str, done: Turn = "Done.") -> list[Turn]:
+    """The usual smoke script: one call of the shell tool `tool` (command in argument `arg`), then `done`."""
+    return [{"tool_calls": [{"name": tool, "arguments": {arg: f"echo {text} > {path}"}}]}, done]

@@ -1,0 +1,63 @@
+"""Claude Code (npm `@anthropic-ai/claude-code`): Anthropic Messages (`/v1/messages?beta=true`), streaming.
+
+Measured (agent-clis.md §3): redirected by environment only; it first sends `HEAD /` to the base URL (the proxy
+answers 200), then one Messages call per agent step. The key goes out as `x-api-key`, which names the proxy
+session. `--dangerously-skip-permissions` refuses to run as root unless IS_SANDBOX=1. With the DISABLE_* variables
+below it resolves no other host.
+"""
+
+from __future__ import annotations
+
+from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+
+__all__ = ["ClaudeCodeRunner"]
+
+OFF = (
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    "DISABLE_TELEMETRY",
+    "DISABLE_ERROR_REPORTING",
+    "DISABLE_AUTOUPDATER",
+    "DISABLE_BUG_COMMAND",
+    "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS",
+    "CLAUDE_CODE_DISABLE_TERMINAL_TITLE",
+)
+MODEL_VARS = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+
+
+class ClaudeCodeRunner:
+    name = "claude-code"
+    version = "2.1.197"
+    package_kind = "npm"
+    package = "@anthropic-ai/claude-code"
+    bin = "claude"
+    install_scripts = True
+    dialect = "anthropic"
+    needs_tty = False
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        return {}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {
+            "ANTHROPIC_BASE_URL": ctx.base_url,  # no /v1: it appends /v1/messages
+            "ANTHROPIC_API_KEY": ctx.api_key,
+            **dict.fromkeys(MODEL_VARS, ctx.model),
+            **dict.fromkeys(OFF, "1"),
+            "IS_SANDBOX": "1",  # allows --dangerously-skip-permissions as root
+        }
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return [
+            self.bin, "-p", ctx.prompt, "--model", ctx.model, "--output-format", "stream-json", "--verbose",
+            "--dangerously-skip-permissions",
+        ]  # fmt: skip
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        return shell_turns("Bash", "command", path, text)

@@ -1,0 +1,81 @@
+"""Codex CLI (npm `@openai/codex`): OpenAI Responses API only (`wire_api = "chat"` was removed), streaming.
+
+Measured (agent-clis.md §2): only a custom `[model_providers.*]` entry talks plain HTTP SSE to a base URL
+(`OPENAI_BASE_URL` is ignored; the built-in provider tries WebSockets first); the key comes from the env var named
+by `env_key`. Top-level TOML keys must precede every table. With plugins, apps, web search, multi-agent and the
+other features below off it contacts no other host and offers only function tools (`exec_command`, …). It reads
+extra input from stdin, which the lifecycle closes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+
+__all__ = ["CodexRunner"]
+
+KEY_VAR = "HRL_API_KEY"
+FEATURES_OFF = (
+    "goals",
+    "plugins",
+    "apps",
+    "remote_plugin",
+    "image_generation",
+    "tool_suggest",
+    "skill_mcp_dependency_install",
+)
+
+
+def _config(ctx: AgentContext) -> str:
+    q = json.dumps  # a JSON string is a valid TOML basic string
+    lines = [
+        f"model = {q(ctx.model)}",
+        'model_provider = "hrl"',
+        'approval_policy = "never"',
+        'sandbox_mode = "danger-full-access"',
+        "check_for_update_on_startup = false",
+        'web_search = "disabled"',
+        'model_reasoning_effort = "none"',
+        "[analytics]\nenabled = false",
+        "[feedback]\nenabled = false",
+        '[otel]\nexporter = "none"',
+        "[agents]\nenabled = false",  # drops the multi_agent namespace tool
+        "[features]",
+        *(f"{f} = false" for f in FEATURES_OFF),
+        "[model_providers.hrl]",
+        'name = "hrl proxy"',
+        f"base_url = {q(ctx.openai_base)}",
+        f"env_key = {q(KEY_VAR)}",
+        'wire_api = "responses"',
+        "request_max_retries = 0",
+        "stream_max_retries = 0",
+        "stream_idle_timeout_ms = 600000",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class CodexRunner:
+    name = "codex"
+    version = "0.171.0"
+    package_kind = "npm"
+    package = "@openai/codex"
+    bin = "codex"
+    install_scripts = False
+    dialect = "responses"
+    needs_tty = False
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        return {".codex/config.toml": _config(ctx)}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {"CODEX_HOME": f"{ctx.home}/.codex", KEY_VAR: ctx.api_key}
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return [
+            self.bin, "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            ctx.prompt,
+        ]  # fmt: skip
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        return shell_turns("exec_command", "cmd", path, text)

@@ -1,0 +1,196 @@
+"""Check agent CLIs end to end: each installed CLI runs one scripted episode through the real recording proxy.
+
+The scripted engine plays the runner's `smoke_turns` (write a file with the CLI's own tool, then finish) as real
+token ids of the given model's tokenizer; the proxy serves on TCP (local sandbox) or on a unix socket that the
+docker sandbox forwards to 127.0.0.1:<port> inside the container. A CLI passes when it exits 0, the file is
+there, and its trace has ≥ 2 main calls in its dialect whose prompts extend each other token-exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hrl.runners.agents import AGENTS, get_agent
+from hrl.runners.agents.base import AgentContext
+from hrl.runners.agents.install import installed
+from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
+from hrl.runners.errors import HrlError
+from hrl.runners.trace import call_prompt_ids
+
+__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "serve_proxy", "trace_problems"]
+
+SandboxName = Literal["docker", "local"]
+PROBE_FILE, PROBE_TEXT = "hrl-doctor.txt", "ok"
+PROXY_PORT = 8000  # where the proxy appears inside docker sandboxes
+
+
+def agents_table() -> list[dict[str, Any]]:
+    """One row per registered agent, for `hrl agents ls`."""
+    rows = []
+    for name in AGENTS:
+        r = get_agent(name)
+        rows.append(
+            {
+                "name": name,
+                "version": r.version,
+                "package": f"{r.package_kind}:{r.package}",
+                "dialect": r.dialect,
+                "installed_docker": installed(name, "docker") is not None,
+                "installed_local": installed(name, "local") is not None,
+            }
+        )
+    return rows
+
+
+@dataclass
+class Probe:
+    """One scripted episode: how the CLI ended, its trace, what it wrote, and its start-up time."""
+
+    outcome: AgentOutcome
+    trace: dict[str, Any]
+    file_text: str | None  # PROBE_FILE's content afterwards (None: not written)
+    startup_s: float  # from launching the CLI to its first LLM request
+
+
+@dataclass
+class AgentCheck:
+    name: str
+    ok: bool
+    reason: str  # "" when ok
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def serve_proxy(
+    model: str, turns: list[Any], *, unix_dir: str | None = None, model_name: str = "hrl-model"
+) -> AsyncIterator[tuple[Any, str, str | None]]:
+    """The real proxy with a scripted engine in this event loop: yields (proxy, tcp url, unix socket path or None)."""
+    from aiohttp import web
+
+    from hrl.runners.engines import make_engine
+    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
+    from hrl.runners.proxy.server import build_app
+    from hrl.runners.proxy.template import ChatTemplate
+
+    engine = make_engine("scripted", model, turns=turns, max_model_len=1 << 20)  # agents' system prompts are long
+    await engine.start()
+    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name=model_name))
+    runner = web.AppRunner(build_app(proxy), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        sock = f"{unix_dir}/proxy.sock" if unix_dir else None
+        if sock:
+            await web.UnixSite(runner, sock).start()
+        yield proxy, f"http://127.0.0.1:{port}", sock
+    finally:
+        await runner.cleanup()
+        proxy.close()
+        await engine.close()
+
+
+async def probe_agent(
+    name: str,
+    model: str,
+    sandbox: SandboxName = "docker",
+    *,
+    time_budget_s: float = 180,
+    turns: list[Any] | None = None,
+    backend: Any = None,
+) -> Probe:
+    """Run one scripted episode of an installed CLI (in a sandbox from `backend`, default: a new one of that kind).
+    Raises PrerequisiteError when it is not installed."""
+    from hrl.runners.errors import PrerequisiteError
+    from hrl.sandboxes import SandboxSpec, get_backend
+
+    runner = get_agent(name)
+    inst = installed(name, sandbox)
+    if inst is None:
+        raise PrerequisiteError(f"agent {name} is not installed for the {sandbox} sandbox",
+                                hint=f"hrl agents install {name}")  # fmt: skip
+    token = f"doctor-{name}-{int(time.time() * 1000) % 10**9}"
+    turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
+    with tempfile.TemporaryDirectory(prefix="hrl-px-") as sock_dir:
+        async with serve_proxy(model, turns, unix_dir=sock_dir if sandbox == "docker" else None) as (proxy, url, sock):
+            spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
+                               proxy_port=PROXY_PORT)  # fmt: skip
+            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
+            async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
+                ctx = AgentContext(
+                    base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=proxy.config.model_name,
+                    prompt=f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
+                    workdir=spec.workdir, install_dir=inst.install_dir,
+                )  # fmt: skip
+                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)
+                try:
+                    file_text: str | None = (await box.read_file(PROBE_FILE)).decode(errors="replace")
+                except FileNotFoundError:
+                    file_text = None
+            trace = proxy.end_session(token) if token in proxy.sessions else {"calls": [], "tools": []}
+    startup = trace["started_at"] - outcome.started_at if trace["calls"] else float("nan")
+    return Probe(outcome, trace, file_text, round(startup, 3))
+
+
+def trace_problems(trace: dict[str, Any], dialect: str) -> list[str]:
+    """What is wrong with a probe's trace: too few main calls, another dialect, prompts that do not extend."""
+    calls = trace["calls"]
+    main = [i for i, c in enumerate(calls) if not c["side"]]
+    problems = [] if len(main) >= 2 else [f"{len(main)} main LLM call(s), expected at least 2"]
+    problems += [f"call {c['call_id']} spoke {c['dialect']}" for c in calls if c["dialect"] != dialect]
+    for a, b in itertools.pairwise(main):
+        prev = call_prompt_ids(trace, a) + calls[a]["response_ids"]
+        if call_prompt_ids(trace, b)[: len(prev)] != prev:
+            problems.append(f"call {calls[b]['call_id']} does not extend call {calls[a]['call_id']} token-exactly")
+    return problems
+
+
+async def _check(name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any) -> AgentCheck:
+    t0 = time.monotonic()
+    try:
+        probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend)
+    except HrlError as e:
+        reason = f"{e} (fix: {e.hint})" if e.hint else str(e)
+        return AgentCheck(name, False, reason, round(time.monotonic() - t0, 1))
+    except Exception as e:  # a broken sandbox or proxy: report it for this CLI and go on with the next
+        return AgentCheck(name, False, f"{type(e).__name__}: {e}", round(time.monotonic() - t0, 1))
+    out = probe.outcome
+    problems = [] if out.ok else [f"{out.failure_reason} (exit {out.exit_code}): {_last_line(out)}"]
+    if probe.file_text is None or probe.file_text.strip() != PROBE_TEXT:
+        problems.append(f"{PROBE_FILE} holds {probe.file_text!r}, expected {PROBE_TEXT!r}")
+    problems += trace_problems(probe.trace, get_agent(name).dialect)
+    details = {"calls": len(probe.trace["calls"]), "startup_s": probe.startup_s, "agent_s": out.duration_s}
+    return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
+
+
+def _last_line(out: AgentOutcome) -> str:
+    lines = (out.stderr_tail.strip() or out.stdout_tail.strip()).splitlines()
+    return lines[-1][:300] if lines else "no output"
+
+
+def doctor(
+    names: list[str] | None, model: str, sandbox: SandboxName = "docker", *, time_budget_s: float = 180
+) -> list[AgentCheck]:
+    """Probe each named CLI (default: every installed one) once; a CLI not installed is a ✗ with the fix."""
+    names = names or [n for n in AGENTS if installed(n, sandbox) is not None]
+    for n in names:
+        get_agent(n)  # unknown names fail before anything runs
+
+    async def all_checks() -> list[AgentCheck]:
+        from hrl.sandboxes import get_backend
+
+        backend = get_backend(sandbox)
+        return [await _check(n, model, sandbox, time_budget_s, backend) for n in names]
+
+    return asyncio.run(all_checks())

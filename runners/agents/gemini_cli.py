@@ -1,0 +1,49 @@
+"""Gemini CLI (npm `@google/gemini-cli`): the Gemini API (`…:streamGenerateContent?alt=sse`); no OpenAI mode.
+
+Measured (agent-clis.md §5): redirected by GOOGLE_GEMINI_BASE_URL (the proxy root; it appends /v1beta/…) and
+GEMINI_API_KEY (sent as x-goog-api-key, which names the proxy session). npm's skipped node-pty build only makes
+the shell tool fall back to child_process. With the settings below it resolves no other host.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+
+__all__ = ["GeminiCliRunner"]
+
+
+class GeminiCliRunner:
+    name = "gemini-cli"
+    version = "0.61.0"
+    package_kind = "npm"
+    package = "@google/gemini-cli"
+    bin = "gemini"
+    install_scripts = False
+    dialect = "gemini"
+    needs_tty = False
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+            "model": {"name": ctx.model},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        }
+        return {".gemini/settings.json": json.dumps(settings, indent=2)}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {
+            "GOOGLE_GEMINI_BASE_URL": ctx.base_url,
+            "GEMINI_API_KEY": ctx.api_key,
+            "GEMINI_MODEL": ctx.model,
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        }
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return [self.bin, "-m", ctx.model, "--yolo", "-o", "stream-json", "-p", ctx.prompt]
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        return shell_turns("run_shell_command", "command", path, text)

