@@ -11,6 +11,7 @@ import pytest
 from tests.proxy_helpers import running_proxy
 
 LONG = {
+    "ignore_eos": True,
     "messages": [{"role": "user", "content": "write a long answer"}],
     "max_tokens": 120,
     "temperature": 1.0,
@@ -21,14 +22,15 @@ LONG = {
 
 def _stream_with_publish(p, token: str, path: str, kind: str, after: int = 5) -> tuple[int, str, list[str]]:
     """Stream a response; after `after` content chunks, publish new weights through the proxy."""
-    chunks, published = [], False
+    chunks, published = [], None
     with httpx.stream("POST", f"{p.url}/s/{token}/v1/chat/completions", json=LONG, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunks.append(line)
-            if len(chunks) == after and not published:
-                published = True
-                p.call_async(p.proxy.publish, path, kind)
+            if len(chunks) == after and published is None:
+                published = p.call_async(p.proxy.publish, path, kind)
+    assert published is not None, f"the stream ended after {len(chunks)} chunks, before the publish"
+    published.result(60)  # the publish itself succeeded
     text = "".join((json.loads(c[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or "" for c in chunks)
     return r.status_code, text, chunks
 

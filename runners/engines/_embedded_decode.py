@@ -92,7 +92,7 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
             nxt[i, 0] = tok
             r.generated += 1
             finish = None
-            if tok in engine._eos or tok in r.params.stop_token_ids:
+            if not r.params.ignore_eos and (tok in engine._eos or tok in r.params.stop_token_ids):
                 finish = "stop"
             elif r.generated >= r.params.max_tokens or len(r.prompt) + r.generated >= engine.max_model_len:
                 finish = "length"

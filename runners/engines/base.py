@@ -29,6 +29,7 @@ class SamplingParams:
 
     temperature: 0 means greedy. top_k: 0 means no top-k cut. seed: None means nondeterministic.
     stop_token_ids: generation ends after emitting one of these (the stop token is part of the response).
+    ignore_eos: neither the model's EOS nor stop_token_ids end generation; only max_tokens does.
     """
 
     max_tokens: int = 256
@@ -37,6 +38,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # keep generating past the model's end-of-sequence token (benchmarks, tests)
 
 
 @dataclass

@@ -136,6 +136,7 @@ class Proxy:
             top_k=int(req.top_k or 0),
             seed=req.seed,
             stop_token_ids=self.template.stop_ids,
+            ignore_eos=req.ignore_eos,
         )
 
     async def stream(self, turn: Turn) -> AsyncIterator[str]:
@@ -222,7 +223,7 @@ class Proxy:
 
     def finish(self, turn: Turn) -> ChatResult:
         """Close the call record and parse what the model said."""
-        reply = parse_hermes(self.template.reply_text(turn.call.response_ids))
+        reply = parse_hermes(self.template.reply_text(turn.call.response_ids), tool_calls=bool(turn.req.tools))
         turn.session.close_call(turn.call, reply)
         finish = "tool_calls" if reply.tool_calls else ("length" if turn.call.finish_reason == "length" else "stop")
         if reply.tool_calls:

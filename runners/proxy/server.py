@@ -192,7 +192,7 @@ class _Handler:
     async def _stream(self, request: web.Request, dialect: Any, turn: Any, rid: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        enc, split = dialect.encoder(turn.req, rid), StreamSplitter()
+        enc, split = dialect.encoder(turn.req, rid), StreamSplitter(tool_calls=bool(turn.req.tools))
         for chunk in enc.start():
             await resp.write(chunk)
         try:

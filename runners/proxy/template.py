@@ -23,14 +23,15 @@ class ParsedReply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
-def parse_hermes(text: str) -> ParsedReply:
-    """Parse Hermes-style `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks and a leading <think>."""
+def parse_hermes(text: str, tool_calls: bool = True) -> ParsedReply:
+    """Parse Hermes-style `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks and a leading <think>.
+    With `tool_calls` False (the request offered no tools) tool-call markup stays plain text."""
     reasoning = ""
     m = _THINK.match(text)
     if m:
         reasoning, text = m.group(1).strip(), text[m.end() :]
     calls = []
-    for raw in _TOOL_CALL.findall(text):
+    for raw in _TOOL_CALL.findall(text) if tool_calls else []:
         try:
             obj = json.loads(raw)
             name, args = obj["name"], obj.get("arguments", {})
@@ -117,12 +118,13 @@ class StreamSplitter:
     """Splits streamed text into reasoning (a leading <think>…</think>) and visible text, holding back tool
     calls (sent whole at the end) and any tail that might be the start of a tag."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool_calls: bool = True) -> None:
         self.mode = "start"  # start -> think -> text -> tool
         self.held = ""
+        self.tool_tag = "<tool_call>" if tool_calls else "\x00no tool calls\x00"  # a tag that never occurs
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
-        if self.mode == "text" and not self.held and "<" not in delta:
+        if self.mode == "text" and not self.held and "<" not in delta and "\x00" not in delta:
             return [("text", delta)]  # the hot path: plain text, nothing held back
         self.held += delta
         out: list[tuple[str, str]] = []
@@ -135,7 +137,7 @@ class StreamSplitter:
                 if "<think>".startswith(stripped):
                     return out  # could still become <think>
                 self.mode = "text"
-            tag = "</think>" if self.mode == "think" else "<tool_call>"
+            tag = "</think>" if self.mode == "think" else self.tool_tag
             kind = "reasoning" if self.mode == "think" else "text"
             idx = self.held.find(tag)
             if idx >= 0:

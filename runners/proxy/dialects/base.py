@@ -33,6 +33,7 @@ class ChatRequest:
     top_k: int | None = None
     seed: int | None = None
     include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's extension: generate up to max_tokens whatever the model samples
     extra: dict[str, Any] = field(default_factory=dict)  # dialect-specific bits the encoder needs back
 
 

@@ -59,6 +59,7 @@ class ChatDialect:
             top_k=body.get("top_k"),
             seed=body.get("seed"),
             include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            ignore_eos=bool(body.get("ignore_eos")),
         )
 
     def _msg(self, result: ChatResult) -> dict[str, Any]:
