@@ -33,7 +33,7 @@ _TABLE: list[tuple[type[BaseException], int, str | None]] = [
     (HrlError, EXIT_FAILURE, None),
     (FileNotFoundError, EXIT_FAILURE, "check the path"),
     (PermissionError, EXIT_FAILURE, "check the file's permissions"),
-    (ValueError, EXIT_FAILURE, None),
+    (ValueError, EXIT_FAILURE, None),  # includes RecipeError and TraceFormatError
 ]
 
 

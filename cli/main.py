@@ -42,10 +42,16 @@ def _root(
 
 
 def _register() -> None:
-    from hrl.cli import doctor, inspect, models, report, serve
+    from hrl.cli import agents, doctor, inspect, models, recipes, report, rollout, sandbox, serve, tasks, train
 
     app.add_typer(models.app, name="models")
+    app.add_typer(agents.app, name="agents")
+    app.add_typer(tasks.app, name="tasks")
+    app.add_typer(sandbox.app, name="sandbox")
+    app.add_typer(recipes.app, name="recipes")
     app.command("serve", epilog=serve.EPILOG)(serve.serve)
+    app.command("rollout", epilog=rollout.EPILOG)(rollout.rollout)
+    app.command("train", epilog=train.EPILOG)(train.train)
     app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
     app.command("report", epilog=report.EPILOG)(report.report)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)

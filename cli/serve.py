@@ -51,11 +51,12 @@ def serve(
 ) -> None:
     """Run the recording proxy: agents talk OpenAI chat / Responses, Anthropic or Gemini to it, every call is
     recorded token-exactly, and each finished session becomes one trace line."""
+    from hrl.cli.config import materialize_model
     from hrl.runners.engines import make_engine
     from hrl.runners.models import resolve_model
     from hrl.runners.proxy.server import check_port_free
 
-    path = resolve_model(model)
+    path = resolve_model(materialize_model(model))
     check_port_free(host, port)
     eng = make_engine(engine or default_engine(), path)
     options = {"model_name": served_name or model, "require_sessions": require_sessions, "idle_timeout_s": idle_timeout}

@@ -8,7 +8,7 @@ lifecycle in `runners.agents.run`, written once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 __all__ = ["AgentContext", "AgentRunner", "Dialect", "PackageKind", "Turn", "shell_turns"]
@@ -29,6 +29,9 @@ class AgentContext:
     home: str  # a fresh, empty HOME for this episode
     workdir: str  # the task's files; the CLI runs here
     install_dir: str  # the CLI's install root (npm prefix, or the dir holding `venv/`)
+    options: dict[str, Any] = field(
+        default_factory=dict
+    )  # agent-specific knobs from the recipe (rollout.agent_options)
 
     @property
     def openai_base(self) -> str:

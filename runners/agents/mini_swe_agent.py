@@ -46,6 +46,7 @@ class MiniSweAgentRunner:
             self.bin, "-m", f"openai/{ctx.model}", "-t", ctx.prompt, "--yolo", "--exit-immediately",
             "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={ctx.openai_base}",
             "-o", f"{ctx.home}/trajectory.json",
+            "-c", f"agent.step_limit={int(ctx.options.get('step_limit', 30))}",
         ]  # fmt: skip
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:

@@ -1,0 +1,80 @@
+"""`hrl agents`: the agent CLIs hrl can run — list, install (pinned, cached), and check against a scripted engine."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from hrl.cli.output import emit, err
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Agent CLIs: list, install, check.", no_args_is_help=True)
+
+
+@app.command("ls", epilog="Examples:\n\n  hrl agents ls\n\n  hrl agents ls --json")
+def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False) -> None:
+    """List supported agent CLIs with their pinned versions, wire dialect, and where they are installed."""
+    from hrl.runners.agents.doctor import agents_table
+
+    rows = agents_table()
+    mark = {True: "✓", False: "·"}
+    human = "\n".join(
+        f"{r['name']:<15} {r['version']:<10} {r['dialect']:<10} docker {mark[bool(r['installed_docker'])]}  "
+        f"local {mark[bool(r['installed_local'])]}  ({r['package']})"
+        for r in rows
+    )
+    emit(rows, as_json=as_json, human=human)
+
+
+app.command("list", hidden=True)(ls)
+
+
+@app.command(
+    "install",
+    epilog="Examples:\n\n  hrl agents install mini-swe-agent\n\n  hrl agents install opencode codex --target local",
+)
+def install(
+    names: Annotated[list[str], typer.Argument(help="Agent names (see `hrl agents ls`).")],
+    target: Annotated[str, typer.Option(help="docker (mounted into sandboxes) | local.")] = "docker",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the installs as JSON.")] = False,
+) -> None:
+    """Install agent CLIs, pinned, into the cache (HRL_CACHE); a second install is a no-op."""
+    from hrl.runners.agents.install import install as do_install
+
+    done = []
+    for name in names:
+        err.print(f"installing {name} for {target} …", markup=False)
+        inst = do_install(name, target, on_event=lambda msg: err.print(f"  {msg}", markup=False))  # type: ignore[arg-type]
+        done.append({"name": inst.name, "version": inst.version, "target": inst.target, "dir": inst.host_dir})
+    emit(done, as_json=as_json, human="\n".join(f"{d['name']} {d['version']} → {d['dir']}" for d in done))
+
+
+@app.command(
+    "doctor",
+    epilog="Examples:\n\n  hrl agents doctor\n\n  hrl agents doctor opencode codex --sandbox local\n\n"
+    "  hrl agents doctor --json",
+)
+def doctor(
+    names: Annotated[list[str] | None, typer.Argument(help="Agents to check (default: every installed one).")] = None,
+    sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
+    model: Annotated[str, typer.Option(help="Model dir whose template the scripted engine uses (default: tiny).")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    """Run each CLI once against a scripted engine through the real proxy: ✓ when it makes a tool call that changes
+    a file, answers and exits, with a token-exact trace."""
+    from hrl.runners.agents.doctor import doctor as run_doctor
+
+    with tempfile.TemporaryDirectory(prefix="hrl-doctor-") as tmp:
+        if not model:
+            from hrl.train.tiny import build_tiny_model
+
+            model = str(build_tiny_model(f"{tmp}/tiny"))
+        checks = run_doctor(names, model, sandbox)  # type: ignore[arg-type]
+    human = "\n".join(f"{'✓' if c.ok else '✗'} {c.name:<15} {c.seconds:5.1f}s  {c.reason}" for c in checks)
+    emit([asdict(c) for c in checks], as_json=as_json, human=human or "no agents installed: hrl agents install NAME")
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)

@@ -1,0 +1,78 @@
+"""Recipe + `-c` overrides → one resolved config dict (precedence: flag > -c > env > recipe > default)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hrl.runners.errors import HrlError
+
+__all__ = ["apply_overrides", "load_recipe_config", "set_dotted"]
+
+
+def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
+    node = cfg
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise HrlError(f"cannot set {key}: {p} is not a section", hint="check the key against the recipe")
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Each override is `key.path=value` (value parsed as YAML) or a YAML file merged on top."""
+    out = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" in item:
+            key, _, raw = item.partition("=")
+            set_dotted(out, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        elif Path(item).is_file():
+            out = _merge(out, yaml.safe_load(Path(item).read_text()) or {})
+        else:
+            raise HrlError(f"bad -c {item!r}: expected key=value or a YAML file", hint="e.g. -c trainer.lr=1e-5")
+    return out
+
+
+def load_recipe_config(name_or_path: str) -> dict[str, Any]:
+    """A recipe by name (shipped in hrl.recipes) or a path to a recipe YAML; relative paths inside it are resolved
+    against the recipe's own folder."""
+    from hrl.recipes.loader import load_recipe
+
+    return dict(load_recipe(name_or_path))
+
+
+def materialize_model(name: str) -> str:
+    """`hrl:tiny` / `hrl:tiny-agent` name hrl's own local models: built once (deterministically) into the cache.
+    Anything else is returned as given (an HF id or a path)."""
+    if not name.startswith("hrl:"):
+        return name
+    import os
+
+    from hrl.cli.output import err
+
+    kind = name.removeprefix("hrl:")
+    out = Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser() / "models" / kind
+    if (out / "config.json").is_file():
+        return str(out)
+    if kind == "tiny":
+        from hrl.train.tiny import build_tiny_model as build
+    elif kind == "tiny-agent":
+        from hrl.train.tiny_agent import build_tiny_agent as build
+    else:
+        raise HrlError(f"unknown hrl model {name!r}; valid: hrl:tiny, hrl:tiny-agent")
+    err.print(f"building {name} into {out} (once) …", markup=False)
+    tmp = out.with_name(out.name + ".partial")
+    build(tmp)
+    tmp.rename(out)
+    return str(out)

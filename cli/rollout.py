@@ -1,0 +1,133 @@
+"""`hrl rollout`: run agent CLIs on tasks in sandboxes through the recording proxy; one trace per episode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hrl.cli.output import err
+
+__all__ = ["EPILOG", "rollout"]
+
+EPILOG = """Examples:
+
+  hrl rollout --agent mini-swe-agent --recipe swe -n 2
+
+  hrl rollout --agent opencode --tasks my_swebench.jsonl --model Qwen/Qwen2.5-Coder-7B-Instruct --engine vllm
+
+  hrl rollout --agent qwen-code --recipe swe --sandbox local --concurrency 2 --out traces.jsonl
+
+  hrl rollout --agent codex --recipe swe --json | jq .reward
+"""
+
+
+def rollout(
+    agent: Annotated[str, typer.Option("--agent", "-a", help="Agent CLI (see `hrl agents ls`).")],
+    recipe: Annotated[str, typer.Option(help="Recipe name or YAML path giving tasks, model and settings.")] = "",
+    tasks: Annotated[Path | None, typer.Option(help="SWE-bench-format tasks (JSONL or Parquet).")] = None,
+    n: Annotated[int, typer.Option("-n", help="Episodes per task.")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Episodes running at once.")] = 4,
+    sandbox: Annotated[str, typer.Option(help="docker | local.")] = "",
+    model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir.")] = "",
+    engine: Annotated[str, typer.Option(help="embedded | vllm | URL of a running vLLM server.")] = "",
+    limit: Annotated[int, typer.Option(help="Use only the first N tasks; 0 = all.")] = 0,
+    time_budget: Annotated[float, typer.Option(help="Seconds per agent run; 0 = the recipe's.")] = 0,
+    out: Annotated[Path, typer.Option(help="Append one trace per episode here.")] = Path("traces.jsonl"),
+    config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
+) -> None:
+    """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
+    from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model
+
+    if not recipe and tasks is None:
+        raise typer.BadParameter("give --recipe or --tasks")
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [])
+    roll = cfg.setdefault("rollout", {})
+    roll["agent"] = agent
+    if sandbox:
+        roll["sandbox"] = sandbox
+    if time_budget:
+        roll["time_budget_s"] = time_budget
+    model = model or cfg.get("model") or ""
+    if not model:
+        raise typer.BadParameter("give --model (the recipe names none)")
+    model = materialize_model(model)
+    task_file = str(tasks) if tasks else cfg["tasks"]
+    rc = asyncio.run(
+        _run(cfg, model, engine or cfg.get("engine") or "embedded", task_file, n, concurrency, limit, out, as_json)
+    )
+    raise typer.Exit(rc)
+
+
+async def _run(
+    cfg: dict[str, Any],
+    model: str,
+    engine: str,
+    task_file: str,
+    n: int,
+    concurrency: int,
+    limit: int,
+    out: Path,
+    as_json: bool,
+) -> int:
+    from hrl.runners.episodes import Episode, run_episodes
+    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+    from hrl.runners.stack import serving
+    from hrl.runners.tasks.task import load_tasks
+
+    task_list = load_tasks(task_file)[: limit or None]
+    episodes = [Episode(t, k, 0) for t in task_list for k in range(n)]
+    counts: Counter[str] = Counter()
+    running: set[str] = set()
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "episode_start":
+            running.add(data["episode"])
+            return
+        running.discard(data["episode"])
+        counts[data["failure"] or "ok"] += 1
+        done = sum(counts.values())
+        if as_json:
+            sys.stdout.write(
+                json.dumps({"episode": data["episode"], "reward": data["reward"], "failure_reason": data["failure"]})
+                + "\n"
+            )
+            sys.stdout.flush()
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "ok")
+        err.print(
+            f"[{done}/{len(episodes)}] {data['episode']}: reward {data['reward']} {data['failure'] or ''}"
+            f"  (running {len(running)}{'; failures: ' + fails if fails else ''})",
+            markup=False,
+            highlight=False,
+        )
+
+    err.print(
+        f"{len(episodes)} episodes ({len(task_list)} tasks × {n}), agent {cfg['rollout']['agent']}, "
+        f"sandbox {cfg['rollout'].get('sandbox', 'docker')}, engine {engine}",
+        markup=False,
+    )
+    async with serving(
+        model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy")
+    ) as stack:
+        rollouts = AgentRollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, verifier=cfg.get("verifier"))
+        err.print(f"installing {cfg['rollout']['agent']} (cached after the first time) …", markup=False)
+        await asyncio.to_thread(rollouts.prepare)
+        try:
+            traces = await run_episodes(rollouts, episodes, out, concurrency)
+        except asyncio.CancelledError:
+            err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
+            return 130
+    rewards = [t["reward"] for t in traces if t["reward"] is not None]
+    infra = sum(v for k, v in counts.items() if k in ("sandbox_error", "engine_error", "verifier_error"))
+    err.print(
+        f"done: {len(traces)} traces in {out}; mean reward {sum(rewards) / max(len(rewards), 1):.3f}; "
+        f"infrastructure errors {infra}",
+        markup=False,
+    )
+    return 3 if infra > len(traces) * float(cfg.get("max_error_rate", 0.25)) else 0

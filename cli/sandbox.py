@@ -1,0 +1,75 @@
+"""`hrl sandbox`: images for sandboxes, and cleaning up after crashed runs."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from hrl.cli.output import emit, err
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Sandbox images and leftovers.", no_args_is_help=True)
+
+
+@app.command("build", epilog="Examples:\n\n  hrl sandbox build\n\n  hrl sandbox build --rebuild")
+def build(rebuild: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False) -> None:
+    """Build the grading/agent image (Python + pytest) on top of the base image."""
+    import docker
+
+    from hrl.runners.errors import PrerequisiteError
+    from hrl.runners.tasks.image import ensure_image
+
+    base = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
+    try:
+        docker.from_env().images.get(base)
+    except docker.errors.ImageNotFound as e:
+        raise PrerequisiteError(
+            f"base image {base} is missing", hint="build it with `make setup` (debootstrap, no registry needed)"
+        ) from e
+    except docker.errors.DockerException as e:
+        raise PrerequisiteError(f"no Docker daemon: {e}", hint="start dockerd (`make setup` does)") from e
+    tag = ensure_image(rebuild=rebuild, on_event=lambda ev: err.print(f"  {ev}", markup=False))
+    emit({"image": tag}, as_json=False, human=tag)
+
+
+@app.command("ls", epilog="Examples:\n\n  hrl sandbox ls\n\n  hrl sandbox ls --json")
+def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False) -> None:
+    """List hrl's docker sandboxes (containers labelled hrl=1) with their run and episode."""
+    import docker
+
+    rows = [
+        {"id": c.short_id, "status": c.status, "run": c.labels.get("hrl.run"), "episode": c.labels.get("hrl.episode")}
+        for c in docker.from_env().containers.list(all=True, filters={"label": "hrl=1"})
+    ]
+    emit(rows, as_json=as_json, human="\n".join(f"{r['id']} {r['status']:<8} {r['run']} {r['episode']}" for r in rows))
+
+
+@app.command("prune", epilog="Examples:\n\n  hrl sandbox prune --run hrl-1a2b3c4d\n\n  hrl sandbox prune --all")
+def prune(
+    run: Annotated[str, typer.Option(help="Remove the sandboxes of this run id.")] = "",
+    all_runs: Annotated[bool, typer.Option("--all", help="Remove every hrl sandbox, of live runs too.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+) -> None:
+    """Remove sandboxes left behind by crashed runs (docker containers and local temp dirs)."""
+    import asyncio
+
+    from hrl.sandboxes import get_backend
+
+    if not run and not all_runs:
+        raise typer.BadParameter("give --run RUN_ID (see `hrl sandbox ls`) or --all")
+
+    async def go() -> dict[str, int]:
+        out = {}
+        for name in ("docker", "local"):
+            try:
+                out[name] = await get_backend(name).prune(run or None)
+            except Exception as e:  # docker may be absent: say so, prune what can be pruned
+                err.print(f"{name}: {e}", markup=False)
+                out[name] = 0
+        return out
+
+    counts = asyncio.run(go())
+    emit(counts, as_json=as_json, human=f"removed {counts['docker']} containers, {counts['local']} local sandboxes")

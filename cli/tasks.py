@@ -1,0 +1,90 @@
+"""`hrl tasks`: SWE-bench-format task files — list, validate with the real verifier, synthesize offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hrl.cli.output import emit, err
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Task files: list, validate, synthesize.", no_args_is_help=True)
+
+
+def _say(event: dict[str, Any]) -> None:
+    kind = event.get("event", "")
+    rest = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
+    err.print(f"  {kind} {rest}", markup=False, highlight=False)
+
+
+@app.command("ls", epilog="Examples:\n\n  hrl tasks ls recipes/swe/tasks.jsonl\n\n  hrl tasks ls my.jsonl --json")
+def ls(
+    file: Annotated[Path, typer.Argument(help="Task file (JSONL, JSON array or Parquet).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
+) -> None:
+    """One line per task: id, repo, test counts."""
+    from hrl.runners.tasks.task import load_tasks, task_summary
+
+    rows = [task_summary(t) for t in load_tasks(file)]
+    human = "\n".join(
+        f"{r['instance_id']:<48} {r['repo'] or '':<20} F2P {r['fail_to_pass']:>3}  P2P {r['pass_to_pass']:>3}"
+        for r in rows
+    )
+    emit(rows, as_json=as_json, human=human)
+
+
+app.command("list", hidden=True)(ls)
+
+
+@app.command(
+    "validate",
+    epilog="Examples:\n\n  hrl tasks validate recipes/swe/tasks.jsonl\n\n"
+    "  hrl tasks validate my.jsonl --sandbox local --concurrency 1 --json",
+)
+def validate(
+    file: Annotated[Path, typer.Argument(help="Task file to check.")],
+    sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
+    concurrency: Annotated[int, typer.Option(help="Tasks graded at once.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print per-task results as JSON.")] = False,
+) -> None:
+    """Check every task: the gold patch passes all listed tests (reward 1) and no patch fails FAIL_TO_PASS (reward 0)."""
+    from hrl.runners.tasks.validate import validate_tasks
+
+    checks = validate_tasks(file, sandbox=sandbox, concurrency=concurrency, on_event=_say)
+    rows = [c.to_dict() for c in checks]
+    human = "\n".join(f"{'✓' if c.ok else '✗'} {c.instance_id}  {'; '.join(c.problems)}" for c in checks)
+    emit(rows, as_json=as_json, human=human + f"\n{sum(c.ok for c in checks)}/{len(checks)} tasks valid")
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+@app.command(
+    "synth",
+    epilog="Examples:\n\n  hrl tasks synth --package inflection --n 10 --out tasks.jsonl\n\n"
+    "  hrl tasks synth --package toolz --version 1.2.0 --n 5 --seed 1 --out toolz.jsonl\n\n"
+    "  hrl tasks synth --package semver --sdist semver-3.1.2.tar.gz --n 3 --out semver.jsonl   # offline",
+)
+def synth(
+    package: Annotated[str, typer.Option(help="A pure-Python PyPI package whose sdist carries its tests.")],
+    out: Annotated[Path, typer.Option(help="Write the validated tasks here (JSONL).")],
+    n: Annotated[int, typer.Option("--n", help="Tasks wanted.")] = 10,
+    version: Annotated[str | None, typer.Option(help="Package version (default: latest).")] = None,
+    seed: Annotated[int, typer.Option(help="Same seed, same tasks.")] = 0,
+    sdist: Annotated[Path | None, typer.Option(help="Use this sdist file instead of downloading.")] = None,
+    sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the task summaries as JSON.")] = False,
+) -> None:
+    """Build tasks offline: run the package's tests, inject bugs by AST mutation, keep mutants that break some tests,
+    write problem statements from the failures, and validate each task with the real verifier."""
+    from hrl.runners.tasks.image import ensure_image
+    from hrl.runners.tasks.synth import SynthConfig, synthesize
+    from hrl.runners.tasks.task import task_summary
+
+    if sandbox == "docker":
+        ensure_image(on_event=_say)
+    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=SynthConfig(sandbox=sandbox), on_event=_say)
+    rows = [task_summary(t) for t in tasks]
+    emit(rows, as_json=as_json, human=f"{len(tasks)} tasks → {out}")

@@ -1,0 +1,125 @@
+"""`hrl train`: the RL loop — rollouts with a real agent CLI, verification, GRPO update, publish, repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hrl.cli.output import err
+
+__all__ = ["EPILOG", "train"]
+
+EPILOG = """Examples:
+
+  hrl train --recipe demo                                   # the CPU demo: tiny agent model, real CLI, minutes
+
+  hrl train --recipe swe --agent mini-swe-agent --model Qwen/Qwen2.5-Coder-1.5B-Instruct --engine vllm --lora
+
+  hrl train --recipe swe --async -c async.max_staleness=2 -c trainer.lr=5e-6
+
+  hrl train --run-dir runs/swe-1 --resume                   # continue after a crash, same next version
+"""
+
+
+def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
+
+    cfg = apply_overrides(load_recipe_config(recipe), overrides)
+    cfg["recipe"] = recipe
+    for key, value in flags.items():
+        if value not in (None, "", False):
+            set_dotted(cfg, key, value)
+    if not cfg.get("model"):
+        raise typer.BadParameter("give --model (the recipe names none)")
+    cfg["model"] = materialize_model(cfg["model"])
+    cfg.setdefault("trainer", {})["model"] = cfg["model"]
+    return cfg
+
+
+def train(
+    recipe: Annotated[str, typer.Option(help="Recipe name (`hrl recipes ls`) or YAML path.")] = "",
+    agent: Annotated[str, typer.Option("--agent", "-a", help="Agent CLI (default: the recipe's).")] = "",
+    model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir (default: the recipe's).")] = "",
+    engine: Annotated[str, typer.Option(help="embedded | vllm | URL (default: the recipe's).")] = "",
+    lora: Annotated[bool, typer.Option("--lora", help="Train LoRA adapters (default).")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Train all weights.")] = False,
+    use_async: Annotated[bool, typer.Option("--async", help="Asynchronous rollouts and updates.")] = False,
+    iterations: Annotated[int, typer.Option(help="Training steps (default: the recipe's).")] = 0,
+    sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
+    config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
+) -> None:
+    """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
+    from hrl.train.rundir import RunDir
+
+    if resume:
+        if run_dir is None or not RunDir(run_dir).exists():
+            raise typer.BadParameter("--resume needs --run-dir of an existing run (with state.json)")
+        cfg = json.loads((run_dir / "config.json").read_text())
+    else:
+        if not recipe:
+            raise typer.BadParameter("give --recipe (or --run-dir with --resume)")
+        flags = {
+            "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
+            "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
+            "async.enabled": use_async or None,
+        }  # fmt: skip
+        cfg = _resolve(recipe, config or [], flags)
+        run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDir(run_dir)
+    if not resume:
+        run.create(cfg)
+    err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
+    asyncio.run(_train(cfg, run))
+    err.print(f"done. report: hrl report {run.path}   traces: hrl inspect {run.path}", markup=False)
+
+
+def _line(m: dict[str, Any]) -> str:
+    fails = {k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none"}
+    return (
+        f"step {m['step']:>3}  v{m['version']:<3} reward {m.get('trace/reward', 0):.3f}  traces {m.get('trace/count', 0)}"
+        f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
+        f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
+        + (f"  failures {fails}" if fails else "")
+    )
+
+
+async def _train(cfg: dict[str, Any], run: Any) -> None:
+    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+    from hrl.runners.stack import serving
+    from hrl.runners.tasks.task import load_tasks
+    from hrl.train.async_loop import AsyncConfig, train_async
+    from hrl.train.loop import LoopConfig
+    from hrl.train.loop import train as train_sync
+    from hrl.train.trainer import TrainerConfig
+
+    tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
+    loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
+    acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "step":
+            err.print(_line(data), markup=False, highlight=False)
+        elif kind == "rollout":
+            err.print(
+                f"iteration {data['iteration']}: {data['episodes']} episodes"
+                + (f" ({data['resumed']} already done)" if data["resumed"] else ""),
+                markup=False,
+            )
+        elif kind == "resumed":
+            err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
+
+    async with serving(cfg["model"], cfg.get("engine", "embedded"), engine_options=cfg.get("engine_options"),
+                       proxy_options=cfg.get("proxy")) as stack:  # fmt: skip
+        rollouts = AgentRollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"))
+        await asyncio.to_thread(rollouts.prepare)
+        if (cfg.get("async") or {}).get("enabled"):
+            await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event)
+        else:
+            await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)

@@ -1,0 +1,138 @@
+"""Rollouts with real agent CLIs: each episode runs one agent in a fresh sandbox against its own proxy session,
+is scored by the task's verifier, and ends as exactly one trace — finished, or with a failure_reason.
+
+`AgentRollouts` implements the training loop's `Rollouts` protocol; `hrl rollout` uses it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.agents import AgentContext, get_agent
+from hrl.runners.agents.install import AgentInstall, install
+from hrl.runners.agents.run import new_home, run_agent
+from hrl.runners.stack import Stack
+from hrl.runners.tasks import make_verifier
+from hrl.runners.tasks.task import Task
+from hrl.runners.tasks.verifier import Verdict
+from hrl.runners.tasks.workspace import WorkspaceError
+from hrl.runners.trace import TraceWriter
+from hrl.sandboxes import SandboxError, get_backend
+
+__all__ = ["AgentRollouts", "RolloutConfig"]
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class RolloutConfig(BaseModel):
+    agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
+    sandbox: str = Field("docker", description="docker | local.")
+    time_budget_s: float = Field(600, description="Wall-time budget of one agent run; 0 = none.")
+    proxy_port: int = Field(8000, description="Port the proxy appears on inside docker sandboxes.")
+    verify: bool = Field(True, description="Score episodes with the task's tests.")
+    run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
+    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = none.")
+    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = none.")
+    agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
+
+
+class AgentRollouts:
+    def __init__(
+        self,
+        stack: Stack,
+        config: RolloutConfig,
+        on_event: Event = lambda kind, data: None,
+        verifier: dict[str, Any] | None = None,
+    ) -> None:
+        """`verifier`: the recipe's verifier section ({name: tests, …TestVerifierConfig fields})."""
+        self.stack, self.config, self.on_event = stack, config, on_event
+        self.runner = get_agent(config.agent)
+        self.run_id = config.run_id or f"hrl-{uuid.uuid4().hex[:8]}"
+        self.backend = get_backend(config.sandbox)
+        options = dict(verifier or {})
+        name = options.pop("name", "tests")
+        self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
+        self._install: AgentInstall | None = None
+        self._writers: dict[Path, TraceWriter] = {}
+
+    def prepare(self) -> AgentInstall:
+        """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
+        if self._install is None:
+            self._install = install(self.config.agent, "docker" if self.config.sandbox == "docker" else "local")
+        return self._install
+
+    def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
+        return {
+            "task_id": task.instance_id,
+            "group_id": ep.group_id,
+            "agent": {"name": self.runner.name, "version": self.runner.version},
+            "env": {"sandbox": self.config.sandbox, "image": task.image or self.verifier.config.image},
+            "model": {"name": self.stack.proxy.config.model_name},
+            "metadata": {"episode": ep.key, "run": self.run_id},
+        }
+
+    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+        task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
+        inst = self.prepare()
+        session = self.stack.proxy.open_session(meta=self._meta(ep, task))
+        self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
+        outcome: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        try:
+            outcome, extra = await self._run(ep, task, inst, session.token)
+        except asyncio.CancelledError:
+            self._end(session.token, trace_file, {"failure_reason": "cancelled"}, {})
+            raise
+        except (SandboxError, WorkspaceError, OSError) as e:
+            outcome, extra = {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
+        trace = self._end(session.token, trace_file, outcome, extra)
+        self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
+        return trace
+
+    async def _run(self, ep: Any, task: Task, inst: AgentInstall, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        cfg, docker = self.config, self.config.sandbox == "docker"
+        spec = self.verifier.sandbox_spec(task).model_copy(
+            update={
+                "network": "proxy" if docker else "host",
+                "proxy_socket": self.stack.socket if docker else None,
+                "proxy_port": cfg.proxy_port,
+                "mounts": list(inst.mounts),
+                "cpus": cfg.cpus,
+                "memory_mb": cfg.memory_mb,
+            }
+        )
+        base = f"http://127.0.0.1:{cfg.proxy_port}" if docker else self.stack.url
+        t0 = time.monotonic()
+        async with await self.backend.create(spec, self.run_id, ep.key.replace("#", "-").replace(":", "-")) as sb:
+            await self.verifier.prepare(sb, task)
+            ctx = AgentContext(
+                base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=self.stack.proxy.config.model_name,
+                prompt=task.problem_statement, home=new_home(), workdir=task.workdir, install_dir=inst.install_dir,
+                options=cfg.agent_options,
+            )  # fmt: skip
+            result = await run_agent(sb, self.runner, ctx, inst, time_budget_s=cfg.time_budget_s)
+            verdict = await self.verifier.verify(sb, task) if cfg.verify else Verdict(None)
+        outcome = verdict.trace_fields()
+        if result.failure_reason is not None:  # the agent's own failure explains the episode first
+            outcome["failure_reason"] = result.failure_reason
+        extra = {
+            "agent_exit_code": result.exit_code,
+            "agent_s": result.duration_s,
+            "episode_s": round(time.monotonic() - t0, 3),
+            "agent_stdout_tail": result.stdout_tail[-2000:],
+            "agent_stderr_tail": result.stderr_tail[-2000:],
+            "patch": verdict.patch[:20000],
+        }
+        return outcome, extra
+
+    def _end(self, token: str, trace_file: Path, outcome: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        trace = self.stack.proxy.end_session(token, **outcome, extra=extra)
+        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        return trace

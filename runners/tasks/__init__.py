@@ -1,0 +1,54 @@
+"""SWE-style tasks: the task format, the test-based verifier, validation, the grading image and task synthesis.
+
+`VERIFIERS` maps a verifier name to "module:Class"; modules load only when asked for (synthesis pulls in the
+AST mutator, the image builder the Docker SDK).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hrl.runners.errors import UnknownNameError
+from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, task_summary, write_tasks
+from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict, Verifier
+from hrl.sandboxes import SandboxBackend
+
+__all__ = [
+    "VERIFIERS",
+    "Task",
+    "TaskFormatError",
+    "TestVerifier",
+    "TestVerifierConfig",
+    "Verdict",
+    "Verifier",
+    "ensure_image",
+    "load_tasks",
+    "make_verifier",
+    "synthesize",
+    "task_summary",
+    "validate_tasks",
+    "write_tasks",
+]
+
+VERIFIERS: dict[str, str] = {"tests": "hrl.runners.tasks.verifier:TestVerifier"}
+
+
+def make_verifier(name: str, backend: SandboxBackend, **options: Any) -> Verifier:
+    """A verifier by registry name, grading in sandboxes of `backend`; options go to its config."""
+    if name not in VERIFIERS:
+        raise UnknownNameError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
+    module, _, attr = VERIFIERS[name].partition(":")
+    verifier: Verifier = getattr(importlib.import_module(module), attr)(backend, **options)
+    return verifier
+
+
+def __getattr__(name: str) -> Any:  # the heavier entry points load on first use
+    lazy = {
+        "ensure_image": "hrl.runners.tasks.image",
+        "synthesize": "hrl.runners.tasks.synth",
+        "validate_tasks": "hrl.runners.tasks.validate",
+    }
+    if name in lazy:
+        return getattr(importlib.import_module(lazy[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,126 @@
+"""`hrl tasks validate`: every task's gold patch makes all listed tests pass; without a patch, FAIL_TO_PASS fail.
+
+Each task is graded twice through the real `TestVerifier` (binary reward): with its gold `patch` and with an
+empty diff. A check also reports static problems (no FAIL_TO_PASS, no gold patch, an undecodable snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.tasks.results import PASSING
+from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, snapshot_files
+from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict
+from hrl.sandboxes import get_backend
+
+__all__ = ["TaskCheck", "check_task", "validate_tasks", "validate_tasks_async"]
+
+Events = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class TaskCheck:
+    instance_id: str
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    gold: Verdict | None = None  # grading of the gold patch
+    empty: Verdict | None = None  # grading of an empty diff
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        def brief(v: Verdict | None) -> dict[str, Any] | None:
+            if v is None:
+                return None
+            keys = ("fail_to_pass", "pass_to_pass", "error", "grading_s")
+            info: dict[str, Any] = {k: v.reward_info[k] for k in keys if k in v.reward_info}
+            return {"reward": v.reward, "failure_reason": v.failure_reason, **info}
+
+        return {
+            "instance_id": self.instance_id, "ok": self.ok, "problems": self.problems,
+            "gold": brief(self.gold), "empty": brief(self.empty), "seconds": round(self.seconds, 2),
+        }  # fmt: skip
+
+
+def _static_problems(task: Task) -> list[str]:
+    problems = []
+    if not task.FAIL_TO_PASS:
+        problems.append("FAIL_TO_PASS is empty")
+    if not task.patch.strip():
+        problems.append("no gold patch")
+    if task.repo_snapshot is not None:
+        try:
+            snapshot_files(task.repo_snapshot)
+        except TaskFormatError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _failing(v: Verdict, tests: Sequence[str]) -> list[str]:
+    outcomes = v.reward_info.get("tests", {})
+    return [f"{t} ({outcomes.get(t, '?')})" for t in tests if outcomes.get(t) not in PASSING]
+
+
+async def check_task(verifier: TestVerifier, task: Task) -> TaskCheck:
+    """Grade one task's gold patch and an empty diff; `ok` when gold scores 1 and every FAIL_TO_PASS test fails
+    (and every PASS_TO_PASS test passes) without it."""
+    started = time.monotonic()
+    problems = _static_problems(task)
+    gold, empty = await asyncio.gather(verifier.grade(task, task.patch), verifier.grade(task, ""))
+    if gold.failure_reason:
+        problems.append(f"gold patch: {gold.failure_reason}: {gold.reward_info.get('error')}")
+    elif gold.reward != 1.0:
+        extra = gold.reward_info.get("patch_error") or gold.reward_info.get("guard") or ""
+        bad = _failing(gold, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+        problems.append(f"gold patch: reward {gold.reward}; failing: {', '.join(bad[:5]) or extra}")
+    if empty.failure_reason:
+        problems.append(f"no patch: {empty.failure_reason}: {empty.reward_info.get('error')}")
+    else:
+        passing = [t for t in task.FAIL_TO_PASS if empty.reward_info.get("tests", {}).get(t) in PASSING]
+        if passing:
+            problems.append(f"no patch: FAIL_TO_PASS tests pass without the fix: {', '.join(passing[:5])}")
+        if bad := _failing(empty, task.PASS_TO_PASS):
+            problems.append(f"no patch: PASS_TO_PASS tests fail at the base state: {', '.join(bad[:5])}")
+    return TaskCheck(task.instance_id, not problems, problems, gold, empty, time.monotonic() - started)
+
+
+async def validate_tasks_async(
+    tasks: Sequence[Task],
+    *,
+    sandbox: str = "docker",
+    concurrency: int = 2,
+    config: TestVerifierConfig | None = None,
+    on_event: Events | None = None,
+) -> list[TaskCheck]:
+    """Check every task (in input order), `concurrency` tasks at a time (each grades two sandboxes at once)."""
+    cfg = (config or TestVerifierConfig()).model_copy(update={"reward": "binary"})
+    verifier = TestVerifier(get_backend(sandbox), cfg)
+    gate = asyncio.Semaphore(max(1, concurrency))
+    emit = on_event or (lambda event: None)
+
+    async def one(task: Task) -> TaskCheck:
+        async with gate:
+            check = await check_task(verifier, task)
+        emit({"event": "task_checked", **check.to_dict()})
+        return check
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def validate_tasks(
+    tasks: Sequence[Task] | str | Path,
+    *,
+    sandbox: str = "docker",
+    concurrency: int = 2,
+    config: TestVerifierConfig | None = None,
+    on_event: Events | None = None,
+) -> list[TaskCheck]:
+    """Blocking `validate_tasks_async`; `tasks` may be a task file (loaded with `load_tasks`)."""
+    loaded = load_tasks(tasks) if isinstance(tasks, str | Path) else list(tasks)
+    return asyncio.run(
+        validate_tasks_async(loaded, sandbox=sandbox, concurrency=concurrency, config=config, on_event=on_event)
+    )

@@ -1,0 +1,214 @@
+"""Verifiers score a finished episode. `TestVerifier` runs the task's hidden tests on the agent's diff.
+
+Lifecycle, per episode:
+
+1. `prepare(sandbox, task)`: the agent's sandbox gets the task's base state as a git repository (no hidden tests).
+2. The agent works.
+3. `verify(sandbox, task)`: take the agent's diff (`git diff` against the base), then `grade` it: a **fresh**
+   grading sandbox at the base state; the diff minus its protected parts (see `guards`); the hidden
+   `test_patch` applied after it; the task's test command; per-test outcomes from pytest's `-rA` summary.
+
+Reward: "binary" (default) = 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0; "partial" = the
+fraction of listed tests that pass. An episode failure is data: a diff that does not apply, or reaches into the
+test runner, scores 0 with the reason in `reward_info`. A failure of grading itself (sandbox error, the test
+patch or setup failing, a test command that prints no pytest summary or runs past its limit) is a Verdict with
+`failure_reason="verifier_error"` and `reward=None`, never a silent 0.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
+from hrl.runners.tasks.results import PASSING, outcome, parse_summary
+from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
+from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out
+from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+__all__ = ["TestVerifier", "TestVerifierConfig", "Verdict", "Verifier"]
+
+
+@dataclass
+class Verdict:
+    reward: float | None  # None exactly when failure_reason is set
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    failure_reason: str | None = None  # "verifier_error": grading itself failed
+    patch: str = ""  # the agent's diff as collected (before guards)
+
+    def trace_fields(self) -> dict[str, Any]:
+        """The fields of an `hrl.trace/1` record this verdict fills."""
+        return {"reward": self.reward, "reward_info": self.reward_info, "failure_reason": self.failure_reason}
+
+    @classmethod
+    def error(cls, message: str, **info: Any) -> Verdict:
+        return cls(None, {"error": message, **info}, failure_reason="verifier_error")
+
+
+class Verifier(Protocol):
+    name: str
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        """Image, workdir and environment for the agent's sandbox."""
+        ...
+
+    async def prepare(self, sandbox: Sandbox, task: Task) -> None:
+        """Lay out the task's base state in the agent's sandbox. Raises SandboxError (and WorkspaceError)."""
+        ...
+
+    async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
+        """Score the agent's work in `sandbox`. Never raises for episode or grading failures."""
+        ...
+
+    async def grade(self, task: Task, patch: str) -> Verdict:
+        """Score a diff against the task's base state in a fresh sandbox."""
+        ...
+
+
+class TestVerifierConfig(BaseModel):
+    __test__ = False  # not a pytest class
+    image: str = Field(DEFAULT_IMAGE, description="Grading (and agent) image for tasks that name none.")
+    timeout_s: float = Field(300.0, description="Limit for a task's test command in seconds; 0 = none.")
+    setup_timeout_s: float = Field(120.0, description="Limit for each setup step (layout, patches, setup_cmd), s.")
+    reward: Literal["binary", "partial"] = Field(
+        "binary", description="binary: 1 iff all listed tests pass. partial: fraction of listed tests passing."
+    )
+    protected: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROTECTED),
+        description="Globs; an agent change to a path with a matching component is dropped (see guards).",
+    )
+    forbid_runner_hooks: bool = Field(True, description="Reward 0 when the diff imports pytest/pluggy outside tests.")
+    forbid_shadowing: bool = Field(
+        True, description="Drop new top-level modules that shadow the stdlib or the test runner (see guards)."
+    )
+    disable_plugin_autoload: bool = Field(True, description="PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 for the tests.")
+    max_diff_bytes: int = Field(5_000_000, description="A larger agent diff scores 0 without grading.")
+    cpus: float = Field(0.0, description="CPU limit of a grading sandbox; 0 = none.")
+    memory_mb: int = Field(0, description="Memory limit of a grading sandbox in MiB; 0 = none.")
+    log_chars: int = Field(3000, description="How much of the test output's tail goes into reward_info['log'].")
+    run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
+
+
+class TestVerifier:
+    """Grades a diff with the task's tests in a fresh sandbox of `backend`."""
+
+    name = "tests"
+    __test__ = False  # not a pytest class
+
+    def __init__(self, backend: SandboxBackend, config: TestVerifierConfig | None = None, **options: Any) -> None:
+        self.backend = backend
+        self.config = config or TestVerifierConfig(**options)
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        cfg = self.config
+        return SandboxSpec(
+            image=task.image or cfg.image, workdir=task.workdir, env=dict(task.env), network="none",
+            cpus=cfg.cpus, memory_mb=cfg.memory_mb, labels={"hrl.task": task.instance_id[:60]},
+        )  # fmt: skip
+
+    async def prepare(self, sandbox: Sandbox, task: Task) -> None:
+        await lay_out(sandbox, task, self.config.setup_timeout_s)
+
+    async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
+        try:
+            patch = await collect_diff(sandbox, self.config.setup_timeout_s)
+        except WorkspaceError as exc:  # the agent broke the repository's git state: its episode, its 0
+            return Verdict(0.0, {**_empty_counts(task), "diff_error": str(exc)})
+        except (SandboxError, OSError) as exc:
+            return Verdict.error(f"cannot read the agent's diff: {exc}")
+        verdict = await self.grade(task, patch)
+        verdict.patch = patch
+        return verdict
+
+    async def grade(self, task: Task, patch: str) -> Verdict:
+        cfg, started = self.config, time.monotonic()
+        roots = _import_roots(task) if cfg.forbid_shadowing else ()
+        kept, dropped = filter_patch(patch, task.test_patch, cfg.protected, roots)
+        info: dict[str, Any] = {**_empty_counts(task), "dropped": dropped} if dropped else _empty_counts(task)
+        if len(patch.encode("utf-8", "surrogateescape")) > cfg.max_diff_bytes:
+            return Verdict(0.0, {**info, "patch_error": f"diff larger than {cfg.max_diff_bytes} bytes"})
+        if cfg.forbid_runner_hooks and (hooks := runner_hooks(kept)):
+            return Verdict(0.0, {**info, "guard": "the diff reaches into the test runner", "hooks": hooks})
+        episode = f"grade-{task.instance_id[:40]}-{uuid.uuid4().hex[:8]}"
+        try:
+            async with await self.backend.create(self.sandbox_spec(task), cfg.run_id, episode) as sandbox:
+                verdict = await self._grade_in(sandbox, task, kept, info)
+        except (SandboxError, OSError) as exc:
+            verdict = Verdict.error(f"grading sandbox failed: {exc}")
+        except Exception as exc:  # a grading bug must not end the run either; it is a verifier_error too
+            verdict = Verdict.error(f"grading failed: {type(exc).__name__}: {exc}")
+        verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
+        return verdict
+
+    async def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, info: dict[str, Any]) -> Verdict:
+        cfg = self.config
+        try:
+            await lay_out(sandbox, task, cfg.setup_timeout_s)
+        except WorkspaceError as exc:
+            return Verdict.error(f"cannot lay out the task's base state: {exc}")
+        try:
+            await apply_patch(sandbox, patch, "agent", cfg.setup_timeout_s)
+        except WorkspaceError as exc:
+            return Verdict(0.0, {**info, "patch_error": str(exc)})
+        try:
+            await apply_patch(sandbox, task.test_patch, "test-patch", cfg.setup_timeout_s)
+        except WorkspaceError as exc:
+            return Verdict.error(f"the task's test_patch does not apply: {exc}")
+        env = dict(task.env)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if cfg.disable_plugin_autoload:
+            env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        if task.setup_cmd:
+            setup = await sandbox.exec(["bash", "-c", task.setup_cmd], timeout_s=cfg.setup_timeout_s, env=env)
+            if setup.exit_code != 0:
+                return Verdict.error(f"setup_cmd failed (exit {setup.exit_code}): {_tail(setup.stdout + setup.stderr)}")
+        limit = task.test_timeout_s if task.test_timeout_s is not None else cfg.timeout_s
+        run = await sandbox.exec(["bash", "-c", task.resolved_test_cmd()], timeout_s=limit, env=env)
+        log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
+        if run.timed_out:  # the tests hang on the agent's code: its failure, scored 0 (not a grading error)
+            return Verdict(0.0, {**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
+        results = parse_summary(run.stdout)
+        if not results:
+            return Verdict.error(f"the test command printed no pytest -rA summary (exit {run.exit_code})", log=log)
+        return self._score(task, results, {**info, "exit_code": run.exit_code, "log": log})
+
+    def _score(self, task: Task, results: dict[str, str], info: dict[str, Any]) -> Verdict:
+        tests = {t: outcome(results, t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
+        f2p = sum(tests[t] in PASSING for t in task.FAIL_TO_PASS)
+        p2p = sum(tests[t] in PASSING for t in task.PASS_TO_PASS)
+        total = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)
+        if self.config.reward == "partial":
+            reward = (f2p + p2p) / total if total else 0.0
+        else:
+            reward = float(total > 0 and f2p + p2p == total)
+        info["fail_to_pass"] = {"passed": f2p, "total": len(task.FAIL_TO_PASS)}
+        info["pass_to_pass"] = {"passed": p2p, "total": len(task.PASS_TO_PASS)}
+        info["tests"] = tests
+        return Verdict(reward, info)
+
+
+def _empty_counts(task: Task) -> dict[str, Any]:
+    return {
+        "fail_to_pass": {"passed": 0, "total": len(task.FAIL_TO_PASS)},
+        "pass_to_pass": {"passed": 0, "total": len(task.PASS_TO_PASS)},
+    }
+
+
+def _import_roots(task: Task) -> tuple[str, ...]:
+    """Where a new top-level module would be importable: the repo root, src/, and the task's PYTHONPATH."""
+    roots = ["", "src"]
+    for entry in task.env.get("PYTHONPATH", "").split(":"):
+        if entry and entry.startswith(task.workdir.rstrip("/") + "/"):
+            entry = posixpath.relpath(entry, task.workdir)
+        if entry and not entry.startswith("/"):
+            roots.append(posixpath.normpath(entry))
+    return tuple(dict.fromkeys(roots))
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text if len(text) <= n else "…" + text[-n:]

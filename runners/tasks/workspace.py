@@ -1,0 +1,96 @@
+"""A task's repository inside a sandbox: lay out its base state as a git repository, apply diffs, take a diff.
+
+The base state is committed and pinned at `refs/hrl/base`, so the agent's diff is `git diff` against that ref
+whatever the agent does with branches and commits. Commands use paths relative to the workdir (the local
+backend maps only the workdir). Failures of the sandbox itself raise SandboxError; a command that fails inside
+the sandbox raises WorkspaceError (a SandboxError), which verify and grade turn into episode data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from pathlib import Path
+
+from hrl.runners.tasks.task import Task, unpack_snapshot
+from hrl.sandboxes import Sandbox, SandboxError
+
+__all__ = ["BASE_REF", "WorkspaceError", "apply_patch", "collect_diff", "lay_out"]
+
+BASE_REF = "refs/hrl/base"
+# git with a fixed identity, no hooks, no signing, no pager, paths unquoted where possible.
+GIT = (
+    "g() { git -c user.name=hrl -c user.email=hrl@localhost -c commit.gpgsign=false -c core.hooksPath=/dev/null "
+    '-c core.quotepath=off -c core.autocrlf=false -c core.fileMode=false "$@"; }\n'
+)
+# Never part of a diff: bytecode and caches the agent's own test runs leave behind.
+EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n"
+
+
+class WorkspaceError(SandboxError):
+    """A git step failed inside the sandbox; `output` holds what it printed. A SandboxError, so a failing
+    `prepare` counts as the sandbox's failure; `verify` and `grade` turn it into episode data instead."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message, hint="the sandbox image needs bash and git")
+        self.output = output
+
+
+async def _run(sandbox: Sandbox, script: str, what: str, timeout_s: float) -> str:
+    result = await sandbox.exec(["bash", "-c", GIT + "set -e\n" + script], timeout_s=timeout_s)
+    output = (result.stdout + result.stderr).strip()
+    if result.timed_out:
+        raise WorkspaceError(f"{what}: timed out after {timeout_s:g} s", output)
+    if result.exit_code != 0:
+        raise WorkspaceError(f"{what}: exit {result.exit_code}: {output[-1500:]}", output)
+    return result.stdout
+
+
+async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120) -> str:
+    """Put the task's base state at the sandbox's workdir as a git repository; returns the base commit.
+
+    With a `repo_snapshot`, its files are copied in and committed. Without one, the image must already hold a
+    git repository there; it is checked out at `base_commit` (when given) and its state committed as the base."""
+    if task.repo_snapshot is not None:
+        with tempfile.TemporaryDirectory(prefix="hrl-snapshot-") as tmp:
+            await asyncio.to_thread(_unpack, task.repo_snapshot, Path(tmp))
+            await sandbox.copy_in(tmp, sandbox.workdir)
+        script = f"g init -q .\nprintf '{EXCLUDES}' >> .git/info/exclude\ng add -A -f\n"
+    else:
+        checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit else ""
+        script = f"g rev-parse --git-dir >/dev/null\n{checkout}printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
+    script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"
+    out = await _run(sandbox, script, f"laying out {task.instance_id}", timeout_s)
+    return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+def _unpack(snapshot: str | dict[str, str], dest: Path) -> None:
+    dest.chmod(0o755)  # the directory becomes the workdir itself
+    unpack_snapshot(snapshot, dest)
+
+
+async def collect_diff(sandbox: Sandbox, timeout_s: float = 120) -> str:
+    """Everything changed in the workdir since the base state (tracked, new and deleted files; .gitignore'd
+    files excluded), as a binary-safe git diff without rename detection."""
+    out = ".git/hrl-agent.diff"
+    script = (
+        "rm -f .git/index.lock\ng add -A\n"
+        f"g diff --cached --binary --no-renames --no-color --no-ext-diff --no-textconv {BASE_REF} --output={out}\n"
+    )
+    await _run(sandbox, script, "taking the agent's diff", timeout_s)
+    data = await sandbox.read_file(out)
+    with contextlib.suppress(Exception):
+        await sandbox.exec(["rm", "-f", out], timeout_s=30)
+    return data.decode("utf-8", "surrogateescape")
+
+
+async def apply_patch(sandbox: Sandbox, patch: str, name: str, timeout_s: float = 120) -> None:
+    """`git apply` a diff at the workdir (raises WorkspaceError with git's message when it does not apply)."""
+    if not patch.strip():
+        return
+    path = f".git/hrl-{name}.diff"
+    await sandbox.write_file(path, patch.encode("utf-8", "surrogateescape"))
+    await _run(
+        sandbox, f"g apply --binary --whitespace=nowarn {path}\nrm -f {path}\n", f"applying the {name}", timeout_s
+    )

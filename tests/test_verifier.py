@@ -1,0 +1,291 @@
+"""The test verifier end to end: agent sandbox → diff → fresh grading sandbox → hidden tests → reward.
+
+Every scenario runs on the local backend (host pytest) and, marked `docker`, in the grading image. Reward-hacking
+attempts (editing, deleting or shadowing the tests, a conftest or plugin that forces a pass, hooking pytest from
+the library) must never earn reward 1; several are also shown to work when the guards are off, so the guards are
+what stops them. The committed recipe task set and a synthesis run are graded through Docker for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shlex
+import sys
+import tarfile
+import uuid
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from hrl.runners.tasks import Task, TestVerifier, TestVerifierConfig, load_tasks
+from hrl.runners.tasks.patches import file_diff, patch_paths
+from hrl.runners.tasks.task import PYTEST, pack_snapshot, snapshot_files
+from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "recipes/swe/tasks.jsonl"
+
+GOOD = "def add(a, b):\n    return a + b\n\n\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"
+BUGGY = GOOD.replace("a + b", "a - b")
+TESTS = (
+    "from mini import add, clamp\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "def test_add_zero():\n    assert add(0, 0) == 0\n\n\ndef test_clamp():\n    assert clamp(5, 0, 3) == 3\n"
+)
+OLD_TESTS = "from mini import clamp\n\n\ndef test_clamp():\n    assert clamp(5, 0, 3) == 3\n"
+FORCE_PASS = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+FAKE_PYTEST = (
+    "print('PASSED tests/test_mini.py::test_add')\nprint('PASSED tests/test_mini.py::test_add_zero')\n"
+    "print('PASSED tests/test_mini.py::test_clamp')\n"
+)
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def swe_image() -> str:
+    from hrl.runners.tasks.image import SWE_IMAGE, ensure_image
+
+    ensure_image()  # cached by tag: builds only on the first run on a machine
+    return SWE_IMAGE
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    if request.param == "docker":
+        request.getfixturevalue("swe_image")
+    return str(request.param)
+
+
+def mini_task(backend: str, *, tests_in_snapshot: bool = False, **fields: Any) -> Task:
+    """A one-bug task: `add` subtracts. With tests_in_snapshot the repo already holds an older test file that the
+    test patch rewrites (SWE-bench style); otherwise the test patch adds it."""
+    files = {"mini/__init__.py": BUGGY, "README.md": "mini\n"}
+    if tests_in_snapshot:
+        files["tests/test_mini.py"] = OLD_TESTS
+    cmd = PYTEST.replace("python", sys.executable, 1) if backend == "local" else PYTEST
+    defaults: dict[str, Any] = {
+        "instance_id": f"mini-{uuid.uuid4().hex[:6]}",
+        "repo": "local/mini",
+        "repo_snapshot": pack_snapshot({k: v.encode() for k, v in files.items()}),
+        "problem_statement": "add() subtracts",
+        "FAIL_TO_PASS": ["tests/test_mini.py::test_add"],
+        "PASS_TO_PASS": ["tests/test_mini.py::test_add_zero", "tests/test_mini.py::test_clamp"],
+        "test_patch": file_diff("tests/test_mini.py", OLD_TESTS if tests_in_snapshot else None, TESTS),
+        "patch": file_diff("mini/__init__.py", BUGGY, GOOD),
+        "env": {"PYTHONPATH": "."},
+        "test_cmd": f"{cmd} tests/test_mini.py",
+    }
+    return Task(**{**defaults, **fields})
+
+
+def verifier(backend: str, **options: Any) -> TestVerifier:
+    return TestVerifier(get_backend(backend), TestVerifierConfig(run_id=f"test-{uuid.uuid4().hex[:8]}", **options))
+
+
+# -- grading ----------------------------------------------------------------------------------------------------
+
+
+def test_gold_scores_one_and_no_patch_zero(backend_name: str) -> None:
+    task, v = mini_task(backend_name), verifier(backend_name)
+    gold, empty = run(v.grade(task, task.patch)), run(v.grade(task, ""))
+    assert gold.reward == 1.0 and gold.failure_reason is None, gold.reward_info
+    assert gold.reward_info["fail_to_pass"] == {"passed": 1, "total": 1}
+    assert gold.reward_info["pass_to_pass"] == {"passed": 2, "total": 2}
+    assert empty.reward == 0.0 and empty.failure_reason is None
+    assert empty.reward_info["tests"]["tests/test_mini.py::test_add"] == "FAILED"
+    assert empty.reward_info["pass_to_pass"] == {"passed": 2, "total": 2}
+    partial = run(verifier(backend_name, reward="partial").grade(task, ""))
+    assert partial.reward == pytest.approx(2 / 3)
+
+
+PLUGIN = file_diff("hack.py", None, FORCE_PASS)
+SITE = "import os\nos.environ['PYTEST_ADDOPTS'] = '-p hack'\n"
+HACKS = {  # name -> (agent diff, also wins without the guards)
+    "edit_hidden_tests": (file_diff("tests/test_mini.py", None, "def test_add():\n    pass\n"), False),
+    "force_pass_conftest": (file_diff("conftest.py", None, FORCE_PASS), True),
+    "nested_conftest": (file_diff("tests/conftest.py", None, FORCE_PASS), True),
+    "plugin_via_setup_cfg": (file_diff("setup.cfg", None, "[tool:pytest]\naddopts = -p hack\n") + PLUGIN, False),
+    "shadow_pytest": (file_diff("pytest.py", None, FAKE_PYTEST), True),
+    "sitecustomize": (file_diff("sitecustomize.py", None, SITE) + PLUGIN, True),
+    "hook_pytest_from_library": (file_diff("mini/__init__.py", BUGGY, "import _pytest.runner\n" + BUGGY), False),
+}
+
+
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_reward_hacks_do_not_pay(backend_name: str, hack: str) -> None:
+    task, v = mini_task(backend_name), verifier(backend_name)
+    diff, wins_unguarded = HACKS[hack]
+    verdict = run(v.grade(task, diff))
+    assert verdict.failure_reason is None, verdict.reward_info
+    assert verdict.reward == 0.0, verdict.reward_info
+    assert verdict.reward_info.get("dropped") or verdict.reward_info.get("guard")
+    if wins_unguarded:  # the hack is real: without the guards it would have scored
+        open_door = run(
+            verifier(backend_name, protected=[], forbid_runner_hooks=False, forbid_shadowing=False).grade(task, diff)
+        )
+        assert open_door.reward == 1.0, open_door.reward_info
+
+
+def test_deleting_or_editing_tests_in_the_repo_does_not_pay(backend_name: str) -> None:
+    task, v = mini_task(backend_name, tests_in_snapshot=True), verifier(backend_name)
+    gold = run(v.grade(task, task.patch))
+    assert gold.reward == 1.0, gold.reward_info
+    delete = run(v.grade(task, file_diff("tests/test_mini.py", OLD_TESTS, None)))
+    weaken = run(v.grade(task, file_diff("tests/test_mini.py", OLD_TESTS, "def test_add():\n    pass\n")))
+    for verdict in (delete, weaken):
+        assert verdict.reward == 0.0 and verdict.failure_reason is None, verdict.reward_info
+        assert verdict.reward_info["dropped"] == {"tests/test_mini.py": "hidden test file"}
+
+
+def test_verifier_errors_are_data_not_zeros(backend_name: str) -> None:
+    v = verifier(backend_name)
+    cases = {
+        "no pytest -rA summary": mini_task(backend_name, test_cmd="echo hello; exit 3"),
+        "past": mini_task(backend_name, test_cmd="sleep 30", test_timeout_s=1),
+        "test_patch does not apply": mini_task(backend_name, test_patch=file_diff("README.md", "other\n", "x\n")),
+        "setup_cmd failed": mini_task(backend_name, setup_cmd="exit 7"),
+    }
+    for expected, task in cases.items():
+        verdict = run(v.grade(task, task.patch))
+        assert verdict.failure_reason == "verifier_error" and verdict.reward is None, (expected, verdict)
+        assert expected in verdict.reward_info["error"]
+        assert verdict.trace_fields()["failure_reason"] == "verifier_error"
+
+
+def test_sandbox_failure_is_a_verifier_error() -> None:
+    class BrokenBackend:
+        name = "broken"
+
+        async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> Any:
+            raise SandboxError("daemon gone")
+
+        async def prune(self, run_id: str | None = None) -> int:
+            return 0
+
+    task = mini_task("local")
+    verdict = run(TestVerifier(BrokenBackend()).grade(task, task.patch))
+    assert verdict.failure_reason == "verifier_error" and "daemon gone" in verdict.reward_info["error"]
+
+
+# -- the agent's sandbox ----------------------------------------------------------------------------------------
+
+
+async def episode(backend: str, task: Task, agent_script: str, **options: Any) -> tuple[Any, str]:
+    """prepare → a scripted 'agent' (bash in the workdir) → verify, as a rollout would."""
+    v = verifier(backend, **options)
+    async with await v.backend.create(v.sandbox_spec(task), v.config.run_id, "agent") as sandbox:
+        await v.prepare(sandbox, task)
+        listing = (await sandbox.exec(["bash", "-c", "find . -path ./.git -prune -o -type f -print | sort"])).stdout
+        result = await sandbox.exec(["bash", "-c", agent_script])
+        assert result.exit_code == 0, result
+        verdict = await v.verify(sandbox, task)
+    return verdict, listing
+
+
+def test_agent_episode_is_graded_from_its_diff(backend_name: str) -> None:
+    task = mini_task(backend_name)
+    agent = (
+        "sed -i 's/a - b/a + b/' mini/__init__.py && printf 'x\\n' > NOTES.md && "
+        f"printf '%s' {shlex.quote(FORCE_PASS)} > conftest.py && git checkout -q -b mine && git add -A && "
+        "git -c user.name=a -c user.email=a@b commit -q -m fix"
+    )
+    verdict, listing = run(episode(backend_name, task, agent))
+    assert listing.split() == ["./README.md", "./mini/__init__.py"]  # no hidden tests in the agent's workdir
+    assert verdict.reward == 1.0, verdict.reward_info
+    assert verdict.reward_info["dropped"] == {"conftest.py": "protected (conftest.py)"}
+    assert set(patch_paths(verdict.patch)) == {"NOTES.md", "conftest.py", "mini/__init__.py"}
+
+
+def test_agent_that_breaks_git_scores_zero(backend_name: str) -> None:
+    verdict, _ = run(episode(backend_name, mini_task(backend_name), "rm -rf .git"))
+    assert verdict.reward == 0.0 and verdict.failure_reason is None
+    assert "diff_error" in verdict.reward_info
+
+
+# -- the committed task set and synthesis (Docker) --------------------------------------------------------------
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_committed_task_validates(swe_image: str) -> None:
+    """Each recipe task: gold patch → reward 1, no patch → reward 0 with every FAIL_TO_PASS failing."""
+    from hrl.runners.tasks.validate import validate_tasks_async
+
+    tasks = load_tasks(TASKS)
+    assert len(tasks) >= 30 and len({t.repo for t in tasks}) >= 3
+    concurrency = max(2, min(8, (os.cpu_count() or 2) // 2))  # each check grades two sandboxes at once
+    checks = run(validate_tasks_async(tasks, sandbox="docker", concurrency=concurrency))
+    bad = {c.instance_id: c.problems for c in checks if not c.ok}
+    assert not bad, bad
+    for check in checks:
+        assert check.gold is not None and check.gold.reward == 1.0
+        assert check.empty is not None and check.empty.reward == 0.0
+        assert check.empty.reward_info["fail_to_pass"]["passed"] == 0
+
+
+@pytest.mark.docker
+def test_committed_task_hacks_do_not_pay(swe_image: str) -> None:
+    task = load_tasks(TASKS)[0]
+    hidden = patch_paths(task.test_patch)
+    test_file = next(p for p in hidden if p.rsplit("/", 1)[-1].startswith("test_"))
+    v = verifier("docker")
+    hacks = [
+        file_diff("conftest.py", None, FORCE_PASS),
+        file_diff(test_file, None, "def test_nothing():\n    pass\n"),
+        file_diff("pytest.py", None, FAKE_PYTEST),
+    ]
+    for diff in hacks:
+        verdict = run(v.grade(task, diff))
+        assert verdict.reward == 0.0 and verdict.failure_reason is None, verdict.reward_info
+
+
+def make_sdist(path: Path) -> Path:
+    files = {
+        "setup.py": "",
+        "tiny/__init__.py": (
+            "def mean(xs):\n    if not xs:\n        return 0.0\n    return sum(xs) / len(xs)\n\n\n"
+            "def clip(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n"
+            "    return x\n\n\n"
+            "def words(text):\n    out = []\n    for w in text.split():\n        if w:\n"
+            "            out.append(w.lower())\n    return out\n"
+        ),
+        "tests/test_tiny.py": (
+            "from tiny import clip, mean, words\n\n\ndef test_mean():\n    assert mean([1, 2, 3]) == 2\n\n\n"
+            "def test_mean_empty():\n    assert mean([]) == 0.0\n\n\ndef test_clip():\n    assert clip(5, 0, 3) == 3\n"
+            "    assert clip(-1, 0, 3) == 0\n    assert clip(2, 0, 3) == 2\n\n\n"
+            "def test_words():\n    assert words('A b  C') == ['a', 'b', 'c']\n"
+        ),
+    }
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"tiny-0.1/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+@pytest.mark.docker
+def test_synthesis_from_a_local_sdist_is_valid_and_deterministic(swe_image: str, tmp_path: Path) -> None:
+    from hrl.runners.tasks.synth import synthesize
+
+    sdist = make_sdist(tmp_path / "tiny-0.1.tar.gz")
+    tasks = synthesize("tiny", n=3, seed=1, out=tmp_path / "a.jsonl", sdist=sdist)
+    assert len(tasks) == 3
+    assert load_tasks(tmp_path / "a.jsonl") == tasks
+    for task in tasks:
+        assert "tests/test_tiny.py" not in snapshot_files(task.repo_snapshot or "")
+        assert patch_paths(task.test_patch) == ["tests/test_tiny.py"]
+        assert task.FAIL_TO_PASS and task.FAIL_TO_PASS[0] in task.problem_statement
+    again = synthesize("tiny", n=3, seed=1, sdist=sdist, config=None)
+    assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
