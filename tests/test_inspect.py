@@ -166,6 +166,7 @@ def test_select_trace_by_prefix():
 
 # ---- the command -------------------------------------------------------------------------------------------
 
+
 def hrl_inspect(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_COLOR": "1"}
     env.pop("COLUMNS", None)

@@ -62,7 +62,11 @@ async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
     run = RunDir(tmp_path / "run")
     cfg = LoopConfig(
-        iterations=3, tasks_per_iteration=2, group_size=3, concurrency=1, trainer=TrainerConfig(model=tiny_model, lr=1e-2)
+        iterations=3,
+        tasks_per_iteration=2,
+        group_size=3,
+        concurrency=1,
+        trainer=TrainerConfig(model=tiny_model, lr=1e-2),
     )
     run.create(cfg.model_dump())
     try:  # iteration 0 completes (6 episodes), iteration 1 crashes after 2 of its 6 episodes
