@@ -53,6 +53,7 @@ def train(
     sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
+    wandb: Annotated[bool, typer.Option("--wandb", help="Also log metrics to Weights & Biases.")] = False,
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
 ) -> None:
     """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
@@ -68,7 +69,7 @@ def train(
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
-            "async.enabled": use_async or None,
+            "async.enabled": use_async or None, "train.wandb": wandb or None,
         }  # fmt: skip
         cfg = _resolve(recipe, config or [], flags)
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -89,3 +89,4 @@ def test_requests_wait_through_a_publish_without_errors(tiny_model):
     assert codes == [200] * 8
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in traces)
     assert p.proxy.stats["proxy/pause_s"] >= 1.0
+    assert p.proxy.stats["proxy/queue_depth"] >= 1  # requests were counted while they waited

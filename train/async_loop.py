@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hrl.runners.metrics import step_metrics
-from hrl.train.loop import Episode, Event, LoopConfig, Rollouts, update_from_traces
+from hrl.train.loop import Episode, Event, LoopConfig, Rollouts, _pause_s, _take_queue_depth, update_from_traces
 from hrl.train.rundir import RunDir
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer
@@ -131,6 +131,7 @@ async def train_async(
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
+    proxy = getattr(publish, "__self__", None)  # the proxy, when publish is its bound method
     try:
         for step in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
@@ -140,6 +141,7 @@ async def train_async(
             dropped_total += len(batch) - len(fresh)
             metrics = await asyncio.to_thread(update_from_traces, trainer, fresh, cfg)
             metrics |= step_metrics(fresh, trainer_version=version)
+            pause0 = _pause_s(proxy)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
             version = await publish(path, cfg.trainer.mode, version + 1)
             run.save_state(step + 1, version, path)
@@ -149,6 +151,8 @@ async def train_async(
                     "step": step,
                     "version": version,
                     "async/dropped_stale": len(batch) - len(fresh),
+                    "proxy/queue_depth": _take_queue_depth(proxy),
+                    "proxy/pause_s": _pause_s(proxy) - pause0,
                     "async/dropped_stale_total": dropped_total,
                     "async/in_flight": len(producer.running),
                     "async/buffered": producer.buffered(),

@@ -101,6 +101,7 @@ async def train(
                 "step": it,
                 "version": version,
                 "proxy/pause_s": _pause_s(publisher) - pause0,
+                "proxy/queue_depth": _take_queue_depth(publisher),
                 "time/rollout_s": t1 - t0,
                 "time/train_s": t2 - t1,
                 "time/publish_s": time.monotonic() - t2,
@@ -113,6 +114,15 @@ async def train(
 
 def _pause_s(publisher: Any) -> float:
     return float(getattr(publisher, "stats", {}).get("proxy/pause_s", 0.0))
+
+
+def _take_queue_depth(publisher: Any) -> float:
+    """Most requests that waited at once during this step's publish (then reset for the next step)."""
+    stats = getattr(publisher, "stats", None)
+    if not stats:
+        return 0.0
+    depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0
+    return float(depth)
 
 
 def trainable(trace: dict[str, Any]) -> bool:

@@ -67,7 +67,9 @@ class Proxy:
         self._open.set()
         self._inflight: dict[str, Turn] = {}
         self._preempted: set[str] = set()
-        self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0}
+        self._waiting = 0
+        # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
+        self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0}
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
@@ -150,7 +152,13 @@ class Proxy:
         params = self.params(turn.req)
         try:
             while True:
-                await self._open.wait()
+                if not self._open.is_set():  # a publish is under way: wait in the proxy, counted
+                    self._waiting += 1
+                    self.stats["proxy/queue_depth"] = max(self.stats["proxy/queue_depth"], self._waiting)
+                    try:
+                        await self._open.wait()
+                    finally:
+                        self._waiting -= 1
                 prompt = turn.plan.prompt_ids + call.response_ids
                 left = params.max_tokens - len(call.response_ids)
                 self._inflight[call.call_id] = turn
