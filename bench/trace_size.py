@@ -1,4 +1,6 @@
-"""Trace bytes per token for a long agent session: a 30-turn tool-calling conversation through the real proxy.
+"""Trace size and training tokens for a long agent session: a 30-turn tool-calling conversation through the real
+proxy. Reports trace bytes per token, and the tokens a trainer processes when the trace is merged into one
+sample per branch vs one sample per call (the linear ideal is the final context length).
 
 "Tokens" counts what the session processed: every call's prompt + response tokens (what a per-call log would
 store). Prompt delta-encoding keeps the trace linear in the conversation.
@@ -42,6 +44,7 @@ def main(a: argparse.Namespace) -> None:
         line = out.read_text().splitlines()[0]
     trace = json.loads(line)
     from hrl.runners.trace import all_prompt_ids
+    from hrl.train.samples import build_samples
 
     prompts = all_prompt_ids(trace)
     processed = sum(len(pr) + len(c["response_ids"]) for pr, c in zip(prompts, trace["calls"], strict=True))
@@ -50,6 +53,9 @@ def main(a: argparse.Namespace) -> None:
         "turns": len(trace["calls"]), "trace_bytes": len(line), "tokens_processed": processed,
         "bytes_per_token": round(len(line) / processed, 3), "final_context_tokens": final,
         "bytes_per_distinct_token": round(len(line) / final, 3),
+        "train_tokens_one_sample_per_call": processed,
+        "train_tokens_merged": sum(len(s.input_ids) for s in build_samples(trace)),
+        "train_tokens_linear_ideal": final,
     }, indent=2))  # fmt: skip
 
 
