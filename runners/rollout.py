@@ -120,7 +120,10 @@ class AgentRollouts:
             result = await run_agent(sb, self.runner, ctx, inst, time_budget_s=cfg.time_budget_s)
             verdict = await self.verifier.verify(sb, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
-        if result.failure_reason is not None:  # the agent's own failure explains the episode first
+        calls = self.stack.proxy.sessions[token].calls if token in self.stack.proxy.sessions else []
+        if calls and calls[-1].error is not None:
+            outcome.pop("failure_reason", None)  # the engine failed the agent: the trace says engine_error/overflow
+        elif result.failure_reason is not None:  # else the agent's own failure explains the episode first
             outcome["failure_reason"] = result.failure_reason
         extra = {
             "agent_exit_code": result.exit_code,
