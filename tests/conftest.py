@@ -100,3 +100,12 @@ def tiny_full(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     from tests.models import make_full
 
     return str(make_full(tiny_model, tmp_path_factory.mktemp("full") / "ckpt"))
+
+
+@pytest.fixture(scope="session")
+def swe_image() -> str:
+    """The grading image (Python + pytest), built once per machine and cached by tag."""
+    from hrl.runners.tasks.image import SWE_IMAGE, ensure_image
+
+    ensure_image()
+    return SWE_IMAGE

@@ -16,7 +16,7 @@ from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.stack import serving
 from hrl.runners.trace import read_traces
-from tests.test_verifier import mini_task, swe_image  # noqa: F401  (swe_image: a fixture)
+from tests.test_verifier import mini_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.agents, pytest.mark.timeout(900)]
 
@@ -87,10 +87,10 @@ def test_faults_each_end_as_one_trace_with_the_right_reason(tiny_model, tmp_path
     task = mini_task("docker")
     slow = ["word " * 200]  # a model turn that takes ~20 s at 0.1 s per token
     cases = {
-        "agent_timeout": dict(turns=slow, engine_options={"token_delay_s": 0.1}, time_budget_s=4),
-        "agent_crash": dict(turns=slow, engine_options={"token_delay_s": 0.1}, killer=True),
-        "engine_error": dict(turns=[{"text": "I will crash now, sorry about that.", "fail_after": 3}]),
-        "sandbox_error": dict(turns=FIX, verify=True),
+        "agent_timeout": {"turns": slow, "engine_options": {"token_delay_s": 0.1}, "time_budget_s": 4},
+        "agent_crash": {"turns": slow, "engine_options": {"token_delay_s": 0.1}, "killer": True},
+        "engine_error": {"turns": [{"text": "I will crash now, sorry about that.", "fail_after": 3}]},
+        "sandbox_error": {"turns": FIX, "verify": True},
     }
     results = {}
     for reason, kw in cases.items():

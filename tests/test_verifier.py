@@ -51,14 +51,6 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="session")
-def swe_image() -> str:
-    from hrl.runners.tasks.image import SWE_IMAGE, ensure_image
-
-    ensure_image()  # cached by tag: builds only on the first run on a machine
-    return SWE_IMAGE
-
-
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
 def backend_name(request: pytest.FixtureRequest) -> str:
     if request.param == "docker":
