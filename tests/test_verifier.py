@@ -143,7 +143,6 @@ def test_verifier_errors_are_data_not_zeros(backend_name: str) -> None:
     v = verifier(backend_name)
     cases = {
         "no pytest -rA summary": mini_task(backend_name, test_cmd="echo hello; exit 3"),
-        "past": mini_task(backend_name, test_cmd="sleep 30", test_timeout_s=1),
         "test_patch does not apply": mini_task(backend_name, test_patch=file_diff("README.md", "other\n", "x\n")),
         "setup_cmd failed": mini_task(backend_name, setup_cmd="exit 7"),
     }
@@ -152,6 +151,14 @@ def test_verifier_errors_are_data_not_zeros(backend_name: str) -> None:
         assert verdict.failure_reason == "verifier_error" and verdict.reward is None, (expected, verdict)
         assert expected in verdict.reward_info["error"]
         assert verdict.trace_fields()["failure_reason"] == "verifier_error"
+
+
+def test_tests_that_hang_score_zero_not_an_error(backend_name: str) -> None:
+    """A test run past its limit hangs on the agent's code: the agent's failure, scored 0 with the reason."""
+    task = mini_task(backend_name, test_cmd="sleep 30", test_timeout_s=1)
+    verdict = run(verifier(backend_name).grade(task, task.patch))
+    assert verdict.failure_reason is None and verdict.reward == 0.0
+    assert "ran past 1 s" in verdict.reward_info["timeout"]
 
 
 def test_sandbox_failure_is_a_verifier_error() -> None:
