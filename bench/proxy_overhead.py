@@ -140,7 +140,7 @@ async def serve(a: argparse.Namespace) -> None:
     engine = make_engine(a.engine, a.model, **opts)
     await engine.start()
     tasks = []
-    direct_url = getattr(engine, "url", None)
+    direct_url = getattr(engine, "base_url", None)
     if a.engine != "vllm":
         ready = asyncio.Event()
         tasks.append(asyncio.create_task(run_server(_direct_app(engine), "127.0.0.1", a.port + 1, ready)))
