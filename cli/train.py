@@ -78,7 +78,11 @@ def train(
         run.create(cfg)
     err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
     asyncio.run(_train(cfg, run))
-    err.print(f"done. report: hrl report {run.path}   traces: hrl inspect {run.path}", markup=False)
+    err.print(
+        f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"
+        f"      a trace as a tree: hrl inspect {run.trace_file(0)} --trace <id>",
+        markup=False,
+    )
 
 
 def _line(m: dict[str, Any]) -> str:
@@ -121,6 +125,10 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
         rollouts = AgentRollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"))
         await asyncio.to_thread(rollouts.prepare)
         if (cfg.get("async") or {}).get("enabled"):
-            await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event)
+            history = await train_async(
+                tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event
+            )
         else:
-            await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)
+            history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)
+    curve = [round(float(m.get("trace/reward", 0.0)), 3) for m in history]
+    err.print(f"reward per iteration: {curve}", markup=False)
