@@ -20,10 +20,18 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hrl.runners.metrics import step_metrics
-from hrl.train.loop import Episode, Event, LoopConfig, Rollouts, _pause_s, _take_queue_depth, update_from_traces
+from hrl.train.loop import (
+    Episode,
+    Event,
+    LoopConfig,
+    Rollouts,
+    _pause_s,
+    _take_queue_depth,
+    start_trainer,
+    update_from_traces,
+)
 from hrl.train.rundir import RunDir
 from hrl.train.sinks import MetricsSink
-from hrl.train.trainer import Trainer
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
 
@@ -121,11 +129,7 @@ async def train_async(
     on_event: Event = lambda kind, data: None,
 ) -> list[dict[str, Any]]:
     """Run `cfg.iterations` updates asynchronously. `publish(path, kind, version)` must be the proxy's publish."""
-    state = run.state()
-    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
-    if state["checkpoint"]:
-        await asyncio.to_thread(trainer.load, state["checkpoint"])
-        await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
+    trainer, state = await start_trainer(cfg, run, publish, on_event)
     version, history, dropped_total = state["version"], [], 0
     producer = _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())

@@ -61,6 +61,17 @@ def _done(trace_file: Path) -> list[dict[str, Any]]:
     return list(read_traces(trace_file)) if trace_file.is_file() else []
 
 
+async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Event) -> tuple[Trainer, dict[str, Any]]:
+    """A trainer for the run; on resume, the same weights in trainer and engine under the same version number."""
+    state = run.state()
+    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
+    if state["checkpoint"]:
+        await asyncio.to_thread(trainer.load, state["checkpoint"])
+        await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
+        on_event("resumed", state)
+    return trainer, state
+
+
 async def train(
     tasks: list[dict[str, Any]],
     cfg: LoopConfig,
@@ -70,13 +81,8 @@ async def train(
     on_event: Event = lambda kind, data: None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the loop; returns the metrics of the steps this call ran."""
-    state = run.state()
-    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
+    trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     kind = cfg.trainer.mode
-    if state["checkpoint"]:  # resume: same weights in trainer and engine, same version numbering
-        await asyncio.to_thread(trainer.load, state["checkpoint"])
-        await publisher.publish(state["checkpoint"], kind, version=state["version"])
-        on_event("resumed", state)
     version, history = state["version"], []
     with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
         for it in range(state["iteration"], cfg.iterations):
