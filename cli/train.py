@@ -75,6 +75,8 @@ def train(
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = RunDir(run_dir)
     if not resume:
+        if run.exists():
+            raise typer.BadParameter(f"{run_dir} holds a run already: add --resume, or choose another --run-dir")
         run.create(cfg)
     err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
     asyncio.run(_train(cfg, run))
@@ -86,7 +88,9 @@ def train(
 
 
 def _line(m: dict[str, Any]) -> str:
-    fails = {k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none"}
+    fails = {
+        k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none" and v
+    }
     return (
         f"step {m['step']:>3}  v{m['version']:<3} reward {m.get('trace/reward', 0):.3f}  traces {m.get('trace/count', 0)}"
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
