@@ -255,7 +255,8 @@ async def _requests_running(eng: VLLMEngine) -> float:
 
 def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
     prompt = chat_prompt(tiny_model)
-    params = SamplingParams(max_tokens=200, temperature=0.0)
+    # long enough that it cannot finish between the first token and the pause, even on a fast machine
+    params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
 
     async def go():
         inflight: list = []
@@ -264,16 +265,20 @@ def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
         await engine.pause()
         reader = asyncio.create_task(_drain(stream, inflight))
         queued = asyncio.create_task(collect(engine.generate("h-new", prompt, GREEDY)))
-        await asyncio.sleep(1.0)  # tokens already on the wire may still arrive
-        n_paused = len(inflight)
-        await asyncio.sleep(1.0)
-        held = not reader.done() and not queued.done() and len(inflight) == n_paused
+        # tokens already on the wire may still arrive: wait until the stream is quiet for a second
+        n_paused, quiet_since = len(inflight), time.monotonic()
+        while time.monotonic() - quiet_since < 1.0 and not reader.done():
+            await asyncio.sleep(0.1)
+            if len(inflight) != n_paused:
+                n_paused, quiet_since = len(inflight), time.monotonic()
+        await asyncio.sleep(1.5)
+        held = (not reader.done(), not queued.done(), len(inflight) - n_paused)
         await engine.resume()
-        await asyncio.wait_for(reader, 60)
+        await asyncio.wait_for(reader, 120)
         return held, inflight, await asyncio.wait_for(queued, 60)
 
     held, inflight, new = loop.run_until_complete(go())
-    assert held
+    assert held == (True, True, 0), held  # the in-flight stream and the new request both wait for resume
     total = sum(len(d.token_ids) for d in inflight)
     assert inflight[-1].finish_reason == "length"
     assert total == params.max_tokens
