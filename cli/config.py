@@ -63,12 +63,14 @@ def materialize_model(name: str) -> str:
 
     kind = name.removeprefix("hrl:")
     out = Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser() / "models" / kind
+    if kind == "tiny-agent":  # a no-op when `out` holds this exact build; rebuilt when the recipe's data changed
+        from hrl.cli.models import build_tiny_agent_showing_progress
+
+        return str(build_tiny_agent_showing_progress(out))
     if (out / "config.json").is_file():
         return str(out)
     if kind == "tiny":
         from hrl.train.tiny import build_tiny_model as build
-    elif kind == "tiny-agent":
-        from hrl.train.tiny_agent import build_tiny_agent as build
     else:
         raise HrlError(f"unknown hrl model {name!r}; valid: hrl:tiny, hrl:tiny-agent")
     err.print(f"building {name} into {out} (once) …", markup=False)

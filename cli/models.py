@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -39,3 +39,72 @@ def tiny(
     files = sorted(p.name for p in path.iterdir())
     result = {"path": str(path), "seed": seed, "files": files, "seconds": round(time.monotonic() - t0, 2)}
     emit(result, as_json=as_json, human=str(path))
+
+
+TINY_AGENT_EPILOG = """Examples:
+
+  hrl models tiny-agent ~/.cache/hrl/models/tiny-agent    # what `make demo` builds (minutes on 2 cores)
+
+  hrl models tiny-agent ./agent-7 --seed 7                # another seed: other SFT data, weights and noise
+
+  hrl models tiny-agent ./agent --right-op 0.5 --json     # a stronger warm start; machine-readable summary
+"""
+
+
+@app.command("tiny-agent", epilog=TINY_AGENT_EPILOG)
+def tiny_agent(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into (created if missing).")],
+    seed: Annotated[int, typer.Option("--seed", "-s", help="Seed for SFT data, noise, tokenizer and weights.")] = 0,
+    right_op: Annotated[
+        float, typer.Option(help="Share of SFT fixes that use the right operator (the warm start's skill).")
+    ] = -1.0,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if DIR holds this exact build.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Build the CPU demo's agent model: a few-million-parameter Qwen2 warm-started on synthetic mini-swe-agent
+    episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not."""
+    from hrl.train.tiny_agent import BUILD_INFO, TinyAgentConfig, build_info
+
+    cfg = TinyAgentConfig(seed=seed, **({"right_op": right_op} if right_op >= 0 else {}))
+    if force:
+        (out_dir / BUILD_INFO).unlink(missing_ok=True)
+    path = build_tiny_agent_showing_progress(out_dir, cfg, quiet=as_json)
+
+    info = build_info(path) or {}
+    result = {"path": str(path), "seed": seed, "params": info.get("params"), "final_loss": info.get("final_loss"),
+              "build_seconds": info.get("seconds"), "agent": info.get("agent")}  # fmt: skip
+    emit(result, as_json=as_json, human=str(path))
+
+
+def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: bool = False) -> Path:
+    """Build (or find built) the tiny agent model, with a progress bar on a terminal and a line per 20 steps
+    elsewhere (CI logs); `quiet` keeps only the start line."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from hrl.cli.output import want_color
+    from hrl.train.tiny_agent import build_tiny_agent
+
+    seed = cfg.seed if cfg is not None else 0
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err, disable=not want_color() or quiet,
+    )  # fmt: skip
+    bar = progress.add_task("SFT", total=None, loss="-")
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "data":
+            err.print(f"building the tiny agent model in {out_dir} (seed {seed}; minutes on 2 cores)", markup=False)
+        if quiet:
+            return
+        if kind == "step":
+            progress.update(bar, total=data["steps"], completed=data["step"], loss=f"{data['loss']:.3f}")
+            if progress.disable and (data["step"] % 20 == 0 or data["step"] == data["steps"]):
+                err.print(f"step {data['step']}/{data['steps']} loss {data['loss']:.3f}", markup=False)
+        elif kind == "tokenized":
+            err.print(f"{data['examples']} {data['context']} transcripts, {data['mean_tokens']:.0f} tokens each",
+                      markup=False)  # fmt: skip
+        elif kind == "cached":
+            err.print(f"tiny agent model: {out_dir} (already built with this config and harness profile)", markup=False)
+
+    with progress:
+        return build_tiny_agent(out_dir, cfg, on_event)

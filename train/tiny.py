@@ -188,6 +188,11 @@ def tiny_corpus(seed: int, n: int = 3000) -> list[str]:
 
 def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
     """A byte-level BPE trained on `tiny_corpus(seed)`, wrapped with the ChatML tool template."""
+    return train_chatml_tokenizer(tiny_corpus(seed), vocab_size)
+
+
+def train_chatml_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE trained on `corpus`, with ChatML's special tokens and the Hermes tool template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -208,7 +213,7 @@ def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):  # -> PreTraine
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(tiny_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

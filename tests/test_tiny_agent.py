@@ -1,0 +1,233 @@
+"""The CPU demo: generated tasks, the harness profile, SFT transcripts token-exact with the proxy, the tiny-agent
+build (deterministic, cached, a well-formed first tool call), and `hrl train --recipe demo` end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hrl.recipes.loader import load_recipe
+from hrl.runners.proxy.template import ChatTemplate, parse_hermes
+from hrl.runners.tasks import TestVerifier, load_tasks
+from hrl.sandboxes import get_backend
+from hrl.train.tiny_agent import TinyAgentConfig, build_info, build_tiny_agent
+from hrl.train.tiny_agent_data import (
+    SUBMIT,
+    Noise,
+    episode_requests,
+    load_profile,
+    render_ids,
+    render_ids_fast,
+    signature,
+    split_tasks,
+    task_bug,
+    transcript,
+    wrong_ops,
+)
+from tests.proxy_helpers import free_port
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+# A build small enough for a test (seconds): it learns the episode's fixed shape, not the skill.
+SMALL = TinyAgentConfig(
+    vocab_size=1024, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128, examples=64,
+    bare_steps=40, bare_batch_size=8, brief_steps=10, brief_batch_size=8, steps=10, batch_size=4, lr=1e-2,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_agent(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_tiny_agent(tmp_path_factory.mktemp("agent") / "m", SMALL))
+
+
+# ---- tasks ------------------------------------------------------------------------------------------------------
+
+
+def test_recipe_task_files_are_the_generator_output_and_disjoint():
+    generated = split_tasks()
+    for stem, tasks in generated.items():
+        assert [t.model_dump() for t in load_tasks(RECIPE / f"{stem}.jsonl")] == [t.model_dump() for t in tasks]
+    held = {signature(task_bug(t)) for t in generated["heldout"]}
+    train = {signature(task_bug(t)) for t in generated["tasks"]}
+    assert len(held) == 48 and len(train) == 240 and not held & train
+    recipe = load_recipe("demo")
+    assert Path(recipe["tasks"]) == RECIPE / "tasks.jsonl" and recipe["rollout"]["agent"] == "mini-swe-agent"
+
+
+def test_the_verifier_passes_the_gold_fix_and_fails_the_bug():
+    verifier = TestVerifier(get_backend("local"))
+
+    async def grade() -> list[tuple[float | None, float | None]]:
+        tasks = load_tasks(RECIPE / "heldout.jsonl")[:2]
+        return [((await verifier.grade(t, t.patch)).reward, (await verifier.grade(t, "")).reward) for t in tasks]
+
+    assert asyncio.run(grade()) == [(1.0, 0.0), (1.0, 0.0)]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_transcripts_sed_fixes_the_module_exactly_when_it_should(tmp_path, index):
+    task = split_tasks()["tasks"][index]
+    bug = task_bug(task)
+    for op in [bug.op, *wrong_ops(bug)]:
+        for in_place in (True, False):
+            (tmp_path / f"{bug.module}.py").write_text(bug.source(bug.bug))
+            out = subprocess.run(bug.sed(op, in_place), shell=True, cwd=tmp_path, capture_output=True, text=True)
+            fixed = (tmp_path / f"{bug.module}.py").read_text() == bug.source(bug.op)
+            assert fixed == (op == bug.op and in_place), (bug.sed(op, in_place), out.stderr)
+
+
+def test_noise_sets_how_often_a_transcript_is_right():
+    bug, rng = task_bug(split_tasks()["tasks"][0]), random.Random(0)
+    turns = [transcript(bug, rng, Noise(right_op=0.3, in_place=0.6)) for _ in range(2000)]
+    right = sum(t[1][0]["tool_calls"][0]["arguments"]["command"] == bug.sed(bug.op) for t in turns) / len(turns)
+    assert 0.14 < right < 0.22  # 0.3 * 0.6
+    assert all(t[0][0]["tool_calls"][0]["arguments"]["command"] == "cat *.py" for t in turns)
+    assert all(t[2][0]["tool_calls"][0]["arguments"]["command"] == SUBMIT for t in turns)
+
+
+# ---- transcripts are what the proxy builds ------------------------------------------------------------------------
+
+
+def _episode(seed: int) -> tuple[str, list, str]:
+    task = split_tasks()["tasks"][seed]
+    return task.problem_statement, transcript(task_bug(task), random.Random(seed), Noise()), "Linux 6.1 #1 x86_64"
+
+
+def test_one_shot_rendering_equals_the_proxys_call_by_call_prompts(tiny_model):
+    template, profile = ChatTemplate(tiny_model), load_profile()
+    for seed in range(4):
+        task, turns, uname = _episode(seed)
+        ids, mask = render_ids(template, profile, task, turns, uname)
+        assert (ids, mask) == render_ids_fast(template, profile, task, turns, uname)
+        sampled = template.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        assert sampled.count("<tool_call>") == 3 and sampled.endswith(f'{SUBMIT}"}}}}\n</tool_call><|im_end|>')
+
+
+async def _through_the_proxy(model: str, task: str, turns: list, uname: str) -> dict:
+    """Play the transcript's turns from the scripted engine and send mini-swe-agent's requests over HTTP."""
+    from aiohttp import web
+
+    from hrl.runners.engines import make_engine
+    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
+    from hrl.runners.proxy.server import build_app
+
+    profile = load_profile()
+    messages, _ = episode_requests(profile, task, turns, uname)
+    engine = make_engine("scripted", model, turns=[t for t, _ in turns])
+    await engine.start()
+    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name="m"))
+    runner = web.AppRunner(build_app(proxy))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            history = messages[:2]
+            for k, (_, output) in enumerate(turns):
+                body = {"model": "m", "messages": history, "tools": profile.tools}
+                reply = (await client.post(f"http://127.0.0.1:{port}/s/t/v1/chat/completions", json=body)).json()
+                msg = reply["choices"][0]["message"]
+                history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
+                tool_id = msg["tool_calls"][0]["id"]
+                history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
+                assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
+        return proxy.end_session("t")
+    finally:
+        await runner.cleanup()
+        await engine.close()
+
+
+def test_sft_tokens_are_what_the_proxy_records_for_the_same_messages(tiny_model):
+    from hrl.runners.trace import call_prompt_ids
+
+    task, turns, uname = _episode(1)
+    trace = asyncio.run(_through_the_proxy(tiny_model, task, turns, uname))
+    last = len(trace["calls"]) - 1
+    recorded = call_prompt_ids(trace, last) + trace["calls"][last]["response_ids"]
+    ids, mask = render_ids(ChatTemplate(tiny_model), load_profile(), task, turns, uname)
+    assert recorded == ids
+    sampled = [i for c in trace["calls"] for i in c["response_ids"]]
+    assert sampled == [t for t, m in zip(ids, mask, strict=True) if m]
+
+
+# ---- the build --------------------------------------------------------------------------------------------------
+
+
+def test_build_is_deterministic_and_cached(tmp_path, small_agent):
+    again = build_tiny_agent(tmp_path / "again", SMALL)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (Path(small_agent) / name).read_bytes(), name
+    info = build_info(again)
+    assert info is not None and info["key"] == SMALL.key() and info["params"] > 0
+    events: list[str] = []
+    build_tiny_agent(again, SMALL, lambda kind, data: events.append(kind))
+    assert events == ["cached"]
+
+
+def test_the_model_answers_a_task_prompt_with_a_well_formed_tool_call(small_agent):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    profile, template = load_profile(), ChatTemplate(small_agent)
+    task = load_tasks(RECIPE / "heldout.jsonl")[0]
+    messages = [
+        {"role": "system", "content": profile.system},
+        {"role": "user", "content": profile.user(task.problem_statement)},
+    ]
+    prompt = template.encode(template.render(messages, profile.tools))
+    model = AutoModelForCausalLM.from_pretrained(small_agent).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=list(template.stop_ids)
+        )
+    reply = parse_hermes(template.reply_text(out[0, len(prompt) :].tolist()))
+    assert [c["function"]["name"] for c in reply.tool_calls] == ["bash"], reply
+    assert json.loads(reply.tool_calls[0]["function"]["arguments"]) == {"command": "cat *.py"}
+
+
+def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hrl.cli.main import app
+
+    monkeypatch.setattr("hrl.train.tiny_agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
+    result = CliRunner().invoke(app, ["models", "tiny-agent", str(tmp_path / "m"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["path"] == str(tmp_path / "m") and summary["params"] == build_info(small_agent)["params"]
+
+
+# ---- the real harness ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.agents
+@pytest.mark.timeout(900)
+def test_the_profile_matches_what_mini_swe_agent_sends(tiny_model):
+    from hrl.train.tiny_agent import capture_profile
+
+    captured = asyncio.run(capture_profile(tiny_model, "local"))
+    shipped = load_profile()
+    assert captured.__dict__ == {**shipped.__dict__, "uname": captured.uname}
+
+
+@pytest.mark.agents
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_hrl_train_recipe_demo_runs_end_to_end(tmp_path, small_agent):
+    run = tmp_path / "run"
+    args = ["train", "--recipe", "demo", "--model", small_agent, "--run-dir", str(run),
+            "-c", "train.iterations=1", "-c", "train.tasks_per_iteration=2", "-c", "train.group_size=2"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "hrl.cli", *args], capture_output=True, text=True, timeout=850)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traces = [json.loads(line) for line in (run / "traces" / "iter-0000.jsonl").read_text().splitlines()]
+    assert len(traces) == 4 and all(t["reward"] in (0.0, 1.0) for t in traces), [t["failure_reason"] for t in traces]
+    assert all(t["agent"]["name"] == "mini-swe-agent" and len(t["calls"]) >= 1 for t in traces)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["version"] == 1 and (run / "checkpoints" / "v0001" / "model.safetensors").is_file()
+    assert "report: hrl report" in proc.stderr

@@ -1,0 +1,343 @@
+"""`hrl models tiny-agent`: a few-million-parameter agent model, warm-started on synthetic mini-swe-agent episodes.
+
+Offline and reproducible (same seed and config → same files on the same machine and torch build):
+
+1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
+   transcript in mini-swe-agent's own format (`tiny_agent_data`): `cat *.py`, `sed` a fix, submit.
+   `Noise` makes the fix often wrong, so the model succeeds sometimes and RL has something to improve.
+2. Train a byte-level BPE on those transcripts (so the harness's long instance prompt costs few tokens).
+3. Render every transcript to token ids exactly as the proxy would at rollout time and train a random Qwen2 on
+   the assistant tokens only (AdamW, warmup + cosine), emitting progress events. A curriculum over the prompt:
+   first the task alone ("bare", ~200 tokens: reading the operator out of the `cat` output is learned here, in
+   a few hundred cheap steps), then with the system prompt and tools ("brief"), then the harness's full prompt
+   (~1050 tokens). The prompt part of each sequence runs without gradient (most of the cost, same text each time).
+4. Save an HF model dir (float32 safetensors, tokenizer with the ChatML + Hermes tool template) and
+   `tiny_agent.json` (the config, seed, final loss, build time). Building into a dir that already holds the same
+   build is a no-op.
+
+`capture_profile` (re)captures the harness profile the transcripts are made from, by running the real CLI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hrl.train.tiny import train_chatml_tokenizer
+from hrl.train.tiny_agent_data import (
+    SUBMIT,
+    HarnessProfile,
+    Noise,
+    bash_turn,
+    demo_tasks,
+    episode_messages,
+    load_profile,
+    machine_uname,
+    render_ids,
+    render_ids_fast,
+    signature,
+    split_tasks,
+    task_bug,
+    transcript,
+)
+
+__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "capture_profile", "save_profile"]
+
+BUILD_INFO = "tiny_agent.json"
+DATA_VERSION = 1  # bump when the generated tasks or transcripts change
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class TinyAgentConfig(BaseModel):
+    seed: int = Field(0, description="Seed for SFT tasks, noise, tokenizer corpus, weights and batch order.")
+    vocab_size: int = Field(2048, description="BPE vocabulary size (special tokens included).")
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = Field(4096, description="Context window in tokens.")
+    examples: int = Field(1280, description="SFT transcripts (one per generated task).")
+    bare_steps: int = Field(300, description="Steps on transcripts with only the task as prompt (learn to read).")
+    bare_batch_size: int = 16
+    brief_steps: int = Field(100, description="Then steps with the system prompt, tools and task (no instructions).")
+    brief_batch_size: int = 16
+    steps: int = Field(60, description="Then steps on the harness's full prompt (~1050 tokens per episode).")
+    batch_size: int = 8
+    lr: float = Field(3e-3, description="Peak AdamW learning rate (linear warmup, cosine decay to 10%).")
+    warmup_steps: int = 10
+    right_op: float = Field(0.5, description="Share of transcripts whose fix uses the right operator.")
+    in_place: float = Field(0.25, description="Share of transcripts whose sed edits in place (-i).")
+    foreign_uname: float = Field(0.3, description="Share of prompts with another machine's uname line.")
+    threads: int = Field(0, description="torch threads; 0 = torch's default.")
+
+    def key(self) -> str:
+        """Identifies a build: the config, the data format version, the harness profile and this machine's uname
+        line (the harness puts it into every prompt)."""
+        raw = {"config": self.model_dump(), "profile": load_profile().__dict__, "uname": machine_uname()}
+        return hashlib.sha256(json.dumps({**raw, "v": DATA_VERSION}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_info(out_dir: str | Path) -> dict[str, Any] | None:
+    """The build record of a tiny-agent model dir, or None when the dir holds none."""
+    path = Path(out_dir) / BUILD_INFO
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _foreign_uname(rng: random.Random) -> str:
+    kernel = f"{rng.choice([5, 6])}.{rng.randint(1, 19)}.{rng.randint(0, 120)}"
+    flavour = rng.choice(["-generic #{n}-Ubuntu SMP", "-cloud-amd64 #1 SMP Debian", "-{n}.fc39.x86_64 #1 SMP"])
+    return f"Linux {kernel}{flavour.format(n=rng.randint(1, 200))} PREEMPT_DYNAMIC x86_64"
+
+
+def sft_episodes(cfg: TinyAgentConfig, profile: HarnessProfile) -> list[tuple[str, list[Any], str]]:
+    """(task text, turns, uname line) per SFT transcript; tasks disjoint from the recipe's task files."""
+    used = {signature(task_bug(t)) for tasks in split_tasks().values() for t in tasks}
+    rng = random.Random(cfg.seed * 7919 + 17)
+    noise, here = Noise(cfg.right_op, cfg.in_place), machine_uname()
+    out = []
+    for task in demo_tasks(1_000_003 + cfg.seed, cfg.examples, "sft", used):
+        uname = _foreign_uname(rng) if rng.random() < cfg.foreign_uname else here
+        out.append((task.problem_statement, transcript(task_bug(task), rng, noise), uname))
+    return out
+
+
+def _model(cfg: TinyAgentConfig, tokenizer: Any) -> Any:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), torch_dtype="float32",
+    )  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False
+    )
+    return model
+
+
+def _lr(cfg: TinyAgentConfig, step: int) -> float:
+    import math
+
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.bare_steps + cfg.brief_steps + cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _batch(batch: list[tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """Split each sample before its first loss token: the prompt (left-padded, run without gradient: it is most of
+    every sequence and the same harness text each time) and the rest (right-padded, trained)."""
+    import torch
+
+    cuts = [mask.index(1) - 1 for _, mask in batch]  # keep the token before the first target in the trained part
+    p_len = max(cuts)
+    r_len = max(len(ids) - c for (ids, _), c in zip(batch, cuts, strict=True))
+    b = len(batch)
+    prompt = torch.zeros((b, p_len), dtype=torch.long)  # (B, P) left-padded
+    p_mask = torch.zeros((b, p_len), dtype=torch.long)
+    rest = torch.zeros((b, r_len), dtype=torch.long)  # (B, R) right-padded
+    r_mask = torch.zeros((b, r_len), dtype=torch.long)
+    labels = torch.full((b, r_len), -100, dtype=torch.long)  # (B, R): the next token where it is a loss token
+    for i, ((ids, mask), c) in enumerate(zip(batch, cuts, strict=True)):
+        prompt[i, p_len - c :] = torch.tensor(ids[:c])
+        p_mask[i, p_len - c :] = 1
+        rest[i, : len(ids) - c] = torch.tensor(ids[c:])
+        r_mask[i, : len(ids) - c] = 1
+        targets = [t if m else -100 for t, m in zip(ids[c + 1 :], mask[c + 1 :], strict=True)]
+        labels[i, : len(ids) - c - 1] = torch.tensor(targets, dtype=torch.long)
+    return {"prompt": prompt, "p_mask": p_mask, "rest": rest, "r_mask": r_mask, "labels": labels}
+
+
+def sft_loss(model: Any, batch: dict[str, Any], prompt_grad: bool = False) -> Any:
+    """Mean cross-entropy over the loss tokens of a `_batch`."""
+    import contextlib
+
+    import torch
+
+    p_mask, r_mask = batch["p_mask"], batch["r_mask"]
+    with contextlib.nullcontext() if prompt_grad else torch.no_grad():
+        pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = model(input_ids=batch["prompt"], attention_mask=p_mask, position_ids=pos, use_cache=True)
+    mask = torch.cat([p_mask, r_mask], dim=1)
+    pos = p_mask.sum(-1, keepdim=True) + torch.arange(r_mask.shape[1])[None, :]  # (B, R)
+    logits = model(
+        input_ids=batch["rest"], attention_mask=mask, position_ids=pos, past_key_values=cache.past_key_values
+    ).logits  # (B, R, V)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+
+
+Data = list[tuple[list[int], list[int]]]
+
+
+def sft(model: Any, phases: list[tuple[Data, int, int]], cfg: TinyAgentConfig, on_event: Event) -> float:
+    """Train on the masked (assistant) tokens, phase by phase ((data, steps, batch size) each); returns the mean
+    loss of the last 10% of steps."""
+    import torch
+
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    total = sum(steps for _, steps, _ in phases)
+    for data, steps, size in phases:
+        order: list[int] = []
+        for _ in range(steps):
+            if len(order) < size:
+                order += rng.sample(range(len(data)), len(data))
+            batch, order = [data[i] for i in order[:size]], order[size:]
+            for group in opt.param_groups:
+                group["lr"] = _lr(cfg, len(losses))
+            loss = sft_loss(model, _batch(batch))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+            on_event("step", {"step": len(losses), "steps": total, "loss": losses[-1]})
+    tail = losses[-max(1, len(losses) // 10) :]
+    return sum(tail) / len(tail)
+
+
+def build_tiny_agent(
+    out_dir: str | Path, cfg: TinyAgentConfig | None = None, on_event: Event = lambda kind, data: None
+) -> Path:
+    """Build (or find already built) the tiny agent model in `out_dir`; see the module docstring."""
+    import torch
+
+    from hrl.runners.proxy.template import ChatTemplate
+
+    cfg, out, t0 = cfg or TinyAgentConfig(), Path(out_dir), time.monotonic()
+    key = cfg.key()
+    if (info := build_info(out)) is not None and info.get("key") == key:
+        on_event("cached", info)
+        return out
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    profile = load_profile()
+    episodes = sft_episodes(cfg, profile)
+    on_event("data", {"examples": len(episodes)})
+    corpus = [text for task, turns, _ in episodes for text in episode_messages(profile, task, turns)]
+    tokenizer = train_chatml_tokenizer(corpus, cfg.vocab_size)
+    out.mkdir(parents=True, exist_ok=True)
+    model = _model(cfg, tokenizer)
+    model.save_pretrained(out, safe_serialization=True)  # config first: the proxy's ChatTemplate loads the dir
+    tokenizer.save_pretrained(out)
+    template = ChatTemplate(str(out))
+    phases = []
+    for context, steps, size in [
+        ("bare", cfg.bare_steps, cfg.bare_batch_size),
+        ("brief", cfg.brief_steps, cfg.brief_batch_size),
+        ("full", cfg.steps, cfg.batch_size),
+    ]:
+        if steps > 0:
+            data = [render_ids_fast(template, profile, t, turns, u, context) for t, turns, u in episodes]  # type: ignore[arg-type]
+            phases.append((data, steps, size))
+            on_event(
+                "tokenized",
+                {"context": context, "examples": len(data), "mean_tokens": sum(len(d[0]) for d in data) / len(data)},
+            )
+    for task, turns, uname in episodes[-4:]:  # the one-shot rendering is the proxy's call-by-call one
+        if render_ids(template, profile, task, turns, uname) != render_ids_fast(template, profile, task, turns, uname):
+            raise RuntimeError("SFT rendering differs from the proxy's prompt building")
+    loss = sft(model, phases, cfg, on_event)
+    model.eval()
+    model.save_pretrained(out, safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"key": key, "config": cfg.model_dump(), "params": n_params, "final_loss": round(loss, 4),
+            "seconds": round(time.monotonic() - t0, 1), "agent": f"{profile.agent} {profile.version}"}  # fmt: skip
+    (out / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
+    on_event("done", info)
+    return out
+
+
+# ---- capturing the profile from the real harness ----------------------------------------------------------------
+
+_UNAME_RE = re.compile(r"<system_information>\n(.*?)\n</system_information>", re.S)
+_MARKER = "HRL-TASK-MARKER"
+_PROBE_OUTPUT = "a<b & 'c'\n"
+_FIRST = re.compile(
+    r"<\|im_start\|>system\n(?P<system>.*?)\n\n# Tools\n\n.*?<tools>\n(?P<tools>.*?)\n</tools>.*?<\|im_end\|>\n"
+    r"<\|im_start\|>user\n(?P<user>.*?)<\|im_end\|>\n<\|im_start\|>assistant\n",
+    re.S,
+)
+
+
+async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "mini-swe-agent") -> HarnessProfile:
+    """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
+    read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
+    import tempfile
+
+    from hrl.runners.agents import AgentContext, get_agent
+    from hrl.runners.agents.doctor import PROXY_PORT, serve_proxy
+    from hrl.runners.agents.install import install
+    from hrl.runners.agents.run import new_home, run_agent
+    from hrl.runners.trace import call_prompt_ids
+    from hrl.sandboxes import SandboxSpec, get_backend
+
+    runner, inst = get_agent(agent), install(agent, "docker" if sandbox == "docker" else "local")
+    turns = [bash_turn(f"printf {json.dumps(_PROBE_OUTPUT)}"), bash_turn(SUBMIT)]
+    with tempfile.TemporaryDirectory(prefix="hrl-px-") as sock_dir:
+        async with serve_proxy(model_dir, turns, unix_dir=sock_dir if sandbox == "docker" else None) as (px, url, sock):
+            spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
+                               proxy_port=PROXY_PORT)  # fmt: skip
+            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
+            async with await get_backend(sandbox).create(spec, "tiny-agent-capture", agent) as box:
+                ctx = AgentContext(f"{base}/s/capture", "hrl-capture", px.config.model_name, _MARKER, new_home(),
+                                   spec.workdir, inst.install_dir)  # fmt: skip
+                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=180)
+            trace = px.end_session("capture")
+            template = px.template
+    if len(trace["calls"]) != 2:
+        raise ValueError(f"capture expected 2 calls, got {len(trace['calls'])} ({outcome.failure_reason}: "
+                         f"{outcome.stderr_tail[-500:]})")  # fmt: skip
+    first = template.decode(call_prompt_ids(trace, 0))
+    m = _FIRST.fullmatch(first)
+    if m is None:
+        raise ValueError(f"cannot parse the first request:\n{first[:2000]}")
+    tools = [{"type": "function", "function": json.loads(line)} for line in m["tools"].split("\n")]
+    before, _, after = m["user"].partition(_MARKER)
+    uname = _UNAME_RE.search(after)
+    profile = HarnessProfile(
+        agent=runner.name, version=runner.version, system=m["system"], before=before,
+        after=after.replace(uname[1], "{uname}") if uname else after, uname=uname[1] if uname else "",
+        tools=tools, observation=_observation_template(inst.host_dir),
+    )  # fmt: skip
+    messages = [{"role": "system", "content": profile.system},
+                {"role": "user", "content": profile.user(_MARKER, profile.uname)}]  # fmt: skip
+    if template.render(messages, tools) != first:
+        raise ValueError("the captured profile does not re-render the first request exactly")
+    second = template.decode(call_prompt_ids(trace, 1))
+    if f"<tool_response>\n{profile.tool_result(_PROBE_OUTPUT)}\n</tool_response>" not in second:
+        raise ValueError(f"tool results are not rendered as captured:\n{second[-600:]}")
+    return profile
+
+
+def _observation_template(host_dir: str) -> str:
+    import yaml
+
+    found = sorted(Path(host_dir).glob("venv/lib/python*/site-packages/minisweagent/config/mini.yaml"))
+    if not found:
+        raise ValueError(f"no minisweagent/config/mini.yaml under {host_dir}")
+    return str(yaml.safe_load(found[0].read_text())["model"]["observation_template"])
+
+
+def save_profile(profile: HarnessProfile, path: str | Path) -> Path:
+    from dataclasses import asdict
+
+    Path(path).write_text(json.dumps(asdict(profile), indent=1, ensure_ascii=False) + "\n")
+    return Path(path)
