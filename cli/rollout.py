@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +42,14 @@ def rollout(
     out: Annotated[Path, typer.Option(help="Append one trace per episode here.")] = Path("traces.jsonl"),
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
+    run_id: Annotated[
+        str,
+        typer.Option(
+            "--run-id",
+            help="Label every sandbox of this run hrl.run=ID (docker ps --filter label=hrl.run=ID finds them); "
+            "default: a fresh id, printed at the start.",
+        ),
+    ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model
@@ -54,6 +63,7 @@ def rollout(
         roll["sandbox"] = sandbox
     if time_budget:
         roll["time_budget_s"] = time_budget
+    roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     model = model or cfg.get("model") or ""
     if not model:
         raise typer.BadParameter("give --model (the recipe names none)")
@@ -109,7 +119,7 @@ async def _run(
 
     err.print(
         f"{len(episodes)} episodes ({len(task_list)} tasks × {n}), agent {cfg['rollout']['agent']}, "
-        f"sandbox {cfg['rollout'].get('sandbox', 'docker')}, engine {engine}",
+        f"sandbox {cfg['rollout'].get('sandbox', 'docker')}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
     async with serving(

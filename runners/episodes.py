@@ -38,11 +38,26 @@ class Rollouts(Protocol):
 
 
 async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:
-    """Run episodes with at most `concurrency` at once."""
+    """Run episodes with at most `concurrency` at once.
+
+    Cancelled (Ctrl-C), it returns only once every started episode has ended as its trace and closed its sandbox:
+    a bare gather would give up at the first cancelled child (a queued one) and leave the rest to be torn down
+    with the proxy and the event loop, losing their traces.
+    """
     sem = asyncio.Semaphore(max(1, concurrency))
 
     async def one(ep: Episode) -> dict[str, Any]:
         async with sem:
             return await rollouts.episode(ep, trace_file)
 
-    return list(await asyncio.gather(*[one(ep) for ep in episodes]))
+    tasks = [asyncio.ensure_future(one(ep)) for ep in episodes]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # cancelled, or an episode raised: stop the others, each once (a second cancel would cut short the cleanup
+        # a cancelled episode is already running), and wait until each has ended
+        for task in tasks:
+            if not task.done() and not task.cancelling():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -27,7 +27,8 @@ FIX = [
 
 
 def _left(run_id: str) -> list[Any]:
-    return docker.from_env().containers.list(all=True, filters={"label": f"hrl.run={run_id}"})
+    # ignore_removed: a container listed a moment before it is removed (a grading one, say) is simply not left
+    return docker.from_env().containers.list(all=True, filters={"label": f"hrl.run={run_id}"}, ignore_removed=True)
 
 
 async def _rollout(
@@ -38,12 +39,15 @@ async def _rollout(
     *,
     n: int = 1,
     engine_options: dict[str, Any] | None = None,
+    proxy_options: dict[str, Any] | None = None,
     killer: bool = False,
     **roll: Any,
 ) -> list[dict]:
     run_id = f"test-{uuid.uuid4().hex[:8]}"
     cfg = RolloutConfig(agent="codex", sandbox="docker", run_id=run_id, **{"time_budget_s": 120, **roll})
-    async with serving(tiny_model, "scripted", engine_options={"turns": turns, **(engine_options or {})}) as stack:
+    async with serving(
+        tiny_model, "scripted", engine_options={"turns": turns, **(engine_options or {})}, proxy_options=proxy_options
+    ) as stack:
         rollouts = AgentRollouts(stack, cfg, verifier={"image": "hrl/swe-py:bookworm", "run_id": run_id})
         await asyncio.to_thread(rollouts.prepare)
         episodes = [Episode(t.model_dump(), k, 0) for t in tasks for k in range(n)]
@@ -62,8 +66,9 @@ async def _kill_agent_when_running(run_id: str) -> None:
             if c.status != "running" or "grade" in c.labels.get("hrl.episode", ""):
                 continue
             try:
+                # `[c]odex` matches the CLI but not this shell's own command line, which pkill would kill too
                 code, _ = await asyncio.to_thread(
-                    c.exec_run, ["sh", "-c", "pgrep -f 'codex exec' >/dev/null && pkill -9 -f 'codex exec'"]
+                    c.exec_run, ["sh", "-c", "pgrep -f '[c]odex exec' >/dev/null && pkill -9 -f '[c]odex exec'"]
                 )
             except docker.errors.APIError:  # the container went away meanwhile
                 continue

@@ -72,9 +72,10 @@ class CodexRunner:
         return {"CODEX_HOME": f"{ctx.home}/.codex", KEY_VAR: ctx.api_key}
 
     def command(self, ctx: AgentContext) -> list[str]:
+        # the prompt after `--`: a task text that starts with `-` (or is `help`, `resume`, …) is still the prompt
         return [
             self.bin, "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            ctx.prompt,
+            "--", ctx.prompt,
         ]  # fmt: skip
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:

@@ -63,6 +63,8 @@ class ScriptedEngine:
         self._paused = asyncio.Event()
         self._paused.set()
         self._aborted: set[str] = set()
+        self._running: dict[str, object] = {}  # request id -> the generation that serves it now
+        self._closed = False
         self.tokenizer: Any = None
         self.turns = list(config.turns)
         self.continues_in_place = config.continues_in_place
@@ -84,6 +86,7 @@ class ScriptedEngine:
             else self.tokenizer.eos_token
         )
         self._assistant = self.tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
+        self._closed = False
 
     def _turn_index(self, prompt_ids: list[int]) -> int:
         a, n = self._assistant, 0
@@ -95,6 +98,8 @@ class ScriptedEngine:
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
     ) -> AsyncIterator[TokenDelta]:
+        if self._closed:
+            raise EngineError("scripted engine is closed")
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
         turn = self.turns[min(self._turn_index(prompt_ids), len(self.turns) - 1)]
@@ -102,30 +107,37 @@ class ScriptedEngine:
         fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
         start = next((j for j in range(len(ids) - 1, 0, -1) if prompt_ids[-j:] == ids[:j]), 0)  # a resubmission
         live = self._version if version is None else version
-        for i, tok in enumerate(ids[start : start + params.max_tokens], start):
-            if fail_after is not None and i >= fail_after:
-                raise EngineError(f"scripted engine failure after {i} tokens")
-            await self._paused.wait()
-            if request_id in self._aborted:
+        self._running[request_id] = me = object()  # a resubmission reuses the id while the old one is unclosed
+        try:
+            for i, tok in enumerate(ids[start : start + params.max_tokens], start):
+                if fail_after is not None and i >= fail_after:
+                    raise EngineError(f"scripted engine failure after {i} tokens")
+                await self._paused.wait()
+                if request_id in self._aborted:
+                    self._aborted.discard(request_id)
+                    yield TokenDelta([], [], self._version, "abort")
+                    return
+                if self.config.token_delay_s:
+                    await asyncio.sleep(self.config.token_delay_s)
+                finish: Literal["stop", "length"] | None = None
+                if i == len(ids) - 1:
+                    finish = "stop"
+                elif i == start + params.max_tokens - 1:
+                    finish = "length"
+                if version is None and self.continues_in_place:
+                    live = self._version
+                yield TokenDelta([tok], [0.0], live, finish)
+        finally:
+            if self._running.get(request_id) is me:
+                del self._running[request_id]
                 self._aborted.discard(request_id)
-                yield TokenDelta([], [], self._version, "abort")
-                return
-            if self.config.token_delay_s:
-                await asyncio.sleep(self.config.token_delay_s)
-            finish: Literal["stop", "length"] | None = None
-            if i == len(ids) - 1:
-                finish = "stop"
-            elif i == start + params.max_tokens - 1:
-                finish = "length"
-            if version is None and self.continues_in_place:
-                live = self._version
-            yield TokenDelta([tok], [0.0], live, finish)
 
     def loaded_versions(self) -> list[int]:
         return list(range(self._version + 1))
 
     async def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
+        if request_id in self._running:
+            self._aborted.add(request_id)
 
     async def pause(self) -> None:
         self._paused.clear()
@@ -139,4 +151,7 @@ class ScriptedEngine:
         return self._version
 
     async def close(self) -> None:
-        return None
+        """Like a real engine going away: running generations end with an abort, new ones fail until start()."""
+        self._closed = True
+        self._aborted |= set(self._running)
+        self._paused.set()  # a paused generation wakes to see its abort

@@ -146,7 +146,9 @@ class Proxy:
 
         Waits while a publish is under way. If a publish preempts the generation (engines that cannot swap
         weights under a running request), it continues on the new weights from the tokens already sampled, so
-        the agent sees one uninterrupted response and every token keeps the version that sampled it.
+        the agent sees one uninterrupted response and every token keeps the version that sampled it. Any other
+        abort (the engine stopped or restarted mid-call) fails the call with an EngineError: a response cut
+        short must never reach the agent, or the trace, as a finished one.
         """
         call, decoder = turn.call, IncrementalDecoder(self.template)
         params = self.params(turn.req)
@@ -169,6 +171,10 @@ class Proxy:
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:
                         break  # resumed below, on the new weights
                     self._record(call, delta)
+                    if delta.finish_reason == "abort":  # not asked for: the engine stopped or restarted under it
+                        raise EngineError(
+                            f"the {self.engine.name} engine aborted the generation (stopped or restarted)"
+                        )
                     text = decoder.push(delta.token_ids)
                     if text:
                         yield text
