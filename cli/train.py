@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,17 +75,41 @@ def train(
         cfg = _resolve(recipe, config or [], flags)
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = RunDir(run_dir)
-    if not resume:
-        if run.exists():
-            raise typer.BadParameter(f"{run_dir} holds a run already: add --resume, or choose another --run-dir")
-        run.create(cfg)
-    err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
-    asyncio.run(_train(cfg, run))
+    with run.locked():
+        _start(run, cfg, resume)
     err.print(
         f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"
         f"      a trace as a tree: hrl inspect {run.trace_file(0)} --trace <id>",
         markup=False,
     )
+
+
+def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
+    """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
+    if not resume:
+        if run.exists():
+            raise typer.BadParameter(f"{run.path} holds a run already: add --resume, or choose another --run-dir")
+        rollout = cfg.setdefault("rollout", {})
+        rollout["run_id"] = rollout.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"  # one label for all its sandboxes
+        run.create(cfg)
+    else:
+        _remove_leftovers(cfg)
+    err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
+    asyncio.run(_train(cfg, run))
+
+
+def _remove_leftovers(cfg: dict[str, Any]) -> None:
+    """Kill and delete the sandboxes (agent and grading) the interrupted process of this run left behind: after
+    `kill -9` nobody closed them, so their agent CLIs may still run and their directories or containers remain.
+    The run's lock guarantees that process is gone. Runs from before sandboxes carried the run's id are skipped."""
+    from hrl.sandboxes import get_backend
+
+    rollout = cfg.get("rollout") or {}
+    if not rollout.get("run_id"):
+        return
+    removed = asyncio.run(get_backend(rollout.get("sandbox", "docker")).prune(rollout["run_id"]))
+    if removed:
+        err.print(f"removed {removed} sandboxes left by the interrupted process", markup=False)
 
 
 def _line(m: dict[str, Any]) -> str:

@@ -1,9 +1,9 @@
 """The synchronous loop: roll out a batch (tasks × group size) → verify → samples → update → publish → repeat.
 
 Readable top to bottom: `train()` is the whole algorithm; rollouts are whatever implements `Rollouts` (agent
-CLIs in sandboxes for real runs). Every iteration commits its state only after the new weights are saved and
-published, so `--resume` after a crash re-runs only the episodes whose traces are missing and publishes the
-same next version.
+CLIs in sandboxes for real runs). Every iteration commits its state only after the new weights are saved,
+published and its metrics logged, so `--resume` after a crash (even `kill -9`) re-runs only the episodes whose
+traces are missing, logs each step once and publishes the same next version.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def _done(trace_file: Path) -> list[dict[str, Any]]:
 
 
 async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Event) -> tuple[Trainer, dict[str, Any]]:
-    """A trainer for the run; on resume, the same weights in trainer and engine under the same version number."""
+    """A trainer for the run; on resume, the same weights in trainer and engine under the same version number,
+    and no metrics line of a step that was logged but not committed (it runs again)."""
     state = run.state()
+    run.discard_uncommitted_metrics()
     trainer = await asyncio.to_thread(Trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
@@ -102,7 +104,6 @@ async def train(
             pause0 = _pause_s(publisher)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
             version = await publisher.publish(path, kind, version=version + 1)
-            run.save_state(it + 1, version, path)
             metrics |= {
                 "step": it,
                 "version": version,
@@ -112,7 +113,8 @@ async def train(
                 "time/train_s": t2 - t1,
                 "time/publish_s": time.monotonic() - t2,
             }
-            sink.log(metrics, step=it)
+            sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
+            run.save_state(it + 1, version, path)
             history.append(metrics)
             on_event("step", metrics)
     return history

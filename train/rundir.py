@@ -6,16 +6,30 @@ run/
   traces/iter-0003.jsonl one hrl.trace/1 line per finished episode, appended as episodes finish
   metrics.jsonl          one line per training step
   checkpoints/v0004/     peft adapter (LoRA) or full HF checkpoint + optimizer.pt
+  lock                   flock'ed by the process training in this directory (the kernel drops it when that dies)
+
+state.json is the commit point: whatever a killed process wrote past it (traces of the unfinished iteration,
+a metrics line of an uncommitted step) is either kept because it is complete and still valid (traces) or
+discarded on resume (metrics), so each step and each episode ends up in the run exactly once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunDir"]
+from hrl.runners.errors import HrlError
+
+__all__ = ["RunDir", "RunDirBusyError"]
+
+
+class RunDirBusyError(HrlError):
+    """Another live process trains in this run directory."""
 
 
 class RunDir:
@@ -32,6 +46,25 @@ class RunDir:
     def exists(self) -> bool:
         return (self.path / "state.json").is_file()
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run for this process while the block runs (the kernel drops the lock when the process dies).
+        Two processes in one run would both append the same episodes, and a resume cleans up after the previous
+        process, which must therefore be gone: raises RunDirBusyError while another process holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirBusyError(
+                    f"{self.path} is in use by another running process",
+                    hint="let it finish or stop it first; `--resume` continues a run whose process has ended",
+                ) from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def trace_file(self, iteration: int) -> Path:
         return self.traces / f"iter-{iteration:04d}.jsonl"
 
@@ -47,6 +80,18 @@ class RunDir:
         """Commit point of an iteration: written atomically after the new weights are saved and published."""
         state = {"iteration": iteration, "version": version, "checkpoint": checkpoint}
         self._atomic_write(self.path / "state.json", json.dumps(state))
+
+    def discard_uncommitted_metrics(self) -> int:
+        """Drop metrics.jsonl lines of steps past the commit point (a process killed after logging a step but
+        before committing it; the step runs again). Returns how many lines were dropped."""
+        path, committed = self.path / "metrics.jsonl", self.state()["iteration"]
+        if not path.is_file():
+            return 0
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) < committed]
+        if len(kept) != len(lines):
+            self._atomic_write(path, "".join(kept))
+        return len(lines) - len(kept)
 
     @staticmethod
     def _atomic_write(path: Path, text: str) -> None:
