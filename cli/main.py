@@ -15,6 +15,22 @@ from hrl.cli.errors import EXIT_INTERRUPTED, report
 
 __all__ = ["app", "main"]
 
+
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """`click.<name>` and, where typer ships its own copy of click (typer >= 0.26), that copy's class too: typer's
+    BadParameter and Abort come from the copy, and catching only click's would turn usage errors into 'a bug'."""
+    classes: list[type[BaseException]] = [getattr(click.exceptions, name)]
+    try:
+        from typer._click import exceptions as bundled  # type: ignore[import-not-found]
+    except ImportError:
+        bundled = None
+    if bundled is not None and getattr(bundled, name, None) not in (None, *classes):
+        classes.append(getattr(bundled, name))
+    return tuple(classes)
+
+
+_EXIT, _CLICK_ERROR, _ABORT = _click_classes("Exit"), _click_classes("ClickException"), _click_classes("Abort")
+
 app = typer.Typer(
     name="hrl",
     help="Harnessed agentic RL: train LLM agents through the harness they are deployed with.",
@@ -66,12 +82,12 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         rc = app(standalone_mode=False)
-    except click.exceptions.Exit as e:
-        rc = e.exit_code
-    except click.ClickException as e:
-        e.show()
-        rc = e.exit_code
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except _EXIT as e:
+        rc = e.exit_code  # type: ignore[attr-defined]
+    except _CLICK_ERROR as e:
+        e.show()  # type: ignore[attr-defined]
+        rc = e.exit_code  # type: ignore[attr-defined]
+    except (KeyboardInterrupt, *_ABORT):
         rc = EXIT_INTERRUPTED
     except Exception as e:
         rc = report(e)

@@ -66,6 +66,13 @@ def test_serve_unknown_engine(tiny_model):
     assert out.returncode == 2
 
 
+def test_a_commands_own_usage_error_exits_2_without_a_traceback():
+    """typer.BadParameter raised inside a command (typer ships its own click copy) is a usage error, not a bug."""
+    out = hrl("rollout", "--agent", "codex")
+    assert out.returncode == 2, out.stderr
+    assert "give --recipe or --tasks" in out.stderr and "Traceback" not in out.stderr and "bug" not in out.stderr
+
+
 def test_serve_broken_model_fails_to_start_without_orphans(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
