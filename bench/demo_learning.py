@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2, help="episodes per held-out task in each evaluation")
     ap.add_argument("-c", "--config", action="append", default=[], help="extra `hrl train -c` overrides")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--start-traces", type=Path, default=None, help="reuse this start evaluation (its traces file)")
     args = ap.parse_args()
 
     cache = Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser()
@@ -83,7 +84,11 @@ def main() -> None:
     print(f"warm start {model} (seed {args.model_seed}); work dir {work} (log: {log})", flush=True)
 
     build_wall, build_cpu = hrl("models", "tiny-agent", str(model), "--seed", str(args.model_seed), log=log)
-    start = evaluate(str(model), work / "eval-start.jsonl", args.n, log)
+    if args.start_traces:  # the warm start's evaluation from an earlier run of this script
+        rate, episodes, reasons = success(args.start_traces)
+        start = {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "from": str(args.start_traces)}
+    else:
+        start = evaluate(str(model), work / "eval-start.jsonl", args.n, log)
     print(f"start: held-out success {start['success']:.3f} over {start['episodes']} episodes", flush=True)
     result: dict[str, object] = {
         "model": str(model), "model_seed": args.model_seed, "build_wall_s": build_wall, "build_cpu_s": build_cpu,
