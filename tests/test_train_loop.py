@@ -81,3 +81,41 @@ def test_reward_rises_through_real_proxy_and_engine(tiny_model, tmp_path, mode):
     slope = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(curve)) / sum((i - x_mean) ** 2 for i in range(n))
     fit_start, fit_end = y_mean - slope * x_mean, y_mean + slope * x_mean
     assert fit_end > 1.3 * fit_start, (curve, fit_start, fit_end)
+
+
+def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model):
+    """All advantages zero (every group agreed): no optimizer step. Adam would otherwise keep moving every weight by
+    its momentum from earlier steps, drifting the policy with zero gradient."""
+    import torch
+
+    from hrl.train.samples import Sample
+
+    def batch(advantages: list[float]) -> list[Sample]:
+        return [
+            Sample(
+                f"t{i}",
+                "g",
+                ["a"],
+                [1, 2, 3, 4, 5, 6],
+                [0, 0, 0, 1, 1, 1],
+                [0, 0, 0, -1.0, -1.0, -1.0],
+                [-1, -1, -1, 0, 0, 0],
+                [0, 0, 0, 1 / 3, 1 / 3, 1 / 3],
+                advantage=a,
+            )
+            for i, a in enumerate(advantages)
+        ]
+
+    trainer = Trainer(TrainerConfig(model=tiny_model, mode="full", lr=1e-2, micro_batch=4))
+
+    def weights() -> torch.Tensor:
+        return torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
+
+    w0 = weights()
+    assert trainer.step(batch([1.0, -1.0]))["train/skipped"] == 0.0
+    w1 = weights()
+    assert not torch.equal(w0, w1)  # a real step moved them (and left Adam momentum behind)
+    metrics = trainer.step(batch([0.0, 0.0]))
+    assert metrics["train/skipped"] == 1.0 and metrics["train/grad_norm"] == 0.0
+    assert torch.equal(weights(), w1)
+    assert not torch.equal((trainer.step(batch([-1.0, 1.0])), weights())[1], w1)

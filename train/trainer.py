@@ -100,7 +100,8 @@ class Trainer:
 
     # ---- the update ----------------------------------------------------------------------------------------
     def step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step over all samples (gradient accumulation across micro-batches)."""
+        """One optimizer step over all samples (gradient accumulation across micro-batches); none when every advantage
+        is zero (`train/skipped` = 1)."""
         cfg, t0 = self.config, time.monotonic()
         samples = [s for s in samples if s.loss_tokens > 0]
         if not samples:
@@ -109,6 +110,11 @@ class Trainer:
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
         behaviour = [self._flat([s], "behaviour_logprobs") for s in samples]
         metrics = mismatch_kl(torch.cat(proximal), torch.cat(behaviour))
+        if all(s.advantage == 0 for s in samples):
+            # no learning signal (every group agreed): the gradient is exactly zero, but Adam would still move every
+            # weight by its momentum (m/√v ≠ 0), drifting a policy that just collapsed further from where it was
+            return {**metrics, "train/loss": 0.0, "train/grad_norm": 0.0, "train/samples": float(len(samples)),
+                    "train/traces": float(n_traces), "train/skipped": 1.0, "train/step_s": time.monotonic() - t0}  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         total, parts = 0.0, []
         for i in range(0, len(samples), cfg.micro_batch):
@@ -140,6 +146,7 @@ class Trainer:
                 "train/samples": float(len(samples)),
                 "train/traces": float(n_traces),
                 "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
+                "train/skipped": 0.0,
                 "train/step_s": time.monotonic() - t0,
             }
         )
