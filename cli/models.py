@@ -47,7 +47,7 @@ TINY_AGENT_EPILOG = """Examples:
 
   hrl models tiny-agent ./agent-7 --seed 7                # another seed: other SFT data, weights and noise
 
-  hrl models tiny-agent ./agent --right-op 0.5 --json     # a stronger warm start; machine-readable summary
+  hrl models tiny-agent ./agent --right-op 0.8 --json     # a stronger warm start; machine-readable summary
 """
 
 
@@ -82,9 +82,9 @@ def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: boo
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from hrl.cli.output import want_color
-    from hrl.train.tiny_agent import build_tiny_agent
+    from hrl.train.tiny_agent import TinyAgentConfig, build_tiny_agent
 
-    seed = cfg.seed if cfg is not None else 0
+    cfg = cfg or TinyAgentConfig()
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err, disable=not want_color() or quiet,
@@ -93,7 +93,7 @@ def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: boo
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "data":
-            err.print(f"building the tiny agent model in {out_dir} (seed {seed}; minutes on 2 cores)", markup=False)
+            err.print(f"building the tiny agent model in {out_dir} (seed {cfg.seed}; minutes on 2 cores)", markup=False)
         if quiet:
             return
         if kind == "step":
