@@ -35,7 +35,9 @@ def rollout(
     n: Annotated[int, typer.Option("-n", help="Episodes per task.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Episodes running at once.")] = 4,
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "",
-    model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir.")] = "",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="HF model id, local dir, or a LoRA checkpoint (adapter dir).")
+    ] = "",
     engine: Annotated[str, typer.Option(help="embedded | vllm | URL of a running vLLM server.")] = "",
     limit: Annotated[int, typer.Option(help="Use only the first N tasks; 0 = all.")] = 0,
     time_budget: Annotated[float, typer.Option(help="Seconds per agent run; 0 = the recipe's.")] = 0,

@@ -36,7 +36,9 @@ def default_engine() -> str:
 
 
 def serve(
-    model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local model dir.")],
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="HF model id, local model dir, or a LoRA checkpoint (adapter dir).")
+    ],
     engine: Annotated[
         str, typer.Option("--engine", "-e", help="embedded | vllm | URL of a running vLLM server (default: auto).")
     ] = "",
@@ -53,17 +55,19 @@ def serve(
     recorded token-exactly, and each finished session becomes one trace line."""
     from hrl.cli.config import materialize_model
     from hrl.runners.engines import make_engine
-    from hrl.runners.models import resolve_model
+    from hrl.runners.models import split_adapter
     from hrl.runners.proxy.server import check_port_free
 
-    path = resolve_model(materialize_model(model))
+    path, adapter = split_adapter(materialize_model(model))
     check_port_free(host, port)
     eng = make_engine(engine or default_engine(), path)
     options = {"model_name": served_name or model, "require_sessions": require_sessions, "idle_timeout_s": idle_timeout}
-    asyncio.run(_serve(eng, path, options, traces, host, port))
+    asyncio.run(_serve(eng, path, adapter, options, traces, host, port))
 
 
-async def _serve(eng: Any, path: str, options: dict[str, Any], traces: Path | None, host: str, port: int) -> None:
+async def _serve(
+    eng: Any, path: str, adapter: str | None, options: dict[str, Any], traces: Path | None, host: str, port: int
+) -> None:
     from hrl.runners.proxy.proxy import Proxy, ProxyConfig
     from hrl.runners.proxy.server import build_app, run_server
     from hrl.runners.proxy.template import ChatTemplate
@@ -77,6 +81,9 @@ async def _serve(eng: Any, path: str, options: dict[str, Any], traces: Path | No
     err.print(f"starting {eng.name} engine for {options['model_name']} …")
     try:
         await eng.start()
+        if adapter:
+            err.print(f"publishing the LoRA adapter {adapter} as policy 1 …", markup=False)
+            await eng.publish(adapter, "lora")
         proxy.start_reaper()
         ready = asyncio.Event()
         server = asyncio.create_task(run_server(build_app(proxy), host, port, ready))

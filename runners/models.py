@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from hrl.runners.errors import ModelNotFoundError
 
-__all__ = ["resolve_model"]
+__all__ = ["resolve_model", "split_adapter"]
 
 
 def _looks_like_path(name: str) -> bool:
@@ -41,3 +42,25 @@ def resolve_model(name: str) -> str:
             hint="download it first, pass a local dir, or build one with `hrl models tiny DIR`",
         )
     return name
+
+
+def split_adapter(name: str) -> tuple[str, str | None]:
+    """`(base model, adapter dir)` for a peft adapter dir (a LoRA checkpoint of `hrl train`), else `(model, None)`.
+
+    The base is the adapter's `base_model_name_or_path`, resolved like any model; a LoRA checkpoint can thus be
+    served or evaluated wherever a model is accepted (the engine loads the base, then publishes the adapter).
+    """
+    path = Path(name).expanduser()
+    config = path / "adapter_config.json"
+    if not (path.is_dir() and config.is_file() and not (path / "config.json").is_file()):
+        return resolve_model(name), None
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"adapter dir {name}: unreadable adapter_config.json ({e})") from None
+    if not base:
+        raise ModelNotFoundError(
+            f"adapter dir {name} does not name its base model",
+            hint="set base_model_name_or_path in adapter_config.json",
+        )
+    return resolve_model(base), str(path.resolve())

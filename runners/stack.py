@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.engines import Engine, make_engine
-from hrl.runners.models import resolve_model
+from hrl.runners.models import split_adapter
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, check_port_free, run_server
 from hrl.runners.proxy.template import ChatTemplate
@@ -48,8 +48,9 @@ async def serving(
     engine_options: dict[str, Any] | None = None,
     proxy_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
-    """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all."""
-    path = resolve_model(model)
+    """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all.
+    `model` may be a LoRA checkpoint (peft adapter dir): its base is served with the adapter published as policy 1."""
+    path, adapter = split_adapter(model)
     port = port or _free_port(host)
     check_port_free(host, port)
     eng = make_engine(engine, path, **(engine_options or {}))
@@ -60,6 +61,8 @@ async def serving(
     server: asyncio.Task[None] | None = None
     try:
         await eng.start()
+        if adapter:
+            await eng.publish(adapter, "lora")
         ready = asyncio.Event()
         server = asyncio.create_task(run_server(build_app(proxy), host, port, ready, unix_socket=sock))
         done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)

@@ -199,3 +199,27 @@ def test_context_overflow_and_unknown_version(tiny_model):
 def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(ModelNotFoundError, match="not found"):
         run(_started(str(tmp_path / "nope")))
+
+
+def test_lora_checkpoint_is_served_as_its_base_plus_the_adapter(tiny_model, tiny_lora, tmp_path):
+    """A LoRA checkpoint of `hrl train` (peft adapter dir) works wherever a model is accepted: `serving` loads the
+    base it names and publishes the adapter as policy 1, so its greedy output is the adapter's."""
+    from hrl.runners.models import split_adapter
+    from hrl.runners.stack import serving
+
+    assert split_adapter(tiny_model) == (tiny_model, None)
+    assert split_adapter(tiny_lora) == (tiny_model, tiny_lora)
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        async with serving(tiny_lora) as stack:
+            assert stack.engine.version == 1
+            return (await collect(stack.engine.generate("g", prompt, GREEDY))).token_ids
+
+    out = run(go())
+    assert out == hf_greedy(load_hf(tiny_model, tiny_lora), prompt, len(out))
+    nameless = tmp_path / "nameless"
+    nameless.mkdir()
+    (nameless / "adapter_config.json").write_text('{"base_model_name_or_path": null}')
+    with pytest.raises(ModelNotFoundError, match="does not name its base model"):
+        split_adapter(str(nameless))
