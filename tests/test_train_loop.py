@@ -83,29 +83,32 @@ def test_reward_rises_through_real_proxy_and_engine(tiny_model, tmp_path, mode):
     assert fit_end > 1.3 * fit_start, (curve, fit_start, fit_end)
 
 
+def _batch(advantages: list[float], distinct: bool = False) -> list:
+    """One 6-token sample per advantage, loss on its last 3 tokens (the same ids unless `distinct`)."""
+    from hrl.train.samples import Sample
+
+    return [
+        Sample(
+            f"t{i}",
+            "g",
+            ["a"],
+            [1, 2, 3, 4 + 3 * i * distinct, 5 + 3 * i * distinct, 6 + 3 * i * distinct],
+            [0, 0, 0, 1, 1, 1],
+            [0, 0, 0, -1.0, -1.0, -1.0],
+            [-1, -1, -1, 0, 0, 0],
+            [0, 0, 0, 1 / 3, 1 / 3, 1 / 3],
+            advantage=a,
+        )
+        for i, a in enumerate(advantages)
+    ]
+
+
 def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model):
     """All advantages zero (every group agreed): no optimizer step. Adam would otherwise keep moving every weight by
     its momentum from earlier steps, drifting the policy with zero gradient."""
     import torch
 
-    from hrl.train.samples import Sample
-
-    def batch(advantages: list[float]) -> list[Sample]:
-        return [
-            Sample(
-                f"t{i}",
-                "g",
-                ["a"],
-                [1, 2, 3, 4, 5, 6],
-                [0, 0, 0, 1, 1, 1],
-                [0, 0, 0, -1.0, -1.0, -1.0],
-                [-1, -1, -1, 0, 0, 0],
-                [0, 0, 0, 1 / 3, 1 / 3, 1 / 3],
-                advantage=a,
-            )
-            for i, a in enumerate(advantages)
-        ]
-
+    batch = _batch
     trainer = Trainer(TrainerConfig(model=tiny_model, mode="full", lr=1e-2, micro_batch=4))
 
     def weights() -> torch.Tensor:
@@ -119,3 +122,25 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model):
     assert metrics["train/skipped"] == 1.0 and metrics["train/grad_norm"] == 0.0
     assert torch.equal(weights(), w1)
     assert not torch.equal((trainer.step(batch([-1.0, 1.0])), weights())[1], w1)
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_kl_term_holds_the_policy_near_its_start(tiny_model, mode):
+    """kl_coef > 0: a k3 KL to the starting weights (LoRA: adapters off; full: a frozen copy) joins the loss. It is
+    exactly 0 on the first step and holds the policy closer to where it started than the same updates without it."""
+    import torch
+
+    batch = _batch([1.0, -1.0], distinct=True)
+
+    def drift(kl_coef: float) -> tuple[float, list[float]]:
+        trainer = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=2e-2, micro_batch=1, kl_coef=kl_coef))
+        start = torch.cat(trainer.logprobs(batch))
+        kls = [trainer.step(batch).get("train/kl_ref", -1.0) for _ in range(6)]
+        return float((torch.cat(trainer.logprobs(batch)) - start).abs().mean()), kls
+
+    free, no_kl = drift(0.0)
+    held, kls = drift(5.0)
+    assert no_kl == [-1.0] * 6  # no KL term, no metric
+    assert kls[0] == 0.0 and all(k > 0 for k in kls[1:]), kls
+    print(f"\n{mode}: mean |Δlogp| after 6 steps: {free:.3f} without the KL term, {held:.3f} with it; KL {kls}")
+    assert held < 0.7 * free, (held, free)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from hrl.runners.models import resolve_model
 from hrl.train.logprobs import token_logprobs
-from hrl.train.loss import importance_weights, mismatch_kl, policy_loss
+from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
 
 __all__ = ["Trainer", "TrainerConfig"]
@@ -44,6 +44,11 @@ class TrainerConfig(BaseModel):
         "trace", description="trace: token mean within each trace, mean over traces. constant: Dr.GRPO, ÷ max_len."
     )
     max_len: int = Field(4096, description="Dr.GRPO's constant normaliser, in tokens.")
+    kl_coef: float = Field(
+        0.0,
+        description="Weight of a k3 KL(π || π_ref) penalty on the sampled tokens, π_ref = the starting weights "
+        "(LoRA: the base with adapters off; full: a frozen copy). 0 = off.",
+    )
     seed: int = 0
 
 
@@ -63,6 +68,9 @@ class Trainer:
             lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
             model = get_peft_model(model, lora)
         self.model = model.train()
+        self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
+        if config.kl_coef > 0 and config.mode == "full":
+            self.reference = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.n_trainable = sum(p.numel() for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -86,15 +94,23 @@ class Trainer:
         return torch.tensor([getattr(s, attr)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
 
     @torch.no_grad()
-    def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """The trainer's logprobs of each sample's loss tokens, under the current weights (eval mode)."""
+    def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+        """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
+        reference weights (the starting point) with `reference`."""
+        import contextlib
+
+        model, ctx = self.model, contextlib.nullcontext()
+        if reference:
+            model = self.reference if self.reference is not None else self.model
+            ctx = self.model.disable_adapter() if self.reference is None else ctx  # LoRA: the base is the reference
         self.model.eval()
         out = []
-        for i in range(0, len(samples), self.config.micro_batch):
-            mb = samples[i : i + self.config.micro_batch]
-            ids, mask = self._pad(mb)
-            lp = token_logprobs(self.model, ids, mask, self.config.logprob_chunk).float()
-            out += [lp[j, torch.tensor(_loss_pos(s)) - 1] for j, s in enumerate(mb)]
+        with ctx:
+            for i in range(0, len(samples), self.config.micro_batch):
+                mb = samples[i : i + self.config.micro_batch]
+                ids, mask = self._pad(mb)
+                lp = token_logprobs(model, ids, mask, self.config.logprob_chunk).float()
+                out += [lp[j, torch.tensor(_loss_pos(s)) - 1] for j, s in enumerate(mb)]
         self.model.train()
         return out
 
@@ -115,8 +131,9 @@ class Trainer:
             # weight by its momentum (m/√v ≠ 0), drifting a policy that just collapsed further from where it was
             return {**metrics, "train/loss": 0.0, "train/grad_norm": 0.0, "train/samples": float(len(samples)),
                     "train/traces": float(n_traces), "train/skipped": 1.0, "train/step_s": time.monotonic() - t0}  # fmt: skip
+        ref = self.logprobs(samples, reference=True) if cfg.kl_coef > 0 else None
         self.optimizer.zero_grad(set_to_none=True)
-        total, parts = 0.0, []
+        total, kl_total, parts = 0.0, 0.0, []
         for i in range(0, len(samples), cfg.micro_batch):
             mb = samples[i : i + cfg.micro_batch]
             ids, mask = self._pad(mb)
@@ -130,6 +147,10 @@ class Trainer:
                 is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
                 parts.append(m)
             loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
+            if ref is not None:
+                kl, _ = kl_to_reference(logp, torch.cat(ref[i : i + cfg.micro_batch]), weight)
+                loss = loss + cfg.kl_coef * kl
+                kl_total += float(kl.detach())
             loss.backward()
             total += float(loss.detach())
             parts.append(m)
@@ -147,6 +168,7 @@ class Trainer:
                 "train/traces": float(n_traces),
                 "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
                 "train/skipped": 0.0,
+                **({"train/kl_ref": kl_total} if ref is not None else {}),
                 "train/step_s": time.monotonic() - t0,
             }
         )
