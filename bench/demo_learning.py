@@ -56,12 +56,35 @@ def success(traces: Path) -> tuple[float, int, dict[str, int]]:
     return sum(float(t.get("reward") or 0.0) for t in rows) / max(1, len(rows)), len(rows), reasons
 
 
-def evaluate(model: str, out: Path, n: int, log: Path) -> dict[str, object]:
+def behaviour(traces: Path, tokenizer_dir: str) -> dict[str, float]:
+    """What the episodes did, from the sampled tokens: the share that wrote the fix (`sed -i`, not a `sed` that only
+    prints it), the success rate among those (picking the right operator), and the share of 3-call episodes."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rows = [json.loads(line) for line in traces.read_text().splitlines() if line.strip()]
+    texts = ["".join(tok.decode(c["response_ids"]) for c in t["calls"]) for t in rows]
+    in_place = [t for t, text in zip(rows, texts, strict=True) if "sed -i" in text]
+    return {
+        "sed_in_place": round(len(in_place) / max(1, len(rows)), 3),
+        "success_given_in_place": round(
+            sum(float(t.get("reward") or 0.0) for t in in_place) / max(1, len(in_place)), 3
+        ),
+        "three_calls": round(sum(len(t["calls"]) == 3 for t in rows) / max(1, len(rows)), 3),
+    }
+
+
+def evaluate(model: str, out: Path, n: int, log: Path, tokenizer_dir: str) -> dict[str, object]:
     out.unlink(missing_ok=True)
     wall, cpu = hrl("rollout", "--agent", "mini-swe-agent", "--recipe", "demo", "--tasks", str(RECIPE / "heldout.jsonl"),
                     "--model", model, "-n", str(n), "--out", str(out), log=log)  # fmt: skip
     rate, episodes, reasons = success(out)
-    return {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "wall_s": wall, "cpu_s": cpu}
+    return {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "wall_s": wall, "cpu_s": cpu,
+            **behaviour(out, tokenizer_dir)}  # fmt: skip
+
+
+def _what(ev: dict[str, object]) -> str:
+    return f"sed -i in {ev['sed_in_place']:.0%} of episodes, right operator given -i {ev['success_given_in_place']:.0%}"
 
 
 def main() -> None:
@@ -86,10 +109,13 @@ def main() -> None:
     build_wall, build_cpu = hrl("models", "tiny-agent", str(model), "--seed", str(args.model_seed), log=log)
     if args.start_traces:  # the warm start's evaluation from an earlier run of this script
         rate, episodes, reasons = success(args.start_traces)
-        start = {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "from": str(args.start_traces)}
+        start = {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "from": str(args.start_traces),
+                 **behaviour(args.start_traces, str(model))}  # fmt: skip
     else:
-        start = evaluate(str(model), work / "eval-start.jsonl", args.n, log)
-    print(f"start: held-out success {start['success']:.3f} over {start['episodes']} episodes", flush=True)
+        start = evaluate(str(model), work / "eval-start.jsonl", args.n, log, str(model))
+    print(
+        f"start: held-out success {start['success']:.3f} over {start['episodes']} episodes; {_what(start)}", flush=True
+    )
     result: dict[str, object] = {
         "model": str(model), "model_seed": args.model_seed, "build_wall_s": build_wall, "build_cpu_s": build_cpu,
         "cores": os.cpu_count(), "start": start, "runs": [],
@@ -101,10 +127,10 @@ def main() -> None:
                                     *[a for c in overrides for a in ("-c", c)], log=log)  # fmt: skip
         print(f"seed {seed}: train {train_wall:.0f} s wall, {train_cpu:.0f} s CPU; run dir {run}", flush=True)
         state = json.loads((run / "state.json").read_text())
-        end = evaluate(state["checkpoint"], work / f"eval-end-s{seed}.jsonl", args.n, log)
+        end = evaluate(state["checkpoint"], work / f"eval-end-s{seed}.jsonl", args.n, log, str(model))
         rewards = [json.loads(line).get("trace/reward") for line in (run / "metrics.jsonl").read_text().splitlines()]
         ratio = round(float(end["success"]) / max(float(start["success"]), 1e-9), 2)  # type: ignore[arg-type]
-        print(f"seed {seed}: held-out success {start['success']:.3f} -> {end['success']:.3f} ({ratio}x); "
+        print(f"seed {seed}: held-out success {start['success']:.3f} -> {end['success']:.3f} ({ratio}x); {_what(end)}; "
               f"train reward per iteration {[round(r or 0.0, 3) for r in rewards]}", flush=True)  # fmt: skip
         result["runs"].append(  # type: ignore[union-attr]
             {"seed": seed, "run_dir": str(run), "train_wall_s": train_wall, "train_cpu_s": train_cpu,
