@@ -4,6 +4,7 @@ so `hrl --help` and `hrl --version` stay fast."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -80,6 +81,9 @@ def main() -> None:
     """Console entry point: run the app and map every exception to one error line and an exit code."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress goes to stderr via rich
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # `kill PID` (a scheduler, `timeout`, a supervisor) stops a command the way Ctrl-C does: episodes end as
+    # cancelled traces, sandboxes and engines are cleaned up, exit 130; without this, SIGTERM orphans agents
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         rc = app(standalone_mode=False)
     except _EXIT as e:

@@ -112,10 +112,11 @@ def _agents_running(run_id: str) -> int:
     return n
 
 
-def test_ctrl_c_of_hrl_rollout_ends_each_started_episode_as_one_cancelled_trace(tiny_model, tmp_path, swe_image):
-    """Ctrl-C while two agents wait on a slow model turn (a third episode still queued): `hrl rollout` exits 130,
-    the trace file is valid JSONL with exactly one `cancelled` trace per started episode and none for the queued
-    one, and no container of the run survives."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_of_hrl_rollout_ends_each_started_episode_as_one_cancelled_trace(tiny_model, tmp_path, swe_image, how):
+    """Ctrl-C (SIGINT to the process group) or `kill PID` (SIGTERM to hrl alone) while two agents wait on a slow model
+    turn (a third episode still queued): `hrl rollout` exits 130, the trace file is valid JSONL with exactly one
+    `cancelled` trace per started episode and none for the queued one, and no container of the run survives."""
     task = mini_task("docker")
     tasks, out, turns = tmp_path / "tasks.jsonl", tmp_path / "traces.jsonl", tmp_path / "turns.json"
     write_tasks([task], tasks)
@@ -135,13 +136,16 @@ def test_ctrl_c_of_hrl_rollout_ends_each_started_episode_as_one_cancelled_trace(
         assert proc.poll() is None, f"hrl rollout ended early: {proc.communicate()[1][-3000:]}"
         assert _agents_running(run_id) == 2, "the agents never started"
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.terminate()
         _, stderr = proc.communicate(timeout=90)
         stop_s = time.monotonic() - t0
         assert proc.returncode == 130 and out.is_file(), stderr[-3000:]
         lines = out.read_text().splitlines()
         traces = list(read_traces(out))
-        print(f"\nCtrl-C: exit {proc.returncode} after {stop_s:.1f}s; {[t['failure_reason'] for t in traces]}")
+        print(f"\n{how}: exit {proc.returncode} after {stop_s:.1f}s; {[t['failure_reason'] for t in traces]}")
         assert len(lines) == len(traces) == 2 and all(json.loads(line) for line in lines)
         keys = sorted(t["metadata"]["episode"] for t in traces)
         assert keys == [f"it0:{task.instance_id}#{k}" for k in (0, 1)]  # #2 never started
