@@ -47,7 +47,7 @@ TINY_AGENT_EPILOG = """Examples:
 
   hrl models tiny-agent ./agent-7 --seed 7                # another seed: other SFT data, weights and noise
 
-  hrl models tiny-agent ./agent --right-op 0.8 --json     # a stronger warm start; machine-readable summary
+  hrl models tiny-agent ./agent --right-op 0.9 --json     # a stronger warm start; machine-readable summary
 """
 
 
@@ -58,6 +58,9 @@ def tiny_agent(
     right_op: Annotated[
         float, typer.Option(help="Share of SFT fixes that use the right operator (the warm start's skill).")
     ] = -1.0,
+    in_place: Annotated[
+        float, typer.Option(help="Share of SFT fixes whose sed writes the file (-i); the rest only print the fix.")
+    ] = -1.0,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if DIR holds this exact build.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -65,7 +68,8 @@ def tiny_agent(
     episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not."""
     from hrl.train.tiny_agent import BUILD_INFO, TinyAgentConfig, build_info
 
-    cfg = TinyAgentConfig(seed=seed, **({"right_op": right_op} if right_op >= 0 else {}))
+    noise = {k: v for k, v in {"right_op": right_op, "in_place": in_place}.items() if v >= 0}
+    cfg = TinyAgentConfig(seed=seed, **noise)
     if force:
         (out_dir / BUILD_INFO).unlink(missing_ok=True)
     path = build_tiny_agent_showing_progress(out_dir, cfg, quiet=as_json)

@@ -229,5 +229,14 @@ def test_hrl_train_recipe_demo_runs_end_to_end(tmp_path, small_agent):
     assert len(traces) == 4 and all(t["reward"] in (0.0, 1.0) for t in traces), [t["failure_reason"] for t in traces]
     assert all(t["agent"]["name"] == "mini-swe-agent" and len(t["calls"]) >= 1 for t in traces)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["version"] == 1 and (run / "checkpoints" / "v0001" / "model.safetensors").is_file()
+    checkpoint = run / "checkpoints" / "v0001"
+    assert metrics[-1]["version"] == 1 and (checkpoint / "adapter_model.safetensors").is_file()  # the recipe's LoRA
     assert "report: hrl report" in proc.stderr
+    # the LoRA checkpoint is evaluated like any model (its base is served, the adapter published as policy 1)
+    out = tmp_path / "eval.jsonl"
+    args = ["rollout", "--agent", "mini-swe-agent", "--recipe", "demo", "--tasks", str(RECIPE / "heldout.jsonl"),
+            "--model", str(checkpoint), "--limit", "1", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "hrl.cli", *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    (trace,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert trace["reward"] in (0.0, 1.0) and {v for c in trace["calls"] for _, v in c["versions"]} == {1}

@@ -74,8 +74,8 @@ class TinyAgentConfig(BaseModel):
     batch_size: int = 8
     lr: float = Field(3e-3, description="Peak AdamW learning rate (linear warmup, cosine decay to 10%).")
     warmup_steps: int = 10
-    right_op: float = Field(0.5, description="Share of transcripts whose fix uses the right operator.")
-    in_place: float = Field(0.25, description="Share of transcripts whose sed edits in place (-i).")
+    right_op: float = Field(Noise.right_op, description="Share of transcripts whose fix uses the right operator.")
+    in_place: float = Field(Noise.in_place, description="Share of transcripts whose sed edits in place (-i).")
     foreign_uname: float = Field(0.3, description="Share of prompts with another machine's uname line.")
     threads: int = Field(0, description="torch threads; 0 = torch's default.")
 
