@@ -82,7 +82,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress goes to stderr via rich
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # `kill PID` (a scheduler, `timeout`, a supervisor) stops a command the way Ctrl-C does: episodes end as
-    # cancelled traces, sandboxes and engines are cleaned up, exit 130; without this, SIGTERM orphans agents
+    # cancelled traces, sandboxes and engines are cleaned up, exit 130; without this, SIGTERM orphans agents.
+    # A shell's `cmd &` starts hrl with SIGINT ignored, which would disable that path too: restore it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         rc = app(standalone_mode=False)

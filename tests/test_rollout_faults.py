@@ -127,8 +127,12 @@ def test_ctrl_c_of_hrl_rollout_ends_each_started_episode_as_one_cancelled_trace(
         "--engine", "scripted", "--sandbox", "docker", "--out", str(out), "-n", "3", "--concurrency", "2",
         "--run-id", run_id, "-c", f"engine_options.script_file={turns}", "-c", "engine_options.token_delay_s=0.1",
     ]  # fmt: skip
-    # its own process group, so the SIGINT goes to all of it, as a terminal's Ctrl-C does
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # its own process group, so the SIGINT goes to all of it, as a terminal's Ctrl-C does; for `kill PID`, started
+    # the way a shell's `hrl ... &` starts it: with SIGINT ignored
+    ignore = None if how == "ctrl-c" else (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=ignore
+    )
     try:
         deadline = time.monotonic() + 120
         while _agents_running(run_id) < 2 and proc.poll() is None and time.monotonic() < deadline:
