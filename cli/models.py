@@ -47,7 +47,7 @@ TINY_AGENT_EPILOG = """Examples:
 
   hrl models tiny-agent ./agent-7 --seed 7                # another seed: other SFT data, weights and noise
 
-  hrl models tiny-agent ./agent --right-op 0.9 --json     # a stronger warm start; machine-readable summary
+  hrl models tiny-agent ./agent --right-op 0.8 --json     # a stronger warm start; machine-readable summary
 """
 
 

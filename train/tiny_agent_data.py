@@ -278,8 +278,8 @@ class Noise:
     """How often the warm-start transcripts go wrong. right_op: the fix puts the mirror operator back (else a
     plausible wrong one); in_place: `sed` edits the file (else it only prints it)."""
 
-    right_op: float = 0.75
-    in_place: float = 0.2
+    right_op: float = 0.5
+    in_place: float = 0.25
 
 
 def bash_turn(command: str) -> dict[str, Any]:
