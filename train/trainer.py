@@ -3,6 +3,7 @@ causal LM, with micro-batching and gradient accumulation; saves HF / peft checkp
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Literal
@@ -96,13 +97,14 @@ class Trainer:
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
-        reference weights (the starting point) with `reference`."""
-        import contextlib
-
+        reference weights (the starting point) with `reference`: LoRA's base, or full mode's frozen copy."""
         model, ctx = self.model, contextlib.nullcontext()
-        if reference:
-            model = self.reference if self.reference is not None else self.model
-            ctx = self.model.disable_adapter() if self.reference is None else ctx  # LoRA: the base is the reference
+        if reference and self.config.mode == "lora":
+            ctx = self.model.disable_adapter()
+        elif reference:
+            if self.reference is None:
+                raise ValueError("full fine-tuning keeps reference weights only when kl_coef > 0")
+            model = self.reference
         self.model.eval()
         out = []
         with ctx:
