@@ -24,6 +24,8 @@ EPILOG = """Examples:
 
   hrl rollout --agent qwen-code --recipe swe --sandbox local --concurrency 2 --out traces.jsonl
 
+  hrl rollout --agent mini-swe-agent --recipe demo --model runs/demo/checkpoints/v0010   # a LoRA checkpoint
+
   hrl rollout --agent codex --recipe swe --json | jq .reward
 """
 
