@@ -265,8 +265,8 @@ async def _pump(stream: asyncio.StreamReader, buf: bytearray, cap: int, dropped:
 
 def kill_marked(name: str, value: str) -> int:
     """SIGKILL every process whose environment has name=value (Linux /proc; elsewhere a no-op). Returns how many."""
-    mark, killed = f"{name}={value}".encode(), 0
-    for _ in range(10):  # again, for children forked while we were killing
+    mark, killed, quiet = f"{name}={value}".encode(), 0, 0
+    for _ in range(12):  # again, for children forked while we were killing
         found = 0
         for environ in Path("/proc").glob("[0-9]*/environ"):
             try:
@@ -276,7 +276,9 @@ def kill_marked(name: str, value: str) -> int:
             except (OSError, ValueError):
                 continue
         killed += found
-        if not found:
+        # a process in the middle of execve shows an empty environ for an instant: two clean passes, not one
+        quiet = 0 if found else quiet + 1
+        if quiet == 2:
             break
         time.sleep(0.02)
     return killed
