@@ -54,50 +54,37 @@ def serve(
     """Run the recording proxy: agents talk OpenAI chat / Responses, Anthropic or Gemini to it, every call is
     recorded token-exactly, and each finished session becomes one trace line."""
     from hrl.cli.config import materialize_model
-    from hrl.runners.engines import make_engine
-    from hrl.runners.models import split_adapter
+    from hrl.runners.engines import engine_kind
     from hrl.runners.proxy.server import check_port_free
 
-    path, adapter = split_adapter(materialize_model(model))
+    path = materialize_model(model)
+    engine = engine or default_engine()
+    engine_kind(engine)  # fail on a bad engine name or a taken port before anything loads
     check_port_free(host, port)
-    eng = make_engine(engine or default_engine(), path)
-    options = {"model_name": served_name or model, "require_sessions": require_sessions, "idle_timeout_s": idle_timeout}
-    asyncio.run(_serve(eng, path, adapter, options, traces, host, port))
+    options = {"require_sessions": require_sessions, "idle_timeout_s": idle_timeout}
+    asyncio.run(_serve(path, engine, served_name or model, options, traces, host, port))
 
 
 async def _serve(
-    eng: Any, path: str, adapter: str | None, options: dict[str, Any], traces: Path | None, host: str, port: int
+    model: str, engine: str, name: str, options: dict[str, Any], traces: Path | None, host: str, port: int
 ) -> None:
-    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-    from hrl.runners.proxy.server import build_app, run_server
-    from hrl.runners.proxy.template import ChatTemplate
+    from hrl.runners.stack import serving
     from hrl.runners.trace import TraceWriter
 
-    proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(**options), TraceWriter(traces) if traces else None)
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, main.cancel)  # type: ignore[union-attr]
-    err.print(f"starting {eng.name} engine for {options['model_name']} …")
     try:
-        await eng.start()
-        if adapter:
-            err.print(f"publishing the LoRA adapter {adapter} as policy 1 …", markup=False)
-            await eng.publish(adapter, "lora")
-        proxy.start_reaper()
-        ready = asyncio.Event()
-        server = asyncio.create_task(run_server(build_app(proxy), host, port, ready))
-        await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if server.done():
-            server.result()
-        err.print(
-            f"serving {options['model_name']} on http://{host}:{port} (sessions under /s/<token>/; Ctrl-C to stop)"
-        )
-        await server
+        async with serving(model, engine, host=host, port=port, model_name=name, proxy_options=options,
+                           traces=TraceWriter(traces) if traces else None,
+                           say=lambda line: err.print(line, markup=False)) as stack:  # fmt: skip
+            err.print(f"serving {name} on {stack.url} (sessions under /s/<token>/; Ctrl-C to stop)", markup=False)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                flushed = stack.proxy.close()
+                if flushed and traces:
+                    err.print(f"wrote {len(flushed)} open session(s) to {traces}", markup=False)
     except asyncio.CancelledError:
         pass
-    finally:
-        flushed = proxy.close()
-        if flushed:
-            err.print(f"wrote {len(flushed)} open session(s) to {traces}" if traces else "")
-        await eng.close()

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from hrl.runners.models import split_adapter
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, check_port_free, run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.trace import TraceWriter
 
 __all__ = ["Stack", "serving"]
 
@@ -47,9 +48,13 @@ async def serving(
     model_name: str | None = None,
     engine_options: dict[str, Any] | None = None,
     proxy_options: dict[str, Any] | None = None,
+    traces: TraceWriter | None = None,
+    say: Callable[[str], object] = lambda _: None,
 ) -> AsyncIterator[Stack]:
     """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all.
-    `model` may be a LoRA checkpoint (peft adapter dir): its base is served with the adapter published as policy 1."""
+    `model` may be a LoRA checkpoint (peft adapter dir): its base is served with the adapter published as policy 1.
+    With `traces`, the proxy writes each ended session there too (`proxy.end_session` returns it either way).
+    `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
     path, adapter = split_adapter(model)
     port = port or _free_port(host)
     check_port_free(host, port)
@@ -57,9 +62,11 @@ async def serving(
     sock_dir = Path(tempfile.mkdtemp(prefix="hrl-proxy-"))
     await asyncio.to_thread(sock_dir.chmod, 0o755)
     sock = str(sock_dir / "proxy.sock")
-    proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})))
+    proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})), traces)
     server: asyncio.Task[None] | None = None
     try:
+        lora = f" with the LoRA adapter {adapter} as policy 1" if adapter else ""
+        say(f"starting the {eng.name} engine for {path}{lora} …")
         await eng.start()
         if adapter:
             await eng.publish(adapter, "lora")

@@ -129,3 +129,23 @@ def test_package_layout_is_the_documented_one():
     root = Path(__file__).resolve().parents[1]
     for name in ["cli", "runners", "sandboxes", "train", "recipes", "tests", "pyproject.toml", "README.md"]:
         assert (root / name).exists(), name
+
+
+def test_serve_lora_checkpoint_writes_open_sessions_on_stop(tiny_lora, tmp_path):
+    """`hrl serve` on a LoRA checkpoint samples from the adapter (policy 1), and Ctrl-C writes the session still
+    open as a trace: nothing recorded is lost when the server stops."""
+    import json
+    import urllib.request
+
+    traces = tmp_path / "traces.jsonl"
+    with served(tiny_lora, "--traces", str(traces)) as url:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
+        req = urllib.request.Request(
+            url + "/s/open-one/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.load(r)["usage"]["completion_tokens"] == 5
+    [trace] = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert trace["metadata"]["ended_by"] == "proxy stop"
+    [call] = trace["calls"]
+    assert call["versions"] == [[0, 1]] and len(call["response_ids"]) == 5
