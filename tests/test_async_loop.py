@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from hrl.runners.engines import make_engine
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
@@ -62,6 +63,15 @@ def _check(tmp_path, tiny_model, policy: str) -> None:
 
 def test_async_mixed(tiny_model, tmp_path):
     _check(tmp_path, tiny_model, "mixed")
+    # every committed step has exactly one metrics line, and a resumed run goes on from the committed state
+    run = RunDir(tmp_path / "mixed")
+    assert run.state()["iteration"] == 4 and run.state()["version"] == 4
+    cfg = LoopConfig(iterations=6, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
+    acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
+    history = asyncio.run(_run(tiny_model, run, cfg, acfg, "mixed"))
+    assert [m["version"] for m in history] == [5, 6]
+    lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
 
 
 def test_async_pin(tiny_model, tmp_path):

@@ -148,7 +148,6 @@ async def train_async(
             pause0 = _pause_s(proxy)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
             version = await publish(path, cfg.trainer.mode, version + 1)
-            run.save_state(step + 1, version, path)
             staleness = [_age(t, version - 1) for t in fresh]
             metrics.update(
                 {
@@ -167,7 +166,8 @@ async def train_async(
                     "time/elapsed_s": time.monotonic() - t_start,
                 }
             )
-            sink.log(metrics, step=step)
+            sink.log(metrics, step=step)  # before the commit: a step is never committed without its line
+            run.save_state(step + 1, version, path)
             history.append(metrics)
             on_event("step", metrics)
     finally:
