@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
 from hrl.cli.output import emit, err
+from hrl.runners.scratch import scratch
 
 __all__ = ["app"]
 
@@ -68,7 +68,7 @@ def doctor(
     a file, answers and exits, with a token-exact trace."""
     from hrl.runners.agents.doctor import doctor as run_doctor
 
-    with tempfile.TemporaryDirectory(prefix="hrl-doctor-") as tmp:
+    with scratch("doctor") as tmp:
         if not model:
             from hrl.train.tiny import build_tiny_model
 

@@ -53,9 +53,11 @@ def prune(
     all_runs: Annotated[bool, typer.Option("--all", help="Remove every hrl sandbox, of live runs too.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
-    """Remove sandboxes left behind by crashed runs (docker containers and local temp dirs)."""
+    """Remove sandboxes left behind by crashed runs (docker containers and local temp dirs); with --all, also the
+    scratch dirs (proxy sockets, repo snapshots) of hrl processes that are gone."""
     import asyncio
 
+    from hrl.runners.scratch import sweep_scratch
     from hrl.sandboxes import get_backend
 
     if not run and not all_runs:
@@ -69,7 +71,10 @@ def prune(
             except Exception as e:  # docker may be absent: say so, prune what can be pruned
                 err.print(f"{name}: {e}", markup=False)
                 out[name] = 0
+        if all_runs:
+            out["scratch"] = await asyncio.to_thread(sweep_scratch)
         return out
 
     counts = asyncio.run(go())
-    emit(counts, as_json=as_json, human=f"removed {counts['docker']} containers, {counts['local']} local sandboxes")
+    human = f"removed {counts['docker']} containers, {counts['local']} local sandboxes"
+    emit(counts, as_json=as_json, human=human + (f", {counts['scratch']} scratch dirs" if all_runs else ""))

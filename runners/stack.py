@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hrl.runners.engines import Engine, make_engine
@@ -17,6 +15,7 @@ from hrl.runners.models import split_adapter
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, check_port_free, run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.scratch import scratch_dir, sweep_scratch
 from hrl.runners.trace import TraceWriter
 
 __all__ = ["Stack", "serving"]
@@ -59,7 +58,8 @@ async def serving(
     port = port or _free_port(host)
     check_port_free(host, port)
     eng = make_engine(engine, path, **(engine_options or {}))
-    sock_dir = Path(tempfile.mkdtemp(prefix="hrl-proxy-"))
+    await asyncio.to_thread(sweep_scratch)  # what killed runs left in TMPDIR
+    sock_dir = scratch_dir("proxy")
     await asyncio.to_thread(sock_dir.chmod, 0o755)
     sock = str(sock_dir / "proxy.sock")
     proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})), traces)

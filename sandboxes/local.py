@@ -30,7 +30,7 @@ from typing import Any
 
 from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
 
-__all__ = ["LocalBackend", "LocalSandbox", "kill_marked"]
+__all__ = ["LocalBackend", "LocalSandbox", "kill_marked", "pid_alive"]
 
 PREFIX = "hrl-sbx-"
 MARKER = ".hrl-sandbox.json"
@@ -64,7 +64,7 @@ class LocalBackend:
         for path, info in await asyncio.to_thread(_find_roots, Path(self.root)):
             if run_id is not None and info.get("run_id") != run_id:
                 continue
-            if run_id is None and _alive(int(info.get("pid", 0))):
+            if run_id is None and pid_alive(int(info.get("pid", 0))):
                 continue
             await asyncio.to_thread(kill_marked, SANDBOX_MARK, path.name)
             await asyncio.to_thread(shutil.rmtree, path, True)
@@ -284,7 +284,7 @@ def kill_marked(name: str, value: str) -> int:
     return killed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -133,6 +133,35 @@ def test_local_paths_and_mounts(local: LocalBackend, tmp_path: Path) -> None:
     run(main())
 
 
+def test_scratch_dirs_of_killed_processes_are_swept(tmp_path: Path) -> None:
+    """A process killed with -9 cannot remove its scratch dirs; the next run's sweep does, and leaves live ones and
+    sandbox roots (whose names can hold digits too) alone."""
+    import sys
+
+    from hrl.runners.scratch import scratch_dir, sweep_scratch
+
+    code = "from hrl.runners.scratch import scratch_dir; print(scratch_dir('proxy'), flush=True); import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    assert proc.stdout is not None
+    orphan = Path(proc.stdout.readline().strip())
+    live = scratch_dir("snapshot")  # this process's own, in the real TMPDIR
+    (live / "f").write_text("x")
+    sandbox_like = tmp_path / f"hrl-sbx-run-{dead_pid()}-abc"
+    sandbox_like.mkdir()
+    try:
+        assert orphan.parent == tmp_path and orphan.is_dir()
+        assert sweep_scratch(str(tmp_path)) == 0  # its owner is alive
+        proc.kill()
+        proc.wait()
+        assert sweep_scratch(str(tmp_path)) == 1 and not orphan.exists()
+        assert sandbox_like.is_dir()
+        sweep_scratch()
+        assert (live / "f").exists()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+
+
 def test_local_timeouts_kill_process_trees(local: LocalBackend) -> None:
     run(timeouts(local, SandboxSpec()))
 

@@ -280,19 +280,22 @@ _FIRST = re.compile(
 async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "mini-swe-agent") -> HarnessProfile:
     """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
     read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
-    import tempfile
-
     from hrl.runners.agents import AgentContext, get_agent
     from hrl.runners.agents.doctor import PROXY_PORT, serve_proxy
     from hrl.runners.agents.install import install
     from hrl.runners.agents.run import new_home, run_agent
+    from hrl.runners.scratch import scratch
     from hrl.runners.trace import call_prompt_ids
     from hrl.sandboxes import SandboxSpec, get_backend
 
     runner, inst = get_agent(agent), install(agent, "docker" if sandbox == "docker" else "local")
     turns = [bash_turn(f"printf {json.dumps(_PROBE_OUTPUT)}"), bash_turn(SUBMIT)]
-    with tempfile.TemporaryDirectory(prefix="hrl-px-") as sock_dir:
-        async with serve_proxy(model_dir, turns, unix_dir=sock_dir if sandbox == "docker" else None) as (px, url, sock):
+    with scratch("px") as sock_dir:
+        async with serve_proxy(model_dir, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
+            px,
+            url,
+            sock,
+        ):
             spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
                                proxy_port=PROXY_PORT)  # fmt: skip
             base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url

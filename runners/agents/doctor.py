@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import socket
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.install import installed
 from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
 from hrl.runners.errors import HrlError
+from hrl.runners.scratch import scratch
 from hrl.runners.trace import call_prompt_ids
 
 __all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "serve_proxy", "trace_problems"]
@@ -122,8 +122,12 @@ async def probe_agent(
                                 hint=f"hrl agents install {name}")  # fmt: skip
     token = f"doctor-{name}-{int(time.time() * 1000) % 10**9}"
     turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
-    with tempfile.TemporaryDirectory(prefix="hrl-px-") as sock_dir:
-        async with serve_proxy(model, turns, unix_dir=sock_dir if sandbox == "docker" else None) as (proxy, url, sock):
+    with scratch("px") as sock_dir:
+        async with serve_proxy(model, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
+            proxy,
+            url,
+            sock,
+        ):
             spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
                                proxy_port=PROXY_PORT)  # fmt: skip
             base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url

@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +32,7 @@ import aiohttp
 
 from hrl.runners.engines.base import SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, PortInUseError, PrerequisiteError
+from hrl.runners.scratch import scratch_dir
 
 __all__ = [
     "EXTENSION_CLS",
@@ -130,7 +130,7 @@ class ServerProcess:
     def __init__(self, cmd: list[str], env: dict[str, str], log_file: str | None, tail_lines: int = 200) -> None:
         self.cmd, self.env, self.log_file = cmd, env, log_file
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self.ext_dir = tempfile.mkdtemp(prefix="hrl-vllm-")
+        self.ext_dir = str(scratch_dir("vllm"))
         shutil.copyfile(Path(__file__).with_name("vllm_worker_ext.py"), Path(self.ext_dir) / f"{EXTENSION_MODULE}.py")
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (self.ext_dir, env.get("PYTHONPATH")) if p)
         self.proc: subprocess.Popen[bytes] | None = None

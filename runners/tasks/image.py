@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.scratch import scratch
 
 __all__ = ["BASE_IMAGE", "SWE_IMAGE", "SWE_PACKAGES", "ensure_image"]
 
@@ -77,7 +77,7 @@ def ensure_image(
                 f"base image {base!r} is missing", hint="hrl sandbox build (or .ci/setup.sh)"
             ) from exc
         emit({"event": "image_build", "tag": tag, "base": base, "packages": list(packages)})
-        with tempfile.TemporaryDirectory(prefix="hrl-image-") as ctx:
+        with scratch("image") as ctx:
             wheels = _download_wheels(packages, Path(ctx) / "wheels")
             dockerfile = _DOCKERFILE.format(
                 base=base, venv=VENV, label=LABEL, label_value=label_value,
@@ -88,7 +88,7 @@ def ensure_image(
             (Path(ctx) / "Dockerfile").write_text(dockerfile)
             try:
                 image, _ = client.images.build(
-                    path=ctx, tag=tag, rm=True, forcerm=True, network_mode="host", pull=False
+                    path=str(ctx), tag=tag, rm=True, forcerm=True, network_mode="host", pull=False
                 )
             except docker.errors.BuildError as exc:
                 log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in exc.build_log)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import random
 import shlex
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.scratch import scratch
 from hrl.runners.tasks.image import SWE_IMAGE
 from hrl.runners.tasks.mutate import Mutation, apply_mutation, find_mutations
 from hrl.runners.tasks.patches import file_diff, join_patches
@@ -84,7 +84,7 @@ async def synthesize_async(
     """Up to `n` validated tasks from `package` (`version`, or the latest); `sdist` skips the download. Written
     to `out` as JSONL when given. Raises SdistError when the package does not qualify."""
     cfg, emit = config or SynthConfig(), on_event or (lambda event: None)
-    with tempfile.TemporaryDirectory(prefix="hrl-synth-") as tmp:
+    with scratch("synth") as tmp:
         path = Path(sdist) if sdist else await asyncio.to_thread(download_sdist, package, version, Path(tmp))
         tree = read_sdist(path, package)
     emit({"event": "synth_sdist", "package": tree.name, "version": tree.version, "modules": len(tree.source_modules)})
@@ -93,9 +93,9 @@ async def synthesize_async(
     spec = SandboxSpec(image=cfg.image, workdir=WORKDIR, env=_env(tree), network="none")
     tasks: list[Task] = []
     async with await backend.create(spec, "hrl-synth", f"{tree.name}-{seed}") as sandbox:
-        with tempfile.TemporaryDirectory(prefix="hrl-synth-tree-") as tmp:
+        with scratch("synth-tree") as tmp:
             await asyncio.to_thread(_write_tree, tree.files, Path(tmp))
-            await sandbox.copy_in(tmp, WORKDIR)
+            await sandbox.copy_in(str(tmp), WORKDIR)
         passing, durations = await _baseline(sandbox, tree, cfg)
         emit({"event": "synth_baseline", "tests": len(passing), "files": sorted(durations)})
         used: set[tuple[str, str]] = set()

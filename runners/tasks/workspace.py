@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 from pathlib import Path
 
+from hrl.runners.scratch import scratch
 from hrl.runners.tasks.task import Task, unpack_snapshot
 from hrl.sandboxes import Sandbox, SandboxError
 
@@ -53,9 +53,9 @@ async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120) -> str:
     With a `repo_snapshot`, its files are copied in and committed. Without one, the image must already hold a
     git repository there; it is checked out at `base_commit` (when given) and its state committed as the base."""
     if task.repo_snapshot is not None:
-        with tempfile.TemporaryDirectory(prefix="hrl-snapshot-") as tmp:
+        with scratch("snapshot") as tmp:
             await asyncio.to_thread(_unpack, task.repo_snapshot, Path(tmp))
-            await sandbox.copy_in(tmp, sandbox.workdir)
+            await sandbox.copy_in(str(tmp), sandbox.workdir)
         script = f"g init -q .\nprintf '{EXCLUDES}' >> .git/info/exclude\ng add -A -f\n"
     else:
         checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit else ""
