@@ -143,7 +143,8 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
         elif kind == "rollout":
             err.print(
                 f"iteration {data['iteration']}: {data['episodes']} episodes"
-                + (f" ({data['resumed']} already done)" if data["resumed"] else ""),
+                + (f" ({data['resumed']} already done)" if data["resumed"] else "")
+                + (f" ({data['rerun']} cut short by a stop run again)" if data.get("rerun") else ""),
                 markup=False,
             )
         elif kind == "resumed":

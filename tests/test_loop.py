@@ -33,10 +33,12 @@ class ChatRollouts:
 
     async def episode(self, ep: Episode, trace_file: Path) -> dict:
         self.proxy.traces = TraceWriter(trace_file)
-        if self.crash_after is not None and self.runs >= self.crash_after:
-            raise Crash  # a crash mid-iteration: some traces written, state not committed
         meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
         token = self.proxy.open_session(meta=meta).token
+        if self.crash_after is not None and self.runs >= self.crash_after:
+            # a stop mid-iteration: this episode ends as cancelled (as a Ctrl-C ends it), state not committed
+            self.proxy.end_session(token, failure_reason="cancelled")
+            raise Crash
         body = {"messages": [{"role": "user", "content": ep.task["problem_statement"]}], "max_tokens": 12}
         async with httpx.AsyncClient(timeout=120) as client:
             r = await client.post(f"{self.url}/s/{token}/v1/chat/completions", json=body)
@@ -75,8 +77,14 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
         pass
     assert run.state()["iteration"] == 1
     assert run.state()["version"] == 1
-    assert len(list(read_traces(run.trace_file(1)))) == 2
+    reasons = [t["failure_reason"] for t in read_traces(run.trace_file(1))]
+    assert reasons[:2] == [None, None] and set(reasons[2:]) == {"cancelled"}, reasons
     history = asyncio.run(_run(tiny_model, run, cfg))
+    # the cancelled episode ran again; its cut-short trace is kept aside, not trained on
+    assert all(t["failure_reason"] is None for t in read_traces(run.trace_file(1)))
+    cut = list(read_traces(run.trace_file(1).with_suffix(".cancelled.jsonl")))
+    assert [t["failure_reason"] for t in cut] == reasons[2:]
+    assert {t["metadata"]["episode"] for t in cut} <= {t["metadata"]["episode"] for t in read_traces(run.trace_file(1))}
     assert [m["step"] for m in history] == [1, 2]
     assert [m["version"] for m in history] == [2, 3]
     for it in range(3):

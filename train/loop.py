@@ -91,9 +91,11 @@ async def train(
             t0 = time.monotonic()
             episodes = _batch(tasks, cfg, it)
             trace_file = run.trace_file(it)
+            rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
             done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
             todo = [e for e in episodes if e.key not in done]
-            on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo)})
+            resumed = len(episodes) - len(todo)
+            on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
             await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
             keys = {e.key for e in episodes}
             traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in keys]

@@ -68,6 +68,21 @@ class RunDir:
     def trace_file(self, iteration: int) -> Path:
         return self.traces / f"iter-{iteration:04d}.jsonl"
 
+    def set_aside_cancelled(self, iteration: int) -> int:
+        """Move the cancelled traces of an uncommitted iteration (episodes cut short by Ctrl-C) from its trace file to
+        iter-NNNN.cancelled.jsonl, so that a resume runs those episodes again and the iteration still holds one
+        trace per episode. Returns how many were moved."""
+        path = self.trace_file(iteration)
+        if not path.is_file():
+            return 0
+        lines = [line for line in path.read_text().splitlines(keepends=True) if line.strip()]
+        cut = [line for line in lines if json.loads(line).get("failure_reason") == "cancelled"]
+        if cut:
+            with path.with_suffix(".cancelled.jsonl").open("a") as f:
+                f.writelines(cut)
+            self._atomic_write(path, "".join(line for line in lines if line not in cut))
+        return len(cut)
+
     def checkpoint(self, version: int) -> Path:
         return self.checkpoints / f"v{version:04d}"
 
