@@ -72,6 +72,8 @@ def test_async_mixed(tiny_model, tmp_path):
     assert [m["version"] for m in history] == [5, 6]
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
+    keys = [t["metadata"]["episode"] for t in read_traces(run.traces / "rollouts.jsonl")]
+    assert len(keys) == len(set(keys))  # the resumed run started new groups, not the first run's again
 
 
 def test_async_pin(tiny_model, tmp_path):

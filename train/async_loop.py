@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import re
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.metrics import step_metrics
+from hrl.runners.trace import read_traces
 from hrl.train.loop import (
     Episode,
     Event,
@@ -55,6 +58,14 @@ def _age(trace: dict[str, Any], version: int) -> int:
     return 0 if oldest is None else version - oldest
 
 
+def _next_group(trace_file: Path) -> int:
+    """The first group number no trace in the file used (group ids are `it<n>:<task>`)."""
+    if not trace_file.is_file():
+        return 0
+    used = [int(m.group(1)) for t in read_traces(trace_file) if (m := re.match(r"it(\d+):", str(t.get("group_id"))))]
+    return max(used, default=-1) + 1
+
+
 class _Producer:
     """Launches whole groups while there is room; collects finished traces into complete groups."""
 
@@ -63,8 +74,12 @@ class _Producer:
     ):
         self.cfg, self.acfg, self.rollouts, self.run = cfg, acfg, rollouts, run
         rng = random.Random(cfg.seed)
+        first = _next_group(run.traces / "rollouts.jsonl")  # a resumed run goes on with new groups
         self._groups = (
-            [Episode(t, k, n) for k in range(cfg.group_size)] for n in itertools.count() for t in [rng.choice(tasks)]
+            [Episode(t, k, n) for k in range(cfg.group_size)]
+            for n in itertools.count()
+            for t in [rng.choice(tasks)]
+            if n >= first
         )
         self.running: set[asyncio.Task[dict[str, Any]]] = set()
         self.partial: dict[str, list[dict[str, Any]]] = defaultdict(list)
