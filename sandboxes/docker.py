@@ -96,8 +96,15 @@ class DockerBackend:
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> DockerSandbox:
         api = await self.connect()
         config = self._container_config(spec, run_id, episode_id)
+        creating = asyncio.ensure_future(self.call(api.create_container, **config))
         try:
-            created = await self.call(api.create_container, **config)
+            created = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            # the daemon goes on creating it: wait for its id and remove it, or a Ctrl-C here leaks a container
+            with contextlib.suppress(Exception):
+                made = await creating
+                await self.call(api.remove_container, made["Id"], force=True, v=True)
+            raise
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(f"Docker image {spec.image!r} not found", hint=BUILD_HINT) from exc
         except docker.errors.DockerException as exc:

@@ -219,6 +219,36 @@ def containers(run: str) -> list[str]:
 
 
 @pytest.mark.docker
+def test_docker_cancel_while_creating_leaks_no_container() -> None:
+    """Ctrl-C while the daemon creates the container: the create call runs on, so its container is removed once
+    it exists. The create is slowed so that the cancel lands inside it every time."""
+    backend = DockerBackend()
+    rid = run_id()
+
+    async def main() -> None:
+        api = await backend.connect()
+        real = api.create_container
+
+        def slow_create(**config: Any) -> Any:
+            time.sleep(0.5)
+            return real(**config)
+
+        api.create_container = slow_create  # type: ignore[method-assign]
+        try:
+            task = asyncio.create_task(backend.create(SandboxSpec(image=IMAGE, network="none"), rid, "ep"))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(1.5)  # time for a create still running on the pool to finish
+        finally:
+            del api.create_container
+
+    run(main())
+    assert containers(rid) == []
+
+
+@pytest.mark.docker
 def test_docker_round_trip_labels_and_cleanup(tmp_path: Path) -> None:
     backend = DockerBackend()
     spec = SandboxSpec(image=IMAGE, network="none", env={"A": "spec"}, labels={"team": "x"}, cpus=1, memory_mb=256)
