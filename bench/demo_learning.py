@@ -7,6 +7,7 @@ held-out success of the trained policy, for one or more RL seeds. Every step is 
   4. hrl rollout ... --model RUN/checkpoints/vNNNN                       end: the same held-out episodes
 
 Usage: python bench/demo_learning.py --seeds 0 1 2 [--model-seed 0] [--out demo.json] [-n 2] [-c train.iterations=8]
+       [--model-dir DIR --right-op 0.75 --in-place 0.25]   (a build other than the default; DIR is kept if it holds it)
 One warm start (built once, evaluated once), then one RL run and one end evaluation per seed. Prints start/end
 success and each run's wall time; writes them as JSON with --out (after every run).
 """
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2, help="episodes per held-out task in each evaluation")
     ap.add_argument("-c", "--config", action="append", default=[], help="extra `hrl train -c` overrides")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--right-op", type=float, default=None, help="`hrl models tiny-agent --right-op` of the build")
+    ap.add_argument("--in-place", type=float, default=None, help="`hrl models tiny-agent --in-place` of the build")
     ap.add_argument("--start-traces", type=Path, default=None, help="reuse this start evaluation (its traces file)")
     args = ap.parse_args()
 
@@ -106,7 +109,9 @@ def main() -> None:
     log = work / "bench.log"
     print(f"warm start {model} (seed {args.model_seed}); work dir {work} (log: {log})", flush=True)
 
-    build_wall, build_cpu = hrl("models", "tiny-agent", str(model), "--seed", str(args.model_seed), log=log)
+    noise = [a for flag, v in (("--right-op", args.right_op), ("--in-place", args.in_place)) if v is not None
+             for a in (flag, str(v))]  # fmt: skip
+    build_wall, build_cpu = hrl("models", "tiny-agent", str(model), "--seed", str(args.model_seed), *noise, log=log)
     if args.start_traces:  # the warm start's evaluation from an earlier run of this script
         rate, episodes, reasons = success(args.start_traces)
         start = {"success": round(rate, 4), "episodes": episodes, "failures": reasons, "from": str(args.start_traces),

@@ -16,7 +16,7 @@ import pytest
 
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.base import AgentContext
-from hrl.runners.agents.doctor import PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
+from hrl.runners.agents.doctor import PROBE_FILE, PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
 from hrl.runners.agents.install import AgentInstall, _once, _steps, install, installed
 from hrl.runners.agents.run import classify, run_agent
 from hrl.runners.errors import PrerequisiteError, UnknownNameError
@@ -39,7 +39,7 @@ CTX = AgentContext(
     base_url="http://127.0.0.1:8000/s/tok",
     api_key="hrl-tok",
     model="m",
-    prompt="fix it",
+    prompt="--fix it",  # tasks may start with a dash: it must not read as an option
     home="/tmp/hrl-home-test",
     workdir="/work",
     install_dir="/opt/hrl/agents/x",
@@ -62,7 +62,8 @@ def test_each_runner_is_pinned_data_pointing_at_the_session(name):
     assert runner.name == name and runner.dialect == EXPECTED[name][0]
     assert runner.package_kind in ("npm", "pypi") and runner.version[0].isdigit()
     cmd, env, files = runner.command(CTX), runner.env(CTX), runner.files(CTX)
-    assert cmd[0] == runner.bin and CTX.prompt in cmd and not runner.needs_tty
+    assert cmd[0] == runner.bin and not runner.needs_tty
+    assert any(arg == CTX.prompt or arg.endswith(f"={CTX.prompt}") for arg in cmd)
     wired = json.dumps([cmd, env, files])
     assert CTX.api_key in wired and "127.0.0.1:8000/s/tok" in wired
     for host in ("api.openai.com", "api.anthropic.com", "googleapis.com", "openrouter"):
@@ -227,7 +228,13 @@ def _install(name: str, target: str) -> None:
         pytest.skip(f"[agents] cannot install {name}: {e}")
 
 
-def _check_episode(name: str, probe: Probe, node: Any) -> None:
+# A task that starts with dashes, as a problem statement can: every CLI must take it as the task, not an option.
+DASH_TASK = f"--- task ---\nWrite the word {PROBE_TEXT} into the file {PROBE_FILE}."
+
+
+def _check_episode(name: str, probe: Probe, node: Any, model: str) -> None:
+    from transformers import AutoTokenizer
+
     dialect, stream, tool, n_side = EXPECTED[name]
     out, trace = probe.outcome, probe.trace
     node.user_properties += [("startup_s", probe.startup_s), ("agent_s", probe.outcome.duration_s)]
@@ -246,6 +253,7 @@ def _check_episode(name: str, probe: Probe, node: Any) -> None:
     assert call_prompt_ids(trace, second)[: len(prev)] == prev  # token-exact: sampled ids reused verbatim
     assert calls[second]["prompt_ref"] == {"call_id": calls[first]["call_id"], "length": len(prev)}
     assert trace_problems(trace, dialect) == []
+    assert DASH_TASK in AutoTokenizer.from_pretrained(model).decode(call_prompt_ids(trace, first))
 
 
 @pytest.mark.agents
@@ -254,8 +262,8 @@ def _check_episode(name: str, probe: Probe, node: Any) -> None:
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
     _install(name, "docker")
-    probe = asyncio.run(probe_agent(name, tiny_model, "docker", time_budget_s=300))
-    _check_episode(name, probe, request.node)
+    probe = asyncio.run(probe_agent(name, tiny_model, "docker", time_budget_s=300, prompt=DASH_TASK))
+    _check_episode(name, probe, request.node, tiny_model)
 
 
 @pytest.mark.agents
@@ -263,5 +271,5 @@ def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
 @pytest.mark.parametrize("name", ["qwen-code", "mini-swe-agent"])  # one npm and one Python CLI
 def test_cli_runs_in_local_sandbox_through_the_proxy(name, tiny_model, request):
     _install(name, "local")
-    probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300))
-    _check_episode(name, probe, request.node)
+    probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300, prompt=DASH_TASK))
+    _check_episode(name, probe, request.node, tiny_model)

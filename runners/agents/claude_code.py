@@ -55,8 +55,8 @@ class ClaudeCodeRunner:
 
     def command(self, ctx: AgentContext) -> list[str]:
         return [
-            self.bin, "-p", ctx.prompt, "--model", ctx.model, "--output-format", "stream-json", "--verbose",
-            "--dangerously-skip-permissions",
+            self.bin, "-p", "--model", ctx.model, "--output-format", "stream-json", "--verbose",
+            "--dangerously-skip-permissions", "--", ctx.prompt,  # after "--": a task may start with a dash
         ]  # fmt: skip
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:

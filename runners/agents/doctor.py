@@ -109,9 +109,11 @@ async def probe_agent(
     time_budget_s: float = 180,
     turns: list[Any] | None = None,
     backend: Any = None,
+    prompt: str = "",
 ) -> Probe:
-    """Run one scripted episode of an installed CLI (in a sandbox from `backend`, default: a new one of that kind).
-    Raises PrerequisiteError when it is not installed."""
+    """Run one scripted episode of an installed CLI (in a sandbox from `backend`, default: a new one of that kind),
+    with `prompt` as the task (default: write the probe word into the probe file). Raises PrerequisiteError when it
+    is not installed."""
     from hrl.runners.errors import PrerequisiteError
     from hrl.sandboxes import SandboxSpec, get_backend
 
@@ -134,7 +136,7 @@ async def probe_agent(
             async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
                 ctx = AgentContext(
                     base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=proxy.config.model_name,
-                    prompt=f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
+                    prompt=prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
                     workdir=spec.workdir, install_dir=inst.install_dir,
                 )  # fmt: skip
                 outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)

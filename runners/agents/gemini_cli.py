@@ -43,7 +43,8 @@ class GeminiCliRunner:
         }
 
     def command(self, ctx: AgentContext) -> list[str]:
-        return [self.bin, "-m", ctx.model, "--yolo", "-o", "stream-json", "-p", ctx.prompt]
+        # --prompt=TASK as one word: a task may start with a dash
+        return [self.bin, "-m", ctx.model, "--yolo", "-o", "stream-json", f"--prompt={ctx.prompt}"]
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:
         return shell_turns("run_shell_command", "command", path, text)

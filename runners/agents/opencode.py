@@ -61,7 +61,8 @@ class OpencodeRunner:
         }
 
     def command(self, ctx: AgentContext) -> list[str]:
-        return [self.bin, "run", "-m", f"hrl/{ctx.model}", "--format", "json", ctx.prompt]
+        # the task after "--": it may start with a dash
+        return [self.bin, "run", "-m", f"hrl/{ctx.model}", "--format", "json", "--", ctx.prompt]
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:
         return shell_turns("bash", "command", path, text)

@@ -41,7 +41,7 @@ class QwenCodeRunner:
     def command(self, ctx: AgentContext) -> list[str]:
         return [
             self.bin, "--auth-type", "openai", "-m", ctx.model, "--approval-mode", "yolo", "-o", "stream-json",
-            ctx.prompt,
+            f"--prompt={ctx.prompt}",  # one word: a task may start with a dash
         ]  # fmt: skip
 
     def smoke_turns(self, path: str, text: str) -> list[Turn]:
