@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--model-dir", type=Path, default=None, help="default: $HRL_CACHE/models/tiny-agent-s<seed>")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-demo", help="run dirs, traces and logs")
     ap.add_argument("-n", type=int, default=2, help="episodes per held-out task in each evaluation")
+    ap.add_argument("--end-n", type=int, default=None, help="episodes per held-out task at the end (default: -n)")
     ap.add_argument("-c", "--config", action="append", default=[], help="extra `hrl train -c` overrides")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     ap.add_argument("--right-op", type=float, default=None, help="`hrl models tiny-agent --right-op` of the build")
@@ -132,7 +133,8 @@ def main() -> None:
                                     *[a for c in overrides for a in ("-c", c)], log=log)  # fmt: skip
         print(f"seed {seed}: train {train_wall:.0f} s wall, {train_cpu:.0f} s CPU; run dir {run}", flush=True)
         state = json.loads((run / "state.json").read_text())
-        end = evaluate(state["checkpoint"], work / f"eval-end-s{seed}.jsonl", args.n, log, str(model))
+        end_n = args.end_n or args.n
+        end = evaluate(state["checkpoint"], work / f"eval-end-s{seed}.jsonl", end_n, log, str(model))
         rewards = [json.loads(line).get("trace/reward") for line in (run / "metrics.jsonl").read_text().splitlines()]
         ratio = round(float(end["success"]) / max(float(start["success"]), 1e-9), 2)  # type: ignore[arg-type]
         print(f"seed {seed}: held-out success {start['success']:.3f} -> {end['success']:.3f} ({ratio}x); {_what(end)}; "
