@@ -172,7 +172,9 @@ def test_pinned_version_context_limit_and_unknown_version(engine, loop, restore_
 def test_publish_mid_stream_versions_each_token(engine, loop, restore_base, tiny_model, tiny_lora, tiny_full):
     """A LoRA publish leaves a running base request alone; a full publish switches it between two tokens."""
     prompt = chat_prompt(tiny_model)
-    params = SamplingParams(max_tokens=400, temperature=1.0, seed=3)
+    # as long as the context allows and past EOS: the request must still run when the full publish lands, even on
+    # a loaded machine (400 tokens once finished first)
+    params = SamplingParams(max_tokens=engine.max_model_len - len(prompt), temperature=1.0, seed=3, ignore_eos=True)
 
     async def go():
         v0 = engine.version
