@@ -144,3 +144,37 @@ def test_kl_term_holds_the_policy_near_its_start(tiny_model, mode):
     assert kls[0] == 0.0 and all(k > 0 for k in kls[1:]), kls
     print(f"\n{mode}: mean |Δlogp| after 6 steps: {free:.3f} without the KL term, {held:.3f} with it; KL {kls}")
     assert held < 0.7 * free, (held, free)
+
+
+@pytest.mark.parametrize(("mode", "lr"), [("full", 1e-4), ("lora", 3e-3)])
+def test_trust_region_scales_back_a_step_that_moves_the_policy_too_far(tiny_model, mode, lr):
+    """max_update_kl: a step whose KL on its own batch exceeds the bound is scaled back (halving), or undone when
+    even 1/8 of it is too far; a step within the bound is left as it was. KLs re-measured here, independently."""
+    import torch
+
+    batch = _batch([1.0, -1.0], distinct=True)
+
+    def step(lr: float, bound: float) -> tuple[dict, float, Trainer]:
+        trainer = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=1, max_update_kl=bound))
+        before = torch.cat(trainer.logprobs(batch))
+        m = trainer.step(batch)
+        d = (torch.cat(trainer.logprobs(batch)) - before).double()
+        return m, float((torch.exp(d) - d - 1).mean()), trainer
+
+    free, kl_free, _ = step(lr, 1e9)  # no effective bound: the whole step
+    assert free["train/update_scale"] == 1.0 and kl_free == pytest.approx(free["train/update_kl"], rel=1e-3)
+    held, kl_held, _ = step(lr, 0.02)
+    assert held["train/update_kl_full_step"] == pytest.approx(kl_free, rel=1e-3)
+    assert 0 < held["train/update_scale"] < 1.0 and kl_held <= 0.02, held
+    assert held["train/update_kl"] == pytest.approx(kl_held, rel=1e-3)
+    undone, kl_undone, trainer = step(lr, 1e-6)
+    assert undone["train/update_scale"] == 0.0 and kl_undone == 0.0
+    start = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=lr))
+    for p, q in zip(trainer._trainable(), start._trainable(), strict=True):
+        assert torch.equal(p, q)  # undone exactly
+    small, _, _ = step(1e-6, 0.02)
+    assert small["train/update_scale"] == 1.0, small
+    print(
+        f"\n{mode} lr {lr}: whole step KL {kl_free:.3f}; bound 0.02: scale {held['train/update_scale']}, "
+        f"KL {kl_held:.4f}"
+    )

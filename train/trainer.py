@@ -50,6 +50,12 @@ class TrainerConfig(BaseModel):
         description="Weight of a k3 KL(π || π_ref) penalty on the sampled tokens, π_ref = the starting weights "
         "(LoRA: the base with adapters off; full: a frozen copy). 0 = off.",
     )
+    max_update_kl: float = Field(
+        0.0,
+        description="Trust region per step: when the step moves the policy by more than this mean k3 KL on the "
+        "batch's own tokens, the step is scaled back (1/2, 1/4, 1/8, else undone). Keeps one copy of the trainable "
+        "weights. 0 = off.",
+    )
     seed: int = 0
 
 
@@ -72,7 +78,7 @@ class Trainer:
         self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
         if config.kl_coef > 0 and config.mode == "full":
             self.reference = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).eval().requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._trainable()
         self.n_trainable = sum(p.numel() for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.steps = 0
@@ -157,8 +163,11 @@ class Trainer:
             total += float(loss.detach())
             parts.append(m)
         grad_norm = self._clip()
+        before = [p.detach().clone() for p in self._trainable()] if cfg.max_update_kl > 0 else None
         self.optimizer.step()
         self.steps += 1
+        if before is not None:
+            metrics |= self._trust_region(samples, proximal, before)
         for m in parts:
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + v / max(1, sum(1 for p in parts if k in p))
@@ -175,6 +184,30 @@ class Trainer:
             }
         )
         return metrics
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def _trust_region(
+        self, samples: list[Sample], proximal: list[torch.Tensor], before: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """Backtrack a step that moved the policy too far: one update with a big KL on its own batch is how a small
+        policy loses its tool-call format at once. The optimizer's moments keep the step's gradient."""
+        old, bound = torch.cat(proximal), self.config.max_update_kl
+        deltas = [p.detach() - b for p, b in zip(self._trainable(), before, strict=True)]
+        scale, kl = 1.0, _k3(old, torch.cat(self.logprobs(samples)))
+        first = kl
+        while kl > bound and scale > 1 / 8:
+            scale /= 2
+            for p, b, d in zip(self._trainable(), before, deltas, strict=True):
+                p.copy_(b + scale * d)
+            kl = _k3(old, torch.cat(self.logprobs(samples)))
+        if kl > bound:
+            scale, kl = 0.0, 0.0
+            for p, b in zip(self._trainable(), before, strict=True):
+                p.copy_(b)
+        return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
     def _weights(self, mb: list[Sample], n_traces: int) -> torch.Tensor:
         if self.config.loss_norm == "constant":  # Dr.GRPO: every token counts the same, ÷ a constant
@@ -234,3 +267,9 @@ class Trainer:
 def _loss_pos(s: Sample) -> list[int]:
     """Indices of loss tokens in a sample (never 0: the first token has no prediction)."""
     return [i for i, m in enumerate(s.loss_mask) if m and i > 0]
+
+
+def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
+    """Mean k3 estimate of KL(π_old || π_new) on tokens sampled from π_old."""
+    d = (new - old).double()
+    return float((torch.exp(d) - d - 1).mean()) if d.numel() else 0.0
