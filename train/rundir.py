@@ -75,12 +75,15 @@ class RunDir:
         path = self.trace_file(iteration)
         if not path.is_file():
             return 0
-        lines = [line for line in path.read_text().splitlines(keepends=True) if line.strip()]
-        cut = [line for line in lines if json.loads(line).get("failure_reason") == "cancelled"]
+        kept: list[str] = []
+        cut: list[str] = []
+        for line in path.read_text().splitlines(keepends=True):
+            if line.strip():
+                (cut if json.loads(line).get("failure_reason") == "cancelled" else kept).append(line)
         if cut:
             with path.with_suffix(".cancelled.jsonl").open("a") as f:
                 f.writelines(cut)
-            self._atomic_write(path, "".join(line for line in lines if line not in cut))
+            self._atomic_write(path, "".join(kept))
         return len(cut)
 
     def checkpoint(self, version: int) -> Path:
