@@ -196,13 +196,13 @@ class Trainer:
         policy loses its tool-call format at once. The optimizer's moments keep the step's gradient."""
         old, bound = torch.cat(proximal), self.config.max_update_kl
         deltas = [p.detach() - b for p, b in zip(self._trainable(), before, strict=True)]
-        scale, kl = 1.0, _k3(old, torch.cat(self.logprobs(samples)))
+        scale, kl = 1.0, _update_kl(old, torch.cat(self.logprobs(samples)))
         first = kl
         while kl > bound and scale > 1 / 8:
             scale /= 2
             for p, b, d in zip(self._trainable(), before, deltas, strict=True):
                 p.copy_(b + scale * d)
-            kl = _k3(old, torch.cat(self.logprobs(samples)))
+            kl = _update_kl(old, torch.cat(self.logprobs(samples)))
         if kl > bound:
             scale, kl = 0.0, 0.0
             for p, b in zip(self._trainable(), before, strict=True):
@@ -269,7 +269,6 @@ def _loss_pos(s: Sample) -> list[int]:
     return [i for i, m in enumerate(s.loss_mask) if m and i > 0]
 
 
-def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
-    """Mean k3 estimate of KL(π_old || π_new) on tokens sampled from π_old."""
-    d = (new - old).double()
-    return float((torch.exp(d) - d - 1).mean()) if d.numel() else 0.0
+def _update_kl(old: torch.Tensor, new: torch.Tensor) -> float:
+    """Mean k3 KL(π_old || π_new) on tokens sampled from π_old: the estimator the mismatch metric uses."""
+    return float(mismatch_kl(new, old)["train/mismatch_kl"])
