@@ -279,7 +279,7 @@ class Noise:
     plausible wrong one); in_place: `sed` edits the file (else it only prints it)."""
 
     right_op: float = 0.5
-    in_place: float = 0.25
+    in_place: float = 0.2
 
 
 def bash_turn(command: str) -> dict[str, Any]:
