@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.engines._embedded_decode import kv_cache_of, with_kv_cache
 from hrl.train.tiny import train_chatml_tokenizer
 from hrl.train.tiny_agent_data import (
     SUBMIT,
@@ -176,7 +177,7 @@ def sft_loss(model: Any, batch: dict[str, Any], prompt_grad: bool = False) -> An
     mask = torch.cat([p_mask, r_mask], dim=1)
     pos = p_mask.sum(-1, keepdim=True) + torch.arange(r_mask.shape[1])[None, :]  # (B, R)
     logits = model(
-        input_ids=batch["rest"], attention_mask=mask, position_ids=pos, past_key_values=cache.past_key_values
+        input_ids=batch["rest"], attention_mask=mask, position_ids=pos, **with_kv_cache(model, kv_cache_of(cache))
     ).logits  # (B, R, V)
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
 

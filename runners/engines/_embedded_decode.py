@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Any
 
 from hrl.runners.engines.base import SamplingParams, TokenDelta
 
-__all__ = ["run_batch", "sample_token"]
+__all__ = ["kv_cache_of", "run_batch", "sample_token", "with_kv_cache"]
+
+
+@functools.cache
+def _kv_keyword(model_type: type) -> str:
+    params = inspect.signature(model_type.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def with_kv_cache(model: Any, cache: Any) -> dict[str, Any]:
+    """The forward() keyword argument that passes a KV cache: `cache` in newer transformers (which deprecate
+    `past_key_values`, with a warning on every run), `past_key_values` before. Works through a peft wrapper."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_kv_keyword(type(base)): cache}
+
+
+def kv_cache_of(out: Any) -> Any:
+    """The KV cache a forward returned, under either name."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
@@ -74,10 +95,10 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=past,
                 use_cache=True,
+                **with_kv_cache(engine.model, past),
             )
-        past = out.past_key_values
+        past = kv_cache_of(out)
         logits = out.logits[:, -1, :].float()  # (B, V)
         logprobs = torch.log_softmax(logits, -1)  # (B, V) raw model logprobs, before temperature
         nxt = torch.zeros((bsz, 1), dtype=torch.long)
