@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.output import err
+from hrl.runners.trace import INFRA_FAILURES
 
 __all__ = ["EPILOG", "rollout"]
 
@@ -138,7 +139,7 @@ async def _run(
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
     rewards = [t["reward"] for t in traces if t["reward"] is not None]
-    infra = sum(v for k, v in counts.items() if k in ("sandbox_error", "engine_error", "verifier_error"))
+    infra = sum(v for k, v in counts.items() if k in INFRA_FAILURES and k != "cancelled")
     err.print(
         f"done: {len(traces)} traces in {out}; mean reward {sum(rewards) / max(len(rewards), 1):.3f}; "
         f"infrastructure errors {infra}",

@@ -16,11 +16,13 @@ from typing import Any
 
 __all__ = [
     "FAILURE_REASONS",
+    "INFRA_FAILURES",
     "SCHEMA",
     "TraceFormatError",
     "TraceWriter",
     "all_prompt_ids",
     "call_prompt_ids",
+    "is_infra_failure",
     "read_traces",
     "validate_trace",
 ]
@@ -36,7 +38,12 @@ FAILURE_REASONS = (
     "verifier_error",
     "no_llm_calls",
     "cancelled",
+    "internal_error",
 )
+# Failures of the machinery, not of the policy: never trained on, counted per step and per rollout. Every other
+# reason (timeout, crash, exit, context overflow, no LLM calls) is the policy's doing: it keeps reward 0 and is
+# trained on, since dropping a timeout would teach the policy to time out.
+INFRA_FAILURES = frozenset({"sandbox_error", "engine_error", "verifier_error", "internal_error", "cancelled"})
 _REQUIRED = ("schema", "trace_id", "session", "status", "calls", "started_at", "ended_at")
 _CALL_REQUIRED = ("call_id", "dialect", "stream", "response_ids", "response_logprobs", "versions", "finish_reason")
 
@@ -74,6 +81,11 @@ def validate_trace(obj: Any) -> None:
         else:
             raise ValueError(f"call {call['call_id']}: neither prompt_ids nor prompt_ref")
         full_len[call["call_id"]] = prompt_len + len(call["response_ids"])
+
+
+def is_infra_failure(trace: dict[str, Any]) -> bool:
+    """Did the machinery (not the policy) fail this episode? Such traces are left out of training and counted."""
+    return trace.get("failure_reason") in INFRA_FAILURES
 
 
 def call_prompt_ids(trace: dict[str, Any], index: int) -> list[int]:

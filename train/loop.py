@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
 from hrl.runners.metrics import step_metrics
-from hrl.runners.trace import read_traces
+from hrl.runners.trace import is_infra_failure, read_traces
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
@@ -29,7 +29,6 @@ from hrl.train.trainer import Trainer, TrainerConfig
 __all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train", "update_from_traces"]
 
 Event = Callable[[str, dict[str, Any]], None]
-INFRA_FAILURES = {"sandbox_error", "engine_error", "verifier_error", "cancelled", "no_llm_calls"}
 
 
 class LoopConfig(BaseModel):
@@ -138,7 +137,7 @@ def _take_queue_depth(publisher: Any) -> float:
 def trainable(trace: dict[str, Any]) -> bool:
     """Traces with a real score: the agent's own failures (exit, timeout, crash, overflow) keep their reward and
     are trained on; infrastructure failures (no reward) are not."""
-    return trace.get("reward") is not None and trace.get("failure_reason") not in INFRA_FAILURES
+    return trace.get("reward") is not None and not is_infra_failure(trace)
 
 
 def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
