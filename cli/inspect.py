@@ -92,13 +92,13 @@ def _load(file: Path) -> list[Trace]:
 
 def _json_result(traces: list[Trace], *, single: bool, samples: bool) -> Any:
     """Per-trace summaries (+ `samples` = branches); a single trace also gets its calls and tool events."""
-    from hrl.runners.summary import describe_calls, summarize_trace, trace_branches
+    from hrl.runners.summary import describe_branches, describe_calls, summarize_trace
 
     out = []
     for t in traces:
         s = summarize_trace(t)
         if samples:
-            s["samples"] = trace_branches(t)
+            s["samples"] = describe_branches(t)
         if single:
             s |= {"reward_info": t.get("reward_info") or {}, "call_details": describe_calls(t)}
             s["tool_events"] = t.get("tools") or []
@@ -265,7 +265,7 @@ def _trace_tree(trace: Trace) -> Tree:
 
 
 def _branches_table(traces: list[Trace]) -> Table:
-    from hrl.runners.summary import trace_branches
+    from hrl.runners.summary import describe_branches
 
     several = len(traces) > 1
     table = _table()
@@ -275,7 +275,7 @@ def _branches_table(traces: list[Trace]) -> Table:
     for name in ("tokens", "loss", "versions"):
         table.add_column(name, justify="right", no_wrap=True)
     for t in traces:
-        for b in trace_branches(t):
+        for b in describe_branches(t):
             path = " → ".join(b["calls"]) + (" (side)" if b["side"] else "")
             versions = "-" if b["first_version"] is None else f"v{b['first_version']}→v{b['last_version']}"
             row = [Text(path), _num(b["tokens"]), _num(b["loss_tokens"]), versions]

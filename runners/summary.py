@@ -14,15 +14,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from hrl.runners.errors import HrlError
+from hrl.runners.trace import branches, full_len, prompt_len, sampled_versions
 
 __all__ = [
     "TraceSelectionError",
+    "describe_branches",
     "describe_calls",
     "percentile",
     "select_trace",
     "summarize_file",
     "summarize_trace",
-    "trace_branches",
 ]
 
 Trace = dict[str, Any]
@@ -35,24 +36,6 @@ class TraceSelectionError(HrlError):
 # ---- per call ----------------------------------------------------------------------------------------------
 
 
-def _prompt_len(call: dict[str, Any]) -> int:
-    """Full prompt length of a call, resolving a prompt reference by its length only."""
-    ref = call.get("prompt_ref")
-    if ref is None:
-        return len(call["prompt_ids"])
-    return int(ref["length"]) + len(call.get("prompt_suffix_ids", []))
-
-
-def _full_len(call: dict[str, Any]) -> int:
-    return _prompt_len(call) + len(call["response_ids"])
-
-
-def _sampled_versions(call: dict[str, Any]) -> list[int]:
-    """Policy versions of the call's sampled tokens, in order (run-length runs that cover no token dropped)."""
-    n = len(call["response_ids"])
-    return [int(v) for start, v in call["versions"] if start < n]
-
-
 def _span(obj: dict[str, Any], start: str = "started_at", end: str = "ended_at") -> float:
     a, b = obj.get(start), obj.get(end)
     return max(0.0, float(b) - float(a)) if a is not None and b is not None else 0.0
@@ -60,66 +43,43 @@ def _span(obj: dict[str, Any], start: str = "started_at", end: str = "ended_at")
 
 def describe_calls(trace: Trace) -> list[dict[str, Any]]:
     """One row per call: ids, tree parent, token counts, finish reason, versions, timing (seconds)."""
-    calls = trace["calls"]
-    parents = _parents(calls)
-    return [
-        {
-            "call_id": c["call_id"],
-            "dialect": c["dialect"],
-            "stream": bool(c["stream"]),
-            "side": bool(c.get("side", False)),
-            "parent": None if parents[i] is None else calls[parents[i]]["call_id"],
-            "prompt_tokens": _prompt_len(c),
-            "response_tokens": len(c["response_ids"]),
-            "finish_reason": c["finish_reason"],
-            "versions": sorted(set(_sampled_versions(c))),
-            "started_at": c.get("started_at"),
-            "first_token_s": round(_span(c, "started_at", "first_token_at"), 3),
-            "total_s": round(_span(c), 3),
-            "error": c.get("error"),
-        }
-        for i, c in enumerate(calls)
-    ]
+    rows, seen = [], set()
+    for c in trace["calls"]:
+        rows.append(
+            {
+                "call_id": c["call_id"],
+                "dialect": c["dialect"],
+                "stream": bool(c["stream"]),
+                "side": bool(c.get("side", False)),
+                "parent": c.get("parent") if c.get("parent") in seen else None,  # a parent is an earlier call
+                "prompt_tokens": prompt_len(c),
+                "response_tokens": len(c["response_ids"]),
+                "finish_reason": c["finish_reason"],
+                "versions": sorted(set(sampled_versions(c))),
+                "started_at": c.get("started_at"),
+                "first_token_s": round(_span(c, "started_at", "first_token_at"), 3),
+                "total_s": round(_span(c), 3),
+                "error": c.get("error"),
+            }
+        )
+        seen.add(c["call_id"])
+    return rows
 
 
 # ---- the token tree ----------------------------------------------------------------------------------------
 
 
-def _parents(calls: list[dict[str, Any]]) -> list[int | None]:
-    """Index of each call's tree parent; a parent that is not an earlier call of the trace makes it a root."""
-    index: dict[str, int] = {}
-    out: list[int | None] = []
-    for i, c in enumerate(calls):
-        out.append(index.get(c.get("parent")))
-        index[c["call_id"]] = i
-    return out
-
-
-def _paths(calls: list[dict[str, Any]]) -> list[list[int]]:
-    """Root-to-leaf paths as call indices, one per leaf, in leaf order."""
-    parents = _parents(calls)
-    named = {p for p in parents if p is not None}
-    paths = []
-    for leaf in (i for i in range(len(calls)) if i not in named):
-        path, node = [], leaf
-        while node is not None:
-            path.append(node)
-            node = parents[node]
-        paths.append(path[::-1])
-    return paths
-
-
-def trace_branches(trace: Trace) -> list[dict[str, Any]]:
+def describe_branches(trace: Trace) -> list[dict[str, Any]]:
     """Each branch (training sample): its call ids root to leaf, total tokens, tokens the engine sampled in it
     (the loss tokens), first and last policy version of those, and whether a side call is on it."""
     calls = trace["calls"]
     out = []
-    for path in _paths(calls):
-        versions = [v for i in path for v in _sampled_versions(calls[i])]
+    for path in branches(trace):
+        versions = [v for i in path for v in sampled_versions(calls[i])]
         out.append(
             {
                 "calls": [calls[i]["call_id"] for i in path],
-                "tokens": _full_len(calls[path[-1]]),
+                "tokens": full_len(calls[path[-1]]),
                 "loss_tokens": sum(len(calls[i]["response_ids"]) for i in path),
                 "first_version": versions[0] if versions else None,
                 "last_version": versions[-1] if versions else None,
@@ -134,15 +94,15 @@ def trace_branches(trace: Trace) -> list[dict[str, Any]]:
 
 def _merge_ratio(calls: list[dict[str, Any]], paths: list[list[int]]) -> float | None:
     """Tokens of every call on its own ÷ tokens of the merged branches (≥ 1); None without tokens."""
-    merged = sum(_full_len(calls[p[-1]]) for p in paths)
-    return round(sum(_full_len(c) for c in calls) / merged, 3) if merged else None
+    merged = sum(full_len(calls[p[-1]]) for p in paths)
+    return round(sum(full_len(c) for c in calls) / merged, 3) if merged else None
 
 
 def summarize_trace(trace: Trace) -> dict[str, Any]:
     """One trace in numbers: outcome, call/turn/branch counts, token totals, merge ratio, latencies, versions."""
     calls = trace["calls"]
     main = [c for c in calls if not c.get("side", False)]
-    paths = _paths(calls)
+    paths = branches(trace)
     tools = trace.get("tools") or []
     return {
         "trace_id": trace["trace_id"],
@@ -155,14 +115,14 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "turns": len(main),
         "call_errors": sum(1 for c in calls if c.get("error")),
         "branches": len(paths),
-        "prompt_tokens": sum(_prompt_len(c) for c in calls),
+        "prompt_tokens": sum(prompt_len(c) for c in calls),
         "response_tokens": sum(len(c["response_ids"]) for c in calls),
         "trained_tokens": sum(len(c["response_ids"]) for c in main),
         "merge_ratio": _merge_ratio(calls, paths),
         "duration_s": round(_span(trace), 3),
         "llm_s": round(sum((_span(c) for c in calls), 0.0), 3),
         "tool_s": round(sum((_span(t) for t in tools), 0.0), 3),
-        "versions": sorted({v for c in calls for v in _sampled_versions(c)}),
+        "versions": sorted({v for c in calls for v in sampled_versions(c)}),
         "dialects": sorted({c["dialect"] for c in calls}),
         "tools": dict(sorted(Counter(t.get("name", "?") for t in tools).items())),
     }

@@ -1,29 +1,44 @@
-"""`hrl.trace/1`: one JSON object per finished episode, one per line, append-only.
+"""`hrl.trace/1`: one JSON object per finished episode, one per line, append-only. The one module that knows it.
 
-A public, versioned contract (see docs/trace-format.md): fields are added, never renamed. A call stores its
-prompt whole (`prompt_ids`) or as a reference to the first `length` tokens of an earlier call's prompt +
-response plus `prompt_suffix_ids`, so a trace grows linearly with the conversation. `versions` is run-length:
-`[start index in response_ids, policy version]` pairs.
+A public, versioned contract (see docs/trace-format.md; golden files in tests/golden/): fields are added, never
+renamed. A call stores its prompt whole (`prompt_ids`) or as a reference to the first `length` tokens of an
+earlier call's prompt + response plus `prompt_suffix_ids`, so a trace grows linearly with the conversation.
+`versions` is run-length: `[start index in response_ids, policy version]` pairs.
+
+Here: the typed record (`Trace`, `TraceCall`, `ToolEvent`), reading (`read_traces`, `validate_trace`) and writing
+(`encode_trace`, `TraceWriter`), the failure reasons and which of them are the infrastructure's, the versions rule
+(`add_version`, `expand_versions`), and the token tree (`branches`): the one implementation that training samples
+and `hrl inspect` both walk, each with its own `keep` filter.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "FAILURE_REASONS",
     "INFRA_FAILURES",
     "SCHEMA",
+    "ToolEvent",
+    "Trace",
+    "TraceCall",
     "TraceFormatError",
     "TraceWriter",
+    "add_version",
     "all_prompt_ids",
+    "branches",
     "call_prompt_ids",
+    "encode_trace",
+    "expand_versions",
+    "full_len",
     "is_infra_failure",
+    "prompt_len",
     "read_traces",
+    "sampled_versions",
     "validate_trace",
 ]
 
@@ -44,6 +59,64 @@ FAILURE_REASONS = (
 # reason (timeout, crash, exit, context overflow, no LLM calls) is the policy's doing: it keeps reward 0 and is
 # trained on, since dropping a timeout would teach the policy to time out.
 INFRA_FAILURES = frozenset({"sandbox_error", "engine_error", "verifier_error", "internal_error", "cancelled"})
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
+
+
+class PromptRef(TypedDict):
+    call_id: str  # an earlier call of the same trace
+    length: int  # how many tokens of that call's prompt + response this prompt starts with
+
+
+class TraceCall(TypedDict):
+    """One LLM call. Times are seconds from the trace's `started_at`."""
+
+    call_id: str
+    dialect: str  # chat | responses | anthropic | gemini
+    stream: bool
+    side: bool  # not an agent turn (title generation, memory extraction): not trained on by default
+    started_at: float
+    first_token_at: float
+    ended_at: float
+    prompt_ids: NotRequired[list[int]]  # the whole prompt, or …
+    prompt_ref: NotRequired[PromptRef]  # … a prefix of an earlier call's prompt + response,
+    prompt_suffix_ids: NotRequired[list[int]]  # … then these ids
+    response_ids: list[int]  # what the engine sampled, never re-tokenized
+    response_logprobs: list[float]
+    versions: list[list[int]]  # run-length [start index in response_ids, policy version]
+    finish_reason: FinishReason
+    parent: NotRequired[str]  # the call whose prompt + response this prompt extends exactly (token-tree parent)
+    error: NotRequired[str]  # what failed, with finish_reason "error"
+
+
+class ToolEvent(TypedDict):
+    name: str
+    tool_call_id: str
+    started_at: float  # the response that asked for the tool, seconds from the trace's start
+    ended_at: float  # the request that brought its result
+
+
+class Trace(TypedDict):
+    """One finished episode."""
+
+    schema: str  # SCHEMA
+    trace_id: str
+    session: str
+    task_id: str | None
+    group_id: str | None  # the GRPO group: traces of one task in one batch
+    agent: dict[str, Any]  # {name, version}
+    env: dict[str, Any]  # {sandbox, image, version}
+    model: dict[str, Any]  # {name}
+    status: Literal["ok", "failed"]
+    failure_reason: str | None  # one of FAILURE_REASONS
+    reward: float | None
+    reward_info: dict[str, Any]
+    started_at: float  # epoch seconds
+    ended_at: float
+    calls: list[TraceCall]
+    tools: list[ToolEvent]
+    metadata: NotRequired[dict[str, Any]]
+
+
 _REQUIRED = ("schema", "trace_id", "session", "status", "calls", "started_at", "ended_at")
 _CALL_REQUIRED = ("call_id", "dialect", "stream", "response_ids", "response_logprobs", "versions", "finish_reason")
 
@@ -109,6 +182,73 @@ def all_prompt_ids(trace: dict[str, Any], upto: int | None = None) -> list[list[
     return out
 
 
+def prompt_len(call: dict[str, Any]) -> int:
+    """Full prompt length of a call, resolving a prompt reference by its length only."""
+    ref = call.get("prompt_ref")
+    if ref is None:
+        return len(call["prompt_ids"])
+    return int(ref["length"]) + len(call.get("prompt_suffix_ids", []))
+
+
+def full_len(call: dict[str, Any]) -> int:
+    return prompt_len(call) + len(call["response_ids"])
+
+
+# ---- the versions rule ------------------------------------------------------------------------------------
+
+
+def add_version(runs: list[Any], at: int, version: int, n_tokens: int) -> None:
+    """Record that `n_tokens` tokens starting at response index `at` were sampled by `version`: a new run starts
+    only when the version changes (and only for a delta that carries tokens)."""
+    if n_tokens and (not runs or runs[-1][1] != version):
+        runs.append((at, version))
+
+
+def expand_versions(runs: list[Any], n: int) -> list[int]:
+    """Run-length versions → the version of each of `n` response tokens."""
+    out = [0] * n
+    for j, (start, version) in enumerate(runs):
+        end = runs[j + 1][0] if j + 1 < len(runs) else n
+        out[start:end] = [version] * (end - start)
+    return out
+
+
+def sampled_versions(call: dict[str, Any]) -> list[int]:
+    """Policy versions of the call's sampled tokens, in order (runs that cover no token dropped)."""
+    n = len(call["response_ids"])
+    return [int(v) for start, v in call["versions"] if start < n]
+
+
+# ---- the token tree ---------------------------------------------------------------------------------------
+
+
+def branches(trace: dict[str, Any], keep: Callable[[dict[str, Any]], bool] | None = None) -> list[list[int]]:
+    """Root-to-leaf paths of call indices through the trace's token tree, one per leaf, in leaf order.
+
+    A call's parent is the earlier call it names as `parent`. `keep` selects the calls that are nodes (default:
+    all); a call whose parent is not kept becomes a root, so its prompt counts as text, not as sampled tokens.
+    """
+    calls = trace["calls"]
+    index: dict[str, int] = {}
+    parent: dict[int, int | None] = {}
+    for i, c in enumerate(calls):
+        if keep is None or keep(c):
+            parent[i] = index.get(c.get("parent", ""))
+            index[c["call_id"]] = i
+    inner = {p for p in parent.values() if p is not None}
+    paths = []
+    for leaf in parent:
+        if leaf in inner:
+            continue
+        path: list[int] = []
+        node: int | None = leaf
+        while node is not None:
+            path.append(node)
+            node = parent[node]
+        paths.append(path[::-1])
+    return paths
+
+
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield validated traces from a JSONL file; a bad line raises TraceFormatError naming file and line."""
     with Path(path).open() as f:
@@ -123,6 +263,11 @@ def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
             yield obj
 
 
+def encode_trace(trace: dict[str, Any]) -> str:
+    """The trace as one compact JSON line, newline included: the bytes every trace file holds."""
+    return json.dumps(trace, separators=(",", ":")) + "\n"
+
+
 class TraceWriter:
     """Appends one trace per line; each write is a single `write` + flush + fsync, so a crash loses nothing
     already written and never leaves half a line behind for the next append to corrupt."""
@@ -133,7 +278,7 @@ class TraceWriter:
 
     def write(self, trace: dict[str, Any]) -> None:
         validate_trace(trace)
-        data = (json.dumps(trace, separators=(",", ":")) + "\n").encode()
+        data = encode_trace(trace).encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)

@@ -13,11 +13,11 @@ import pytest
 
 from hrl.runners.summary import (
     TraceSelectionError,
+    describe_branches,
     describe_calls,
     select_trace,
     summarize_file,
     summarize_trace,
-    trace_branches,
 )
 from hrl.runners.trace import SCHEMA, call_prompt_ids, read_traces, validate_trace
 
@@ -118,7 +118,7 @@ def test_prompt_lengths_match_resolved_prompt_refs():
 
 
 def test_branches_are_root_to_leaf_paths():
-    branches = trace_branches(BRANCHING)
+    branches = describe_branches(BRANCHING)
     assert [b["calls"] for b in branches] == [["c1", "c2"], ["c4"], ["c3", "c5"], ["c1", "c6"]]
     assert [b["tokens"] for b in branches] == [10, 3, 9, 7]
     assert [b["loss_tokens"] for b in branches] == [5, 1, 4, 3]

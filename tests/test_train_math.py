@@ -9,7 +9,7 @@ import torch
 
 from hrl.train.advantages import group_advantages
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
-from hrl.train.samples import build_samples, trace_branches
+from hrl.train.samples import build_samples
 
 
 def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=False, finish="stop"):
@@ -76,7 +76,7 @@ def test_branching_trace_weighs_the_same_as_an_unsplit_one():
     ]
     samples = build_samples(_trace(calls))
     assert [s.branch for s in samples] == [["a", "b"], ["a", "e"], ["c2"]]
-    assert trace_branches(_trace(calls), include_side=True)[-2:] == [[3], [4]]
+    assert [s.branch for s in build_samples(_trace(calls), include_side=True)][-2:] == [["d"], ["c2"]]
     # distinct sampled tokens: a(2) + b(1) + e(2) + c2(3) = 8; a's tokens are shared by 2 branches
     assert sum(sum(s.weight) for s in samples) == pytest.approx(1.0)
     assert samples[0].weight[2] == pytest.approx(1 / (2 * 8))

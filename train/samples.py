@@ -12,12 +12,13 @@ gets 1/k of its share in each, so a trace that splits into 5 branches weighs the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hrl.runners.trace import all_prompt_ids
+from hrl.runners.trace import all_prompt_ids, branches, expand_versions
 
-__all__ = ["Sample", "build_samples", "trace_branches"]
+__all__ = ["Sample", "build_samples"]
 
 _UNUSABLE = {"error", "abort"}  # calls whose tokens never reached the agent whole
 
@@ -42,33 +43,9 @@ class Sample:
         return sum(self.loss_mask)
 
 
-def trace_branches(trace: dict[str, Any], include_side: bool = False) -> list[list[int]]:
-    """Root-to-leaf paths of call indices through the trace's token tree."""
-    calls = trace["calls"]
-    usable = [
-        i for i, c in enumerate(calls) if c["finish_reason"] not in _UNUSABLE and (include_side or not c.get("side"))
-    ]
-    index = {calls[i]["call_id"]: i for i in usable}
-    parent = {i: index.get(calls[i].get("parent", "")) for i in usable}
-    has_child = {p for p in parent.values() if p is not None}
-    branches = []
-    for leaf in usable:
-        if leaf in has_child:
-            continue
-        path, node = [], leaf
-        while node is not None:
-            path.append(node)
-            node = parent[node]
-        branches.append(path[::-1])
-    return branches
-
-
-def _expand_versions(runs: list[list[int]], n: int) -> list[int]:
-    out = [0] * n
-    for j, (start, version) in enumerate(runs):
-        end = runs[j + 1][0] if j + 1 < len(runs) else n
-        out[start:end] = [version] * (end - start)
-    return out
+def _keep(include_side: bool) -> Callable[[dict[str, Any]], bool]:
+    """Calls that are training nodes: whole responses the agent got, side calls only when asked for."""
+    return lambda c: c["finish_reason"] not in _UNUSABLE and (include_side or not c.get("side"))
 
 
 def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> Sample:
@@ -80,7 +57,7 @@ def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[in
         start = len(prompts[i])
         resp = calls[i]["response_ids"]
         assert ids[start : start + len(resp)] == list(resp), "a parent's response is not inside its child's prompt"
-        vers = _expand_versions(calls[i]["versions"], len(resp))
+        vers = expand_versions(calls[i]["versions"], len(resp))
         for j, lp in enumerate(calls[i]["response_logprobs"]):
             mask[start + j], logps[start + j], versions[start + j] = 1, float(lp), vers[j]
     return Sample(
@@ -97,7 +74,7 @@ def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[in
 
 def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sample]:
     """All branch samples of one trace, with per-token weights summing to 1 over the trace."""
-    paths = trace_branches(trace, include_side)
+    paths = branches(trace, _keep(include_side))
     prompts = all_prompt_ids(trace)
     samples = [_branch_sample(trace, p, prompts) for p in paths]
     # how many branches hold each sampled token of each call (tokens are identified by (call, offset))

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from hrl.runners.trace import add_version
+
 __all__ = [
     "Engine",
     "Generation",
@@ -61,8 +63,7 @@ class Generation:
     finish_reason: FinishReason = "stop"
 
     def add(self, delta: TokenDelta) -> None:
-        if delta.token_ids and (not self.versions or self.versions[-1][1] != delta.version):
-            self.versions.append((len(self.token_ids), delta.version))
+        add_version(self.versions, len(self.token_ids), delta.version, len(delta.token_ids))
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
         if delta.finish_reason is not None:
