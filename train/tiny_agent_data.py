@@ -356,9 +356,9 @@ def render_ids(
             continue
         req = dialect.parse({"model": "m", "messages": messages[:i], "tools": profile.tools}, None)
         plan = session.plan(req, template)
-        call = session.open_call("chat", req, plan, f"sft-{k}")
+        call = session.open_call("chat", req, plan, f"sft-{k}").record
         call.response_ids = template.encode(replies[k])
-        session.close_call(call, parse_hermes(template.reply_text(call.response_ids)))
+        session.commit(call, parse_hermes(template.reply_text(call.response_ids)))
         mask = mask + [0] * (len(plan.prompt_ids) - len(ids)) + [1] * len(call.response_ids)
         ids, k = call.full_ids, k + 1
     return ids, mask

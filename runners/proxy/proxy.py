@@ -11,16 +11,17 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.engines.base import Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
+from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
-from hrl.runners.proxy.session import CallRecord, PromptPlan, Session
-from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder, parse_hermes
+from hrl.runners.proxy.session import Session
+from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
 from hrl.runners.trace import TraceWriter
 
 __all__ = ["Proxy", "ProxyConfig", "UnknownSessionError"]
@@ -44,16 +45,6 @@ class UnknownSessionError(KeyError):
     """A request named a session token the proxy does not know (and may not create)."""
 
 
-@dataclass
-class Turn:
-    """One call in flight: its record, prompt plan and the request it came from."""
-
-    call: CallRecord
-    plan: PromptPlan
-    req: ChatRequest
-    session: Session
-
-
 class Proxy:
     def __init__(
         self, engine: Engine, template: ChatTemplate, config: ProxyConfig, traces: TraceWriter | None = None
@@ -65,7 +56,7 @@ class Proxy:
         self._reaper: asyncio.Task[None] | None = None
         self._open = asyncio.Event()  # cleared while a publish is under way: new generations wait
         self._open.set()
-        self._inflight: dict[str, Turn] = {}
+        self._inflight: dict[str, Call] = {}
         self._preempted: set[str] = set()
         self._waiting = 0
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
@@ -118,16 +109,15 @@ class Proxy:
                     self.end_session(token, extra={"ended_by": "idle timeout"})
 
     # ---- calls ---------------------------------------------------------------------------------------------
-    def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Turn:
-        """Build the prompt (reusing sampled ids) and open the call record. Raises ContextLengthError."""
+    def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Call:
+        """Build the prompt (reusing sampled ids) and open the call. Raises ContextLengthError (call recorded)."""
         plan = session.plan(req, self.template)
         call = session.open_call(dialect, req, plan, body_hash)
-        turn = Turn(call, plan, req, session)
         if len(plan.prompt_ids) + 1 > self.max_context:
             msg = f"prompt of {len(plan.prompt_ids)} tokens exceeds the context window of {self.max_context} tokens"
-            self.fail(turn, msg)
+            call.fail(msg)
             raise ContextLengthError(msg)
-        return turn
+        return call
 
     def params(self, req: ChatRequest) -> SamplingParams:
         room = self.max_context - 1  # at least one token; the engine ends the call at the window
@@ -141,8 +131,8 @@ class Proxy:
             ignore_eos=req.ignore_eos,
         )
 
-    async def stream(self, turn: Turn) -> AsyncIterator[str]:
-        """Generate for a turn, yielding text deltas; the call record fills in as tokens arrive.
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        """Generate for a call, yielding text deltas; the call records the tokens as they arrive.
 
         Waits while a publish is under way. If a publish preempts the generation (engines that cannot swap
         weights under a running request), it continues on the new weights from the tokens already sampled, so
@@ -150,27 +140,20 @@ class Proxy:
         abort (the engine stopped or restarted mid-call) fails the call with an EngineError: a response cut
         short must never reach the agent, or the trace, as a finished one.
         """
-        call, decoder = turn.call, IncrementalDecoder(self.template)
-        params = self.params(turn.req)
+        rec, decoder = call.record, IncrementalDecoder(self.template)
+        params = self.params(call.req)
         try:
             while True:
-                if not self._open.is_set():  # a publish is under way: wait in the proxy, counted
-                    self._waiting += 1
-                    self.stats["proxy/queue_depth"] = max(self.stats["proxy/queue_depth"], self._waiting)
-                    try:
-                        await self._open.wait()
-                    finally:
-                        self._waiting -= 1
-                prompt = turn.plan.prompt_ids + call.response_ids
-                left = params.max_tokens - len(call.response_ids)
-                self._inflight[call.call_id] = turn
-                stream = self.engine.generate(
-                    call.call_id, prompt, replace(params, max_tokens=left), version=self._pinned(turn.session)
-                )
-                async for delta in stream:
+                await self._wait_for_publish()
+                left = params.max_tokens - len(rec.response_ids)
+                self._inflight[call.call_id] = call
+                prompt = call.plan.prompt_ids + rec.response_ids
+                version = self._pinned(call.session)
+                async for delta in self.engine.generate(call.call_id, prompt, replace(params, max_tokens=left),
+                                                        version=version):  # fmt: skip
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:
                         break  # resumed below, on the new weights
-                    self._record(call, delta)
+                    call.add(delta)
                     if delta.finish_reason == "abort":  # not asked for: the engine stopped or restarted under it
                         raise EngineError(
                             f"the {self.engine.name} engine aborted the generation (stopped or restarted)"
@@ -181,29 +164,28 @@ class Proxy:
                 if call.call_id not in self._preempted:
                     return
                 self._preempted.discard(call.call_id)
-                if (call.response_ids and call.response_ids[-1] in self.template.stop_ids) or left <= 0:
+                if (rec.response_ids and rec.response_ids[-1] in self.template.stop_ids) or left <= 0:
                     return
         except (EngineError, ContextLengthError) as e:
-            self.fail(turn, str(e))
+            call.fail(str(e))
             raise
         except (asyncio.CancelledError, GeneratorExit):
             await self.engine.abort(call.call_id)
-            call.finish_reason = "abort"
-            turn.session.close_call(call, None)
+            call.abort()
             raise
         finally:
             self._inflight.pop(call.call_id, None)
 
-    @staticmethod
-    def _record(call: CallRecord, delta: Any) -> None:
-        if call.first_token_at is None:
-            call.first_token_at = time.time()
-        if delta.token_ids and (not call.versions or call.versions[-1][1] != delta.version):
-            call.versions.append((len(call.response_ids), delta.version))
-        call.response_ids.extend(delta.token_ids)
-        call.response_logprobs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            call.finish_reason = delta.finish_reason
+    async def _wait_for_publish(self) -> None:
+        """While a publish is under way, new generations wait here; the most waiting at once is counted."""
+        if self._open.is_set():
+            return
+        self._waiting += 1
+        self.stats["proxy/queue_depth"] = max(self.stats["proxy/queue_depth"], self._waiting)
+        try:
+            await self._open.wait()
+        finally:
+            self._waiting -= 1
 
     def _pinned(self, session: Session) -> int | None:
         """`pin`: a session keeps the version its first call got, while the engine still holds it."""
@@ -235,16 +217,6 @@ class Proxy:
             self.stats["proxy/publishes"] += 1
         return new
 
-    def finish(self, turn: Turn) -> ChatResult:
-        """Close the call record and parse what the model said."""
-        reply = parse_hermes(self.template.reply_text(turn.call.response_ids), tool_calls=bool(turn.req.tools))
-        turn.session.close_call(turn.call, reply)
-        finish = "tool_calls" if reply.tool_calls else ("length" if turn.call.finish_reason == "length" else "stop")
-        if reply.tool_calls:
-            turn.call.finish_reason = "tool_calls"
-        return ChatResult(reply, finish, len(turn.plan.prompt_ids), len(turn.call.response_ids))
-
-    def fail(self, turn: Turn, message: str) -> None:
-        turn.call.error = message
-        turn.call.finish_reason = "error"
-        turn.session.close_call(turn.call, None)
+    def finish(self, call: Call) -> ChatResult:
+        """End a call that streamed to its end: parse what the model said (tool calls, reasoning, text)."""
+        return call.finish(self.template)

@@ -176,27 +176,27 @@ class _Handler:
             n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
             return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
         try:
-            turn = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
+            call = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
         except ContextLengthError as e:
             return fail(400, str(e))
         rid = uuid.uuid4().hex[:24]
         if req.stream:
-            return await self._stream(request, dialect, turn, rid)
+            return await self._stream(request, dialect, call, rid)
         try:
-            async for _ in self.proxy.stream(turn):
+            async for _ in self.proxy.stream(call):
                 pass
         except (EngineError, ContextLengthError) as e:
             return fail(502 if isinstance(e, EngineError) and not isinstance(e, ContextLengthError) else 400, str(e))
-        return web.json_response(dialect.response(req, self.proxy.finish(turn), rid))
+        return web.json_response(dialect.response(req, self.proxy.finish(call), rid))
 
-    async def _stream(self, request: web.Request, dialect: Any, turn: Any, rid: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, dialect: Any, call: Any, rid: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        enc, split = dialect.encoder(turn.req, rid), StreamSplitter(tool_calls=bool(turn.req.tools))
+        enc, split = dialect.encoder(call.req, rid), StreamSplitter(tool_calls=bool(call.req.tools))
         for chunk in enc.start():
             await resp.write(chunk)
         try:
-            async with contextlib.aclosing(self.proxy.stream(turn)) as texts:
+            async with contextlib.aclosing(self.proxy.stream(call)) as texts:
                 async for text in texts:
                     for kind, piece in split.feed(text):
                         for chunk in enc.reasoning(piece) if kind == "reasoning" else enc.text(piece):
@@ -204,7 +204,7 @@ class _Handler:
             for kind, piece in split.flush():
                 for chunk in enc.reasoning(piece) if kind == "reasoning" else enc.text(piece):
                     await resp.write(chunk)
-            chunks = enc.finish(self.proxy.finish(turn))
+            chunks = enc.finish(self.proxy.finish(call))
         except (EngineError, ContextLengthError) as e:
             chunks = enc.error(502, str(e))
         for chunk in chunks:

@@ -12,14 +12,14 @@ import hashlib
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
+from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
 from hrl.runners.trace import SCHEMA
 
-__all__ = ["CallRecord", "PromptPlan", "Session"]
+__all__ = ["Call", "CallRecord", "PromptPlan", "Session"]
 
 _SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
 
@@ -49,44 +49,6 @@ def message_key(m: dict[str, Any]) -> str:
 def reply_key(reply: ParsedReply) -> str:
     msg = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
     return message_key(msg)
-
-
-@dataclass
-class PromptPlan:
-    """How a request's prompt was built: `parent` is the call whose prompt + response it extends, if any."""
-
-    prompt_ids: list[int]
-    parent: CallRecord | None
-    message_keys: list[str]
-    tools_key: str
-
-
-@dataclass
-class CallRecord:
-    call_id: str
-    dialect: str
-    stream: bool
-    started_at: float
-    prompt_ids: list[int]
-    parent_id: str | None
-    message_keys: list[str]
-    tools_key: str
-    has_tools: bool
-    system_text: str
-    body_hash: str
-    first_token_at: float | None = None
-    ended_at: float | None = None
-    response_ids: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
-    versions: list[tuple[int, int]] = field(default_factory=list)
-    finish_reason: str = "stop"
-    reply_key: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def full_ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
 
 
 class Session:
@@ -139,7 +101,8 @@ class Session:
         return bridge + text[len(upto) :]
 
     # ---- recording -----------------------------------------------------------------------------------------
-    def open_call(self, dialect: str, req: ChatRequest, plan: PromptPlan, body_hash: str) -> CallRecord:
+    def open_call(self, dialect: str, req: ChatRequest, plan: PromptPlan, body_hash: str) -> Call:
+        """Open a call for a request whose prompt is planned; it joins the trace when it ends (see `Call`)."""
         now = time.time()
         self.last_active = now
         for m in req.messages:  # tool results that came back since the model asked for them
@@ -148,7 +111,7 @@ class Session:
                 name, issued = self._pending_tools.pop(tcid)
                 self.tools.append({"name": name, "tool_call_id": tcid, "started_at": issued, "ended_at": now})
         system = req.messages[0]["content"] if req.messages and req.messages[0]["role"] == "system" else ""
-        return CallRecord(
+        record = CallRecord(
             call_id=f"c{len(self.calls) + 1}-{uuid.uuid4().hex[:6]}",
             dialect=dialect,
             stream=req.stream,
@@ -161,8 +124,10 @@ class Session:
             system_text=system[:2000],
             body_hash=body_hash,
         )
+        return Call(self, record, plan, req)
 
-    def close_call(self, call: CallRecord, reply: ParsedReply | None) -> None:
+    def commit(self, call: CallRecord, reply: ParsedReply | None) -> None:
+        """Take an ended call into the trace (`Call` does this once, when it finishes, fails or aborts)."""
         call.ended_at = self.last_active = time.time()
         if reply is not None:
             call.reply_key = reply_key(reply)

@@ -1,0 +1,110 @@
+"""One LLM call from open to end: `Call` owns its record's whole life (open, add tokens, finish, fail, abort).
+
+A session opens it (`Session.open_call`), the proxy feeds it the engine's token deltas while it streams, and it
+ends exactly once: `finish` (the reply is parsed and the call joins the session's trace), `fail` (an engine or
+context error, recorded with `finish_reason: error`) or `abort` (the agent went away mid-response).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hrl.runners.engines.base import TokenDelta
+from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
+from hrl.runners.proxy.template import ChatTemplate, ParsedReply, parse_hermes
+from hrl.runners.trace import add_version
+
+if TYPE_CHECKING:  # the session opens its calls: a runtime import would be a cycle
+    from hrl.runners.proxy.session import Session
+
+__all__ = ["Call", "CallRecord", "PromptPlan"]
+
+
+@dataclass
+class PromptPlan:
+    """How a request's prompt was built: `parent` is the call whose prompt + response it extends, if any."""
+
+    prompt_ids: list[int]
+    parent: CallRecord | None
+    message_keys: list[str]
+    tools_key: str
+
+
+@dataclass
+class CallRecord:
+    """What the trace keeps of a call (encoded by the session into an `hrl.trace/1` call)."""
+
+    call_id: str
+    dialect: str
+    stream: bool
+    started_at: float
+    prompt_ids: list[int]
+    parent_id: str | None
+    message_keys: list[str]
+    tools_key: str
+    has_tools: bool
+    system_text: str
+    body_hash: str
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    versions: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    reply_key: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+class Call:
+    def __init__(self, session: Session, record: CallRecord, plan: PromptPlan, req: ChatRequest) -> None:
+        self.session, self.record, self.plan, self.req = session, record, plan, req
+        self.ended = False
+
+    @property
+    def call_id(self) -> str:
+        return self.record.call_id
+
+    def add(self, delta: TokenDelta) -> None:
+        """Append an engine delta: its ids, logprobs, the version that sampled them, and a finish reason."""
+        rec = self.record
+        if rec.first_token_at is None:
+            rec.first_token_at = time.time()
+        add_version(rec.versions, len(rec.response_ids), delta.version, len(delta.token_ids))
+        rec.response_ids.extend(delta.token_ids)
+        rec.response_logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            rec.finish_reason = delta.finish_reason
+
+    def finish(self, template: ChatTemplate) -> ChatResult:
+        """Parse what the model said, end the call, and return the result the dialect answers with."""
+        rec = self.record
+        reply = parse_hermes(template.reply_text(rec.response_ids), tool_calls=bool(self.req.tools))
+        finish = "tool_calls" if reply.tool_calls else ("length" if rec.finish_reason == "length" else "stop")
+        if reply.tool_calls:
+            rec.finish_reason = "tool_calls"
+        self._end(reply)
+        return ChatResult(reply, finish, len(self.plan.prompt_ids), len(rec.response_ids))
+
+    def fail(self, message: str) -> None:
+        """End the call as failed (engine error, context overflow): recorded, never trained on."""
+        self.record.error = message
+        self.record.finish_reason = "error"
+        self._end(None)
+
+    def abort(self) -> None:
+        """End the call cut short (the agent disconnected, the episode was cancelled)."""
+        self.record.finish_reason = "abort"
+        self._end(None)
+
+    def _end(self, reply: ParsedReply | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.session.commit(self.record, reply)
