@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import shutil
 import signal
 from pathlib import Path
@@ -22,10 +24,32 @@ EPILOG = """Examples:
 
   hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000   # attach to a running vLLM
 
-  curl -s localhost:8000/s/demo/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
+  hrl serve --model ./tiny --control-token-file ./control   # the control token for the session API, mode 0600
 
-  curl -s -X POST localhost:8000/s/demo/end -d '{"reward": 1.0}'   # end the session, write its trace
+  T=$(curl -s -H "Authorization: Bearer $(cat ./control)" -X POST localhost:8000/sessions | jq -r .token)
+  curl -s localhost:8000/s/$T/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
+  curl -s -H "Authorization: Bearer $(cat ./control)" -X POST localhost:8000/s/$T/end -d '{"reward": 1.0}'
+
+  hrl serve --model ./tiny --open-sessions   # any token opens a session (manual use on a trusted machine only)
 """
+
+
+def default_control_token_file() -> Path:
+    """Where `hrl serve` writes its control token without --control-token-file: $HRL_STATE_DIR/control-token
+    (default ~/.local/state/hrl/control-token)."""
+    base = os.environ.get("HRL_STATE_DIR") or str(Path.home() / ".local" / "state" / "hrl")
+    return Path(base) / "control-token"
+
+
+def write_control_token(path: Path, token: str) -> None:
+    """Write the control token to `path`, readable by this user alone (0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through open(): set it
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def default_engine() -> str:
@@ -45,9 +69,22 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = 8000,
     traces: Annotated[Path | None, typer.Option(help="Append one hrl.trace/1 line per finished session here.")] = None,
-    require_sessions: Annotated[
-        bool, typer.Option(help="Serve only sessions registered with POST /sessions (others get a 401).")
+    control_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a fresh control token here (mode 0600); the session API (register, list, end), "
+            "publish and pause need it as `Authorization: Bearer <token>`. Default: "
+            "$HRL_STATE_DIR/control-token (~/.local/state/hrl/control-token)."
+        ),
+    ] = None,
+    open_sessions: Annotated[
+        bool,
+        typer.Option(
+            help="Open a session for any token a request names (quick manual use on a trusted "
+            "machine; anyone who reaches the port can then write traces). Default: registered only."
+        ),
     ] = False,
+    require_sessions: Annotated[bool, typer.Option(hidden=True, help="The default now; kept for old scripts.")] = True,
     idle_timeout: Annotated[float, typer.Option(help="End a session after this many idle seconds; 0 = never.")] = 1800,
     served_name: Annotated[str, typer.Option(help="Model name reported to clients (default: --model).")] = "",
 ) -> None:
@@ -61,12 +98,20 @@ def serve(
     engine = engine or default_engine()
     engine_kind(engine)  # fail on a bad engine name or a taken port before anything loads
     check_port_free(host, port)
-    options = {"require_sessions": require_sessions, "idle_timeout_s": idle_timeout}
-    asyncio.run(_serve(path, engine, served_name or model, options, traces, host, port))
+    options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout}
+    token_file = control_token_file or default_control_token_file()
+    asyncio.run(_serve(path, engine, served_name or model, options, traces, host, port, token_file))
 
 
 async def _serve(
-    model: str, engine: str, name: str, options: dict[str, Any], traces: Path | None, host: str, port: int
+    model: str,
+    engine: str,
+    name: str,
+    options: dict[str, Any],
+    traces: Path | None,
+    host: str,
+    port: int,
+    token_file: Path,
 ) -> None:
     from hrl.runners.stack import serving
     from hrl.runners.trace import TraceWriter
@@ -75,10 +120,18 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, main.cancel)  # type: ignore[union-attr]
+    control = secrets.token_urlsafe(32)  # 256 random bits, fresh for every start
     try:
         async with serving(model, engine, host=host, port=port, model_name=name, proxy_options=options,
+                           control_token=control,
                            traces=TraceWriter(traces) if traces else None,
                            say=lambda line: err.print(line, markup=False)) as stack:  # fmt: skip
+            write_control_token(token_file, control)
+            err.print(f"control token in {token_file} (send it as `Authorization: Bearer …` to /sessions, "
+                      "/s/<token>/end, /publish, /pause)", markup=False)  # fmt: skip
+            if options["open_sessions"]:
+                err.print("warning: --open-sessions: any request opens a session; anyone who reaches the port can "
+                          "write traces", markup=False)  # fmt: skip
             err.print(f"serving {name} on {stack.url} (sessions under /s/<token>/; Ctrl-C to stop)", markup=False)
             try:
                 await asyncio.Event().wait()

@@ -48,12 +48,14 @@ async def serving(
     engine_options: dict[str, Any] | None = None,
     proxy_options: dict[str, Any] | None = None,
     traces: TraceWriter | None = None,
+    control_token: str | None = None,
     say: Callable[[str], object] = lambda _: None,
 ) -> AsyncIterator[Stack]:
     """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all.
     `model` may be a LoRA checkpoint (peft adapter dir): its base is served with the adapter published as policy 1.
     With `traces`, the proxy writes each ended session there too (`proxy.end_session` returns it either way).
-    `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
+    `control_token` opens the HTTP control routes (sessions, publish, pause) to whoever sends it; without one they
+    stay closed (rollouts drive the proxy in process). `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
     path, adapter = split_adapter(model)
     port = port or _free_port(host)
     check_port_free(host, port)
@@ -71,7 +73,7 @@ async def serving(
         if adapter:
             await eng.publish(adapter, "lora")
         ready = asyncio.Event()
-        server = asyncio.create_task(run_server(build_app(proxy), host, port, ready, unix_socket=sock))
+        server = asyncio.create_task(run_server(build_app(proxy, control_token), host, port, ready, unix_socket=sock))
         done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
         if server in done:
             server.result()  # raises why it could not listen

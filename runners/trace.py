@@ -114,7 +114,8 @@ class Trace(TypedDict):
     ended_at: float
     calls: list[TraceCall]
     tools: list[ToolEvent]
-    metadata: NotRequired[dict[str, Any]]
+    metadata: NotRequired[dict[str, Any]]  # rejected_requests: how many requests got a 4xx
+    rejected: NotRequired[list[dict[str, Any]]]  # the last 100 of those: {at, dialect, status, error}
 
 
 _REQUIRED = ("schema", "trace_id", "session", "status", "calls", "started_at", "ended_at")

@@ -22,9 +22,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+CONTROL_TOKEN = "test-control-token-0123456789abcdef"
+
+
 class RunningProxy:
     def __init__(self, proxy: Proxy, url: str, loop: asyncio.AbstractEventLoop) -> None:
         self.proxy, self.url, self.loop = proxy, url, loop
+        self.control = {"Authorization": f"Bearer {CONTROL_TOKEN}"}  # headers for the control routes
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run fn(*args) on the proxy's event loop thread (the proxy is not thread-safe)."""
@@ -50,6 +54,9 @@ def running_proxy(
     engine_options: dict[str, Any] | None = None,
     **config: Any,
 ) -> Iterator[RunningProxy]:
+    """The real proxy on a loopback port. Tests name ad-hoc session tokens, so sessions open on first use unless
+    `open_sessions=False` is passed; the control routes take `RunningProxy.control` as headers."""
+    config = {"open_sessions": True, **config}
     loop = asyncio.new_event_loop()
     port = free_port()
     eng = make_engine(engine, model, **(engine_options or {}))
@@ -61,7 +68,7 @@ def running_proxy(
         await eng.start()
         ev = asyncio.Event()
         state["task"] = asyncio.current_task()
-        server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ev))
+        server = asyncio.create_task(run_server(build_app(proxy, CONTROL_TOKEN), "127.0.0.1", port, ev))
         await ev.wait()
         ready.set()
         try:

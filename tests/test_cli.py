@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,11 +84,16 @@ def test_serve_broken_model_fails_to_start_without_orphans(tmp_path):
 
 @contextlib.contextmanager
 def served(model: str, *extra: str):
+    """`hrl serve` on a free port; yields (url, headers carrying the control token it wrote)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    state = Path(tempfile.mkdtemp(prefix="hrl-serve-test-"))
     proc = subprocess.Popen(
-        [*HRL, "serve", "--model", model, "--port", str(port), *extra], stderr=subprocess.PIPE, text=True
+        [*HRL, "serve", "--model", model, "--port", str(port), *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HRL_STATE_DIR": str(state)},
     )
     try:
         deadline = time.monotonic() + 120
@@ -95,17 +102,26 @@ def served(model: str, *extra: str):
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}"
+        token_file = state / "control-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        yield f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token_file.read_text().strip()}"}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_serve_openai_sdk_stream_and_not(tiny_model):
+    import httpx
     from openai import OpenAI
 
-    with served(tiny_model) as url:
-        client = OpenAI(base_url=url + "/v1", api_key="unused")
+    with served(tiny_model) as (url, control):
+        anonymous = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in anonymous.models.list()] == [tiny_model]  # the data plane lists models to anyone
+        assert httpx.get(url + "/sessions").status_code == 401  # the control plane needs the token
+        token = httpx.post(url + "/sessions", headers=control).json()["token"]
+        assert len(token) >= 22  # ≥ 128 random bits, url-safe base64
+        client = OpenAI(base_url=f"{url}/s/{token}/v1", api_key="unused")
         assert [m.id for m in client.models.list()] == [tiny_model]
         msgs = [{"role": "user", "content": "hi"}]
         full = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
@@ -138,7 +154,7 @@ def test_serve_lora_checkpoint_writes_open_sessions_on_stop(tiny_lora, tmp_path)
     import urllib.request
 
     traces = tmp_path / "traces.jsonl"
-    with served(tiny_lora, "--traces", str(traces)) as url:
+    with served(tiny_lora, "--traces", str(traces), "--open-sessions") as (url, _):
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
         req = urllib.request.Request(
             url + "/s/open-one/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}

@@ -168,7 +168,7 @@ class Served:
         return OpenAI(base_url=f"{self.proxy.url}/s/{session}/v1", api_key="unused", max_retries=0)
 
     def end(self, session: str) -> dict[str, Any]:
-        r = httpx.post(f"{self.proxy.url}/s/{session}/end", json={"reward": 1.0})
+        r = httpx.post(f"{self.proxy.url}/s/{session}/end", json={"reward": 1.0}, headers=self.proxy.control)
         assert r.status_code == 200, r.text
         (trace,) = [t for t in read_traces(self.traces) if t["session"] == session]
         return trace

@@ -74,7 +74,7 @@ def test_multi_turn_tool_calls_reuse_sampled_ids_exactly(tiny_model, tmp_path, s
         client = OpenAI(base_url=f"{p.url}/s/ep1/v1", api_key="unused")
         msgs = _conversation(client, stream)
         assert msgs[-2]["content"].startswith("Fixed")
-        assert httpx.post(f"{p.url}/s/ep1/end", json={"reward": 1.0}).json()["calls"] == 3
+        assert httpx.post(f"{p.url}/s/ep1/end", json={"reward": 1.0}, headers=p.control).json()["calls"] == 3
     (trace,) = list(read_traces(out))
     _assert_append_only(trace)
     assert [c["finish_reason"] for c in trace["calls"]] == ["tool_calls", "tool_calls", "stop"]
@@ -137,12 +137,12 @@ def test_bad_input_gets_dialect_errors_and_proxy_keeps_serving(tiny_model, tmp_p
     assert good["status"] == "ok"
 
 
-def test_require_sessions_rejects_unknown_tokens_with_401(tiny_model):
-    with running_proxy(tiny_model, require_sessions=True) as p:
+def test_unregistered_tokens_get_401_by_default(tiny_model):
+    with running_proxy(tiny_model, open_sessions=False) as p:
         r = httpx.post(f"{p.url}/s/nope/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 401
         assert "unknown session" in r.json()["error"]["message"]
-        token = httpx.post(f"{p.url}/sessions", json={"task_id": "t1"}).json()["token"]
+        token = httpx.post(f"{p.url}/sessions", json={"task_id": "t1"}, headers=p.control).json()["token"]
         r = httpx.post(
             f"{p.url}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}]},

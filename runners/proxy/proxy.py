@@ -29,7 +29,11 @@ __all__ = ["Proxy", "ProxyConfig", "UnknownSessionError"]
 
 class ProxyConfig(BaseModel):
     model_name: str = Field("model", description="Model name reported to agents.")
-    require_sessions: bool = Field(False, description="Only serve sessions registered through the API (else 401).")
+    open_sessions: bool = Field(
+        False,
+        description="Open a session for any token a request names (quick manual use only: anyone who can reach "
+        "the port can then write traces). Default: only registered sessions are served, others get a 401.",
+    )
     idle_timeout_s: float = Field(1800, description="End a session after this long without a request; 0 = never.")
     max_body_bytes: int = Field(32 * 1024 * 1024, description="Larger request bodies get a 413.")
     default_max_tokens: int = Field(1024, description="max_tokens when the agent sends none.")
@@ -54,8 +58,9 @@ class Proxy:
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self.max_context = config.max_context or int(getattr(engine, "max_model_len", 0) or 0) or 32768
         self._reaper: asyncio.Task[None] | None = None
-        self._open = asyncio.Event()  # cleared while a publish is under way: new generations wait
+        self._open = asyncio.Event()  # cleared while a publish (or a pause) is under way: new generations wait
         self._open.set()
+        self._held = False  # paused through `pause()`: a publish ending does not reopen
         self._inflight: dict[str, Call] = {}
         self._preempted: set[str] = set()
         self._waiting = 0
@@ -64,7 +69,8 @@ class Proxy:
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
-        token = token or secrets.token_urlsafe(12)
+        """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
+        token = token or secrets.token_urlsafe(16)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         session = self.sessions[token] = Session(token, meta)
@@ -73,7 +79,7 @@ class Proxy:
     def session_for(self, token: str) -> Session:
         if token in self.sessions:
             return self.sessions[token]
-        if self.config.require_sessions:
+        if not self.config.open_sessions:
             raise UnknownSessionError(token)
         return self.open_session(token, {"metadata": {"opened_by": "first request"}})
 
@@ -89,6 +95,19 @@ class Proxy:
             self.traces.write(trace)
         self.finished = [*self.finished[-255:], trace]
         return trace
+
+    def pause(self) -> None:
+        """Hold new generations in the proxy (agents just wait) until `resume`."""
+        self._held = True
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._held = False
+        self._open.set()
+
+    def ended(self, token: str) -> dict[str, Any] | None:
+        """The trace a session ended with, while it is among the last ones kept (None if not found)."""
+        return next((t for t in reversed(self.finished) if t["session"] == token), None)
 
     def close(self) -> list[dict[str, Any]]:
         """End every open session (server stopping): nothing is lost."""
@@ -212,7 +231,8 @@ class Proxy:
                     await self.engine.abort(call_id)
             new = await self.engine.publish(path, kind, version)  # type: ignore[arg-type]
         finally:
-            self._open.set()
+            if not self._held:
+                self._open.set()
             self.stats["proxy/pause_s"] += time.monotonic() - t0
             self.stats["proxy/publishes"] += 1
         return new

@@ -1,10 +1,19 @@
-"""HTTP front of the recording proxy: session routing, the four agent dialects, SSE streaming, session API.
+"""HTTP front of the recording proxy: session routing, the four agent dialects, SSE streaming, the control API.
 
-Routes (each also under `/s/<token>/`, which names the session; the API key `hrl-<token>` works too):
+Data plane — what an agent reaches (the proxy port, the sandbox relay). Each route also under `/s/<token>/`,
+which names the session; the API key `hrl-<token>` works too. Only registered sessions are served (else 401 in
+the dialect's error shape), unless the proxy runs with `open_sessions`:
   POST /v1/chat/completions · /v1/responses · /v1/messages (+ /count_tokens) ·
        /v1beta/models/<model>:generateContent | :streamGenerateContent
   GET  /v1/models · /health        HEAD / (connectivity preflight)
-  POST /sessions (register) · /s/<token>/end (end, optionally with reward)    GET /sessions
+
+Control plane — needs `Authorization: Bearer <control token>` (401 without, 403 with a wrong one; all 403 when the
+app has no control token):
+  POST /sessions (register) · GET /sessions · POST /s/<token>/end (end, optionally with a reward)
+  POST /publish {"path", "kind": "lora"|"full"} · POST /pause · POST /resume
+
+A request that cannot be served (bad JSON, wrong types, a conversation the template cannot render) is a 4xx in
+its dialect's shape naming the problem, and is recorded in its session's trace (`rejected`); never a 500.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import socket
 import uuid
@@ -21,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
-from hrl.runners.proxy.dialects import BadRequestError, get_dialect
+from hrl.runners.proxy.dialects import BadRequestError, check_request, get_dialect
 from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
 from hrl.runners.proxy.template import StreamSplitter
 
@@ -80,9 +90,28 @@ def _api_key_token(request: web.Request) -> str | None:
     return None
 
 
+# What a request may raise while it is parsed, checked and planned: all of it is the request's fault.
+_BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, UnicodeError)
+_CONTROL = ("/sessions", "/publish", "/pause", "/resume")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
 class _Handler:
-    def __init__(self, proxy: Proxy) -> None:
-        self.proxy = proxy
+    def __init__(self, proxy: Proxy, control_token: str | None) -> None:
+        self.proxy, self.control_token = proxy, control_token
+
+    def _control_denied(self, request: web.Request) -> web.Response | None:
+        """None when the request carries the control token; else the 401/403 that refuses it."""
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or auth.removeprefix("Bearer ").startswith("hrl-"):
+            return _error(401, "control route: send Authorization: Bearer <control token> (see `hrl serve --help`)")
+        given = auth.removeprefix("Bearer ").strip().encode()
+        if self.control_token is None or not hmac.compare_digest(given, self.control_token.encode()):
+            return _error(403, "control route: wrong control token")
+        return None
 
     def _token(self, request: web.Request, path_token: str | None) -> str:
         if path_token:
@@ -97,28 +126,44 @@ class _Handler:
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         token, path = _route(request.path)
+        p = path.rstrip("/")
         if request.method == "HEAD":
             return web.Response(status=200)
+        if p in _CONTROL or (token and p == "/end"):
+            return await self._control(request, token, p)
         if request.method == "GET":
-            return await self._get(path)
+            return await self._get(p)
         if request.method != "POST":
-            return web.json_response({"error": {"message": "method not allowed"}}, status=405)
-        if path == "/sessions":
-            return await self._register(request)
-        if token and path.rstrip("/") == "/end":
-            return await self._end(request, token)
+            return _error(405, "method not allowed")
         found = _dialect_for(request.method, path)
         if found is None:
-            return web.json_response({"error": {"message": f"no route for POST {request.path}"}}, status=404)
+            return _error(404, f"no route for POST {request.path}")
         name, route = found
         return await self._generate(request, name, route, self._token(request, token))
 
-    async def _get(self, path: str) -> web.Response:
-        p = path.rstrip("/")
-        if p == "/health":
-            return web.json_response({"status": "ok", "version": self.proxy.engine.version})
-        if p == "/sessions":
+    async def _control(self, request: web.Request, token: str | None, p: str) -> web.Response:
+        denied = self._control_denied(request)
+        if denied is not None:
+            return denied
+        if request.method == "GET" and p == "/sessions":
             return web.json_response({"sessions": sorted(self.proxy.sessions)})
+        if request.method != "POST":
+            return _error(405, "method not allowed")
+        if p == "/sessions":
+            return await self._register(request)
+        if p == "/end" and token:
+            return await self._end(request, token)
+        if p == "/publish":
+            body = await _json_or_empty(request)
+            if not isinstance(body.get("path"), str) or body.get("kind") not in ("lora", "full"):
+                return _error(400, 'publish needs {"path": "<weights dir>", "kind": "lora" | "full"}')
+            return web.json_response({"version": await self.proxy.publish(body["path"], body["kind"])})
+        self.proxy.pause() if p == "/pause" else self.proxy.resume()
+        return web.json_response({"paused": p == "/pause"})
+
+    async def _get(self, p: str) -> web.Response:
+        if p == "/health":
+            return web.json_response({"status": "ok"})
         if p.endswith("/models"):
             name = self.proxy.config.model_name
             return web.json_response(
@@ -128,14 +173,17 @@ class _Handler:
                     "models": [{"name": f"models/{name}"}],
                 }
             )
-        return web.json_response({"error": {"message": f"no route for GET {path}"}}, status=404)
+        return _error(404, f"no route for GET {p}")
 
     async def _register(self, request: web.Request) -> web.Response:
         body = await _json_or_empty(request)
+        token = body.pop("token", None)
+        if token is not None and (not isinstance(token, str) or not token.isascii() or not 16 <= len(token) <= 128):
+            return _error(400, "'token' must be 16 to 128 ASCII characters (omit it to get a random one)")
         try:
-            session = self.proxy.open_session(body.pop("token", None), body)
+            session = self.proxy.open_session(token, body)
         except ValueError as e:
-            return web.json_response({"error": {"message": str(e)}}, status=409)
+            return _error(409, str(e))
         return web.json_response({"token": session.token, "base_path": f"/s/{session.token}"}, status=201)
 
     async def _end(self, request: web.Request, token: str) -> web.Response:
@@ -144,22 +192,32 @@ class _Handler:
         try:
             trace = self.proxy.end_session(token, **outcome, extra=body.get("metadata") or {})
         except UnknownSessionError:
-            return web.json_response({"error": {"message": f"unknown session {token}"}}, status=404)
-        except ValueError as e:  # e.g. a failure_reason the trace format does not know
-            return web.json_response({"error": {"message": str(e)}}, status=400)
+            return _error(404, f"unknown session {token}")
+        except _BAD_INPUT as e:  # e.g. a failure_reason the trace format does not know
+            return _error(400, str(e))
         return web.json_response(
             {"trace_id": trace["trace_id"], "calls": len(trace["calls"]), "status": trace["status"]}
         )
 
     async def _generate(self, request: web.Request, name: str, route: dict[str, Any], token: str) -> web.StreamResponse:
         dialect = get_dialect(name)
+        session = None
 
         def fail(status: int, message: str) -> web.Response:
+            if session is not None and status != 401:
+                session.reject(name, status, message)
             return web.json_response(dialect.error(status, message), status=status)
 
+        try:
+            session = self.proxy.session_for(token)
+        except UnknownSessionError:
+            return fail(401, "unknown session token: register the session first (POST /sessions, control plane)")
         if (request.content_length or 0) > self.proxy.config.max_body_bytes:
             return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
@@ -167,18 +225,20 @@ class _Handler:
             if route.get("stream"):
                 body["stream"] = True
             req = dialect.parse(body, route.get("model") or self.proxy.config.model_name)
-            session = self.proxy.session_for(token)
-        except UnknownSessionError:
-            return fail(401, f"unknown session token {token!r}: register it first (POST /sessions)")
-        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and BadRequestError are ValueErrors
-            return fail(400, f"malformed request: {e}")
-        if route.get("count_tokens"):
-            n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
-            return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
-        try:
+            check_request(req)
+            if route.get("count_tokens"):
+                n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
+                return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
             call = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
         except ContextLengthError as e:
             return fail(400, str(e))
+        except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
+            return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
+                        f"({type(e).__name__}: {e})")  # fmt: skip
+        except Exception as e:  # the template or tokenizer refused this conversation: still the request's doing
+            return fail(
+                422, f"cannot render this conversation with the model's chat template ({type(e).__name__}: {e})"
+            )
         rid = uuid.uuid4().hex[:24]
         if req.stream:
             return await self._stream(request, dialect, call, rid)
@@ -224,9 +284,10 @@ async def _json_or_empty(request: web.Request) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def build_app(proxy: Proxy) -> web.Application:
+def build_app(proxy: Proxy, control_token: str | None = None) -> web.Application:
+    """The proxy's HTTP app. Control routes need `control_token` (without one, every control request is refused)."""
     app = web.Application(client_max_size=proxy.config.max_body_bytes + 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", _Handler(proxy).dispatch)
+    app.router.add_route("*", "/{tail:.*}", _Handler(proxy, control_token).dispatch)
     return app
 
 

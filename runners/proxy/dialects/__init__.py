@@ -5,9 +5,25 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, Dialect, StreamEncoder
+from hrl.runners.proxy.dialects.base import (
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    Dialect,
+    StreamEncoder,
+    check_request,
+)
 
-__all__ = ["DIALECTS", "BadRequestError", "ChatRequest", "ChatResult", "Dialect", "StreamEncoder", "get_dialect"]
+__all__ = [
+    "DIALECTS",
+    "BadRequestError",
+    "ChatRequest",
+    "ChatResult",
+    "Dialect",
+    "StreamEncoder",
+    "check_request",
+    "get_dialect",
+]
 
 DIALECTS: dict[str, str] = {
     "chat": "hrl.runners.proxy.dialects.chat:ChatDialect",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sampling, sse
 from hrl.runners.proxy.dialects.responses import join_text, merge_leading_system
 
 __all__ = ["AnthropicDialect"]
@@ -150,10 +150,7 @@ class AnthropicDialect:
             messages=_messages(body),
             tools=functions if functions and not none else None,
             stream=bool(body.get("stream")),
-            max_tokens=body.get("max_tokens"),
-            temperature=body.get("temperature"),
-            top_p=body.get("top_p"),
-            top_k=body.get("top_k"),
+            **sampling(body, max_tokens="max_tokens", temperature="temperature", top_p="top_p", top_k="top_k"),
         )
 
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:

@@ -12,7 +12,17 @@ from typing import Any, Protocol
 
 from hrl.runners.proxy.template import ParsedReply
 
-__all__ = ["BadRequestError", "ChatRequest", "ChatResult", "Dialect", "StreamEncoder", "sse"]
+__all__ = [
+    "BadRequestError",
+    "ChatRequest",
+    "ChatResult",
+    "Dialect",
+    "StreamEncoder",
+    "as_object",
+    "check_request",
+    "sampling",
+    "sse",
+]
 
 
 class BadRequestError(ValueError):
@@ -62,6 +72,99 @@ class Dialect(Protocol):
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]: ...
     def encoder(self, req: ChatRequest, rid: str) -> StreamEncoder: ...
     def error(self, status: int, message: str) -> dict[str, Any]: ...
+
+
+# ---- validation: every malformed request is a 400 that names the field ----------------------------------------
+
+# internal name → (integer?, lowest, highest, lowest allowed itself?)
+_LIMITS: dict[str, tuple[bool, float, float, bool]] = {
+    "max_tokens": (True, 1, 1 << 24, True),
+    "temperature": (False, 0.0, 10.0, True),
+    "top_p": (False, 0.0, 1.0, False),
+    "top_k": (True, -1, 1 << 20, True),  # -1 and 0: no top-k
+    "seed": (True, -(1 << 63), (1 << 64) - 1, True),
+}
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _number(value: Any, name: str, limits: tuple[bool, float, float, bool]) -> int | float | None:
+    integer, lo, hi, lo_ok = limits
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:  # NaN is not a number
+        raise BadRequestError(f"'{name}' must be {'an integer' if integer else 'a number'}, got {_show(value)}")
+    if integer and not float(value).is_integer():
+        raise BadRequestError(f"'{name}' must be an integer, got {_show(value)}")
+    if not (lo <= value if lo_ok else lo < value) or value > hi:
+        raise BadRequestError(f"'{name}' must be in {'[' if lo_ok else '('}{lo:g}, {hi:g}], got {_show(value)}")
+    return int(value) if integer else float(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
+def sampling(body: Any, **fields: str) -> dict[str, Any]:
+    """Sampling parameters from `body` under the dialect's own field names, e.g. `max_tokens="max_output_tokens"`;
+    each checked for type and range (a BadRequestError names the dialect's field)."""
+    if not isinstance(body, dict):
+        raise BadRequestError(f"sampling parameters must be an object, got {_show(body)}")
+    return {key: _number(body.get(name), name, _LIMITS[key]) for key, name in fields.items()}
+
+
+def as_object(value: Any, name: str) -> dict[str, Any]:
+    """An optional JSON object field: {} when absent, a BadRequestError naming it when it is something else."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequestError(f"'{name}' must be an object, got {_show(value)}")
+    return value
+
+
+def _need(ok: bool, where: str, what: str, value: Any) -> None:
+    if not ok:
+        raise BadRequestError(f"{where}: must be {what}, got {_show(value)}")
+
+
+def check_request(req: ChatRequest) -> None:
+    """The internal form every dialect parses into, checked whole before the proxy uses it: roles, text content,
+    tool calls and tools of the right shapes (paths name the internal, Chat-Completions-shaped field)."""
+    _need(isinstance(req.model, str), "model", "a string", req.model)
+    _need(isinstance(req.messages, list) and bool(req.messages), "messages", "a non-empty list", req.messages)
+    for i, m in enumerate(req.messages):
+        at = f"messages[{i}]"
+        _need(isinstance(m, dict), at, "an object", m)
+        _need(m.get("role") in _ROLES, f"{at}.role", f"one of {', '.join(_ROLES)}", m.get("role"))
+        _need(isinstance(m.get("content"), str), f"{at}.content", "text", m.get("content"))
+        for key in ("tool_call_id", "reasoning_content"):
+            _need(isinstance(m.get(key, ""), str), f"{at}.{key}", "a string", m.get(key))
+        calls = m.get("tool_calls", [])
+        _need(isinstance(calls, list), f"{at}.tool_calls", "a list", calls)
+        for j, c in enumerate(calls):
+            _check_call(c, f"{at}.tool_calls[{j}]")
+    _need(req.tools is None or isinstance(req.tools, list), "tools", "a list", req.tools)
+    for k, t in enumerate(req.tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        _need(isinstance(fn, dict), f"tools[{k}].function", "an object", fn)
+        assert isinstance(fn, dict)
+        _need(
+            isinstance(fn.get("name"), str) and bool(fn["name"]), f"tools[{k}].function.name", "a name", fn.get("name")
+        )
+        params = fn.get("parameters", {})
+        _need(params is None or isinstance(params, dict), f"tools[{k}].function.parameters", "an object", params)
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+        _number(getattr(req, key), key, _LIMITS[key])
+
+
+def _check_call(c: Any, at: str) -> None:
+    fn = c.get("function") if isinstance(c, dict) else None
+    _need(isinstance(fn, dict), f"{at}.function", "an object", fn)
+    assert isinstance(fn, dict)
+    _need(isinstance(fn.get("name"), str), f"{at}.function.name", "a string", fn.get("name"))
+    args = fn.get("arguments")
+    _need(isinstance(args, str | dict), f"{at}.function.arguments", "a JSON string or an object", args)
+    _need(isinstance(c.get("id", ""), str), f"{at}.id", "a string", c.get("id"))
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

@@ -6,7 +6,15 @@ import json
 import time
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse, text_of
+from hrl.runners.proxy.dialects.base import (
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    as_object,
+    sampling,
+    sse,
+    text_of,
+)
 
 __all__ = ["ChatDialect"]
 
@@ -48,17 +56,14 @@ class ChatDialect:
             raise BadRequestError("'tools' must be a list")
         if body.get("tool_choice") == "none":
             tools = None
+        limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         return ChatRequest(
             model=str(body.get("model") or model or ""),
             messages=[_message(m) for m in messages],
             tools=tools,
             stream=bool(body.get("stream")),
-            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-            temperature=body.get("temperature"),
-            top_p=body.get("top_p"),
-            top_k=body.get("top_k"),
-            seed=body.get("seed"),
-            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+            **sampling(body, max_tokens=limit, temperature="temperature", top_p="top_p", top_k="top_k", seed="seed"),
+            include_usage=bool(as_object(body.get("stream_options"), "stream_options").get("include_usage")),
             ignore_eos=bool(body.get("ignore_eos")),
         )
 

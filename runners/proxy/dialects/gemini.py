@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, as_object, sampling, sse
 from hrl.runners.proxy.dialects.responses import join_text
 
 __all__ = ["GeminiDialect"]
@@ -186,21 +186,19 @@ class GeminiDialect:
     name = "gemini"
 
     def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
-        config = body.get("generationConfig") or {}
-        if not isinstance(config, dict):
-            raise BadRequestError("'generationConfig' must be an object")
+        config = as_object(body.get("generationConfig"), "generationConfig")
         tools = _tools(body)
-        mode = ((body.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
+        calling = as_object(as_object(body.get("toolConfig"), "toolConfig").get("functionCallingConfig"),
+                            "toolConfig.functionCallingConfig")  # fmt: skip
+        mode = calling.get("mode")
         return ChatRequest(
             model=str(model or body.get("model") or ""),
             messages=_messages(body),
             tools=tools if tools and mode != "NONE" else None,
             stream=bool(body.get("stream")),
-            max_tokens=config.get("maxOutputTokens"),
-            temperature=config.get("temperature"),
-            top_p=config.get("topP"),
-            top_k=config.get("topK"),
-            seed=config.get("seed"),
+            **sampling(
+                config, max_tokens="maxOutputTokens", temperature="temperature", top_p="topP", top_k="topK", seed="seed"
+            ),
         )
 
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:

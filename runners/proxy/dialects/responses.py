@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sse
+from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sampling, sse
 
 __all__ = ["ResponsesDialect", "join_text", "merge_leading_system"]
 
@@ -182,9 +182,7 @@ class ResponsesDialect:
             messages=_messages(body),
             tools=functions if functions and choice != "none" else None,
             stream=bool(body.get("stream")),
-            max_tokens=body.get("max_output_tokens"),
-            temperature=body.get("temperature"),
-            top_p=body.get("top_p"),
+            **sampling(body, max_tokens="max_output_tokens", temperature="temperature", top_p="top_p"),
             extra={
                 "tool_choice": choice if choice in ("auto", "none", "required") else "auto",
                 "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
