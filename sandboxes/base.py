@@ -11,15 +11,13 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from hrl.sandboxes.errors import HrlError
+
 __all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec"]
 
 
-class SandboxError(Exception):
+class SandboxError(HrlError):
     """A sandbox could not be created or used (not: the command inside failed — that is an ExecResult)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class Mount(BaseModel):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, Dialect, StreamEncoder
+from hrl.sandboxes.registry import lookup
 
 __all__ = ["DIALECTS", "BadRequestError", "ChatRequest", "ChatResult", "Dialect", "StreamEncoder", "get_dialect"]
 
@@ -19,7 +19,7 @@ _cache: dict[str, Any] = {}
 
 
 def get_dialect(name: str) -> Dialect:
+    """The dialect instance for a registry name (one per name); unknown names raise UnknownNameError."""
     if name not in _cache:
-        module, _, attr = DIALECTS[name].partition(":")
-        _cache[name] = getattr(importlib.import_module(module), attr)()
+        _cache[name] = lookup(DIALECTS, "dialect", name)()
     return _cache[name]  # type: ignore[no-any-return]
