@@ -11,6 +11,7 @@ from hrl.sandboxes.base import (
     SandboxBackend,
     SandboxError,
     SandboxSpec,
+    SandboxUnavailableError,
 )
 from hrl.sandboxes.registry import lookup
 
@@ -22,6 +23,7 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "SandboxSpec",
+    "SandboxUnavailableError",
     "get_backend",
 ]
 

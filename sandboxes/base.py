@@ -13,11 +13,16 @@ from pydantic import BaseModel, Field
 
 from hrl.sandboxes.errors import HrlError
 
-__all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec"]
+__all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec", "SandboxUnavailableError"]
 
 
 class SandboxError(HrlError):
     """A sandbox could not be created or used (not: the command inside failed — that is an ExecResult)."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The backend cannot be used at all: no Docker daemon to reach, or no base image to start from. A missing
+    prerequisite rather than a failure of one sandbox."""
 
 
 class Mount(BaseModel):

@@ -11,7 +11,7 @@ from hrl.runners.agents import get_agent
 from hrl.runners.engines import engine_kind, make_engine
 from hrl.runners.proxy.dialects import get_dialect
 from hrl.runners.tasks import make_verifier
-from hrl.sandboxes import SandboxError, get_backend
+from hrl.sandboxes import SandboxError, SandboxUnavailableError, get_backend
 from hrl.sandboxes.errors import HrlError, UnknownNameError
 from hrl.sandboxes.registry import lookup
 
@@ -36,7 +36,7 @@ def test_every_registry_raises_one_error_type_listing_the_valid_names(call, mess
 def test_the_error_classes_are_one_class_each_across_layers():
     assert hrl.runners.errors.UnknownNameError is hrl.sandboxes.errors.UnknownNameError
     assert hrl.runners.errors.HrlError is hrl.sandboxes.errors.HrlError
-    assert issubclass(SandboxError, HrlError)
+    assert issubclass(SandboxError, HrlError) and issubclass(SandboxUnavailableError, SandboxError)
 
 
 def test_lookup_imports_only_the_entry_asked_for():
