@@ -165,7 +165,7 @@ def test_a_sandbox_error_is_mapped_not_called_a_bug(capsys):
 
 def test_resume_without_a_docker_daemon_exits_4_with_a_hint(tmp_path):
     """Through the CLI: `--resume` first prunes the run's leftover containers, which needs the daemon."""
-    from hrl.train.rundir import RunDir
+    from hrl.runners.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.create({"rollout": {"sandbox": "docker", "run_id": "hrl-nodaemon"}})

@@ -12,16 +12,15 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
 from hrl.runners.metrics import step_metrics
-from hrl.runners.trace import is_infra_failure, read_traces
+from hrl.runners.rundir import RunDir
+from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
-from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -56,10 +55,6 @@ def _batch(tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int) -> list
     return [Episode(t, k, iteration) for t in picked for k in range(cfg.group_size)]
 
 
-def _done(trace_file: Path) -> list[dict[str, Any]]:
-    return list(read_traces(trace_file)) if trace_file.is_file() else []
-
-
 async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Event) -> tuple[Trainer, dict[str, Any]]:
     """A trainer for the run; on resume, the same weights in trainer and engine under the same version number,
     and no metrics line of a step that was logged but not committed (it runs again)."""
@@ -89,15 +84,14 @@ async def train(
         for it in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
             episodes = _batch(tasks, cfg, it)
-            trace_file = run.trace_file(it)
             rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
-            done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
+            done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
             todo = [e for e in episodes if e.key not in done]
             resumed = len(episodes) - len(todo)
             on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
-            await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
+            await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
             keys = {e.key for e in episodes}
-            traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in keys]
+            traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
             t1 = time.monotonic()
             metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
             metrics |= step_metrics(traces, trainer_version=version)
