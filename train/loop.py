@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
 from hrl.runners.metrics import step_metrics
@@ -35,12 +35,29 @@ class LoopConfig(BaseModel):
     tasks_per_iteration: int = Field(4, description="Distinct tasks per batch.")
     group_size: int = Field(4, description="Episodes per task per batch (the GRPO group).")
     concurrency: int = Field(4, description="Episodes running at once.")
-    advantage: AdvantageKind = "grpo"
+    advantage: AdvantageKind = Field(
+        "grpo",
+        description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
+        "(Dr. GRPO); sets trainer.loss_norm=constant.",
+    )
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig
+
+    @model_validator(mode="after")
+    def _dr_grpo_normalises_by_a_constant(self) -> LoopConfig:
+        """Dr. GRPO is both halves: no std scaling (the advantage) and the constant normaliser (the trainer's)."""
+        if self.advantage != "dr_grpo" or self.trainer.loss_norm == "constant":
+            return self
+        if "loss_norm" in self.trainer.model_fields_set:
+            raise ValueError(
+                "train.advantage=dr_grpo normalises the loss by a constant, but trainer.loss_norm=trace was set: "
+                "drop trainer.loss_norm, or use train.advantage=mean for r − mean with the per-trace token mean"
+            )
+        self.trainer = self.trainer.model_copy(update={"loss_norm": "constant"})
+        return self
 
 
 class Publisher(Protocol):
