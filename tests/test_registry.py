@@ -44,3 +44,12 @@ def test_lookup_imports_only_the_entry_asked_for():
     assert lookup(registry, "thing", "path")("a", "b") == "a/b"
     with pytest.raises(UnknownNameError, match="valid: broken, path"):
         lookup(registry, "thing", "other")
+
+
+def test_an_agents_dialect_name_is_a_dialect_the_proxy_speaks():
+    from typing import get_args
+
+    from hrl.runners.agents.base import DialectName
+    from hrl.runners.proxy.dialects import DIALECTS
+
+    assert set(get_args(DialectName)) == set(DIALECTS)
