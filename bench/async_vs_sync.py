@@ -23,10 +23,10 @@ from hrl.runners.engines import make_engine
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.rundir import RunDir
 from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig, train
-from hrl.train.rundir import RunDir
 from hrl.train.trainer import TrainerConfig
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": f"task {i}: fix the failing test"} for i in range(32)]

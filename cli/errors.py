@@ -17,6 +17,7 @@ from hrl.runners.errors import (
     PrerequisiteError,
     UnknownNameError,
 )
+from hrl.sandboxes import SandboxError, SandboxUnavailableError
 
 __all__ = ["EXIT_INTERRUPTED", "report"]
 
@@ -30,6 +31,8 @@ _TABLE: list[tuple[type[BaseException], int, str | None]] = [
     (PrerequisiteError, EXIT_PREREQ, "run `hrl doctor` to see what is missing"),
     (EngineStartError, EXIT_FAILURE, "re-run with HRL_DEBUG=1 to see the engine's log"),
     (EngineError, EXIT_FAILURE, None),
+    (SandboxUnavailableError, EXIT_PREREQ, "run `hrl doctor` to see what is missing, or use `--sandbox local`"),
+    (SandboxError, EXIT_FAILURE, "re-run with HRL_DEBUG=1 for the traceback; `hrl sandbox prune --all` cleans up"),
     (HrlError, EXIT_FAILURE, None),
     (FileNotFoundError, EXIT_FAILURE, "check the path"),
     (PermissionError, EXIT_FAILURE, "check the file's permissions"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from pathlib import Path
@@ -58,12 +57,12 @@ def train(
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
 ) -> None:
     """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
-    from hrl.train.rundir import RunDir
+    from hrl.runners.rundir import RunDir
 
     if resume:
         if run_dir is None or not RunDir(run_dir).exists():
             raise typer.BadParameter("--resume needs --run-dir of an existing run (with state.json)")
-        cfg = json.loads((run_dir / "config.json").read_text())
+        cfg = RunDir(run_dir).config()
     else:
         if not recipe:
             raise typer.BadParameter("give --recipe (or --run-dir with --resume)")
@@ -79,7 +78,7 @@ def train(
         _start(run, cfg, resume)
     err.print(
         f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"
-        f"      a trace as a tree: hrl inspect {run.trace_file(0)} --trace <id>",
+        f"      a trace as a tree: hrl inspect {run.path} --trace <id>",
         markup=False,
     )
 

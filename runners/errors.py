@@ -1,9 +1,13 @@
 """Domain errors of the rollout side. Each names the object that failed and, where known, the fix.
 
-Library code raises these; only the CLI turns them into `Error: … / Hint: …` lines and exit codes.
+Library code raises these; only the CLI turns them into `Error: … / Hint: …` lines and exit codes. `HrlError`
+(the base) and `UnknownNameError` (any registry lookup) are defined in `hrl.sandboxes.errors`, the lowest layer,
+so that sandboxes raise them too; they are re-exported here as the same classes.
 """
 
 from __future__ import annotations
+
+from hrl.sandboxes.errors import HrlError, UnknownNameError
 
 __all__ = [
     "ContextLengthError",
@@ -15,21 +19,6 @@ __all__ = [
     "PrerequisiteError",
     "UnknownNameError",
 ]
-
-
-class HrlError(Exception):
-    """Base class: `hint` is one line telling the user what to do about it."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class UnknownNameError(HrlError, KeyError):
-    """A registry lookup (engine, agent, sandbox, verifier, recipe) named something that does not exist."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
 
 
 class ModelNotFoundError(HrlError):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from hrl.sandboxes.base import ExecResult, Mount, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from hrl.sandboxes.base import (
+    ExecResult,
+    Mount,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailableError,
+)
+from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "SANDBOXES",
@@ -15,6 +23,7 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "SandboxSpec",
+    "SandboxUnavailableError",
     "get_backend",
 ]
 
@@ -25,7 +34,6 @@ SANDBOXES: dict[str, str] = {
 
 
 def get_backend(name: str, **options: Any) -> SandboxBackend:
-    if name not in SANDBOXES:
-        raise SandboxError(f"unknown sandbox {name!r}; valid: {', '.join(sorted(SANDBOXES))}")
-    module, _, attr = SANDBOXES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(**options)  # type: ignore[no-any-return]
+    """A backend by registry name; unknown names raise UnknownNameError listing the valid ones."""
+    backend: SandboxBackend = lookup(SANDBOXES, "sandbox", name)(**options)
+    return backend

@@ -11,15 +11,18 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec"]
+from hrl.sandboxes.errors import HrlError
+
+__all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec", "SandboxUnavailableError"]
 
 
-class SandboxError(Exception):
+class SandboxError(HrlError):
     """A sandbox could not be created or used (not: the command inside failed — that is an ExecResult)."""
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
+
+class SandboxUnavailableError(SandboxError):
+    """The backend cannot be used at all: no Docker daemon to reach, or no base image to start from. A missing
+    prerequisite rather than a failure of one sandbox."""
 
 
 class Mount(BaseModel):

@@ -35,7 +35,7 @@ import docker.errors
 from docker.types import Mount as DockerMount
 from docker.utils.socket import frames_iter
 
-from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
+from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec, SandboxUnavailableError
 from hrl.sandboxes.forward import FORWARDER, FORWARDER_PATH, KILL_TREE
 
 __all__ = ["DockerBackend", "DockerSandbox"]
@@ -82,7 +82,7 @@ class DockerBackend:
                         environment=host, timeout=int(self.api_timeout_s), max_pool_size=self._max_workers
                     )
                 except docker.errors.DockerException as exc:
-                    raise SandboxError(f"cannot reach the Docker daemon: {exc}", hint=DAEMON_HINT) from exc
+                    raise SandboxUnavailableError(f"cannot reach the Docker daemon: {exc}", hint=DAEMON_HINT) from exc
             return self._client.api
 
     async def connect(self) -> docker.APIClient:
@@ -106,7 +106,7 @@ class DockerBackend:
                 await self.call(api.remove_container, made["Id"], force=True, v=True)
             raise
         except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"Docker image {spec.image!r} not found", hint=BUILD_HINT) from exc
+            raise SandboxUnavailableError(f"Docker image {spec.image!r} not found", hint=BUILD_HINT) from exc
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot create a container from {spec.image!r}: {_explain(exc)}") from exc
         sandbox = DockerSandbox(self, created["Id"], spec)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from hrl.runners.engines import make_engine
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.report.run import iteration_summaries, load_run
+from hrl.runners.rundir import LEGACY_TRACES, RunDir
 from hrl.runners.simagent import SimulatedAgent
-from hrl.runners.trace import read_traces
-from hrl.train.async_loop import AsyncConfig, oldest_version, train_async
+from hrl.train.async_loop import AsyncConfig, _next_group, oldest_version, train_async
 from hrl.train.loop import LoopConfig
-from hrl.train.rundir import RunDir
 from hrl.train.trainer import TrainerConfig
 from tests.proxy_helpers import free_port
 
@@ -43,7 +47,9 @@ def _check(tmp_path, tiny_model, policy: str) -> None:
     run.create(cfg.model_dump())
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, policy))
     assert [m["version"] for m in history] == [1, 2, 3, 4]
-    traces = list(read_traces(run.traces / "rollouts.jsonl"))
+    traces = run.all_traces()
+    assert not (run.traces / LEGACY_TRACES).exists()
+    assert set(run.trace_files()) <= set(range(5))  # one file per step, as the sync loop writes (4: after the last)
     started = history[-1]["async/started"]
     assert len(traces) == started == len({t["metadata"]["episode"] for t in traces})  # one trace per episode
     cancelled = [t for t in traces if t["failure_reason"] == "cancelled"]
@@ -72,8 +78,39 @@ def test_async_mixed(tiny_model, tmp_path):
     assert [m["version"] for m in history] == [5, 6]
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
-    keys = [t["metadata"]["episode"] for t in read_traces(run.traces / "rollouts.jsonl")]
+    keys = [t["metadata"]["episode"] for t in run.all_traces()]
     assert len(keys) == len(set(keys))  # the resumed run started new groups, not the first run's again
+    _check_readers(run, len(keys))
+
+
+def _hrl(*args: str) -> dict:
+    env = {**os.environ, "NO_COLOR": "1"}
+    out = subprocess.run([sys.executable, "-m", "hrl.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _check_readers(run: RunDir, n_traces: int) -> None:
+    """An async run's traces are where `hrl inspect RUN_DIR` and `hrl report` look, per step; and a run of the
+    older layout (every trace in traces/rollouts.jsonl) reads the same and resumes past its groups."""
+    rows = _hrl("inspect", str(run.path), "--json")
+    assert sum(r["traces"] for r in rows) == n_traces
+    assert [r["iteration"] for r in rows][:6] == list(range(6)) and all(r["traces"] for r in rows[:6])
+    assert all(r["metrics"]["version"] == r["iteration"] + 1 for r in rows[:6])  # the logged step, per iteration
+    report = _hrl("report", str(run.path), "--json")
+    assert report["traces"] == n_traces and report["steps"] >= 6
+    assert run.all_traces()[-1]["trace_id"] in Path(report["out"]).read_text()
+    legacy = RunDir(run.path.with_name("legacy"))
+    legacy.create(run.config())
+    lines = "".join(f.read_text() for f in run.trace_files().values())
+    (legacy.traces / LEGACY_TRACES).write_text(lines)
+    (legacy.path / "metrics.jsonl").write_text((run.path / "metrics.jsonl").read_text())
+    legacy.save_state(**run.state())
+    old = load_run(legacy.path)
+    assert len(old.traces) == n_traces and [i.index for i in old.iterations][:6] == list(range(6))
+    assert sum(s["traces"] for s in iteration_summaries(old)) == n_traces
+    assert _hrl("inspect", str(legacy.path), "--json")[0]["trace_file"].endswith(LEGACY_TRACES)
+    assert _next_group(legacy) == _next_group(run) > 0  # a resume starts groups no trace used
 
 
 def test_async_pin(tiny_model, tmp_path):

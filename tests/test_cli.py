@@ -165,3 +165,30 @@ def test_serve_lora_checkpoint_writes_open_sessions_on_stop(tiny_lora, tmp_path)
     assert trace["metadata"]["ended_by"] == "proxy stop"
     [call] = trace["calls"]
     assert call["versions"] == [[0, 1]] and len(call["response_ids"]) == 5
+
+
+def test_a_sandbox_error_is_mapped_not_called_a_bug(capsys):
+    """SandboxError is a domain error with its own row: an unreachable Docker daemon is a missing prerequisite
+    (exit 4), a sandbox that failed is a failure (exit 1); neither is reported as a bug in hrl."""
+    from hrl.cli.errors import report
+    from hrl.sandboxes import SandboxError, SandboxUnavailableError
+
+    assert report(SandboxUnavailableError("cannot reach the Docker daemon: gone", hint="start dockerd")) == 4
+    assert report(SandboxError("cannot exec in container 1234: gone")) == 1
+    err = capsys.readouterr().err
+    assert "Hint: start dockerd" in err and "hrl sandbox prune" in err and "bug" not in err, err
+
+
+def test_resume_without_a_docker_daemon_exits_4_with_a_hint(tmp_path):
+    """Through the CLI: `--resume` first prunes the run's leftover containers, which needs the daemon."""
+    from hrl.runners.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.create({"rollout": {"sandbox": "docker", "run_id": "hrl-nodaemon"}})
+    run.save_state(1, 1, None)
+    env = {**os.environ, "NO_COLOR": "1", "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    out = subprocess.run(
+        [*HRL, "train", "--run-dir", str(run.path), "--resume"], capture_output=True, text=True, timeout=120, env=env
+    )
+    _assert_clean_error(out, "cannot reach the Docker daemon", "start dockerd")
+    assert out.returncode == 4 and "bug" not in out.stderr

@@ -12,9 +12,9 @@ from hrl.runners.engines import make_engine
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
 from hrl.runners.proxy.server import build_app, run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.rundir import RunDir
 from hrl.runners.trace import TraceWriter, read_traces
 from hrl.train.loop import Episode, LoopConfig, train
-from hrl.train.rundir import RunDir
 from hrl.train.trainer import TrainerConfig
 from tests.proxy_helpers import free_port
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
 from hrl.sandboxes.base import Mount
 from hrl.sandboxes.docker import DockerBackend
+from hrl.sandboxes.errors import UnknownNameError
 from hrl.sandboxes.local import MARKER, LocalBackend
 
 T = TypeVar("T")
@@ -101,7 +102,7 @@ def local(tmp_path: Path) -> LocalBackend:
 def test_registry_builds_both_backends_lazily() -> None:
     assert get_backend("local").name == "local"
     assert get_backend("docker").name == "docker"  # connects only when used
-    with pytest.raises(SandboxError, match="valid: docker, local"):
+    with pytest.raises(UnknownNameError, match="valid: docker, local"):
         get_backend("nope")
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from hrl.runners.rundir import RunDir
 from hrl.runners.trace import read_traces
-from hrl.train.rundir import RunDir
 
 ITERATIONS, TASKS, GROUP = 3, 2, 2
 PER_ITERATION = TASKS * GROUP

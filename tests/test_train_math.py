@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from hrl.train.advantages import group_advantages
+from hrl.train.loop import LoopConfig
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import build_samples
+from hrl.train.trainer import TrainerConfig, token_weights
 
 
 def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=False, finish="stop"):
@@ -100,6 +102,37 @@ def test_group_advantages_variants():
     adv, m = group_advantages(rewards, groups, "mean", drop_zero_variance=True)
     assert set(adv) == {"a", "b", "c", "d"}
     assert m["adv/dropped_traces"] == 2.0
+
+
+def test_dr_grpo_is_mean_advantages_and_the_constant_normaliser():
+    """Dr. GRPO (Liu et al. 2025) = no std scaling + loss ÷ a constant. One group: a short right answer (2 tokens,
+    r=1) and a long wrong one (4 tokens, r=0), so advantages ±0.5; ratio 1, so the loss is −Σ weight · advantage.
+    Per-trace token mean: −(2·(1/2)/2·0.5 + 4·(1/4)/2·(−0.5)) = 0, length cancels out. Constant, max_len=8:
+    every token weighs 1/(8·2); −(2·0.5 − 4·0.5)/16 = +1/16, the long wrong answer pushed down per token."""
+    short = _trace([_call("a", prompt=[1], resp=[2, 3])], tid="short", reward=1.0)
+    long = _trace([_call("a", prompt=[1], resp=[4, 5, 6, 7])], tid="long", reward=0.0)
+    adv, _ = group_advantages({"short": 1.0, "long": 0.0}, {"short": "g", "long": "g"}, "dr_grpo")
+    assert adv == group_advantages({"short": 1.0, "long": 0.0}, {"short": "g", "long": "g"}, "mean")[0]
+    assert adv == pytest.approx({"short": 0.5, "long": -0.5})
+    samples = build_samples(short) + build_samples(long)
+    advantages = torch.tensor([0.5, 0.5, -0.5, -0.5, -0.5, -0.5])
+    zero = torch.zeros(6)
+
+    trace_w = token_weights(samples, 2, "trace", max_len=8)
+    assert trace_w.tolist() == pytest.approx([0.25, 0.25, 0.125, 0.125, 0.125, 0.125])
+    assert float(policy_loss(zero, zero, advantages, trace_w)[0]) == pytest.approx(0.0)
+    const_w = token_weights(samples, 2, "constant", max_len=8)
+    assert const_w.tolist() == pytest.approx([1 / 16] * 6)
+    assert float(policy_loss(zero, zero, advantages, const_w)[0]) == pytest.approx(1 / 16)
+
+
+def test_dr_grpo_sets_the_constant_normaliser_and_refuses_a_contradiction():
+    cfg = LoopConfig(advantage="dr_grpo", trainer=TrainerConfig(model="m"))
+    assert cfg.trainer.loss_norm == "constant"
+    assert LoopConfig(advantage="mean", trainer=TrainerConfig(model="m")).trainer.loss_norm == "trace"
+    assert LoopConfig(**cfg.model_dump()).trainer.loss_norm == "constant"  # a resumed run resolves the same
+    with pytest.raises(ValueError, match="loss_norm"):
+        LoopConfig(advantage="dr_grpo", trainer=TrainerConfig(model="m", loss_norm="trace"))
 
 
 def test_policy_loss_hand_computed():

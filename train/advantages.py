@@ -2,9 +2,12 @@
 
 Group = the traces of one task (`group_id`) in one batch. Variants:
 - "grpo":    (r - mean_group) / (std_group + eps)       — Shao et al. 2024, DeepSeekMath (GRPO)
-- "mean":    r - mean_group                              — GRPO without std normalisation
-- "dr_grpo": r - mean_group, with the loss normalised by a constant instead of by length
-             (Liu et al. 2025, "Understanding R1-Zero-Like Training", Dr. GRPO); same advantages as "mean".
+- "mean":    r - mean_group                              — GRPO without std normalisation; the loss keeps the
+             trainer's `loss_norm` (by default a token mean per trace)
+- "dr_grpo": r - mean_group AND the loss summed over tokens ÷ a constant (`trainer.max_len` × traces), not by
+             length — Liu et al. 2025, "Understanding R1-Zero-Like Training" (Dr. GRPO), which removes both
+             biases. The advantages are those of "mean"; `LoopConfig` sets `trainer.loss_norm: constant` for it
+             and rejects an explicit `loss_norm: trace`.
 Groups whose rewards all agree carry no signal: they are reported, and dropped when asked.
 """
 

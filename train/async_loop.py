@@ -6,6 +6,10 @@ GRPO groups only), updates and publishes while rollouts go on.
 - `max_staleness` (in versions): a trace whose oldest sampled token is older than `version - max_staleness`
   at the time it would be trained on is dropped, and counted (`async/dropped_stale`). Nothing is dropped silently.
 - Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer.
+- Traces go to the run directory's per-step files, like the synchronous loop's: an episode's trace is appended to
+  `traces/iter-NNNN.jsonl` of the step whose batch was being gathered when the episode started. A resumed run
+  starts new groups (numbered past every group in the run's traces); unfinished groups of the killed process
+  are left untrained.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ import random
 import re
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.metrics import step_metrics
-from hrl.runners.trace import read_traces
+from hrl.runners.rundir import RunDir
 from hrl.train.loop import (
     Episode,
     Event,
@@ -33,7 +36,6 @@ from hrl.train.loop import (
     start_trainer,
     update_from_traces,
 )
-from hrl.train.rundir import RunDir
 from hrl.train.sinks import MetricsSink
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
@@ -58,11 +60,9 @@ def _age(trace: dict[str, Any], version: int) -> int:
     return 0 if oldest is None else version - oldest
 
 
-def _next_group(trace_file: Path) -> int:
-    """The first group number no trace in the file used (group ids are `it<n>:<task>`)."""
-    if not trace_file.is_file():
-        return 0
-    used = [int(m.group(1)) for t in read_traces(trace_file) if (m := re.match(r"it(\d+):", str(t.get("group_id"))))]
+def _next_group(run: RunDir) -> int:
+    """The first group number no trace of the run used (group ids are `it<n>:<task>`), in either layout."""
+    used = [int(m.group(1)) for t in run.all_traces() if (m := re.match(r"it(\d+):", str(t.get("group_id"))))]
     return max(used, default=-1) + 1
 
 
@@ -74,7 +74,7 @@ class _Producer:
     ):
         self.cfg, self.acfg, self.rollouts, self.run = cfg, acfg, rollouts, run
         rng = random.Random(cfg.seed)
-        first = _next_group(run.traces / "rollouts.jsonl")  # a resumed run goes on with new groups
+        first = _next_group(run)  # a resumed run goes on with new groups
         self._groups = (
             [Episode(t, k, n) for k in range(cfg.group_size)]
             for n in itertools.count()
@@ -86,16 +86,17 @@ class _Producer:
         self.ready: list[list[dict[str, Any]]] = []
         self.changed = asyncio.Event()
         self.started = self.finished = 0
+        self.step = run.state()["iteration"]  # the step whose batch is being gathered: new episodes trace there
 
     def buffered(self) -> int:
         return sum(len(g) for g in self.ready) + sum(len(g) for g in self.partial.values())
 
     async def loop(self) -> None:
-        trace_file = self.run.traces / "rollouts.jsonl"
         while True:
             while len(self.running) + self.cfg.group_size <= max(self.acfg.max_in_flight, self.cfg.group_size) and (
                 self.buffered() < self.acfg.max_buffered
             ):
+                trace_file = self.run.trace_file(self.step)
                 for ep in next(self._groups):
                     task = asyncio.create_task(self.rollouts.episode(ep, trace_file))
                     task.add_done_callback(self._done)
@@ -125,6 +126,7 @@ class _Producer:
         out: list[dict[str, Any]] = []
         while self.ready and len(out) < n:
             out += self.ready.pop(0)
+        self.step += 1  # episodes started from now on belong to the next batch
         self.changed.set()  # room for more episodes
         return out
 

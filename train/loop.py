@@ -12,16 +12,15 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
 from hrl.runners.metrics import step_metrics
-from hrl.runners.trace import is_infra_failure, read_traces
+from hrl.runners.rundir import RunDir
+from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
-from hrl.train.rundir import RunDir
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -36,12 +35,29 @@ class LoopConfig(BaseModel):
     tasks_per_iteration: int = Field(4, description="Distinct tasks per batch.")
     group_size: int = Field(4, description="Episodes per task per batch (the GRPO group).")
     concurrency: int = Field(4, description="Episodes running at once.")
-    advantage: AdvantageKind = "grpo"
+    advantage: AdvantageKind = Field(
+        "grpo",
+        description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
+        "(Dr. GRPO); sets trainer.loss_norm=constant.",
+    )
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig
+
+    @model_validator(mode="after")
+    def _dr_grpo_normalises_by_a_constant(self) -> LoopConfig:
+        """Dr. GRPO is both halves: no std scaling (the advantage) and the constant normaliser (the trainer's)."""
+        if self.advantage != "dr_grpo" or self.trainer.loss_norm == "constant":
+            return self
+        if "loss_norm" in self.trainer.model_fields_set:
+            raise ValueError(
+                "train.advantage=dr_grpo normalises the loss by a constant, but trainer.loss_norm=trace was set: "
+                "drop trainer.loss_norm, or use train.advantage=mean for r − mean with the per-trace token mean"
+            )
+        self.trainer = self.trainer.model_copy(update={"loss_norm": "constant"})
+        return self
 
 
 class Publisher(Protocol):
@@ -54,10 +70,6 @@ def _batch(tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int) -> list
     rng = random.Random(cfg.seed * 100_003 + iteration)
     picked = rng.sample(tasks, min(cfg.tasks_per_iteration, len(tasks)))
     return [Episode(t, k, iteration) for t in picked for k in range(cfg.group_size)]
-
-
-def _done(trace_file: Path) -> list[dict[str, Any]]:
-    return list(read_traces(trace_file)) if trace_file.is_file() else []
 
 
 async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Event) -> tuple[Trainer, dict[str, Any]]:
@@ -89,15 +101,14 @@ async def train(
         for it in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
             episodes = _batch(tasks, cfg, it)
-            trace_file = run.trace_file(it)
             rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
-            done = {t.get("metadata", {}).get("episode") for t in _done(trace_file)}
+            done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
             todo = [e for e in episodes if e.key not in done]
             resumed = len(episodes) - len(todo)
             on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
-            await run_episodes(rollouts, todo, trace_file, cfg.concurrency)
+            await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
             keys = {e.key for e in episodes}
-            traces = [t for t in _done(trace_file) if t.get("metadata", {}).get("episode") in keys]
+            traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
             t1 = time.monotonic()
             metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
             metrics |= step_metrics(traces, trainer_version=version)

@@ -16,7 +16,7 @@ from hrl.train.logprobs import token_logprobs
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
 
-__all__ = ["Trainer", "TrainerConfig"]
+__all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
 _ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -42,9 +42,11 @@ class TrainerConfig(BaseModel):
     )
     tis_cap: float = Field(2.0, description="Truncation of the importance weight for 'tis'.")
     loss_norm: Literal["trace", "constant"] = Field(
-        "trace", description="trace: token mean within each trace, mean over traces. constant: Dr.GRPO, ÷ max_len."
+        "trace",
+        description="trace: token mean within each trace, mean over traces. constant: Dr. GRPO (Liu et al. 2025): "
+        "every token counts the same, loss summed ÷ (max_len × traces). `train.advantage: dr_grpo` sets constant.",
     )
-    max_len: int = Field(4096, description="Dr.GRPO's constant normaliser, in tokens.")
+    max_len: int = Field(4096, description="The constant normaliser of loss_norm=constant (Dr. GRPO), in tokens.")
     kl_coef: float = Field(
         0.0,
         description="Weight of a k3 KL(π || π_ref) penalty on the sampled tokens, π_ref = the starting weights "
@@ -97,9 +99,6 @@ class Trainer:
         """Flatten the loss tokens of a micro-batch: logp is (B, T-1), predicting tokens 1..T-1."""
         return torch.cat([logp[i, torch.tensor(_loss_pos(s)) - 1] for i, s in enumerate(samples)])
 
-    def _flat(self, samples: list[Sample], attr: str) -> torch.Tensor:
-        return torch.tensor([getattr(s, attr)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
-
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
@@ -132,7 +131,7 @@ class Trainer:
             return {"train/samples": 0.0}
         n_traces = len({s.trace_id for s in samples})
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
-        behaviour = [self._flat([s], "behaviour_logprobs") for s in samples]
+        behaviour = [_flat([s], "behaviour_logprobs") for s in samples]
         metrics = mismatch_kl(torch.cat(proximal), torch.cat(behaviour))
         if all(s.advantage == 0 for s in samples):
             # no learning signal (every group agreed): the gradient is exactly zero, but Adam would still move every
@@ -149,7 +148,7 @@ class Trainer:
             prox = torch.cat(proximal[i : i + cfg.micro_batch])
             behav = torch.cat(behaviour[i : i + cfg.micro_batch])
             adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb])
-            weight = self._weights(mb, n_traces)
+            weight = token_weights(mb, n_traces, cfg.loss_norm, cfg.max_len)
             old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
             if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine
                 is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
@@ -209,11 +208,6 @@ class Trainer:
                 p.copy_(b)
         return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
-    def _weights(self, mb: list[Sample], n_traces: int) -> torch.Tensor:
-        if self.config.loss_norm == "constant":  # Dr.GRPO: every token counts the same, ÷ a constant
-            return torch.cat([torch.full((len(_loss_pos(s)),), 1.0 / (self.config.max_len * n_traces)) for s in mb])
-        return self._flat(mb, "weight") / n_traces
-
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.config.max_grad_norm > 0:
@@ -262,6 +256,20 @@ class Trainer:
 
     def lr_info(self) -> dict[str, float]:
         return {"train/lr": self.optimizer.param_groups[0]["lr"], "train/trainable_params": float(self.n_trainable)}
+
+
+def token_weights(samples: list[Sample], n_traces: int, loss_norm: str, max_len: int) -> torch.Tensor:
+    """Each loss token's weight in the loss, (N,) over the samples' loss tokens in order. trace: the sample's
+    per-trace token-mean weight ÷ traces (Σ = 1 over a whole batch). constant (Dr. GRPO): 1 / (max_len × traces)
+    for every token, so a long trace weighs more than a short one and no trace's length rescales its tokens."""
+    if loss_norm == "constant":
+        return torch.cat([torch.full((len(_loss_pos(s)),), 1.0 / (max_len * n_traces)) for s in samples])
+    return _flat(samples, "weight") / n_traces
+
+
+def _flat(samples: list[Sample], attr: str) -> torch.Tensor:
+    """A per-position attribute of the samples (weight, behaviour logprobs), at their loss tokens only: (N,)."""
+    return torch.tensor([getattr(s, attr)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
 
 
 def _loss_pos(s: Sample) -> list[int]:

@@ -5,10 +5,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from hrl.runners.agents.base import AgentContext, AgentRunner
-from hrl.runners.errors import UnknownNameError
+from hrl.sandboxes.registry import lookup
 
 __all__ = ["AGENTS", "AgentContext", "AgentRunner", "get_agent"]
 
@@ -25,8 +23,5 @@ AGENTS: dict[str, str] = {
 
 def get_agent(name: str) -> AgentRunner:
     """A runner instance by registry name; unknown names raise UnknownNameError listing the valid ones."""
-    if name not in AGENTS:
-        raise UnknownNameError(f"unknown agent {name!r}; valid: {', '.join(sorted(AGENTS))}")
-    module, _, attr = AGENTS[name].partition(":")
-    runner: AgentRunner = getattr(importlib.import_module(module), attr)()
+    runner: AgentRunner = lookup(AGENTS, "agent", name)()
     return runner

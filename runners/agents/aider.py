@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, Turn
+from hrl.runners.agents.base import AgentContext, ScriptedTurn
 
 __all__ = ["AiderRunner"]
 
@@ -60,7 +60,7 @@ class AiderRunner:
             "--input-history-file", f"{ctx.home}/.aider.input.history",
         ]  # fmt: skip
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         # First a block without a file name, so aider reflects and calls again (2 calls), then the real edit. Its
         # first prompt already holds 4 assistant turns (few-shot examples and an "Ok."): the script starts at 4.
         block = f"```\n<<<<<<< SEARCH\n=======\n{text}\n>>>>>>> REPLACE\n```"

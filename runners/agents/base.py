@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-__all__ = ["AgentContext", "AgentRunner", "Dialect", "PackageKind", "Turn", "shell_turns"]
+from hrl.runners.engines.scripted import ScriptedTurn
+
+__all__ = ["AgentContext", "AgentRunner", "DialectName", "PackageKind", "ScriptedTurn", "shell_turns"]
 
 PackageKind = Literal["npm", "pypi"]
-Dialect = Literal["chat", "responses", "anthropic", "gemini"]
-Turn = str | dict[str, Any]  # a scripted assistant turn: text, or {"text": …, "tool_calls": [{"name", "arguments"}]}
+DialectName = Literal["chat", "responses", "anthropic", "gemini"]  # a key of runners.proxy.dialects.DIALECTS
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class AgentRunner(Protocol):
     package: str  # npm or PyPI package name
     bin: str  # the executable the package installs
     install_scripts: bool  # npm: run the packages' install scripts (only where the CLI needs them to link its binary)
-    dialect: Dialect  # the wire API it speaks to the proxy
+    dialect: DialectName  # the wire API it speaks to the proxy
     needs_tty: bool  # run under a pseudo-terminal (none of the supported CLIs needs one)
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
@@ -61,12 +62,12 @@ class AgentRunner(Protocol):
         """The headless, auto-approving command line (bin first, found on PATH)."""
         ...
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         """Scripted assistant turns (see ScriptedEngineConfig.turns) that make this CLI write `text` and a newline
         into `path` (relative to the workdir) with its own tools, then finish: `hrl agents doctor` and the tests."""
         ...
 
 
-def shell_turns(tool: str, arg: str, path: str, text: str, done: Turn = "Done.") -> list[Turn]:
+def shell_turns(tool: str, arg: str, path: str, text: str, done: ScriptedTurn = "Done.") -> list[ScriptedTurn]:
     """The usual smoke script: one call of the shell tool `tool` (command in argument `arg`), then `done`."""
     return [{"tool_calls": [{"name": tool, "arguments": {arg: f"echo {text} > {path}"}}]}, done]

@@ -8,7 +8,7 @@ below it resolves no other host.
 
 from __future__ import annotations
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["ClaudeCodeRunner"]
 
@@ -59,5 +59,5 @@ class ClaudeCodeRunner:
             "--dangerously-skip-permissions", "--", ctx.prompt,  # after "--": a task may start with a dash
         ]  # fmt: skip
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         return shell_turns("Bash", "command", path, text)

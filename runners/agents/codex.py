@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["CodexRunner"]
 
@@ -78,5 +78,5 @@ class CodexRunner:
             "--", ctx.prompt,
         ]  # fmt: skip
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         return shell_turns("exec_command", "cmd", path, text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["GeminiCliRunner"]
 
@@ -46,5 +46,5 @@ class GeminiCliRunner:
         # --prompt=TASK as one word: a task may start with a dash
         return [self.bin, "-m", ctx.model, "--yolo", "-o", "stream-json", f"--prompt={ctx.prompt}"]
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         return shell_turns("run_shell_command", "command", path, text)

@@ -8,14 +8,14 @@ tracking raise unless MSWEA_COST_TRACKING=ignore_errors; LITELLM_LOCAL_MODEL_COS
 
 from __future__ import annotations
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["SUBMIT_COMMAND", "MiniSweAgentRunner"]
 
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-def _bash(command: str) -> Turn:
+def _bash(command: str) -> ScriptedTurn:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
@@ -49,5 +49,5 @@ class MiniSweAgentRunner:
             "-c", f"agent.step_limit={int(ctx.options.get('step_limit', 30))}",
         ]  # fmt: skip
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         return shell_turns("bash", "command", path, text, done=_bash(SUBMIT_COMMAND))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["OpencodeRunner"]
 
@@ -64,5 +64,5 @@ class OpencodeRunner:
         # the task after "--": it may start with a dash
         return [self.bin, "run", "-m", f"hrl/{ctx.model}", "--format", "json", "--", ctx.prompt]
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         return shell_turns("bash", "command", path, text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, Turn, shell_turns
+from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["QwenCodeRunner"]
 
@@ -44,6 +44,6 @@ class QwenCodeRunner:
             f"--prompt={ctx.prompt}",  # one word: a task may start with a dash
         ]  # fmt: skip
 
-    def smoke_turns(self, path: str, text: str) -> list[Turn]:
+    def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:
         turns = shell_turns("run_shell_command", "command", path, text)
         return [turns[0], *turns]  # its first prompt already holds one (injected) assistant turn

@@ -21,12 +21,15 @@ from hrl.runners.engines.base import SamplingParams, TokenDelta
 from hrl.runners.errors import EngineError
 from hrl.runners.models import resolve_model
 
-__all__ = ["ScriptedEngine", "ScriptedEngineConfig", "render_turn"]
+__all__ = ["ScriptedEngine", "ScriptedEngineConfig", "ScriptedTurn", "render_turn"]
+
+# One assistant turn to play back: text, or {"text": …, "tool_calls": [{"name": …, "arguments": {…}}]}.
+ScriptedTurn = str | dict[str, Any]
 
 
 class ScriptedEngineConfig(BaseModel):
     model: str = Field(description="Model dir or id whose tokenizer renders the turns.")
-    turns: list[str | dict[str, Any]] = Field(
+    turns: list[ScriptedTurn] = Field(
         default_factory=lambda: ["Done."],
         description="Assistant turns: a string, or {'text': …, 'tool_calls': [{'name': …, 'arguments': {…}}]}, "
         "optionally with 'fail_after': N to die with an engine error after N tokens. Past the end, the last turn "

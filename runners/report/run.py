@@ -1,4 +1,5 @@
-"""Read a run directory (written by `hrl train`; layout in `hrl.train.rundir`) and summarize it per iteration.
+"""Read a run directory (written by `hrl train`, either loop; layout in `hrl.runners.rundir`) and summarize it per
+iteration.
 
 Read-only and tolerant of a run in progress: an iteration with traces but no metrics line yet is shown from
 its traces alone. Per iteration, the metrics are `step_metrics` of its traces, overlaid by what the trainer
@@ -7,24 +8,16 @@ logged for that step in metrics.jsonl (the logged values win: they were computed
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.errors import HrlError
 from hrl.runners.metrics import FAILURES_PREFIX, step_metrics
-from hrl.runners.trace import read_traces
+from hrl.runners.rundir import LEGACY_TRACES, RunDir
 
-__all__ = ["Iteration", "NotARunDirError", "Run", "is_run_dir", "iteration_summaries", "load_run", "trainer_version"]
+__all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "trainer_version"]
 
 Trace = dict[str, Any]
-_ITER = re.compile(r"iter-(\d+)\.jsonl$")
-
-
-class NotARunDirError(HrlError):
-    """The path is not a run directory (no traces/, metrics.jsonl or state.json)."""
 
 
 @dataclass
@@ -47,45 +40,17 @@ class Run:
         return [(it.index, t) for it in self.iterations for t in it.traces]
 
 
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / p).exists() for p in ("traces", "metrics.jsonl", "state.json"))
-
-
-def _json_file(path: Path) -> dict[str, Any]:
-    return dict(json.loads(path.read_text())) if path.is_file() else {}
-
-
-def _metric_rows(path: Path) -> dict[int, dict[str, Any]]:
-    """metrics.jsonl by step (a step logged twice, e.g. around a resume, keeps its last line)."""
-    rows: dict[int, dict[str, Any]] = {}
-    if path.is_file():
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise HrlError(f"{path}:{lineno}: not a JSON object: {e}") from e
-                rows[int(row.get("step", len(rows)))] = row
-    return rows
-
-
 def load_run(path: str | Path) -> Run:
-    """Everything `hrl report` / `hrl inspect RUN_DIR` show: config, state, traces and metrics per iteration."""
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"run directory not found: {root}")
-    if not is_run_dir(root):
-        raise NotARunDirError(
-            f"{root} is not a run directory (no traces/, metrics.jsonl or state.json)",
-            hint="pass the --run-dir of an `hrl train` run, or a trace file",
-        )
-    files = {int(m.group(1)): f for f in sorted((root / "traces").glob("iter-*.jsonl")) if (m := _ITER.search(f.name))}
-    rows = _metric_rows(root / "metrics.jsonl")
+    """Everything `hrl report` / `hrl inspect RUN_DIR` show: config, state, traces and metrics per iteration.
+    Raises FileNotFoundError for a missing path, NotARunDirError for a directory that is no run."""
+    run = RunDir.existing(path)
+    files, traces, rows = run.trace_files(), run.traces_by_iteration(), run.metric_rows()
+    legacy = run.traces / LEGACY_TRACES
     iterations = [
-        Iteration(i, files.get(i), list(read_traces(files[i])) if i in files else [], rows.get(i, {}))
-        for i in sorted(files.keys() | rows.keys())
+        Iteration(i, files.get(i) or (legacy if i in traces else None), traces.get(i, []), rows.get(i, {}))
+        for i in sorted(traces.keys() | rows.keys())
     ]
-    return Run(root, _json_file(root / "config.json"), _json_file(root / "state.json"), iterations)
+    return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations)
 
 
 def trainer_version(logged: dict[str, Any]) -> int | None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hrl.runners.errors import UnknownNameError
 from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, task_summary, write_tasks
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict, Verifier
 from hrl.sandboxes import SandboxBackend
+from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "VERIFIERS",
@@ -36,10 +36,7 @@ VERIFIERS: dict[str, str] = {"tests": "hrl.runners.tasks.verifier:TestVerifier"}
 
 def make_verifier(name: str, backend: SandboxBackend, **options: Any) -> Verifier:
     """A verifier by registry name, grading in sandboxes of `backend`; options go to its config."""
-    if name not in VERIFIERS:
-        raise UnknownNameError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
-    module, _, attr = VERIFIERS[name].partition(":")
-    verifier: Verifier = getattr(importlib.import_module(module), attr)(backend, **options)
+    verifier: Verifier = lookup(VERIFIERS, "verifier", name)(backend, **options)
     return verifier
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from hrl.runners.proxy.dialects.base import (
@@ -13,6 +12,7 @@ from hrl.runners.proxy.dialects.base import (
     StreamEncoder,
     check_request,
 )
+from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "DIALECTS",
@@ -35,7 +35,7 @@ _cache: dict[str, Any] = {}
 
 
 def get_dialect(name: str) -> Dialect:
+    """The dialect instance for a registry name (one per name); unknown names raise UnknownNameError."""
     if name not in _cache:
-        module, _, attr = DIALECTS[name].partition(":")
-        _cache[name] = getattr(importlib.import_module(module), attr)()
+        _cache[name] = lookup(DIALECTS, "dialect", name)()
     return _cache[name]  # type: ignore[no-any-return]

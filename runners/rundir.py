@@ -1,0 +1,209 @@
+"""The run directory: the one layout `hrl train` writes (both loops) and `hrl report`, `hrl inspect RUN_DIR` and
+`hrl train --resume` read.
+
+run/
+  config.json                       the resolved configuration
+  state.json                        {"iteration": next step, "version": live policy version, "checkpoint": path}
+  traces/iter-0003.jsonl            one hrl.trace/1 line per finished episode, appended as episodes finish: the
+                                    episodes of step 3 (sync loop), or those started while the trainer gathered
+                                    the batch of step 3 (async loop)
+  traces/iter-0003.cancelled.jsonl  sync: traces a stop cut short, set aside on resume (those episodes run again)
+  traces/rollouts.jsonl             async runs of older hrl: all their traces in one file; read, never written
+  metrics.jsonl                     one line per training step
+  checkpoints/v0004/                peft adapter (LoRA) or full HF checkpoint + optimizer.pt
+  lock                              flock'ed by the process training here (the kernel drops it when that dies)
+
+state.json is the commit point: whatever a killed process wrote past it (traces of the unfinished step, a metrics
+line of an uncommitted step) is either kept because it is complete and still valid (traces) or discarded on
+resume (metrics), so each step and each episode ends up in the run exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.errors import HrlError
+from hrl.runners.metrics import POLICY_VERSION_MIN, trace_metrics
+from hrl.runners.trace import read_traces
+
+__all__ = ["LEGACY_TRACES", "NotARunDirError", "RunDir", "RunDirBusyError", "is_run_dir"]
+
+Trace = dict[str, Any]
+LEGACY_TRACES = "rollouts.jsonl"
+_ITER = re.compile(r"iter-(\d+)\.jsonl$")
+
+
+class RunDirBusyError(HrlError):
+    """Another live process trains in this run directory."""
+
+
+class NotARunDirError(HrlError):
+    """The path is not a run directory (no traces/, metrics.jsonl or state.json)."""
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and any((path / p).exists() for p in ("traces", "metrics.jsonl", "state.json"))
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.traces = self.path / "traces"
+        self.checkpoints = self.path / "checkpoints"
+
+    @classmethod
+    def existing(cls, path: str | Path) -> RunDir:
+        """A run directory to read: FileNotFoundError when the path is missing, NotARunDirError when it is no run."""
+        if not Path(path).exists():
+            raise FileNotFoundError(f"run directory not found: {path}")
+        if not is_run_dir(path):
+            raise NotARunDirError(
+                f"{path} is not a run directory (no traces/, metrics.jsonl or state.json)",
+                hint="pass the --run-dir of an `hrl train` run, or a trace file",
+            )
+        return cls(path)
+
+    # ---- config and the commit point ---------------------------------------------------------------------------
+    def create(self, config: dict[str, Any]) -> None:
+        self.traces.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / "config.json", json.dumps(config, indent=2, default=str))
+
+    def exists(self) -> bool:
+        """Has the run committed its state (so `--resume` can continue it)?"""
+        return (self.path / "state.json").is_file()
+
+    def config(self) -> dict[str, Any]:
+        return _json_file(self.path / "config.json")
+
+    def state(self) -> dict[str, Any]:
+        if not self.exists():
+            return {"iteration": 0, "version": 0, "checkpoint": None}
+        return _json_file(self.path / "state.json")
+
+    def save_state(self, iteration: int, version: int, checkpoint: str | None) -> None:
+        """Commit point of a step: written atomically after the new weights are saved and published."""
+        state = {"iteration": iteration, "version": version, "checkpoint": checkpoint}
+        _atomic_write(self.path / "state.json", json.dumps(state))
+
+    def checkpoint(self, version: int) -> Path:
+        return self.checkpoints / f"v{version:04d}"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run for this process while the block runs (the kernel drops the lock when the process dies).
+        Two processes in one run would both append the same episodes, and a resume cleans up after the previous
+        process, which must therefore be gone: raises RunDirBusyError while another process holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirBusyError(
+                    f"{self.path} is in use by another running process",
+                    hint="let it finish or stop it first; `--resume` continues a run whose process has ended",
+                ) from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # ---- traces -------------------------------------------------------------------------------------------------
+    def trace_file(self, iteration: int) -> Path:
+        return self.traces / f"iter-{iteration:04d}.jsonl"
+
+    def trace_files(self) -> dict[int, Path]:
+        """Each step's trace file, by step (set-aside `.cancelled.jsonl` files are not among them)."""
+        files = sorted(self.traces.glob("iter-*.jsonl"))
+        return {int(m.group(1)): f for f in files if (m := _ITER.search(f.name))}
+
+    def iteration_traces(self, iteration: int) -> list[Trace]:
+        path = self.trace_file(iteration)
+        return list(read_traces(path)) if path.is_file() else []
+
+    def traces_by_iteration(self) -> dict[int, list[Trace]]:
+        """Every trace of the run, by step: the per-step files, plus an older async run's traces/rollouts.jsonl."""
+        out = {i: list(read_traces(f)) for i, f in self.trace_files().items()}
+        for i, trace in self._legacy_traces():
+            out.setdefault(i, []).append(trace)
+        return dict(sorted(out.items()))
+
+    def all_traces(self) -> list[Trace]:
+        return [t for traces in self.traces_by_iteration().values() for t in traces]
+
+    def _legacy_traces(self) -> Iterator[tuple[int, Trace]]:
+        """traces/rollouts.jsonl of an older async run, each under the step of the policy version that sampled its
+        first token (every step publishes one version, so version v is live while step v gathers its batch); a
+        trace without sampled tokens goes with the one before it (the file is in the order episodes finished)."""
+        path = self.traces / LEGACY_TRACES
+        if not path.is_file():
+            return
+        step = 0
+        for trace in read_traces(path):
+            oldest = trace_metrics(trace).get(POLICY_VERSION_MIN)
+            step = max(int(oldest), 0) if oldest is not None else step
+            yield step, trace
+
+    def set_aside_cancelled(self, iteration: int) -> int:
+        """Move the cancelled traces of an uncommitted step (episodes cut short by Ctrl-C) from its trace file to
+        iter-NNNN.cancelled.jsonl, so that a resume runs those episodes again and the step still holds one trace
+        per episode. Returns how many were moved."""
+        path = self.trace_file(iteration)
+        if not path.is_file():
+            return 0
+        kept: list[str] = []
+        cut: list[str] = []
+        for line in path.read_text().splitlines(keepends=True):
+            if line.strip():
+                (cut if json.loads(line).get("failure_reason") == "cancelled" else kept).append(line)
+        if cut:
+            with path.with_suffix(".cancelled.jsonl").open("a") as f:
+                f.writelines(cut)
+            _atomic_write(path, "".join(kept))
+        return len(cut)
+
+    # ---- metrics ------------------------------------------------------------------------------------------------
+    def metric_rows(self) -> dict[int, dict[str, Any]]:
+        """metrics.jsonl by step (a step logged twice, e.g. around a resume, keeps its last line)."""
+        path, rows = self.path / "metrics.jsonl", {}
+        if path.is_file():
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except ValueError as e:
+                        raise HrlError(f"{path}:{lineno}: not a JSON object: {e}") from e
+                    rows[int(row.get("step", len(rows)))] = row
+        return rows
+
+    def discard_uncommitted_metrics(self) -> int:
+        """Drop metrics.jsonl lines of steps past the commit point (a process killed after logging a step but
+        before committing it; the step runs again). Returns how many lines were dropped."""
+        path, committed = self.path / "metrics.jsonl", self.state()["iteration"]
+        if not path.is_file():
+            return 0
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) < committed]
+        if len(kept) != len(lines):
+            _atomic_write(path, "".join(kept))
+        return len(lines) - len(kept)
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    with tmp.open() as f:
+        os.fsync(f.fileno())
+    tmp.replace(path)

@@ -1,0 +1,26 @@
+"""The base of every hrl domain error, and the one error of a registry lookup.
+
+They live in the lowest layer so that every layer can raise them (`sandboxes` may import nothing above it);
+`hrl.runners.errors` re-exports both, so `HrlError` and `UnknownNameError` are one class each wherever they are
+imported from, and the CLI maps them in one table.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HrlError", "UnknownNameError"]
+
+
+class HrlError(Exception):
+    """Base class: `hint` is one line telling the user what to do about it."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class UnknownNameError(HrlError, KeyError):
+    """A registry lookup (sandbox, engine, agent, verifier, dialect) named something that does not exist; the
+    message lists the valid names. A KeyError too, so a caller that looks names up like a dict still catches it."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])

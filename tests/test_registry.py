@@ -1,0 +1,55 @@
+"""Every plug-in registry fails an unknown name the same way: one UnknownNameError (an HrlError and a KeyError)
+that lists the valid names, raised before anything is imported."""
+
+from __future__ import annotations
+
+import pytest
+
+import hrl.runners.errors
+import hrl.sandboxes.errors
+from hrl.runners.agents import get_agent
+from hrl.runners.engines import engine_kind, make_engine
+from hrl.runners.proxy.dialects import get_dialect
+from hrl.runners.tasks import make_verifier
+from hrl.sandboxes import SandboxError, SandboxUnavailableError, get_backend
+from hrl.sandboxes.errors import HrlError, UnknownNameError
+from hrl.sandboxes.registry import lookup
+
+LOOKUPS = [
+    (lambda: get_backend("nope"), "unknown sandbox 'nope'; valid: docker, local"),
+    (lambda: make_engine("nope", "m"), "unknown engine 'nope'; valid: embedded, scripted, vllm or an http:// URL"),
+    (lambda: engine_kind("nope"), "unknown engine 'nope'"),
+    (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, claude-code, codex,"),
+    (lambda: make_verifier("nope", get_backend("local")), "unknown verifier 'nope'; valid: tests"),
+    (lambda: get_dialect("nope"), "unknown dialect 'nope'; valid: anthropic, chat, gemini, responses"),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), LOOKUPS)
+def test_every_registry_raises_one_error_type_listing_the_valid_names(call, message):
+    with pytest.raises(UnknownNameError) as info:
+        call()
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, HrlError) and isinstance(info.value, KeyError)
+
+
+def test_the_error_classes_are_one_class_each_across_layers():
+    assert hrl.runners.errors.UnknownNameError is hrl.sandboxes.errors.UnknownNameError
+    assert hrl.runners.errors.HrlError is hrl.sandboxes.errors.HrlError
+    assert issubclass(SandboxError, HrlError) and issubclass(SandboxUnavailableError, SandboxError)
+
+
+def test_lookup_imports_only_the_entry_asked_for():
+    registry = {"path": "os.path:join", "broken": "no.such.module:X"}
+    assert lookup(registry, "thing", "path")("a", "b") == "a/b"
+    with pytest.raises(UnknownNameError, match="valid: broken, path"):
+        lookup(registry, "thing", "other")
+
+
+def test_an_agents_dialect_name_is_a_dialect_the_proxy_speaks():
+    from typing import get_args
+
+    from hrl.runners.agents.base import DialectName
+    from hrl.runners.proxy.dialects import DIALECTS
+
+    assert set(get_args(DialectName)) == set(DIALECTS)
