@@ -23,14 +23,20 @@ def _message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict) or "role" not in m:
         raise BadRequestError("each message needs a role")
     out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
-    if m.get("tool_calls"):
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise BadRequestError(f"'tool_calls' must be a list, got {type(calls).__name__}")
+    for j, c in enumerate(calls):
+        if not isinstance(c, dict) or not isinstance(c.get("function"), dict) or "name" not in c["function"]:
+            raise BadRequestError(f"tool_calls[{j}] must be an object with a 'function' holding a 'name'")
+    if calls:
         out["tool_calls"] = [
             {
                 "id": c.get("id", ""),
                 "type": "function",
                 "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"},
             }
-            for c in m["tool_calls"]
+            for c in calls
         ]
     if m.get("tool_call_id"):
         out["tool_call_id"] = m["tool_call_id"]
