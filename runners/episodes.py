@@ -1,13 +1,23 @@
-"""Episodes: one agent run on one task, the unit rollouts are made of; and running many with a bound."""
+"""Episodes: one agent run on one task, the unit rollouts are made of; and running many with a bound.
+
+No episode is lost: `guarded_episode` turns an episode that raises (a bug, a broken sandbox the runner did not
+expect) into a trace with `failure_reason: internal_error`, written like any other, so its group still completes
+and the failure is counted, in the synchronous loop, the asynchronous one and `hrl rollout` alike.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import traceback
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Episode", "Rollouts", "run_episodes"]
+from hrl.runners.trace import SCHEMA, TraceWriter
+
+__all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "run_episodes"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,42 @@ class Rollouts(Protocol):
         ...
 
 
+def failed_trace(ep: Episode, reason: str, error: str, started_at: float) -> dict[str, Any]:
+    """The trace of an episode that ended without one of its own: no calls, no reward, the error kept."""
+    return {
+        "schema": SCHEMA,
+        "trace_id": uuid.uuid4().hex,
+        "session": "",
+        "task_id": ep.task_id,
+        "group_id": ep.group_id,
+        "agent": {},
+        "env": {},
+        "model": {},
+        "status": "failed",
+        "failure_reason": reason,
+        "reward": None,
+        "reward_info": {},
+        "started_at": round(started_at, 3),
+        "ended_at": round(time.time(), 3),
+        "calls": [],
+        "tools": [],
+        "metadata": {"episode": ep.key, "error": error[-4000:]},
+    }
+
+
+async def guarded_episode(rollouts: Rollouts, ep: Episode, trace_file: Path) -> dict[str, Any]:
+    """`rollouts.episode`, except that raising is not an option: an exception becomes an `internal_error` trace
+    (appended to trace_file). Cancellation still propagates (the runner writes its `cancelled` trace)."""
+    started = time.time()
+    try:
+        return await rollouts.episode(ep, trace_file)
+    except Exception as e:
+        detail = "".join(traceback.format_exception(e))
+        trace = failed_trace(ep, "internal_error", f"{type(e).__name__}: {e}\n{detail}", started)
+        await asyncio.to_thread(TraceWriter(trace_file).write, trace)
+        return trace
+
+
 async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:
     """Run episodes with at most `concurrency` at once.
 
@@ -48,7 +94,7 @@ async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: 
 
     async def one(ep: Episode) -> dict[str, Any]:
         async with sem:
-            return await rollouts.episode(ep, trace_file)
+            return await guarded_episode(rollouts, ep, trace_file)
 
     tasks = [asyncio.ensure_future(one(ep)) for ep in episodes]
     try:

@@ -115,3 +115,51 @@ def _check_readers(run: RunDir, n_traces: int) -> None:
 
 def test_async_pin(tiny_model, tmp_path):
     _check(tmp_path, tiny_model, "pin")
+
+
+class _FlakyAgent:
+    """Every k-th episode raises instead of returning its trace (a bug in a runner, a sandbox gone wrong)."""
+
+    def __init__(self, inner, k: int) -> None:
+        self.inner, self.k, self.n = inner, k, 0
+
+    async def episode(self, ep, trace_file):
+        self.n += 1
+        if self.n % self.k == 0:
+            raise RuntimeError(f"episode {ep.key} broke")
+        return await self.inner.episode(ep, trace_file)
+
+
+def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
+    """An episode that raises becomes an internal_error trace: its group completes, it is counted and left out of
+    training, and the loop runs to the end instead of waiting for a trace that never comes."""
+
+    async def main(run, cfg, acfg):
+        engine = make_engine("scripted", tiny_model, turns=["Done."])
+        await engine.start()
+        proxy = Proxy(engine, ChatTemplate(tiny_model), ProxyConfig())
+        port, ready = free_port(), asyncio.Event()
+        server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
+        await ready.wait()
+        agent = SimulatedAgent(proxy, f"http://127.0.0.1:{port}", min_turns=1, max_turns=2, tool_time_median_s=0.01)
+        try:
+            return await asyncio.wait_for(
+                train_async(TASKS, cfg, acfg, run, proxy.publish, _FlakyAgent(agent, 3)), timeout=240
+            )
+        finally:
+            await agent.close()
+            server.cancel()
+            await engine.close()
+
+    run = RunDir(tmp_path / "flaky")
+    cfg = LoopConfig(iterations=3, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-3))
+    acfg = AsyncConfig(max_in_flight=4, batch_traces=4, max_staleness=8, max_buffered=8)
+    run.create(cfg.model_dump())
+    history = asyncio.run(main(run, cfg, acfg))
+    assert [m["version"] for m in history] == [1, 2, 3]
+    traces = run.all_traces()
+    broken = [t for t in traces if t["failure_reason"] == "internal_error"]
+    assert broken and all("broke" in t["metadata"]["error"] for t in broken)
+    assert len(traces) == history[-1]["async/started"]  # one trace per started episode, the broken ones too
+    assert sum(m["train/infra_failures"] for m in history) >= 1
+    assert sum(m["trace/failures/internal_error"] for m in history) == sum(m["train/infra_failures"] for m in history)

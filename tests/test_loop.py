@@ -21,8 +21,8 @@ from tests.proxy_helpers import free_port
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls", "read"])]
 
 
-class Crash(Exception):
-    pass
+class Crash(BaseException):
+    """The process stopping mid-iteration (an Exception would be an episode's bug: an internal_error trace)."""
 
 
 class ChatRollouts:

@@ -58,7 +58,7 @@ def test_a_task_text_that_looks_like_an_option_reaches_the_agent_as_its_prompt(t
 
 def _generating(stack: Stack) -> bool:
     """A model turn is streaming to an agent right now (its first tokens sent, the rest still to come)."""
-    return any(turn.call.response_ids for turn in list(stack.proxy._inflight.values()))
+    return any(call.record.response_ids for call in stack.proxy.in_flight())
 
 
 async def _restart_mid_episode(tiny_model: str, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

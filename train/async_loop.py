@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.episodes import guarded_episode
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.train.loop import (
@@ -46,6 +47,11 @@ class AsyncConfig(BaseModel):
     batch_traces: int = Field(8, description="Finished traces per update (N), rounded up to whole groups.")
     max_staleness: int = Field(1, description="Drop traces whose oldest token is more versions old than this.")
     max_buffered: int = Field(32, description="Most finished-but-untrained traces before new episodes wait.")
+    max_failed_groups: int = Field(
+        16,
+        description="Stop with an error once more groups than this could not complete (an episode left no trace "
+        "at all); each such group is dropped and counted (`async/dropped_groups`).",
+    )
 
 
 def oldest_version(trace: dict[str, Any]) -> int | None:
@@ -82,6 +88,10 @@ class _Producer:
             if n >= first
         )
         self.running: set[asyncio.Task[dict[str, Any]]] = set()
+        self._episodes: dict[asyncio.Task[dict[str, Any]], Episode] = {}
+        self.dropped: set[str] = set()  # groups that can never complete: their traces are not trained, but counted
+        self.dropped_traces = 0
+        self.errors: list[str] = []
         self.partial: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.ready: list[list[dict[str, Any]]] = []
         self.changed = asyncio.Event()
@@ -98,7 +108,8 @@ class _Producer:
             ):
                 trace_file = self.run.trace_file(self.step)
                 for ep in next(self._groups):
-                    task = asyncio.create_task(self.rollouts.episode(ep, trace_file))
+                    task = asyncio.create_task(guarded_episode(self.rollouts, ep, trace_file))
+                    self._episodes[task] = ep
                     task.add_done_callback(self._done)
                     self.running.add(task)
                     self.started += 1
@@ -107,11 +118,23 @@ class _Producer:
 
     def _done(self, task: asyncio.Task[dict[str, Any]]) -> None:
         self.running.discard(task)
-        if task.cancelled() or task.exception() is not None:
+        if task.cancelled():
+            self.changed.set()
+            return
+        ep = self._episodes.pop(task)
+        error = task.exception()
+        if error is not None:  # not even a trace (writing the internal_error trace failed): drop its group, counted
+            self.errors.append(f"{ep.key}: {type(error).__name__}: {error}")
+            self.dropped.add(ep.group_id)
+            self.dropped_traces += len(self.partial.pop(ep.group_id, []))
             self.changed.set()
             return
         trace = task.result()
         self.finished += 1
+        if str(trace.get("group_id")) in self.dropped:
+            self.dropped_traces += 1
+            self.changed.set()
+            return
         group = self.partial[str(trace.get("group_id"))]
         group.append(trace)
         if len(group) == self.cfg.group_size:
@@ -121,6 +144,8 @@ class _Producer:
     async def take(self, n: int) -> list[dict[str, Any]]:
         """Wait for ≥ n traces in complete groups; take whole groups, oldest first."""
         while sum(len(g) for g in self.ready) < n:
+            if len(self.dropped) > self.acfg.max_failed_groups:
+                raise RuntimeError(f"{len(self.dropped)} groups could not complete (last: {self.errors[-1]})")
             self.changed.clear()
             await self.changed.wait()
         out: list[dict[str, Any]] = []
@@ -177,6 +202,8 @@ async def train_async(
                     "async/in_flight": len(producer.running),
                     "async/buffered": producer.buffered(),
                     "async/started": producer.started,
+                    "async/dropped_groups": len(producer.dropped),
+                    "async/dropped_traces": producer.dropped_traces,
                     "trace/staleness/max": max(staleness, default=0),
                     "time/wait_s": t1 - t0,
                     "time/step_s": time.monotonic() - t0,

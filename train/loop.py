@@ -167,4 +167,6 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
             for s in build_samples(t, cfg.include_side_calls):
                 s.advantage = adv[t["trace_id"]]
                 samples.append(s)
-    return {**adv_metrics, "train/trained_traces": float(len(rewards)), **trainer.step(samples)}
+    infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
+    return {**adv_metrics, "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
+            **trainer.step(samples)}  # fmt: skip

@@ -105,6 +105,10 @@ class Proxy:
         self._held = False
         self._open.set()
 
+    def in_flight(self) -> list[Call]:
+        """The calls generating right now."""
+        return list(self._inflight.values())
+
     def ended(self, token: str) -> dict[str, Any] | None:
         """The trace a session ended with, while it is among the last ones kept (None if not found)."""
         return next((t for t in reversed(self.finished) if t["session"] == token), None)
