@@ -189,6 +189,64 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
     assert sorted(p.name for p in scratch.glob("hrl-sbx-*")) == []
 
 
+def _all_traces(run: Path) -> list[dict]:
+    return [t for f in sorted((run / "traces").glob("iter-*.jsonl")) if ".cancelled" not in f.name
+            for t in read_traces(f)]  # fmt: skip
+
+
+@pytest.mark.agents
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hrl_train_async_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str, scratch: Path) -> None:
+    """`hrl train --async` killed with SIGKILL mid-step, then `--resume`: every trace the killed process wrote is
+    still there once, no episode runs twice (the resumed producer starts new groups), each step is committed
+    once, and nothing the killed process started outlives the resumed run."""
+    run = scratch / "run"
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    t0 = time.monotonic()
+    args = [*HRL, "--recipe", "swe", "--model", tiny_model, "--run-dir", str(run), "--iterations", str(ITERATIONS),
+            "--async", "-c", "async.max_in_flight=4", "-c", f"async.batch_traces={PER_ITERATION}",
+            "-c", "async.max_staleness=8"]  # fmt: skip
+    with (scratch / "first.log").open("w") as log:
+        first = subprocess.Popen([*args, *OVERRIDES], env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        while True:
+            assert first.poll() is None, (scratch / "first.log").read_text()[-3000:]
+            assert time.monotonic() - t0 < KILL_DEADLINE_S, "step 1 never got under way"
+            if (
+                _version(run) == 1
+                and _descendants(first.pid)
+                and any("mini" in _cmdline(p) for p in _descendants(first.pid))
+            ):
+                break
+            time.sleep(0.05)
+        os.killpg(first.pid, signal.SIGSTOP)
+        killed = _descendants(first.pid)
+        before = _all_traces(run)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert json.loads((run / "state.json").read_text())["iteration"] == 1
+
+    resumed = subprocess.run(
+        [*HRL, "--run-dir", str(run), "--resume"], env=env, capture_output=True, text=True, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    after = _all_traces(run)
+    ids = [t["trace_id"] for t in after]
+    episodes = [t["metadata"]["episode"] for t in after]
+    print(f"\nasync kill -9: {len(before)} traces on disk at the kill, {len(after)} after the resume")
+    assert len(ids) == len(set(ids)) and len(episodes) == len(set(episodes)), episodes  # nothing twice
+    assert {t["trace_id"] for t in before} <= set(ids)  # nothing lost
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["version"]) for m in metrics] == [(i, i + 1) for i in range(ITERATIONS)]
+    assert json.loads((run / "state.json").read_text())["iteration"] == ITERATIONS
+    assert _alive(killed) == []
+    assert _with_env("TMPDIR", str(scratch)) == []
+    assert sorted(p.name for p in scratch.glob("hrl-sbx-*")) == []
+
+
 def test_a_resume_is_refused_while_another_process_holds_the_run(tmp_path: Path) -> None:
     """A resume of a run that is still alive would append its episodes a second time and kill its sandboxes."""
     run = RunDir(tmp_path / "run")
