@@ -17,8 +17,8 @@ from hrl.recipes.loader import load_recipe
 from hrl.runners.proxy.template import ChatTemplate, parse_hermes
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
-from hrl.train.tiny_agent import TinyAgentConfig, build_info, build_tiny_agent
-from hrl.train.tiny_agent_data import (
+from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent
+from hrl.train.tiny.transcripts import (
     SUBMIT,
     Noise,
     episode_requests,
@@ -196,7 +196,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 
     from hrl.cli.main import app
 
-    monkeypatch.setattr("hrl.train.tiny_agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
+    monkeypatch.setattr("hrl.train.tiny.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
     result = CliRunner().invoke(app, ["models", "tiny-agent", str(tmp_path / "m"), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -209,7 +209,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 @pytest.mark.agents
 @pytest.mark.timeout(900)
 def test_the_profile_matches_what_mini_swe_agent_sends(tiny_model):
-    from hrl.train.tiny_agent import capture_profile
+    from hrl.train.tiny.agent import capture_profile
 
     captured = asyncio.run(capture_profile(tiny_model, "local"))
     shipped = load_profile()

@@ -3,7 +3,7 @@
 Offline and reproducible (same seed and config → same files on the same machine and torch build):
 
 1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
-   transcript in mini-swe-agent's own format (`tiny_agent_data`): `cat *.py`, `sed` a fix, submit.
+   transcript in mini-swe-agent's own format (`tiny.transcripts`): `cat *.py`, `sed` a fix, submit.
    `Noise` makes the fix often wrong, so the model succeeds sometimes and RL has something to improve.
 2. Train a byte-level BPE on those transcripts (so the harness's long instance prompt costs few tokens).
 3. Render every transcript to token ids exactly as the proxy would at rollout time and train a random Qwen2 on
@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines._embedded_decode import kv_cache_of, with_kv_cache
-from hrl.train.tiny import train_chatml_tokenizer
-from hrl.train.tiny_agent_data import (
+from hrl.runners.engines.decode import kv_cache_of, with_kv_cache
+from hrl.train.tiny.model import train_chatml_tokenizer
+from hrl.train.tiny.transcripts import (
     SUBMIT,
     HarnessProfile,
     Noise,

@@ -6,7 +6,7 @@ substitution back to the mirror. The problem statement names the module and list
 
 Harness profile. What mini-swe-agent sends on its first request (system prompt, instance prompt around the task,
 the `bash` tool) and how it renders a tool result, captured from the real CLI through the real proxy
-(`tiny_agent.capture_profile`) and kept in `recipes/demo/harness.json`, so a build needs no agent install.
+(`tiny.agent.capture_profile`) and kept in `recipes/demo/harness.json`, so a build needs no agent install.
 
 Transcripts. `cat *.py`, `sed -i` the fix, submit: the messages mini-swe-agent would send, rendered to token ids
 exactly as the proxy builds them (`render_ids` runs the proxy's own `Session` prompt planning), with a loss mask
