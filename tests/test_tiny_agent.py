@@ -18,19 +18,9 @@ from hrl.runners.proxy.template import ChatTemplate, parse_hermes
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
 from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent
-from hrl.train.tiny.transcripts import (
-    SUBMIT,
-    Noise,
-    episode_requests,
-    load_profile,
-    render_ids,
-    render_ids_fast,
-    signature,
-    split_tasks,
-    task_bug,
-    transcript,
-    wrong_ops,
-)
+from hrl.train.tiny.profile import SUBMIT, load_profile
+from hrl.train.tiny.tasks import signature, split_tasks, task_bug, wrong_ops
+from hrl.train.tiny.transcripts import Noise, episode_requests, render_ids, render_ids_fast, transcript
 from tests.proxy_helpers import free_port
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo"
@@ -209,7 +199,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 @pytest.mark.agents
 @pytest.mark.timeout(900)
 def test_the_profile_matches_what_mini_swe_agent_sends(tiny_model):
-    from hrl.train.tiny.agent import capture_profile
+    from hrl.train.tiny.profile import capture_profile
 
     captured = asyncio.run(capture_profile(tiny_model, "local"))
     shipped = load_profile()

@@ -1,7 +1,7 @@
 """The demo-model wing: tiny models built offline, for tests, the CPU demo and trying a harness with no model hub.
 
 `model` builds a tiny random chat model (`hrl models tiny`), `agent` the CPU demo's warm-started agent model
-(`hrl models tiny-agent`) from `transcripts` (demo tasks, the harness profile, SFT transcripts); `chatml` is their
+(`hrl models tiny-agent`) from `transcripts` of the demo's `tasks` in the harness's `profile`; `chatml` is their
 chat template. The wing enters `runners` only through public names; the RL core of `train` never imports it.
 """
 
