@@ -15,13 +15,13 @@ import pytest
 
 from hrl.recipes.loader import load_recipe
 from hrl.runners.proxy.template import ChatTemplate, parse_hermes
+from hrl.runners.stack import serving
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
 from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent
 from hrl.train.tiny.profile import SUBMIT, load_profile
 from hrl.train.tiny.tasks import signature, split_tasks, task_bug, wrong_ops
 from hrl.train.tiny.transcripts import Noise, episode_requests, render_ids, render_ids_fast, transcript
-from tests.proxy_helpers import free_port
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo"
 # A build small enough for a test (seconds): it learns the episode's fixed shape, not the skill.
@@ -101,36 +101,23 @@ def test_one_shot_rendering_equals_the_proxys_call_by_call_prompts(tiny_model):
 
 async def _through_the_proxy(model: str, task: str, turns: list, uname: str) -> dict:
     """Play the transcript's turns from the scripted engine and send mini-swe-agent's requests over HTTP."""
-    from aiohttp import web
-
-    from hrl.runners.engines import make_engine
-    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-    from hrl.runners.proxy.server import build_app
-
     profile = load_profile()
     messages, _ = episode_requests(profile, task, turns, uname)
-    engine = make_engine("scripted", model, turns=[t for t, _ in turns])
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name="m"))
-    runner = web.AppRunner(build_app(proxy))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with httpx.AsyncClient(timeout=60) as client:
-            history = messages[:2]
-            for k, (_, output) in enumerate(turns):
-                body = {"model": "m", "messages": history, "tools": profile.tools}
-                reply = (await client.post(f"http://127.0.0.1:{port}/s/t/v1/chat/completions", json=body)).json()
-                msg = reply["choices"][0]["message"]
-                history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
-                tool_id = msg["tool_calls"][0]["id"]
-                history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
-                assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
-        return proxy.end_session("t")
-    finally:
-        await runner.cleanup()
-        await engine.close()
+    opts = {"turns": [t for t, _ in turns]}
+    async with (
+        serving(model, "scripted", model_name="m", engine_options=opts) as stack,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        history = messages[:2]
+        for k, (_, output) in enumerate(turns):
+            body = {"model": "m", "messages": history, "tools": profile.tools}
+            reply = (await client.post(f"{stack.url}/s/t/v1/chat/completions", json=body)).json()
+            msg = reply["choices"][0]["message"]
+            history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
+            tool_id = msg["tool_calls"][0]["id"]
+            history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
+            assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
+        return stack.proxy.end_session("t")
 
 
 def test_sft_tokens_are_what_the_proxy_records_for_the_same_messages(tiny_model):

@@ -11,21 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.install import installed
 from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
 from hrl.runners.errors import HrlError
-from hrl.runners.scratch import scratch
 from hrl.runners.trace import call_prompt_ids
 
-__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "serve_proxy", "trace_problems"]
+if TYPE_CHECKING:
+    from hrl.runners.stack import Stack
+
+__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "scripted_stack", "trace_problems"]
 
 SandboxName = Literal["docker", "local"]
 PROBE_FILE, PROBE_TEXT = "hrl-doctor.txt", "ok"
@@ -69,36 +69,12 @@ class AgentCheck:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.asynccontextmanager
-async def serve_proxy(
-    model: str, turns: list[Any], *, unix_dir: str | None = None, model_name: str = "hrl-model"
-) -> AsyncIterator[tuple[Any, str, str | None]]:
-    """The real proxy with a scripted engine in this event loop: yields (proxy, tcp url, unix socket path or None)."""
-    from aiohttp import web
+def scripted_stack(model: str, turns: list[Any]) -> contextlib.AbstractAsyncContextManager[Stack]:
+    """The real serving stack with a scripted engine that plays `turns` as real token ids of `model`'s tokenizer."""
+    from hrl.runners.stack import serving  # aiohttp and the tokenizer load only when a probe runs
 
-    from hrl.runners.engines import make_engine
-    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-    from hrl.runners.proxy.server import build_app
-    from hrl.runners.proxy.template import ChatTemplate
-
-    engine = make_engine("scripted", model, turns=turns, max_model_len=1 << 20)  # agents' system prompts are long
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name=model_name))
-    runner = web.AppRunner(build_app(proxy), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        sock = f"{unix_dir}/proxy.sock" if unix_dir else None
-        if sock:
-            await web.UnixSite(runner, sock).start()
-        yield proxy, f"http://127.0.0.1:{port}", sock
-    finally:
-        await runner.cleanup()
-        proxy.close()
-        await engine.close()
+    options = {"turns": turns, "max_model_len": 1 << 20}  # agents' system prompts are long
+    return serving(model, "scripted", model_name="hrl-model", engine_options=options)
 
 
 async def probe_agent(
@@ -124,27 +100,24 @@ async def probe_agent(
                                 hint=f"hrl agents install {name}")  # fmt: skip
     token = f"doctor-{name}-{int(time.time() * 1000) % 10**9}"
     turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
-    with scratch("px") as sock_dir:
-        async with serve_proxy(model, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
-            proxy,
-            url,
-            sock,
-        ):
-            spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
-                               proxy_port=PROXY_PORT)  # fmt: skip
-            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
-            async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
-                ctx = AgentContext(
-                    base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=proxy.config.model_name,
-                    prompt=prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
-                    workdir=spec.workdir, install_dir=inst.install_dir,
-                )  # fmt: skip
-                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)
-                try:
-                    file_text: str | None = (await box.read_file(PROBE_FILE)).decode(errors="replace")
-                except FileNotFoundError:
-                    file_text = None
-            trace = proxy.end_session(token) if token in proxy.sessions else {"calls": [], "tools": []}
+    async with scripted_stack(model, turns) as stack:
+        docker = sandbox == "docker"
+        spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy",
+                           proxy_socket=stack.socket if docker else None, proxy_port=PROXY_PORT)  # fmt: skip
+        base = f"http://127.0.0.1:{PROXY_PORT}" if docker else stack.url
+        async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
+            ctx = AgentContext(
+                base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name,
+                prompt=prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
+                workdir=spec.workdir, install_dir=inst.install_dir,
+            )  # fmt: skip
+            outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)
+            try:
+                file_text: str | None = (await box.read_file(PROBE_FILE)).decode(errors="replace")
+            except FileNotFoundError:
+                file_text = None
+        proxy = stack.proxy
+        trace = proxy.end_session(token) if token in proxy.sessions else {"calls": [], "tools": []}
     startup = trace["started_at"] - outcome.started_at if trace["calls"] else float("nan")
     return Probe(outcome, trace, file_text, round(startup, 3))
 

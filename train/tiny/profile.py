@@ -83,30 +83,25 @@ async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "
     """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
     read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
     from hrl.runners.agents import AgentContext, get_agent
-    from hrl.runners.agents.doctor import PROXY_PORT, serve_proxy
+    from hrl.runners.agents.doctor import PROXY_PORT, scripted_stack
     from hrl.runners.agents.install import install
     from hrl.runners.agents.run import new_home, run_agent
-    from hrl.runners.scratch import scratch
     from hrl.runners.trace import call_prompt_ids
     from hrl.sandboxes import SandboxSpec, get_backend
 
     runner, inst = get_agent(agent), install(agent, "docker" if sandbox == "docker" else "local")
     turns = [bash_turn(f"printf {json.dumps(_PROBE_OUTPUT)}"), bash_turn(SUBMIT)]
-    with scratch("px") as sock_dir:
-        async with serve_proxy(model_dir, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
-            px,
-            url,
-            sock,
-        ):
-            spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
-                               proxy_port=PROXY_PORT)  # fmt: skip
-            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
-            async with await get_backend(sandbox).create(spec, "tiny-agent-capture", agent) as box:
-                ctx = AgentContext(f"{base}/s/capture", "hrl-capture", px.config.model_name, _MARKER, new_home(),
-                                   spec.workdir, inst.install_dir)  # fmt: skip
-                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=180)
-            trace = px.end_session("capture")
-            template = px.template
+    async with scripted_stack(model_dir, turns) as stack:
+        px, docker = stack.proxy, sandbox == "docker"
+        spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy",
+                           proxy_socket=stack.socket if docker else None, proxy_port=PROXY_PORT)  # fmt: skip
+        base = f"http://127.0.0.1:{PROXY_PORT}" if docker else stack.url
+        async with await get_backend(sandbox).create(spec, "tiny-agent-capture", agent) as box:
+            ctx = AgentContext(f"{base}/s/capture", "hrl-capture", px.config.model_name, _MARKER, new_home(),
+                               spec.workdir, inst.install_dir)  # fmt: skip
+            outcome = await run_agent(box, runner, ctx, inst, time_budget_s=180)
+        trace = px.end_session("capture")
+        template = px.template
     if len(trace["calls"]) != 2:
         raise ValueError(f"capture expected 2 calls, got {len(trace['calls'])} ({outcome.failure_reason}: "
                          f"{outcome.stderr_tail[-500:]})")  # fmt: skip
