@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hrl.runners.agents import AGENTS, get_agent
-from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.install import installed
-from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
+from hrl.runners.agents.run import AgentOutcome
+from hrl.runners.episode import agent_session
 from hrl.runners.errors import HrlError
 from hrl.runners.trace import call_prompt_ids
 
@@ -29,7 +29,6 @@ __all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "scri
 
 SandboxName = Literal["docker", "local"]
 PROBE_FILE, PROBE_TEXT = "hrl-doctor.txt", "ok"
-PROXY_PORT = 8000  # where the proxy appears inside docker sandboxes
 
 
 def agents_table() -> list[dict[str, Any]]:
@@ -100,20 +99,14 @@ async def probe_agent(
                                 hint=f"hrl agents install {name}")  # fmt: skip
     token = f"doctor-{name}-{int(time.time() * 1000) % 10**9}"
     turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
+    prompt = prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}."
     async with scripted_stack(model, turns) as stack:
-        docker = sandbox == "docker"
-        spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy",
-                           proxy_socket=stack.socket if docker else None, proxy_port=PROXY_PORT)  # fmt: skip
-        base = f"http://127.0.0.1:{PROXY_PORT}" if docker else stack.url
-        async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
-            ctx = AgentContext(
-                base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name,
-                prompt=prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
-                workdir=spec.workdir, install_dir=inst.install_dir,
-            )  # fmt: skip
-            outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)
+        backend = backend or get_backend(sandbox)
+        async with agent_session(stack, runner, inst, backend, SandboxSpec(workdir="/work"), token, prompt,
+                                 run_id="agents-doctor", episode_id=name) as session:  # fmt: skip
+            outcome = await session.run(time_budget_s)
             try:
-                file_text: str | None = (await box.read_file(PROBE_FILE)).decode(errors="replace")
+                file_text: str | None = (await session.sandbox.read_file(PROBE_FILE)).decode(errors="replace")
             except FileNotFoundError:
                 file_text = None
         proxy = stack.proxy

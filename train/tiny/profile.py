@@ -82,26 +82,20 @@ _FIRST = re.compile(
 async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "mini-swe-agent") -> HarnessProfile:
     """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
     read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
-    from hrl.runners.agents import AgentContext, get_agent
-    from hrl.runners.agents.doctor import PROXY_PORT, scripted_stack
+    from hrl.runners.agents import get_agent
+    from hrl.runners.agents.doctor import scripted_stack
     from hrl.runners.agents.install import install
-    from hrl.runners.agents.run import new_home, run_agent
+    from hrl.runners.episode import agent_session
     from hrl.runners.trace import call_prompt_ids
     from hrl.sandboxes import SandboxSpec, get_backend
 
     runner, inst = get_agent(agent), install(agent, "docker" if sandbox == "docker" else "local")
     turns = [bash_turn(f"printf {json.dumps(_PROBE_OUTPUT)}"), bash_turn(SUBMIT)]
     async with scripted_stack(model_dir, turns) as stack:
-        px, docker = stack.proxy, sandbox == "docker"
-        spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy",
-                           proxy_socket=stack.socket if docker else None, proxy_port=PROXY_PORT)  # fmt: skip
-        base = f"http://127.0.0.1:{PROXY_PORT}" if docker else stack.url
-        async with await get_backend(sandbox).create(spec, "tiny-agent-capture", agent) as box:
-            ctx = AgentContext(f"{base}/s/capture", "hrl-capture", px.config.model_name, _MARKER, new_home(),
-                               spec.workdir, inst.install_dir)  # fmt: skip
-            outcome = await run_agent(box, runner, ctx, inst, time_budget_s=180)
-        trace = px.end_session("capture")
-        template = px.template
+        async with agent_session(stack, runner, inst, get_backend(sandbox), SandboxSpec(workdir="/testbed"), "capture",
+                                 _MARKER, run_id="tiny-agent-capture", episode_id=agent) as session:  # fmt: skip
+            outcome = await session.run(time_budget_s=180)
+        trace, template = stack.proxy.end_session("capture"), stack.proxy.template
     if len(trace["calls"]) != 2:
         raise ValueError(f"capture expected 2 calls, got {len(trace['calls'])} ({outcome.failure_reason}: "
                          f"{outcome.stderr_tail[-500:]})")  # fmt: skip
