@@ -19,12 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.engines import make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
-from hrl.runners.proxy.template import ChatTemplate
 from hrl.runners.rundir import RunDir
 from hrl.runners.simagent import SimulatedAgent
+from hrl.runners.stack import Stack, serving
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig, train
 from hrl.train.trainer import TrainerConfig
@@ -33,15 +30,16 @@ TASKS = [{"instance_id": f"t{i}", "problem_statement": f"task {i}: fix the faili
 
 
 async def one(a: argparse.Namespace, mode: str, policy: str, workdir: Path) -> dict[str, Any]:
-    engine = make_engine("embedded", a.model, dtype="float32")
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(a.model), ProxyConfig(version_policy=policy))
-    port, ready = 8790, asyncio.Event()
-    server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
-    await ready.wait()
+    opts = {"engine_options": {"dtype": "float32"}, "proxy_options": {"version_policy": policy}}
+    async with serving(a.model, **opts) as stack:
+        return await _measure(a, mode, policy, workdir, stack)
+
+
+async def _measure(a: argparse.Namespace, mode: str, policy: str, workdir: Path, stack: Stack) -> dict[str, Any]:
+    engine, proxy = stack.engine, stack.proxy
     agent = SimulatedAgent(
         proxy,
-        f"http://127.0.0.1:{port}",
+        stack.url,
         seed=a.seed,
         min_turns=1,
         max_turns=30,
@@ -73,8 +71,6 @@ async def one(a: argparse.Namespace, mode: str, policy: str, workdir: Path) -> d
         wall = time.monotonic() - t0
     finally:
         await agent.close()
-        server.cancel()
-        await engine.close()
     return {
         "mode": mode,
         "policy": policy,

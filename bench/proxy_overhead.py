@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from hrl.runners.engines import SamplingParams, make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
+from hrl.runners.engines import SamplingParams
+from hrl.runners.proxy.server import run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.stack import serving
 from hrl.runners.trace import TraceWriter
 
 
@@ -135,29 +135,23 @@ async def _run(a: argparse.Namespace, mode: str, url: str, tmpl: ChatTemplate, v
 
 async def serve(a: argparse.Namespace) -> None:
     """Server side (its own process, so the client does not compete for the same core): engine, direct, proxy."""
-    tmpl = ChatTemplate(a.model)
     opts = {"token_delay_s": a.token_delay, "turns": ["x " * (a.tokens * 2)]} if a.engine == "scripted" else {}
-    engine = make_engine(a.engine, a.model, **opts)
-    await engine.start()
-    tasks = []
-    direct_url = getattr(engine, "base_url", None)
-    if a.engine != "vllm":
-        ready = asyncio.Event()
-        tasks.append(asyncio.create_task(run_server(_direct_app(engine), "127.0.0.1", a.port + 1, ready)))
-        await ready.wait()
-        direct_url = f"http://127.0.0.1:{a.port + 1}"
-    proxy = Proxy(engine, tmpl, ProxyConfig(default_max_tokens=a.tokens), TraceWriter(a.traces) if a.traces else None)
-    ready = asyncio.Event()
-    tasks.append(asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", a.port, ready)))
-    await ready.wait()
-    print(json.dumps({"direct": direct_url, "proxy": f"http://127.0.0.1:{a.port}"}), flush=True)
-    try:
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
-    finally:
-        proxy.close()
-        for t in tasks:
-            t.cancel()
-        await engine.close()
+    traces = TraceWriter(a.traces) if a.traces else None
+    proxy_options = {"default_max_tokens": a.tokens}
+    async with serving(a.model, a.engine, port=a.port, engine_options=opts, proxy_options=proxy_options,
+                       traces=traces) as stack:  # fmt: skip
+        direct_url, direct = getattr(stack.engine, "base_url", None), None
+        if a.engine != "vllm":  # not a proxy: the bare token-in/token-out baseline around the same engine
+            ready = asyncio.Event()
+            direct = asyncio.create_task(run_server(_direct_app(stack.engine), "127.0.0.1", a.port + 1, ready))
+            await ready.wait()
+            direct_url = f"http://127.0.0.1:{a.port + 1}"
+        print(json.dumps({"direct": direct_url, "proxy": stack.url}), flush=True)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+        finally:
+            if direct is not None:
+                direct.cancel()
 
 
 async def main(a: argparse.Namespace) -> None:

@@ -66,7 +66,7 @@ def tiny_agent(
 ) -> None:
     """Build the CPU demo's agent model: a few-million-parameter Qwen2 warm-started on synthetic mini-swe-agent
     episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not."""
-    from hrl.train.tiny_agent import BUILD_INFO, TinyAgentConfig, build_info
+    from hrl.train.tiny import BUILD_INFO, TinyAgentConfig, build_info
 
     noise = {k: v for k, v in {"right_op": right_op, "in_place": in_place}.items() if v >= 0}
     cfg = TinyAgentConfig(seed=seed, **noise)
@@ -86,7 +86,7 @@ def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: boo
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from hrl.cli.output import want_color
-    from hrl.train.tiny_agent import TinyAgentConfig, build_tiny_agent
+    from hrl.train.tiny import TinyAgentConfig, build_tiny_agent
 
     cfg = cfg or TinyAgentConfig()
     progress = Progress(

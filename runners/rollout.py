@@ -15,9 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.agents import AgentContext, get_agent
+from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
-from hrl.runners.agents.run import new_home, run_agent
+from hrl.runners.episode import PROXY_PORT, agent_session
+from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.stack import Stack
 from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.task import Task
@@ -35,7 +36,7 @@ class RolloutConfig(BaseModel):
     agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
     sandbox: str = Field("docker", description="docker | local.")
     time_budget_s: float = Field(600, description="Wall-time budget of one agent run; 0 = none.")
-    proxy_port: int = Field(8000, description="Port the proxy appears on inside docker sandboxes.")
+    proxy_port: int = Field(PROXY_PORT, description="Port the proxy appears on inside docker sandboxes.")
     verify: bool = Field(True, description="Score episodes with the task's tests.")
     run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
     cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = none.")
@@ -97,28 +98,16 @@ class AgentRollouts:
         return trace
 
     async def _run(self, ep: Any, task: Task, inst: AgentInstall, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        cfg, docker = self.config, self.config.sandbox == "docker"
-        spec = self.verifier.sandbox_spec(task).model_copy(
-            update={
-                "network": "proxy" if docker else "host",
-                "proxy_socket": self.stack.socket if docker else None,
-                "proxy_port": cfg.proxy_port,
-                "mounts": list(inst.mounts),
-                "cpus": cfg.cpus,
-                "memory_mb": cfg.memory_mb,
-            }
-        )
-        base = f"http://127.0.0.1:{cfg.proxy_port}" if docker else self.stack.url
+        cfg = self.config
+        spec = self.verifier.sandbox_spec(task).model_copy(update={"cpus": cfg.cpus, "memory_mb": cfg.memory_mb})
+        label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()
-        async with await self.backend.create(spec, self.run_id, ep.key.replace("#", "-").replace(":", "-")) as sb:
-            await self.verifier.prepare(sb, task)
-            ctx = AgentContext(
-                base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=self.stack.proxy.config.model_name,
-                prompt=task.problem_statement, home=new_home(), workdir=task.workdir, install_dir=inst.install_dir,
-                options=cfg.agent_options,
-            )  # fmt: skip
-            result = await run_agent(sb, self.runner, ctx, inst, time_budget_s=cfg.time_budget_s)
-            verdict = await self.verifier.verify(sb, task) if cfg.verify else Verdict(None)
+        async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
+                                 run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
+                                 options=cfg.agent_options) as session:  # fmt: skip
+            await self.verifier.prepare(session.sandbox, task)
+            result = await session.run(cfg.time_budget_s)
+            verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
         calls = self.stack.proxy.sessions[token].calls if token in self.stack.proxy.sessions else []
         if calls and calls[-1].error is not None:
@@ -135,7 +124,18 @@ class AgentRollouts:
         }
         return outcome, extra
 
+    def _ended_early(self, token: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """The episode's trace when its session was ended by someone else: its calls, no reward, internal_error."""
+        ended = self.stack.proxy.ended(token)
+        if ended is None:
+            raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)")
+        meta = {**ended.get("metadata", {}), **extra, "error": "the proxy session ended before the episode did"}
+        return {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None, "metadata": meta}
+
     def _end(self, token: str, trace_file: Path, outcome: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-        trace = self.stack.proxy.end_session(token, **outcome, extra=extra)
+        try:
+            trace = self.stack.proxy.end_session(token, **outcome, extra=extra)
+        except UnknownSessionError:  # ended under the episode (the idle reaper): the harness failed, not the policy
+            trace = self._ended_early(token, extra)
         self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
         return trace

@@ -1,26 +1,17 @@
-"""Run the real recording proxy (real HTTP, real template and tokenizer) in a background thread for tests."""
+"""Run the real serving stack (real HTTP, real template and tokenizer) on an event loop in a background thread, for
+synchronous tests."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hrl.runners.engines import make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
-from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.proxy.proxy import Proxy
+from hrl.runners.stack import Stack, serving
 from hrl.runners.trace import TraceWriter
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 CONTROL_TOKEN = "test-control-token-0123456789abcdef"
 
@@ -52,40 +43,45 @@ def running_proxy(
     engine: str = "scripted",
     traces: str | None = None,
     engine_options: dict[str, Any] | None = None,
+    model_name: str = "model",
     **config: Any,
 ) -> Iterator[RunningProxy]:
-    """The real proxy on a loopback port. Tests name ad-hoc session tokens, so sessions open on first use unless
-    `open_sessions=False` is passed; the control routes take `RunningProxy.control` as headers."""
+    """`serving(model, engine)` in a thread; `config` holds ProxyConfig fields, `traces` a JSONL path. Tests name
+    ad-hoc session tokens, so sessions open on first use unless `open_sessions=False` is passed; the control routes
+    take `RunningProxy.control` as headers."""
     config = {"open_sessions": True, **config}
     loop = asyncio.new_event_loop()
-    port = free_port()
-    eng = make_engine(engine, model, **(engine_options or {}))
-    proxy = Proxy(eng, ChatTemplate(model), ProxyConfig(**config), TraceWriter(traces) if traces else None)
     ready = threading.Event()
     state: dict[str, Any] = {}
 
     async def main() -> None:
-        await eng.start()
-        ev = asyncio.Event()
         state["task"] = asyncio.current_task()
-        server = asyncio.create_task(run_server(build_app(proxy, CONTROL_TOKEN), "127.0.0.1", port, ev))
-        await ev.wait()
-        ready.set()
-        try:
-            await server
-        finally:
-            proxy.close()
-            await eng.close()
+        writer = TraceWriter(traces) if traces else None
+        opts = {"model_name": model_name, "engine_options": engine_options, "proxy_options": config, "traces": writer,
+                "control_token": CONTROL_TOKEN}  # fmt: skip
+        async with serving(model, engine, **opts) as stack:
+            state["stack"] = stack
+            ready.set()
+            await asyncio.Event().wait()  # until cancelled: serving then ends open sessions and stops
 
     def thread() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             loop.run_until_complete(main())
+        except asyncio.CancelledError:
+            pass
+        except BaseException as e:  # a failed start: raised in the test's thread below
+            state["error"] = e
+        finally:
+            ready.set()
 
     t = threading.Thread(target=thread, daemon=True)
     t.start()
     assert ready.wait(120), "proxy did not start"
+    if "error" in state:
+        raise state["error"]
+    stack: Stack = state["stack"]
     try:
-        yield RunningProxy(proxy, f"http://127.0.0.1:{port}", loop)
+        yield RunningProxy(stack.proxy, stack.url, loop)
     finally:
         loop.call_soon_threadsafe(state["task"].cancel)
         t.join(30)

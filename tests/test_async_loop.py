@@ -9,35 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hrl.runners.engines import make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
-from hrl.runners.proxy.template import ChatTemplate
 from hrl.runners.report.run import iteration_summaries, load_run
 from hrl.runners.rundir import LEGACY_TRACES, RunDir
 from hrl.runners.simagent import SimulatedAgent
+from hrl.runners.stack import serving
 from hrl.train.async_loop import AsyncConfig, _next_group, oldest_version, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.trainer import TrainerConfig
-from tests.proxy_helpers import free_port
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls"])]
 
 
 async def _run(model: str, run: RunDir, cfg: LoopConfig, acfg: AsyncConfig, policy: str):
-    engine = make_engine("embedded", model, dtype="float32")
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(version_policy=policy))
-    port, ready = free_port(), asyncio.Event()
-    server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
-    await ready.wait()
-    agent = SimulatedAgent(proxy, f"http://127.0.0.1:{port}", min_turns=1, max_turns=6, tool_time_median_s=0.05)
-    try:
-        return await train_async(TASKS, cfg, acfg, run, proxy.publish, agent)
-    finally:
-        await agent.close()
-        server.cancel()
-        await engine.close()
+    opts = {"engine_options": {"dtype": "float32"}, "proxy_options": {"version_policy": policy}}
+    async with serving(model, **opts) as stack:
+        agent = SimulatedAgent(stack.proxy, stack.url, min_turns=1, max_turns=6, tool_time_median_s=0.05)
+        try:
+            return await train_async(TASKS, cfg, acfg, run, stack.proxy.publish, agent)
+        finally:
+            await agent.close()
 
 
 def _check(tmp_path, tiny_model, policy: str) -> None:
@@ -135,21 +125,13 @@ def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
     training, and the loop runs to the end instead of waiting for a trace that never comes."""
 
     async def main(run, cfg, acfg):
-        engine = make_engine("scripted", tiny_model, turns=["Done."])
-        await engine.start()
-        proxy = Proxy(engine, ChatTemplate(tiny_model), ProxyConfig())
-        port, ready = free_port(), asyncio.Event()
-        server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
-        await ready.wait()
-        agent = SimulatedAgent(proxy, f"http://127.0.0.1:{port}", min_turns=1, max_turns=2, tool_time_median_s=0.01)
-        try:
-            return await asyncio.wait_for(
-                train_async(TASKS, cfg, acfg, run, proxy.publish, _FlakyAgent(agent, 3)), timeout=240
-            )
-        finally:
-            await agent.close()
-            server.cancel()
-            await engine.close()
+        async with serving(tiny_model, "scripted", engine_options={"turns": ["Done."]}) as stack:
+            agent = SimulatedAgent(stack.proxy, stack.url, min_turns=1, max_turns=2, tool_time_median_s=0.01)
+            try:
+                flaky = _FlakyAgent(agent, 3)
+                return await asyncio.wait_for(train_async(TASKS, cfg, acfg, run, stack.proxy.publish, flaky), 240)
+            finally:
+                await agent.close()
 
     run = RunDir(tmp_path / "flaky")
     cfg = LoopConfig(iterations=3, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-3))

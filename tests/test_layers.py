@@ -1,4 +1,5 @@
-"""Import direction: cli → train → runners → sandboxes, recipes a leaf; no torch/peft/vllm below train."""
+"""Import direction: cli → train → runners → sandboxes, recipes a leaf; no torch/peft/vllm below train; wings and
+private modules stay behind their folder's public names."""
 
 import ast
 import subprocess
@@ -25,6 +26,27 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
 
 def _files(layer: str) -> list[Path]:
     return sorted((ROOT / layer).rglob("*.py"))
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every module a file imports, `from pkg import name` counted as `pkg.name` too (name may be a module)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return out
+
+
+def _module_file(module: str) -> Path | None:
+    """The source file of an `hrl.<layer>.…` module in this checkout (None: not one, or a name in a module)."""
+    parts = module.split(".")
+    if parts[0] != "hrl" or len(parts) < 2:
+        return None
+    path = ROOT.joinpath(*parts[1:])
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
 
 
 def test_layers_import_downwards_only():
@@ -74,3 +96,28 @@ def test_every_package_is_listed_in_pyproject():
         for p in (ROOT / layer).rglob("__init__.py")
     }
     assert found <= listed, f"add to pyproject packages: {sorted(found - listed)}"
+
+
+def test_the_rl_core_does_not_import_the_demo_model_wing():
+    """train/tiny/ (tiny models, the demo's SFT) may use the core; the rest of train never uses it (cli may)."""
+    bad = [
+        f"{f.relative_to(ROOT)} imports {mod}"
+        for f in _files("train")
+        if ROOT / "train" / "tiny" not in f.parents
+        for mod, _ in _imports(f)
+        if mod == "hrl.train.tiny" or mod.startswith("hrl.train.tiny.")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_private_modules_are_imported_only_from_their_own_folder():
+    """A module `_x.py` is its folder's business: other folders go through the folder's public modules."""
+    bad = []
+    for folder in [*ORDER, "recipes", "tests", "bench"]:
+        for f in _files(folder):
+            for mod in _imported_modules(f):
+                target = _module_file(mod)
+                private = target is not None and target.stem.startswith("_") and not target.stem.startswith("__")
+                if private and target.parent != f.parent:
+                    bad.append(f"{f.relative_to(ROOT)} imports the private module {mod}")
+    assert not bad, "\n".join(bad)

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import httpx
 
-from hrl.runners.engines import make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
-from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.proxy.proxy import Proxy
 from hrl.runners.rundir import RunDir
+from hrl.runners.stack import serving
 from hrl.runners.trace import TraceWriter, read_traces
 from hrl.train.loop import Episode, LoopConfig, train
 from hrl.train.trainer import TrainerConfig
-from tests.proxy_helpers import free_port
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls", "read"])]
 
@@ -48,17 +45,8 @@ class ChatRollouts:
 
 
 async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None) -> list[dict]:
-    engine = make_engine("embedded", model, dtype="float32")
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig())
-    port, ready = free_port(), asyncio.Event()
-    server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
-    await ready.wait()
-    try:
-        return await train(TASKS, cfg, run, engine, ChatRollouts(proxy, f"http://127.0.0.1:{port}", crash_after))
-    finally:
-        server.cancel()
-        await engine.close()
+    async with serving(model, engine_options={"dtype": "float32"}) as stack:
+        return await train(TASKS, cfg, run, stack.engine, ChatRollouts(stack.proxy, stack.url, crash_after))
 
 
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):

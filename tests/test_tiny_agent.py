@@ -15,23 +15,13 @@ import pytest
 
 from hrl.recipes.loader import load_recipe
 from hrl.runners.proxy.template import ChatTemplate, parse_hermes
+from hrl.runners.stack import serving
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
-from hrl.train.tiny_agent import TinyAgentConfig, build_info, build_tiny_agent
-from hrl.train.tiny_agent_data import (
-    SUBMIT,
-    Noise,
-    episode_requests,
-    load_profile,
-    render_ids,
-    render_ids_fast,
-    signature,
-    split_tasks,
-    task_bug,
-    transcript,
-    wrong_ops,
-)
-from tests.proxy_helpers import free_port
+from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent
+from hrl.train.tiny.profile import SUBMIT, load_profile
+from hrl.train.tiny.tasks import signature, split_tasks, task_bug, wrong_ops
+from hrl.train.tiny.transcripts import Noise, episode_requests, render_ids, render_ids_fast, transcript
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo"
 # A build small enough for a test (seconds): it learns the episode's fixed shape, not the skill.
@@ -111,36 +101,23 @@ def test_one_shot_rendering_equals_the_proxys_call_by_call_prompts(tiny_model):
 
 async def _through_the_proxy(model: str, task: str, turns: list, uname: str) -> dict:
     """Play the transcript's turns from the scripted engine and send mini-swe-agent's requests over HTTP."""
-    from aiohttp import web
-
-    from hrl.runners.engines import make_engine
-    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-    from hrl.runners.proxy.server import build_app
-
     profile = load_profile()
     messages, _ = episode_requests(profile, task, turns, uname)
-    engine = make_engine("scripted", model, turns=[t for t, _ in turns])
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name="m"))
-    runner = web.AppRunner(build_app(proxy))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with httpx.AsyncClient(timeout=60) as client:
-            history = messages[:2]
-            for k, (_, output) in enumerate(turns):
-                body = {"model": "m", "messages": history, "tools": profile.tools}
-                reply = (await client.post(f"http://127.0.0.1:{port}/s/t/v1/chat/completions", json=body)).json()
-                msg = reply["choices"][0]["message"]
-                history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
-                tool_id = msg["tool_calls"][0]["id"]
-                history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
-                assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
-        return proxy.end_session("t")
-    finally:
-        await runner.cleanup()
-        await engine.close()
+    opts = {"turns": [t for t, _ in turns]}
+    async with (
+        serving(model, "scripted", model_name="m", engine_options=opts) as stack,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        history = messages[:2]
+        for k, (_, output) in enumerate(turns):
+            body = {"model": "m", "messages": history, "tools": profile.tools}
+            reply = (await client.post(f"{stack.url}/s/t/v1/chat/completions", json=body)).json()
+            msg = reply["choices"][0]["message"]
+            history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
+            tool_id = msg["tool_calls"][0]["id"]
+            history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
+            assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
+        return stack.proxy.end_session("t")
 
 
 def test_sft_tokens_are_what_the_proxy_records_for_the_same_messages(tiny_model):
@@ -196,7 +173,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 
     from hrl.cli.main import app
 
-    monkeypatch.setattr("hrl.train.tiny_agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
+    monkeypatch.setattr("hrl.train.tiny.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
     result = CliRunner().invoke(app, ["models", "tiny-agent", str(tmp_path / "m"), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -209,7 +186,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 @pytest.mark.agents
 @pytest.mark.timeout(900)
 def test_the_profile_matches_what_mini_swe_agent_sends(tiny_model):
-    from hrl.train.tiny_agent import capture_profile
+    from hrl.train.tiny.profile import capture_profile
 
     captured = asyncio.run(capture_profile(tiny_model, "local"))
     shipped = load_profile()

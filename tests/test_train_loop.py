@@ -7,14 +7,11 @@ import asyncio
 import httpx
 import pytest
 
-from hrl.runners.engines import make_engine
-from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, run_server
-from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.proxy.proxy import Proxy
+from hrl.runners.stack import serving
 from hrl.train.advantages import group_advantages
 from hrl.train.samples import build_samples
 from hrl.train.trainer import Trainer, TrainerConfig
-from tests.proxy_helpers import free_port
 
 PROMPTS = ["fix the bug", "run the tests", "list files", "read m.py"]
 
@@ -33,38 +30,28 @@ async def _episode(client: httpx.AsyncClient, url: str, proxy: Proxy, prompt: st
 
 
 async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) -> tuple[list[float], list[float]]:
-    engine = make_engine("embedded", model, dtype="float32")
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name="tiny"))
-    port, ready = free_port(), asyncio.Event()
-    server = asyncio.create_task(run_server(build_app(proxy), "127.0.0.1", port, ready))
-    await ready.wait()
-    trainer = Trainer(cfg)
     curve, mismatch = [], []
-    try:
-        async with httpx.AsyncClient(timeout=120) as client:
-            for it in range(n_iter):
-                traces = await asyncio.gather(
-                    *[
-                        _episode(client, f"http://127.0.0.1:{port}", proxy, p, f"{it}-{p}")
-                        for p in PROMPTS
-                        for _ in range(k)
-                    ]
-                )
-                curve.append(sum(t["reward"] for t in traces) / len(traces))
-                adv, _ = group_advantages(
-                    {t["trace_id"]: t["reward"] for t in traces}, {t["trace_id"]: t["group_id"] for t in traces}
-                )
-                samples = [s for t in traces for s in build_samples(t)]
-                for s in samples:
-                    s.advantage = adv[s.trace_id]
-                metrics = await asyncio.to_thread(trainer.step, samples)
-                mismatch.append(metrics["train/mismatch_kl"])
-                path = await asyncio.to_thread(trainer.save, tmp / f"v{it + 1}")
-                await engine.publish(str(path), cfg.mode)
-    finally:
-        server.cancel()
-        await engine.close()
+    opts = {"dtype": "float32"}
+    async with (
+        serving(model, model_name="tiny", engine_options=opts) as stack,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        trainer = Trainer(cfg)  # after the engine loads, as before
+        for it in range(n_iter):
+            traces = await asyncio.gather(
+                *[_episode(client, stack.url, stack.proxy, p, f"{it}-{p}") for p in PROMPTS for _ in range(k)]
+            )
+            curve.append(sum(t["reward"] for t in traces) / len(traces))
+            adv, _ = group_advantages(
+                {t["trace_id"]: t["reward"] for t in traces}, {t["trace_id"]: t["group_id"] for t in traces}
+            )
+            samples = [s for t in traces for s in build_samples(t)]
+            for s in samples:
+                s.advantage = adv[s.trace_id]
+            metrics = await asyncio.to_thread(trainer.step, samples)
+            mismatch.append(metrics["train/mismatch_kl"])
+            path = await asyncio.to_thread(trainer.save, tmp / f"v{it + 1}")
+            await stack.engine.publish(str(path), cfg.mode)
     return curve, mismatch
 
 

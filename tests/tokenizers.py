@@ -6,7 +6,7 @@ Two tokenizers ship as package data on PyPI, so tests can use them with no model
   Qwen2 / Qwen2.5 / Qwen3. Converted with Qwen's pre-tokenizer regex and NFC normalization, then Qwen's added
   tokens at the ids the released models give them (`<|endoftext|>` 151643, `<|im_start|>` 151644, `<|im_end|>`
   151645, …, `<tool_call>` 151657, …, `</think>` 151668), and our Qwen2.5-style template
-  (`hrl.train.chatml.CHATML_TOOLS_TEMPLATE`).
+  (`hrl.train.tiny.chatml.CHATML_TOOLS_TEMPLATE`).
 * **Mistral** (`mistral-common`): `mistral_common/data/tekken_*.json` (the newest: `tekken_240911.json` in 1.13),
   Mistral's Tekken vocabulary (Mistral NeMo, Pixtral, …): 1,000 control-token slots, then the first 130,072 BPE
   ranks (ids = rank + 1000), as mistral-common's `Tekkenizer` loads it. Only the
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hrl.train.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
+from hrl.train.tiny.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
 
 __all__ = [
     "MISTRAL_CHATML_TOKENS",

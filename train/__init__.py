@@ -1,3 +1,4 @@
-"""Training side: tiny models, samples, advantages, losses, trainer step, weight publishing. torch lives here."""
+"""Training side: samples, advantages, losses, trainer step, weight publishing; torch lives here. `tiny/`: the
+demo-model wing (tiny models, the CPU demo's agent model), which the rest of this layer never imports."""
 
 __all__: list[str] = []

@@ -11,25 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hrl.runners.agents import AGENTS, get_agent
-from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.install import installed
-from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
+from hrl.runners.agents.run import AgentOutcome
+from hrl.runners.episode import agent_session
 from hrl.runners.errors import HrlError
-from hrl.runners.scratch import scratch
 from hrl.runners.trace import call_prompt_ids
 
-__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "serve_proxy", "trace_problems"]
+if TYPE_CHECKING:
+    from hrl.runners.stack import Stack
+
+__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "scripted_stack", "trace_problems"]
 
 SandboxName = Literal["docker", "local"]
 PROBE_FILE, PROBE_TEXT = "hrl-doctor.txt", "ok"
-PROXY_PORT = 8000  # where the proxy appears inside docker sandboxes
 
 
 def agents_table() -> list[dict[str, Any]]:
@@ -69,36 +68,12 @@ class AgentCheck:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.asynccontextmanager
-async def serve_proxy(
-    model: str, turns: list[Any], *, unix_dir: str | None = None, model_name: str = "hrl-model"
-) -> AsyncIterator[tuple[Any, str, str | None]]:
-    """The real proxy with a scripted engine in this event loop: yields (proxy, tcp url, unix socket path or None)."""
-    from aiohttp import web
+def scripted_stack(model: str, turns: list[Any]) -> contextlib.AbstractAsyncContextManager[Stack]:
+    """The real serving stack with a scripted engine that plays `turns` as real token ids of `model`'s tokenizer."""
+    from hrl.runners.stack import serving  # aiohttp and the tokenizer load only when a probe runs
 
-    from hrl.runners.engines import make_engine
-    from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-    from hrl.runners.proxy.server import build_app
-    from hrl.runners.proxy.template import ChatTemplate
-
-    engine = make_engine("scripted", model, turns=turns, max_model_len=1 << 20)  # agents' system prompts are long
-    await engine.start()
-    proxy = Proxy(engine, ChatTemplate(model), ProxyConfig(model_name=model_name))
-    runner = web.AppRunner(build_app(proxy), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        sock = f"{unix_dir}/proxy.sock" if unix_dir else None
-        if sock:
-            await web.UnixSite(runner, sock).start()
-        yield proxy, f"http://127.0.0.1:{port}", sock
-    finally:
-        await runner.cleanup()
-        proxy.close()
-        await engine.close()
+    options = {"turns": turns, "max_model_len": 1 << 20}  # agents' system prompts are long
+    return serving(model, "scripted", model_name="hrl-model", engine_options=options)
 
 
 async def probe_agent(
@@ -122,29 +97,20 @@ async def probe_agent(
     if inst is None:
         raise PrerequisiteError(f"agent {name} is not installed for the {sandbox} sandbox",
                                 hint=f"hrl agents install {name}")  # fmt: skip
-    token = f"doctor-{name}-{int(time.time() * 1000) % 10**9}"
     turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
-    with scratch("px") as sock_dir:
-        async with serve_proxy(model, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
-            proxy,
-            url,
-            sock,
-        ):
-            spec = SandboxSpec(workdir="/work", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
-                               proxy_port=PROXY_PORT)  # fmt: skip
-            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
-            async with await (backend or get_backend(sandbox)).create(spec, "agents-doctor", name) as box:
-                ctx = AgentContext(
-                    base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=proxy.config.model_name,
-                    prompt=prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}.", home=new_home(),
-                    workdir=spec.workdir, install_dir=inst.install_dir,
-                )  # fmt: skip
-                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=time_budget_s)
-                try:
-                    file_text: str | None = (await box.read_file(PROBE_FILE)).decode(errors="replace")
-                except FileNotFoundError:
-                    file_text = None
-            trace = proxy.end_session(token) if token in proxy.sessions else {"calls": [], "tools": []}
+    prompt = prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}."
+    async with scripted_stack(model, turns) as stack:
+        token = stack.proxy.open_session(meta={"metadata": {"probe": name}}).token
+        backend = backend or get_backend(sandbox)
+        async with agent_session(stack, runner, inst, backend, SandboxSpec(workdir="/work"), token, prompt,
+                                 run_id="agents-doctor", episode_id=name) as session:  # fmt: skip
+            outcome = await session.run(time_budget_s)
+            try:
+                file_text: str | None = (await session.sandbox.read_file(PROBE_FILE)).decode(errors="replace")
+            except FileNotFoundError:
+                file_text = None
+        proxy = stack.proxy
+        trace = proxy.end_session(token) if token in proxy.sessions else {"calls": [], "tools": []}
     startup = trace["started_at"] - outcome.started_at if trace["calls"] else float("nan")
     return Probe(outcome, trace, file_text, round(startup, 3))
 

@@ -266,6 +266,6 @@ class EmbeddedEngine:
             return not self._closed
 
     def _run_batch(self, batch: list[_Request]) -> None:
-        from hrl.runners.engines import _embedded_decode
+        from hrl.runners.engines import decode
 
-        _embedded_decode.run_batch(self, batch)
+        decode.run_batch(self, batch)

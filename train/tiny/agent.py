@@ -3,7 +3,7 @@
 Offline and reproducible (same seed and config → same files on the same machine and torch build):
 
 1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
-   transcript in mini-swe-agent's own format (`tiny_agent_data`): `cat *.py`, `sed` a fix, submit.
+   transcript in mini-swe-agent's own format (`tasks`, `transcripts`): `cat *.py`, `sed` a fix, submit.
    `Noise` makes the fix often wrong, so the model succeeds sometimes and RL has something to improve.
 2. Train a byte-level BPE on those transcripts (so the harness's long instance prompt costs few tokens).
 3. Render every transcript to token ids exactly as the proxy would at rollout time and train a random Qwen2 on
@@ -15,7 +15,7 @@ Offline and reproducible (same seed and config → same files on the same machin
    `tiny_agent.json` (the config, seed, final loss, build time). Building into a dir that already holds the same
    build is a no-op.
 
-`capture_profile` (re)captures the harness profile the transcripts are made from, by running the real CLI.
+`profile.capture_profile` (re)captures the harness profile the transcripts are made from, by running the real CLI.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,26 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines._embedded_decode import kv_cache_of, with_kv_cache
-from hrl.train.tiny import train_chatml_tokenizer
-from hrl.train.tiny_agent_data import (
-    SUBMIT,
-    HarnessProfile,
-    Noise,
-    bash_turn,
-    demo_tasks,
-    episode_messages,
-    load_profile,
-    machine_uname,
-    render_ids,
-    render_ids_fast,
-    signature,
-    split_tasks,
-    task_bug,
-    transcript,
-)
+from hrl.runners.engines.decode import kv_cache_of, with_kv_cache
+from hrl.train.tiny.model import train_chatml_tokenizer
+from hrl.train.tiny.profile import HarnessProfile, load_profile, machine_uname
+from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
+from hrl.train.tiny.transcripts import Noise, episode_messages, render_ids, render_ids_fast, transcript
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "capture_profile", "save_profile"]
+__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent"]
 
 BUILD_INFO = "tiny_agent.json"
 DATA_VERSION = 1  # bump when the generated tasks or transcripts change
@@ -264,84 +250,3 @@ def build_tiny_agent(
     (out / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
     on_event("done", info)
     return out
-
-
-# ---- capturing the profile from the real harness ----------------------------------------------------------------
-
-_UNAME_RE = re.compile(r"<system_information>\n(.*?)\n</system_information>", re.S)
-_MARKER = "HRL-TASK-MARKER"
-_PROBE_OUTPUT = "a<b & 'c'\n"
-_FIRST = re.compile(
-    r"<\|im_start\|>system\n(?P<system>.*?)\n\n# Tools\n\n.*?<tools>\n(?P<tools>.*?)\n</tools>.*?<\|im_end\|>\n"
-    r"<\|im_start\|>user\n(?P<user>.*?)<\|im_end\|>\n<\|im_start\|>assistant\n",
-    re.S,
-)
-
-
-async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "mini-swe-agent") -> HarnessProfile:
-    """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
-    read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
-    from hrl.runners.agents import AgentContext, get_agent
-    from hrl.runners.agents.doctor import PROXY_PORT, serve_proxy
-    from hrl.runners.agents.install import install
-    from hrl.runners.agents.run import new_home, run_agent
-    from hrl.runners.scratch import scratch
-    from hrl.runners.trace import call_prompt_ids
-    from hrl.sandboxes import SandboxSpec, get_backend
-
-    runner, inst = get_agent(agent), install(agent, "docker" if sandbox == "docker" else "local")
-    turns = [bash_turn(f"printf {json.dumps(_PROBE_OUTPUT)}"), bash_turn(SUBMIT)]
-    with scratch("px") as sock_dir:
-        async with serve_proxy(model_dir, turns, unix_dir=str(sock_dir) if sandbox == "docker" else None) as (
-            px,
-            url,
-            sock,
-        ):
-            spec = SandboxSpec(workdir="/testbed", mounts=list(inst.mounts), network="proxy", proxy_socket=sock,
-                               proxy_port=PROXY_PORT)  # fmt: skip
-            base = f"http://127.0.0.1:{PROXY_PORT}" if sandbox == "docker" else url
-            async with await get_backend(sandbox).create(spec, "tiny-agent-capture", agent) as box:
-                ctx = AgentContext(f"{base}/s/capture", "hrl-capture", px.config.model_name, _MARKER, new_home(),
-                                   spec.workdir, inst.install_dir)  # fmt: skip
-                outcome = await run_agent(box, runner, ctx, inst, time_budget_s=180)
-            trace = px.end_session("capture")
-            template = px.template
-    if len(trace["calls"]) != 2:
-        raise ValueError(f"capture expected 2 calls, got {len(trace['calls'])} ({outcome.failure_reason}: "
-                         f"{outcome.stderr_tail[-500:]})")  # fmt: skip
-    first = template.decode(call_prompt_ids(trace, 0))
-    m = _FIRST.fullmatch(first)
-    if m is None:
-        raise ValueError(f"cannot parse the first request:\n{first[:2000]}")
-    tools = [{"type": "function", "function": json.loads(line)} for line in m["tools"].split("\n")]
-    before, _, after = m["user"].partition(_MARKER)
-    uname = _UNAME_RE.search(after)
-    profile = HarnessProfile(
-        agent=runner.name, version=runner.version, system=m["system"], before=before,
-        after=after.replace(uname[1], "{uname}") if uname else after, uname=uname[1] if uname else "",
-        tools=tools, observation=_observation_template(inst.host_dir),
-    )  # fmt: skip
-    messages = [{"role": "system", "content": profile.system},
-                {"role": "user", "content": profile.user(_MARKER, profile.uname)}]  # fmt: skip
-    if template.render(messages, tools) != first:
-        raise ValueError("the captured profile does not re-render the first request exactly")
-    second = template.decode(call_prompt_ids(trace, 1))
-    if f"<tool_response>\n{profile.tool_result(_PROBE_OUTPUT)}\n</tool_response>" not in second:
-        raise ValueError(f"tool results are not rendered as captured:\n{second[-600:]}")
-    return profile
-
-
-def _observation_template(host_dir: str) -> str:
-    import yaml
-
-    found = sorted(Path(host_dir).glob("venv/lib/python*/site-packages/minisweagent/config/mini.yaml"))
-    if not found:
-        raise ValueError(f"no minisweagent/config/mini.yaml under {host_dir}")
-    return str(yaml.safe_load(found[0].read_text())["model"]["observation_template"])
-
-
-def save_profile(profile: HarnessProfile, path: str | Path) -> Path:
-    from dataclasses import asdict
-
-    Path(path).write_text(json.dumps(asdict(profile), indent=1, ensure_ascii=False) + "\n")
-    return Path(path)

@@ -1,4 +1,5 @@
-"""Batched prefill + decode for the embedded engine (torch imported inside the functions, never at import)."""
+"""Batched prefill + decode for the embedded engine, and the KV-cache keyword shim that SFT code shares with it
+(torch imported inside the functions, never at import)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from hrl.train.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
+from hrl.train.tiny.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
 
 __all__ = ["TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer", "tiny_corpus"]
 

@@ -1,0 +1,75 @@
+"""One agent CLI against one proxy session, written once for rollouts, `hrl agents doctor` and the demo's profile
+capture: a sandbox whose network reaches only the proxy, the agent's context pointing at the session, and its run.
+
+The caller keeps the sandbox for its own hooks around the run (lay out the task and verify it; read a file back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hrl.runners.agents.base import AgentContext, AgentRunner
+from hrl.runners.agents.install import AgentInstall
+from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
+from hrl.sandboxes import Sandbox, SandboxBackend, SandboxSpec
+
+if TYPE_CHECKING:
+    from hrl.runners.stack import Stack
+
+__all__ = ["PROXY_PORT", "AgentSession", "agent_session"]
+
+PROXY_PORT = 8000  # where the proxy appears inside docker sandboxes
+
+
+@dataclass
+class AgentSession:
+    """A sandbox and the context of one agent run in it, against one proxy session."""
+
+    sandbox: Sandbox
+    context: AgentContext
+    runner: AgentRunner
+    install: AgentInstall
+
+    async def run(self, time_budget_s: float = 0) -> AgentOutcome:
+        """Run the agent once (time_budget_s: 0 = no limit); its failures are data in the outcome."""
+        return await run_agent(self.sandbox, self.runner, self.context, self.install, time_budget_s=time_budget_s)
+
+
+@contextlib.asynccontextmanager
+async def agent_session(
+    stack: Stack,
+    runner: AgentRunner,
+    install: AgentInstall,
+    backend: SandboxBackend,
+    spec: SandboxSpec,
+    token: str,
+    prompt: str,
+    *,
+    run_id: str,
+    episode_id: str,
+    proxy_port: int = PROXY_PORT,
+    options: dict[str, Any] | None = None,
+) -> AsyncIterator[AgentSession]:
+    """A sandbox from `backend` made from `spec` plus the agent's mounts and the route to the proxy (docker: only the
+    proxy's unix socket, as 127.0.0.1:`proxy_port`; local: the host's network and the proxy's loopback URL), and
+    the context that points `runner` at session `token` (base URL `/s/<token>`, API key `hrl-<token>`) with a
+    fresh HOME in the spec's workdir. Labelled `run_id` / `episode_id`; removed on exit."""
+    docker = backend.name == "docker"
+    spec = spec.model_copy(
+        update={
+            "network": "proxy" if docker else "host",
+            "proxy_socket": stack.socket if docker else None,
+            "proxy_port": proxy_port,
+            "mounts": [*spec.mounts, *install.mounts],
+        }
+    )
+    base = f"http://127.0.0.1:{proxy_port}" if docker else stack.url
+    async with await backend.create(spec, run_id, episode_id) as sandbox:
+        context = AgentContext(
+            base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,
+            home=new_home(), workdir=spec.workdir, install_dir=install.install_dir, options=dict(options or {}),
+        )  # fmt: skip
+        yield AgentSession(sandbox, context, runner, install)
