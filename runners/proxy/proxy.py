@@ -56,7 +56,6 @@ class Proxy:
         self.engine, self.template, self.config, self.traces = engine, template, config, traces
         self.sessions: dict[str, Session] = {}
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
-        self.max_context = config.max_context or int(getattr(engine, "max_model_len", 0) or 0) or 32768
         self._reaper: asyncio.Task[None] | None = None
         self._open = asyncio.Event()  # cleared while a publish (or a pause) is under way: new generations wait
         self._open.set()
@@ -66,6 +65,11 @@ class Proxy:
         self._waiting = 0
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
         self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0}
+
+    @property
+    def max_context(self) -> int:
+        """The context window: the configured one, else the engine's (known once it started), else 32768."""
+        return self.config.max_context or int(getattr(self.engine, "max_model_len", 0) or 0) or 32768
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
