@@ -251,7 +251,14 @@ class _Handler:
 
     async def _stream(self, request: web.Request, dialect: Any, call: Any, rid: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+            await self._write_stream(resp, dialect, call, rid)
+        except ConnectionResetError:  # the agent hung up mid-response: the call is recorded as aborted
+            call.abort()
+        return resp
+
+    async def _write_stream(self, resp: web.StreamResponse, dialect: Any, call: Any, rid: str) -> None:
         enc, split = dialect.encoder(call.req, rid), StreamSplitter(tool_calls=bool(call.req.tools))
         for chunk in enc.start():
             await resp.write(chunk)
@@ -270,7 +277,6 @@ class _Handler:
         for chunk in chunks:
             await resp.write(chunk)
         await resp.write_eof()
-        return resp
 
 
 async def _json_or_empty(request: web.Request) -> dict[str, Any]:
