@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
-from hrl.runners.episode import PROXY_PORT, agent_session
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.stack import Stack
 from hrl.runners.tasks import make_verifier

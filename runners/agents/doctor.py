@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hrl.runners.agent_session import agent_session
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.install import installed
 from hrl.runners.agents.run import AgentOutcome
-from hrl.runners.episode import agent_session
 from hrl.runners.errors import HrlError
 from hrl.runners.trace import call_prompt_ids
 
