@@ -111,13 +111,13 @@ async def _through_the_proxy(model: str, task: str, turns: list, uname: str) -> 
         history = messages[:2]
         for k, (_, output) in enumerate(turns):
             body = {"model": "m", "messages": history, "tools": profile.tools}
-            reply = (await client.post(f"{stack.url}/s/t/v1/chat/completions", json=body)).json()
+            reply = (await client.post(f"{stack.url}/s/{token}/v1/chat/completions", json=body)).json()
             msg = reply["choices"][0]["message"]
             history = [*history, {k2: msg[k2] for k2 in ("role", "content", "tool_calls")}]
             tool_id = msg["tool_calls"][0]["id"]
             history.append({"role": "tool", "tool_call_id": tool_id, "content": profile.tool_result(output)})
             assert k < 2 or json.loads(msg["tool_calls"][0]["function"]["arguments"])["command"] == SUBMIT
-        return stack.proxy.end_session("t")
+        return stack.proxy.end_session(token)
 
 
 def test_sft_tokens_are_what_the_proxy_records_for_the_same_messages(tiny_model):
