@@ -1,21 +1,29 @@
 """Secrets stay out of the agent's reach: a local sandbox's commands see an allowlist of host variables, not the
-host's environment."""
+host's environment; the agent's sandbox (local and docker) holds neither the hidden tests nor the gold patch,
+not even in an image repository's git history."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
+from hrl.runners.tasks.patches import file_diff
+from hrl.runners.tasks.task import Task
+from hrl.runners.tasks.verifier import TestVerifier
 from hrl.sandboxes import SandboxSpec
+from hrl.sandboxes.docker import DockerBackend
 from hrl.sandboxes.local import PASSTHROUGH_VAR, LocalBackend
 
 T = TypeVar("T")
+IMAGE = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
 SECRETS = {"HRL_TEST_SECRET_TOKEN": "tok-" + uuid.uuid4().hex, "AWS_SECRET_ACCESS_KEY": "wJalr" + uuid.uuid4().hex}
 
 
@@ -60,3 +68,113 @@ def test_local_sandbox_sees_an_allowlist_of_the_hosts_environment(
     assert env["HRL_TEST_SECRET_TOKEN"] == SECRETS["HRL_TEST_SECRET_TOKEN"] and "AWS_SECRET_ACCESS_KEY" not in env
     env, _ = run(main(LocalBackend(root=str(tmp_path), env_passthrough=["AWS_*"])))
     assert "AWS_SECRET_ACCESS_KEY" in env and "HRL_TEST_SECRET_TOKEN" not in env
+
+
+# --------------------------------------------------------------------------------------------------------------
+# hidden tests and the gold patch never enter the agent's sandbox
+# --------------------------------------------------------------------------------------------------------------
+
+# A git repository at the workdir as an image would hold it: the base commit, then the fix and the hidden tests in
+# later history (a branch, a tag, a commit left only in the reflog), the work tree back at the base.
+IMAGE_REPO = r"""
+set -e
+m="$1"
+g() { git -c user.name=x -c user.email=x@x -c commit.gpgsign=false "$@"; }
+g init -q . && printf 'x = 1\n' > m.py && printf '*.log\n' > .gitignore && printf 'kept\n' > tracked.log
+g add m.py .gitignore && g add -f tracked.log && g commit -qm base && base=$(g rev-parse HEAD)
+g checkout -qb fix && mkdir -p tests && printf "def test_x():\n    assert '%s-test'\n" "$m" > tests/test_m.py
+printf 'x = 2  # %s-gold\n' "$m" > m.py && g add -A && g commit -qm fix && g tag v-fix
+g checkout -q "$base" && printf '# %s-dangling\n' "$m" > d.py && g add d.py && g commit -qm dangling
+g checkout -q "$base" && g branch -qD fix && echo "$base"
+"""
+# Prints what the agent could find: files holding the marker, git objects holding it, the marker in the env.
+SEARCH = r"""
+m="$1"; shift
+files=$(timeout 120 grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e "$m" "$@" 2>/dev/null)
+rc=$?; [ $rc = 124 ] && { echo "search timed out"; exit 3; }
+objects=$(git cat-file --batch-all-objects --batch 2>/dev/null | grep -caF -e "$m")
+echo "files=[$files] objects=$objects env=$(env | grep -cF -e "$m")"
+"""
+CLEAN = "files=[] objects=0 env=0"
+
+
+def hidden_task(marker: str, image_repo: str | None = None) -> Task:
+    """A task whose hidden tests and gold fix carry `marker`; from a snapshot, or (image_repo = the base commit)
+    from a repository already at the workdir."""
+    tests = file_diff("tests/test_m.py", None, f"def test_x():\n    assert '{marker}-test'\n")
+    return Task(
+        instance_id="secret-task", problem_statement="Make x 2.", FAIL_TO_PASS=["tests/test_m.py::test_x"],
+        test_patch=tests, patch=file_diff("m.py", "x = 1\n", f"x = 2  # {marker}-gold\n"), image=IMAGE,
+        workdir="/work", base_commit=image_repo, repo_snapshot=None if image_repo else {"m.py": "x = 1\n"},
+        test_cmd=f"{sys.executable} -m pytest -rA -p no:cacheprovider tests",
+    )  # fmt: skip
+
+
+async def prepared_and_searched(backend: Any, kind: str, roots: list[str] | None, **verifier: Any) -> str:
+    """Prepare the agent's sandbox of a hidden task as a rollout does, then search it from inside; returns
+    the search's report. roots None: the sandbox's own root dir (local)."""
+    marker = f"HRLHIDDEN{uuid.uuid4().hex}"
+    v = TestVerifier(backend, **verifier)
+    spec = v.sandbox_spec(hidden_task(marker))
+    async with await backend.create(spec, "test-hidden", f"ep-{kind}") as sandbox:
+        base = None
+        if kind == "image":
+            made = await sandbox.exec(["bash", "-c", IMAGE_REPO, "_", marker], timeout_s=60)
+            assert made.exit_code == 0, made
+            base = made.stdout.split()[-1]
+        task = hidden_task(marker, base)
+        await v.prepare(sandbox, task)
+        assert (await sandbox.read_file("m.py")) == b"x = 1\n"
+        if kind == "image":  # the base state is the same as the image's: tracked files kept, history gone
+            files = await sandbox.exec(["git", "ls-files"], timeout_s=30)
+            assert files.stdout.split() == [".gitignore", "m.py", "tracked.log"], files
+        where = roots if roots is not None else [str(sandbox.root)]
+        result = await sandbox.exec(["bash", "-c", SEARCH, "_", marker, *where], timeout_s=180)
+        assert result.exit_code == 0, result
+        return result.stdout.strip()
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "image"])
+def test_local_agent_sandbox_holds_no_hidden_tests_or_gold_patch(tmp_path: Path, kind: str) -> None:
+    assert run(prepared_and_searched(LocalBackend(root=str(tmp_path)), kind, None)) == CLEAN
+
+
+def test_the_search_finds_an_image_history_that_is_kept(tmp_path: Path) -> None:
+    """The check above can fail: with the image's history kept, the fix and the tests are in its git objects."""
+    report = run(prepared_and_searched(LocalBackend(root=str(tmp_path)), "image", None, keep_image_history=True))
+    assert report.startswith("files=[] objects=") and report != CLEAN, report
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("kind", ["snapshot", "image"])
+def test_docker_agent_sandbox_holds_no_hidden_tests_or_gold_patch(kind: str) -> None:
+    assert run(prepared_and_searched(DockerBackend(), kind, ["/"])) == CLEAN
+
+
+def test_local_grading_writes_the_tests_only_in_its_own_fresh_directory(tmp_path: Path) -> None:
+    marker = f"HRLHIDDEN{uuid.uuid4().hex}"
+    agent_backend, grade_backend = LocalBackend(root=str(tmp_path / "agent")), LocalBackend(root=str(tmp_path / "g"))
+    graded: list[Path] = []
+    create = grade_backend.create
+
+    async def recording(*args: Any) -> Any:
+        sandbox = await create(*args)
+        graded.append(sandbox.root)
+        return sandbox
+
+    grade_backend.create = recording  # type: ignore[method-assign]
+
+    async def main() -> tuple[Any, list[str]]:
+        v, task = TestVerifier(grade_backend), hidden_task(marker)
+        async with await agent_backend.create(v.sandbox_spec(task), "test-grade", "ep") as sandbox:
+            await v.prepare(sandbox, task)
+            await sandbox.write_file("m.py", b"x = 2\n")  # the agent's fix
+            verdict = await v.verify(sandbox, task)
+            grep = ["grep", "-rlF", marker, str(sandbox.root)]
+            holding = await asyncio.to_thread(subprocess.run, grep, capture_output=True, text=True, check=False)
+            return verdict, holding.stdout.split()
+
+    verdict, holding = run(main())
+    assert verdict.reward == 1.0, verdict  # graded with the hidden test …
+    assert holding == []  # … which never entered the agent's sandbox
+    assert len(graded) == 1 and not graded[0].exists()  # written in a fresh directory, deleted after grading
