@@ -1,20 +1,26 @@
 """Secrets stay out of the agent's reach: a local sandbox's commands see an allowlist of host variables, not the
 host's environment; the agent's sandbox (local and docker) holds neither the hidden tests nor the gold patch,
-not even in an image repository's git history."""
+not even in an image repository's git history; the proxy's unix socket is its owner's only, and a docker agent
+still reaches the proxy through it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from aiohttp import web
 
+from hrl.runners.proxy.server import run_server
 from hrl.runners.tasks.patches import file_diff
 from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import TestVerifier
@@ -178,3 +184,71 @@ def test_local_grading_writes_the_tests_only_in_its_own_fresh_directory(tmp_path
     assert verdict.reward == 1.0, verdict  # graded with the hidden test …
     assert holding == []  # … which never entered the agent's sandbox
     assert len(graded) == 1 and not graded[0].exists()  # written in a fresh directory, deleted after grading
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the proxy's unix socket
+# --------------------------------------------------------------------------------------------------------------
+
+
+def hello_app() -> web.Application:
+    app = web.Application()
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="hello from the proxy socket")
+
+    app.router.add_get("/hello", hello)
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def serving_socket(sock: str, then: Any) -> Any:
+    ready = asyncio.Event()
+    server = asyncio.create_task(run_server(hello_app(), "127.0.0.1", free_port(), ready, unix_socket=sock))
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        return await then()
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+
+
+@pytest.fixture
+def socket_dir() -> Any:
+    path = Path(tempfile.mkdtemp(prefix="hrl-sock-"))  # short: unix socket paths are limited to ~107 bytes
+    path.chmod(0o755)  # as runners.stack makes it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_proxy_socket_is_its_owners_only(socket_dir: Path) -> None:
+    sock = socket_dir / "proxy.sock"
+
+    async def mode() -> int:
+        return (await asyncio.to_thread(sock.stat)).st_mode & 0o777
+
+    assert run(serving_socket(str(sock), mode)) == 0o600
+
+
+@pytest.mark.docker
+def test_docker_agent_reaches_the_owner_only_proxy_socket(socket_dir: Path) -> None:
+    """Through the forwarder (root in the container), as the image's user (root) and as an unprivileged one."""
+    sock = str(socket_dir / "proxy.sock")
+    probe = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8123/hello', timeout=10).read().decode())"
+
+    async def from_container() -> list[str]:
+        spec = SandboxSpec(image=IMAGE, network="proxy", proxy_socket=sock, proxy_port=8123)
+        async with await DockerBackend().create(spec, "test-socket", "ep") as sandbox:
+            outs = []
+            for user in ("", "65534"):
+                result = await sandbox.exec(["python3", "-c", probe], timeout_s=60, user=user)
+                assert result.exit_code == 0, (user, result)
+                outs.append(result.stdout.strip())
+            return outs
+
+    assert run(serving_socket(sock, from_container)) == ["hello from the proxy socket"] * 2
