@@ -76,6 +76,15 @@ def test_local_sandbox_sees_an_allowlist_of_the_hosts_environment(
     assert "AWS_SECRET_ACCESS_KEY" in env and "HRL_TEST_SECRET_TOKEN" not in env
 
 
+def test_rollout_with_a_local_sandbox_warns() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hrl.cli", "rollout", "--agent", "codex", "--tasks", "none.jsonl", "--sandbox", "local"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "give --model" in out.stderr  # stops at the usage error, after the warning
+    assert out.stderr.count("Warning: --sandbox local") == 1, out.stderr
+
+
 # --------------------------------------------------------------------------------------------------------------
 # hidden tests and the gold patch never enter the agent's sandbox
 # --------------------------------------------------------------------------------------------------------------
