@@ -15,7 +15,7 @@ import typer
 from hrl.cli.output import err
 from hrl.runners.trace import INFRA_FAILURES
 
-__all__ = ["EPILOG", "rollout"]
+__all__ = ["EPILOG", "LOCAL_WARNING", "rollout"]
 
 EPILOG = """Examples:
 
@@ -29,6 +29,13 @@ EPILOG = """Examples:
 
   hrl rollout --agent codex --recipe swe --json | jq .reward
 """
+
+
+LOCAL_WARNING = (
+    "Warning: --sandbox local runs the agent as your user on this machine, unisolated: it keeps host secrets out of "
+    "the agent's environment, but the agent can read the task file (hidden tests, gold patch) and whatever else you "
+    "can. Use --sandbox docker for agents you do not trust (docs/security.md)."
+)
 
 
 def rollout(
@@ -68,6 +75,8 @@ def rollout(
         roll["sandbox"] = sandbox
     if time_budget:
         roll["time_budget_s"] = time_budget
+    if roll.get("sandbox", "docker") == "local":
+        err.print(LOCAL_WARNING, markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     model = model or cfg.get("model") or ""
     if not model:

@@ -6,9 +6,9 @@ earlier call's prompt + response plus `prompt_suffix_ids`, so a trace grows line
 `versions` is run-length: `[start index in response_ids, policy version]` pairs.
 
 Here: the typed record (`Trace`, `TraceCall`, `ToolEvent`), reading (`read_traces`, `validate_trace`) and writing
-(`encode_trace`, `TraceWriter`), the failure reasons and which of them are the infrastructure's, the versions rule
-(`add_version`, `expand_versions`), and the token tree (`branches`): the one implementation that training samples
-and `hrl inspect` both walk, each with its own `keep` filter.
+(`encode_trace`, `TraceWriter`, which keeps secrets out with `redact_trace`), the failure reasons and which of them
+are the infrastructure's, the versions rule (`add_version`, `expand_versions`), and the token tree (`branches`): the
+one implementation that training samples and `hrl inspect` both walk, each with its own `keep` filter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
+
+from hrl.runners.redact import Redactor, default_redactor
 
 __all__ = [
     "FAILURE_REASONS",
@@ -38,6 +40,7 @@ __all__ = [
     "is_infra_failure",
     "prompt_len",
     "read_traces",
+    "redact_trace",
     "sampled_versions",
     "validate_trace",
 ]
@@ -271,18 +274,38 @@ def encode_trace(trace: dict[str, Any]) -> str:
 
 class TraceWriter:
     """Appends one trace per line; each write is a single `write` + flush + fsync, so a crash loses nothing
-    already written and never leaves half a line behind for the next append to corrupt."""
+    already written and never leaves half a line behind for the next append to corrupt.
 
-    def __init__(self, path: str | Path) -> None:
+    Secrets stay out: what is written is `redact_trace(trace, redactor)`, with `redactor=True` the process's
+    default (`runners.redact.default_redactor`, built once from os.environ), a `Redactor` of your own, or False
+    for none (byte-exact writes in tests). The caller's trace is not changed."""
+
+    def __init__(self, path: str | Path, *, redactor: Redactor | bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.redactor = default_redactor() if redactor is True else redactor or None
 
     def write(self, trace: dict[str, Any]) -> None:
         validate_trace(trace)
-        data = encode_trace(trace).encode()
+        data = encode_trace(redact_trace(trace, self.redactor) if self.redactor else trace).encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+_IDENTITY = frozenset({"schema", "trace_id", "session", "calls"})  # never redacted (calls: only their `error`)
+
+
+def redact_trace(trace: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """A copy of `trace` with its text redacted: every field but the identity ones (`schema`, `trace_id`, `session`:
+    a session token is hrl's, no host secret), so fields added later are covered too, and each call's `error`.
+    Token ids cannot be redacted after the fact: the proxy redacts request text before it tokenizes it."""
+    out = {k: v if k in _IDENTITY else redactor.obj(v) for k, v in trace.items()}
+    out["calls"] = [
+        {**call, "error": redactor.text(call["error"])} if isinstance(call.get("error"), str) else call
+        for call in trace["calls"]
+    ]
+    return out

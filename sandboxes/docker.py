@@ -4,7 +4,11 @@ with `docker exec`, files move as in-memory tar archives, and the container is f
 Every container carries the labels `hrl=1`, `hrl.run=<run id>`, `hrl.episode=<episode id>`, so `prune` can remove
 what a crashed run left. Network: `none` and `proxy` containers get `network_mode=none` (only `lo`); `proxy` adds a
 read-only bind mount of the proxy socket's directory at /run/hrl and a relay from 127.0.0.1:proxy_port to that
-socket (`hrl.sandboxes.forward`). `host` shares the host's network (installs only: no isolation).
+socket (`hrl.sandboxes.forward`), run as root so that it may open a socket only its owner may (0600). `host` shares
+the host's network (installs only: no isolation).
+
+What a container holds: its image, spec.env (nothing of the host's environment), spec.mounts, and the proxy
+socket's directory; nothing else of the host's files. Commands run as the image's user (root in hrl's images).
 
 The Docker SDK is synchronous: API calls run on this backend's own thread pool, and each running exec's output is
 read on a thread of its own, so long commands never starve the calls that time them out, nor asyncio's executor.
@@ -198,15 +202,18 @@ class DockerSandbox:
         timeout_s: float = 0,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
+        user: str = "",
     ) -> ExecResult:
+        """`Sandbox.exec`; `user` (docker only): run as this user instead of the image's."""
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         token = uuid.uuid4().hex
         api, started = self._api(), time.monotonic()
         environment, cwd = {**(env or {}), EXEC_MARK: token}, self.path(workdir or self.workdir)
         try:
-            exec_id = (await self.backend.call(api.exec_create, self.id, argv, environment=environment, workdir=cwd))[
-                "Id"
-            ]
+            made = await self.backend.call(
+                api.exec_create, self.id, argv, environment=environment, workdir=cwd, user=user
+            )
+            exec_id = made["Id"]
             sock = await self.backend.call(api.exec_start, exec_id, socket=True)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot exec in container {self.id[:12]}: {_explain(exc)}") from exc
@@ -307,7 +314,10 @@ class DockerSandbox:
         assert self.spec.proxy_socket
         await self.write_file(FORWARDER_PATH, FORWARDER.encode())
         inside = f"{PROXY_DIR}/{Path(self.spec.proxy_socket).name}"
-        result = await self.exec(["python3", FORWARDER_PATH, inside, str(self.spec.proxy_port)], timeout_s=30)
+        # as root: the proxy's socket is its owner's only (0600), and root in the container may open it whatever
+        # user the image's agent runs as
+        argv = ["python3", FORWARDER_PATH, inside, str(self.spec.proxy_port)]
+        result = await self.exec(argv, timeout_s=30, user="0")
         if result.exit_code != 0:
             raise SandboxError(
                 f"the proxy forwarder did not start in container {self.id[:12]} (exit {result.exit_code}): "

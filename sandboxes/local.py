@@ -1,4 +1,5 @@
-"""Local sandboxes, for development: a temporary directory per episode and plain subprocesses. No isolation.
+"""Local sandboxes, for development: a temporary directory per episode and plain subprocesses. No isolation:
+`local` is a sandbox for trusted agents; `docker` is the one that isolates (docs/security.md).
 
 - Files: `spec.workdir` is `<root>/work` on the host, and paths under it, given to `exec(workdir=)`,
   `read_file`, `write_file` and `copy_in`, are translated (relative paths are relative to the workdir). A mount's
@@ -6,8 +7,15 @@
   appears there as a symlink; `read_only` is not enforced. Other absolute paths are the host's own paths.
   Environment values (spec.env, exec env) that are such paths are translated too. Command lines are not: commands
   run with the workdir as their current directory and should use relative paths.
-- Commands inherit the host's environment plus spec.env and run in their own session (process group); a timeout
-  kills the group and every process that still carries the sandbox's marks in its environment (Linux /proc).
+- Environment: not the host's. Commands get an allowlist of host variables (HOST_ENV: PATH, locale, TERM, TZ,
+  TMPDIR, USER, SHELL, the CA-bundle paths; plus the backend's `env_passthrough`, default from
+  $HRL_SANDBOX_ENV_PASSTHROUGH, comma-separated names or globs), HOME set to the sandbox's own empty `<root>/home`,
+  then spec.env and the exec's env. So cloud keys and tokens in the host's environment never reach an agent.
+- Commands run in their own session (process group); a timeout kills the group and every process that still
+  carries the sandbox's marks in its environment (Linux /proc).
+- What is not enforced: the agent runs as the host user, so it can read (and write) whatever that user can: the
+  task files hrl read (with the hidden tests and the gold patch), the run directory, ~/.aws, other sandboxes,
+  hrl's own process (/proc/<pid>/mem as root). Use docker for agents you do not trust.
 - Network: none is isolated; `none`, `proxy` and `host` all mean the host's network. For `proxy` the caller
   passes the proxy's TCP address to the agent through `spec.env` (there is no unix-socket forwarder here).
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import json
 import os
 import posixpath
@@ -25,28 +34,39 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
 
-__all__ = ["LocalBackend", "LocalSandbox", "kill_marked", "pid_alive"]
+__all__ = ["HOST_ENV", "PASSTHROUGH_VAR", "LocalBackend", "LocalSandbox", "host_env", "kill_marked", "pid_alive"]
 
 PREFIX = "hrl-sbx-"
 MARKER = ".hrl-sandbox.json"
 SANDBOX_MARK = "HRL_SANDBOX"  # on every command of a sandbox: close() kills what is left by it
 EXEC_MARK = "HRL_EXEC"  # on one command's tree: its timeout kills by it
 KILL_GRACE_S = 5.0
+# Host variables a command sees (names or fnmatch globs): what programs need to run, nothing that authenticates.
+HOST_ENV = ("PATH", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
+            "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")  # fmt: skip
+PASSTHROUGH_VAR = "HRL_SANDBOX_ENV_PASSTHROUGH"  # more host variables for local sandboxes: "NAME,PREFIX_*"
 
 
 class LocalBackend:
-    """Creates `LocalSandbox`es under `root` (default: the system temp directory)."""
+    """Creates `LocalSandbox`es under `root` (default: the system temp directory). `env_passthrough`: host
+    variables (names or globs) commands see besides HOST_ENV; None = those named by $HRL_SANDBOX_ENV_PASSTHROUGH."""
 
     name = "local"
 
-    def __init__(self, *, root: str | None = None, max_output_bytes: int = 16 << 20) -> None:
+    def __init__(
+        self, *, root: str | None = None, max_output_bytes: int = 16 << 20, env_passthrough: Sequence[str] | None = None
+    ) -> None:
         self.root = root or tempfile.gettempdir()
         self.max_output_bytes = max_output_bytes
+        if env_passthrough is None:
+            env_passthrough = re.split(r"[,\s]+", os.environ.get(PASSTHROUGH_VAR, "").strip())
+        self.env_allow = (*HOST_ENV, *(p for p in env_passthrough if p))
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> LocalSandbox:
         root = await asyncio.to_thread(_make_root, Path(self.root), run_id, episode_id)
@@ -125,7 +145,9 @@ class LocalSandbox:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         token = uuid.uuid4().hex
         marks = {SANDBOX_MARK: self.id, EXEC_MARK: token}
-        full_env = {**os.environ, **self._env(self.spec.env), **self._env(env or {}), **marks}
+        home = {"HOME": str(self.root / "home")}
+        full_env = {**host_env(self.backend.env_allow), **home, **self._env(self.spec.env), **self._env(env or {})}
+        full_env.update(marks)
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -223,6 +245,7 @@ def _make_root(parent: Path, run_id: str, episode_id: str) -> Path:
 
 def _lay_out(root: Path, spec: SandboxSpec) -> None:
     (root / "work").mkdir()
+    (root / "home").mkdir()
     for mount in spec.mounts:
         source = Path(mount.source).absolute()
         if not source.exists():
@@ -232,6 +255,11 @@ def _lay_out(root: Path, spec: SandboxSpec) -> None:
             link = root / "work" / posixpath.relpath(target, spec.workdir)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(source)
+
+
+def host_env(allow: Sequence[str]) -> dict[str, str]:
+    """The host's variables whose names match one of `allow` (names or fnmatch globs, case-sensitive)."""
+    return {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, p) for p in allow)}
 
 
 def _find_roots(parent: Path) -> list[tuple[Path, dict[str, Any]]]:

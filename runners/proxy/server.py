@@ -319,7 +319,9 @@ async def run_server(
                 where = f"{host}:{port}" if isinstance(site, web.TCPSite) else unix_socket
                 raise PortInUseError(f"cannot listen on {where} ({e.strerror})") from e
         if unix_socket:
-            await asyncio.to_thread(Path(unix_socket).chmod, 0o777)  # agents may run as another user
+            # Owner only. Docker agents run as the image's user, root (hrl's images set none), and root in a
+            # container keeps CAP_DAC_OVERRIDE, so it connects whoever owns the socket; no other host user can.
+            await asyncio.to_thread(Path(unix_socket).chmod, 0o600)
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()

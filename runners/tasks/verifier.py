@@ -2,7 +2,9 @@
 
 Lifecycle, per episode:
 
-1. `prepare(sandbox, task)`: the agent's sandbox gets the task's base state as a git repository (no hidden tests).
+1. `prepare(sandbox, task)`: the agent's sandbox gets the task's base state as a git repository with a history of
+   one commit (no hidden tests, no gold patch: neither is ever written there, and an image repository's own
+   history, which may hold the fix in later commits, is replaced unless `keep_image_history`).
 2. The agent works.
 3. `verify(sandbox, task)`: take the agent's diff (`git diff` against the base), then `grade` it: a **fresh**
    grading sandbox at the base state; the diff minus its protected parts (see `guards`); the hidden
@@ -92,6 +94,11 @@ class TestVerifierConfig(BaseModel):
     memory_mb: int = Field(0, description="Memory limit of a grading sandbox in MiB; 0 = none.")
     log_chars: int = Field(3000, description="How much of the test output's tail goes into reward_info['log'].")
     run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
+    keep_image_history: bool = Field(
+        False,
+        description="Give the agent the image repository's git history (which may hold the fix and the hidden "
+        "tests in later commits, tags or unreachable objects); False: a fresh history of one base commit.",
+    )
 
 
 class TestVerifier:
@@ -112,7 +119,8 @@ class TestVerifier:
         )  # fmt: skip
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
-        await lay_out(sandbox, task, self.config.setup_timeout_s)
+        cfg = self.config
+        await lay_out(sandbox, task, cfg.setup_timeout_s, fresh_history=not cfg.keep_image_history)
 
     async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
         try:

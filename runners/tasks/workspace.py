@@ -26,6 +26,17 @@ GIT = (
 )
 # Never part of a diff: bytecode and caches the agent's own test runs leave behind.
 EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n"
+# A new .git holding what the old one tracks (force-added: a tracked file may match .gitignore), nothing else.
+FRESH_HISTORY = """\
+if [ ! -d .git ] || [ -L .git ]; then echo "hrl: .git is not a directory; cannot start a fresh history" >&2; exit 3; fi
+g add -A
+tracked=$(mktemp)
+g ls-files -z > "$tracked"
+rm -rf .git
+g init -q .
+g -c advice.addEmptyPathspec=false -c advice.addEmbeddedRepo=false add -f --pathspec-from-file="$tracked" --pathspec-file-nul
+rm -f "$tracked"
+"""
 
 
 class WorkspaceError(SandboxError):
@@ -47,11 +58,15 @@ async def _run(sandbox: Sandbox, script: str, what: str, timeout_s: float) -> st
     return result.stdout
 
 
-async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120) -> str:
+async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120, *, fresh_history: bool = False) -> str:
     """Put the task's base state at the sandbox's workdir as a git repository; returns the base commit.
 
     With a `repo_snapshot`, its files are copied in and committed. Without one, the image must already hold a
-    git repository there; it is checked out at `base_commit` (when given) and its state committed as the base."""
+    git repository there; it is checked out at `base_commit` (when given) and its state committed as the base.
+    `fresh_history` (for the agent's sandbox): that repository's `.git` is replaced by a new one whose only commit
+    is the base (same files, same tracked set), since the image's history may hold later commits — the fix, the
+    hidden tests — in branches, tags, reflogs or loose objects. A `.git` that is not a directory (a worktree's
+    gitfile) cannot be replaced safely: that raises WorkspaceError."""
     if task.repo_snapshot is not None:
         with scratch("snapshot") as tmp:
             await asyncio.to_thread(_unpack, task.repo_snapshot, Path(tmp))
@@ -59,7 +74,8 @@ async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120) -> str:
         script = f"g init -q .\nprintf '{EXCLUDES}' >> .git/info/exclude\ng add -A -f\n"
     else:
         checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit else ""
-        script = f"g rev-parse --git-dir >/dev/null\n{checkout}printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
+        script = f"g rev-parse --git-dir >/dev/null\n{checkout}" + (FRESH_HISTORY if fresh_history else "")
+        script += f"printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
     script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"
     out = await _run(sandbox, script, f"laying out {task.instance_id}", timeout_s)
     return out.strip().splitlines()[-1] if out.strip() else ""
