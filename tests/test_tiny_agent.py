@@ -108,6 +108,7 @@ async def _through_the_proxy(model: str, task: str, turns: list, uname: str) -> 
         serving(model, "scripted", model_name="m", engine_options=opts) as stack,
         httpx.AsyncClient(timeout=60) as client,
     ):
+        token = stack.proxy.open_session().token
         history = messages[:2]
         for k, (_, output) in enumerate(turns):
             body = {"model": "m", "messages": history, "tools": profile.tools}
