@@ -83,7 +83,7 @@ def test_serve_broken_model_fails_to_start_without_orphans(tmp_path):
 
 
 @contextlib.contextmanager
-def served(model: str, *extra: str):
+def served(model: str, *extra: str, env: dict[str, str] | None = None):
     """`hrl serve` on a free port; yields (url, headers carrying the control token it wrote)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,7 +93,7 @@ def served(model: str, *extra: str):
         [*HRL, "serve", "--model", model, "--port", str(port), *extra],
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "HRL_STATE_DIR": str(state)},
+        env={**os.environ, "HRL_STATE_DIR": str(state), **(env or {})},
     )
     try:
         deadline = time.monotonic() + 120
@@ -192,3 +192,28 @@ def test_resume_without_a_docker_daemon_exits_4_with_a_hint(tmp_path):
     )
     _assert_clean_error(out, "cannot reach the Docker daemon", "start dockerd")
     assert out.returncode == 4 and "bug" not in out.stderr
+
+
+def test_serve_keeps_a_host_secret_out_of_prompts_and_traces(tiny_model, tmp_path):
+    """A secret in the server's environment that comes back in a tool result (the agent ran `env`) is replaced
+    before tokenization: neither the prompt ids nor the trace file carry it."""
+    import httpx
+
+    secret = "s3cr3t-" + "x9" * 12
+    traces = tmp_path / "traces.jsonl"
+    with served(tiny_model, "--traces", str(traces), env={"HRL_TEST_SECRET_TOKEN": secret}) as (url, control):
+        token = httpx.post(url + "/sessions", headers=control).json()["token"]
+        msgs = [{"role": "user", "content": "run env"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": f"HRL_TEST_SECRET_TOKEN={secret}\nHOME=/root"}]  # fmt: skip
+        r = httpx.post(f"{url}/s/{token}/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert httpx.post(f"{url}/s/{token}/end", headers=control).status_code == 200
+    raw = traces.read_text()
+    assert secret not in raw
+    from transformers import AutoTokenizer
+
+    from hrl.runners.trace import all_prompt_ids, read_traces
+
+    (trace,) = read_traces(traces)
+    text = AutoTokenizer.from_pretrained(tiny_model).decode(all_prompt_ids(trace)[0])
+    assert secret not in text and "REDACTED" in text

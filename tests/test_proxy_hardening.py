@@ -257,3 +257,20 @@ def test_fuzzed_requests_never_get_a_5xx(proxy, dialect):
     stats = STATS[dialect]
     print(f"fuzz {dialect}: {stats}")
     assert stats["5xx"] == 0 and stats["cases"] >= EXAMPLES
+
+
+# ---- secrets in what the agent sends never reach a prompt id ---------------------------------------------------
+
+
+def test_a_key_in_tool_output_is_redacted_before_tokenization(proxy):
+    from hrl.runners.trace import all_prompt_ids
+
+    key = "sk-proj-" + "Zq7" * 12
+    token = _session(proxy)
+    body = _fresh(CHAT)
+    body["messages"][3]["content"] = f"cat .env\nOPENAI_API_KEY={key}\n"
+    assert httpx.post(f"{proxy.url}/s/{token}/v1/chat/completions", json=body).status_code == 200
+    trace = _end(proxy, token)
+    text = proxy.proxy.template.tokenizer.decode(all_prompt_ids(trace)[0])
+    assert key not in text and "REDACTED" in text
+    assert key not in json.dumps(trace)

@@ -22,6 +22,7 @@ from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
 __all__ = ["Proxy", "ProxyConfig", "UnknownSessionError"]
@@ -38,6 +39,11 @@ class ProxyConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, description="Larger request bodies get a 413.")
     default_max_tokens: int = Field(1024, description="max_tokens when the agent sends none.")
     max_context: int = Field(0, description="Context window in tokens; 0 = the engine's / model's.")
+    redact: bool = Field(
+        True,
+        description="Replace host secrets (values of secret-named variables, known key formats) in the request "
+        "text before it is tokenized, so no prompt id, trace or model input carries them (hrl.runners.redact).",
+    )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
         description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
@@ -138,6 +144,8 @@ class Proxy:
     # ---- calls ---------------------------------------------------------------------------------------------
     def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Call:
         """Build the prompt (reusing sampled ids) and open the call. Raises ContextLengthError (call recorded)."""
+        if self.config.redact:
+            req = replace(req, messages=default_redactor().obj(req.messages))
         plan = session.plan(req, self.template)
         call = session.open_call(dialect, req, plan, body_hash)
         if len(plan.prompt_ids) + 1 > self.max_context:
