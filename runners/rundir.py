@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.errors import HrlError
 from hrl.runners.metrics import POLICY_VERSION_MIN, trace_metrics
 from hrl.runners.trace import read_traces
@@ -75,7 +76,7 @@ class RunDir:
     def create(self, config: dict[str, Any]) -> None:
         self.traces.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / "config.json", json.dumps(config, indent=2, default=str))
+        write_atomically(self.path / "config.json", json.dumps(config, indent=2, default=str))
 
     def exists(self) -> bool:
         """Has the run committed its state (so `--resume` can continue it)?"""
@@ -92,7 +93,7 @@ class RunDir:
     def save_state(self, iteration: int, version: int, checkpoint: str | None) -> None:
         """Commit point of a step: written atomically after the new weights are saved and published."""
         state = {"iteration": iteration, "version": version, "checkpoint": checkpoint}
-        _atomic_write(self.path / "state.json", json.dumps(state))
+        write_atomically(self.path / "state.json", json.dumps(state))
 
     def checkpoint(self, version: int) -> Path:
         return self.checkpoints / f"v{version:04d}"
@@ -167,7 +168,7 @@ class RunDir:
         if cut:
             with path.with_suffix(".cancelled.jsonl").open("a") as f:
                 f.writelines(cut)
-            _atomic_write(path, "".join(kept))
+            write_atomically(path, "".join(kept))
         return len(cut)
 
     # ---- metrics ------------------------------------------------------------------------------------------------
@@ -193,17 +194,9 @@ class RunDir:
         lines = path.read_text().splitlines(keepends=True)
         kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) < committed]
         if len(kept) != len(lines):
-            _atomic_write(path, "".join(kept))
+            write_atomically(path, "".join(kept))
         return len(lines) - len(kept)
 
 
 def _json_file(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text())) if path.is_file() else {}
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    with tmp.open() as f:
-        os.fsync(f.fileno())
-    tmp.replace(path)

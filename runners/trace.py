@@ -14,11 +14,11 @@ one implementation that training samples and `hrl inspect` both walk, each with 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from hrl.runners.durable import append_durably
 from hrl.runners.redact import Redactor, default_redactor
 
 __all__ = [
@@ -288,12 +288,7 @@ class TraceWriter:
     def write(self, trace: dict[str, Any]) -> None:
         validate_trace(trace)
         data = encode_trace(redact_trace(trace, self.redactor) if self.redactor else trace).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_durably(self.path, data)
 
 
 _IDENTITY = frozenset({"schema", "trace_id", "session", "calls"})  # never redacted (calls: only their `error`)

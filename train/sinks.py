@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from hrl.runners.durable import append_durably
 
 __all__ = ["MetricsSink"]
 
@@ -88,12 +89,7 @@ class MetricsSink:
             step = int(metrics.get("step", 0))
         row = {"step": step, **{k: _json_safe(v) for k, v in metrics.items() if k != "step"}}
         data = (json.dumps(row, default=float) + "\n").encode()
-        fd = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_durably(self.jsonl, data)
         scalars = {k: v for k, v in ((k, _scalar(v)) for k, v in metrics.items() if k != "step") if v is not None}
         if self._tb is not None:
             for name, value in scalars.items():
