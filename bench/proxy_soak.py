@@ -7,7 +7,7 @@ child process, so its RSS is its own; this process is the clients. Reported: err
 and end, and the latency the proxy adds per request (p50/p99: wall time minus the engine's own token delays).
 
     python bench/proxy_soak.py --model DIR                       # 256 sessions for 600 s (the issue's figure)
-    python bench/proxy_soak.py --model DIR --seconds 60 --json   # what CI runs (tests/test_proxy_soak.py)
+    python bench/proxy_soak.py --model DIR --seconds 60 --json   # what CI runs (tests/runners/proxy/test_soak.py)
 """
 
 from __future__ import annotations

@@ -121,3 +121,15 @@ def test_private_modules_are_imported_only_from_their_own_folder():
                 if private and target.parent != f.parent:
                     bad.append(f"{f.relative_to(ROOT)} imports the private module {mod}")
     assert not bad, "\n".join(bad)
+
+
+def test_tests_are_laid_out_like_the_source():
+    """The spec of a module sits at its path: tests/runners/proxy/ tests runners/proxy/, and so on."""
+    tests = ROOT / "tests"
+    misplaced = [
+        str(f.relative_to(ROOT))
+        for f in tests.rglob("test_*.py")
+        if f.parent != tests and not (ROOT / f.parent.relative_to(tests)).is_dir()
+    ]
+    loose = sorted(f.name for f in tests.glob("test_*.py") if f.name != "test_layers.py")  # repo-wide specs only
+    assert not misplaced and not loose, (misplaced, loose)

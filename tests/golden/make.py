@@ -3,10 +3,10 @@
     python -m tests.golden.make            # from the repository root; overwrites tests/golden/*.jsonl, expected.json
 
 Each dialect, streaming and not, runs a three-call tool conversation through its official SDK (the same drivers as
-tests/test_proxy_sdks.py) against the real proxy, the scripted engine and the tiny model's tokenizer (seed 0). The
+tests/runners/proxy/test_sdks.py) against the real proxy, the scripted engine and the tiny model's tokenizer (seed 0). The
 chat sessions also send a request that forks after the first call (another tool result: a branch), and the
 streaming chat session has a response sampled across a publish (versions 0 and 1). Regenerate only on a deliberate
-change of the contract; `tests/test_golden_traces.py` pins today's files.
+change of the contract; `tests/runners/test_trace_golden.py` pins today's files.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 
 from tests.golden.expected import batch_loss, expected_for
 from tests.proxy_helpers import running_proxy
-from tests.test_proxy_sdks import DRIVERS, SCRIPT
+from tests.runners.proxy.test_sdks import DRIVERS, SCRIPT
 
 HERE = Path(__file__).parent
 LONG = "a long answer, sampled one token at a time while new weights arrive " * 3

@@ -22,7 +22,7 @@ from hrl.runners.tasks.results import failure_sections, outcome, parse_summary
 from hrl.runners.tasks.sdist import SdistError, read_sdist
 from hrl.runners.tasks.task import pack_snapshot, snapshot_files, unpack_snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def minimal(**fields: object) -> dict[str, object]:

@@ -16,7 +16,7 @@ from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.stack import serving
 from hrl.runners.trace import read_traces
-from tests.test_verifier import mini_task
+from tests.runners.tasks.test_verifier import mini_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.agents, pytest.mark.timeout(900)]
 

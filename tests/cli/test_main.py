@@ -142,7 +142,7 @@ def test_serve_openai_sdk_stream_and_not(tiny_model):
 
 
 def test_package_layout_is_the_documented_one():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for name in ["cli", "runners", "sandboxes", "train", "recipes", "tests", "pyproject.toml", "README.md"]:
         assert (root / name).exists(), name
 

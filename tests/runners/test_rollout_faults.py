@@ -1,4 +1,4 @@
-"""More rollout faults, end to end like tests/test_rollout.py (real codex CLI in docker, real proxy, scripted engine,
+"""More rollout faults, end to end like tests/runners/test_rollout.py (real codex CLI in docker, real proxy, scripted engine,
 real verifier): the agent exiting non-zero on its own, the engine restarted under a running episode, and Ctrl-C of
 `hrl rollout` itself. Each must end every started episode as exactly one trace and leave no container behind."""
 
@@ -23,8 +23,8 @@ from hrl.runners.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.stack import Stack, serving
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
-from tests.test_rollout import FIX, _left, _rollout
-from tests.test_verifier import mini_task
+from tests.runners.tasks.test_verifier import mini_task
+from tests.runners.test_rollout import FIX, _left, _rollout
 
 pytestmark = [pytest.mark.docker, pytest.mark.agents, pytest.mark.timeout(300)]
 

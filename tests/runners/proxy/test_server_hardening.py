@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.proxy_helpers import running_proxy
-from tests.test_dialects import _claude_body, _codex_body, _gemini_body
+from tests.runners.proxy.dialects.test_dialects import _claude_body, _codex_body, _gemini_body
 
 CHAT = {
     "model": "m",

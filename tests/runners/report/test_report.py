@@ -24,7 +24,7 @@ import pytest
 
 from hrl.runners.report.builder import render_report
 from hrl.runners.report.run import load_run
-from tests.test_metrics import OVERLAPPING, SEQUENTIAL, call, trace
+from tests.runners.test_metrics import OVERLAPPING, SEQUENTIAL, call, trace
 
 ITERATIONS, PER_ITERATION = 4, 6
 V0 = 8  # policy version at step 0 (so the hand-made traces' v5-v8 tokens are 0-3 versions stale there)

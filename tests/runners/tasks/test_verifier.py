@@ -27,7 +27,7 @@ from hrl.runners.tasks.task import PYTEST, pack_snapshot, snapshot_files
 from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TASKS = ROOT / "recipes/swe/tasks.jsonl"
 
 GOOD = "def add(a, b):\n    return a + b\n\n\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"

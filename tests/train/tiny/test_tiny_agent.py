@@ -23,7 +23,7 @@ from hrl.train.tiny.profile import SUBMIT, load_profile
 from hrl.train.tiny.tasks import signature, split_tasks, task_bug, wrong_ops
 from hrl.train.tiny.transcripts import Noise, episode_requests, render_ids, render_ids_fast, transcript
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "demo"
 # A build small enough for a test (seconds): it learns the episode's fixed shape, not the skill.
 SMALL = TinyAgentConfig(
     vocab_size=1024, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128, examples=64,

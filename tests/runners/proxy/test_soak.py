@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "proxy_soak.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "proxy_soak.py"
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from hrl.runners.trace import encode_trace, read_traces
 from hrl.train.samples import build_samples
 from tests.golden.expected import batch_loss, describe_samples
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 FILES = sorted(GOLDEN.glob("*.jsonl"))
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
 
