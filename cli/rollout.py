@@ -100,6 +100,7 @@ async def _run(
     out: Path,
     as_json: bool,
 ) -> int:
+    from hrl.runners.agents.install import installed
     from hrl.runners.episodes import Episode, run_episodes
     from hrl.runners.rollout import AgentRollouts, RolloutConfig
     from hrl.runners.stack import serving
@@ -140,18 +141,34 @@ async def _run(
         model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy")
     ) as stack:
         rollouts = AgentRollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, verifier=cfg.get("verifier"))
-        err.print(f"installing {cfg['rollout']['agent']} (cached after the first time) …", markup=False)
+        target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
+        if installed(cfg["rollout"]["agent"], target) is None:  # a cached agent is ready at once: nothing to say
+            err.print(f"installing {cfg['rollout']['agent']} for {target} (once; cached after) …", markup=False)
         await asyncio.to_thread(rollouts.prepare)
         try:
             traces = await run_episodes(rollouts, episodes, out, concurrency)
         except asyncio.CancelledError:
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
+    return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
+
+
+def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> int:
+    """The closing lines: the mean over rewarded episodes (and how many had none), the failures by reason, and
+    exit 3 with the reason when infrastructure failures are above `max_error_rate`."""
     rewards = [t["reward"] for t in traces if t["reward"] is not None]
-    infra = sum(v for k, v in counts.items() if k in INFRA_FAILURES and k != "cancelled")
-    err.print(
-        f"done: {len(traces)} traces in {out}; mean reward {sum(rewards) / max(len(rewards), 1):.3f}; "
-        f"infrastructure errors {infra}",
-        markup=False,
-    )
-    return 3 if infra > len(traces) * float(cfg.get("max_error_rate", 0.25)) else 0
+    mean = f"mean reward {sum(rewards) / len(rewards):.3f} over {len(rewards)}" if rewards else "no rewarded episode"
+    unrewarded = len(traces) - len(rewards)
+    reasons = Counter(str(t["failure_reason"]) for t in traces if t["failure_reason"])
+    infra = {k: v for k, v in reasons.items() if k in INFRA_FAILURES and k != "cancelled"}
+    failed = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"
+    err.print(f"done: {len(traces)} traces in {out}; {mean}" + (f" ({unrewarded} without a reward)" if unrewarded
+              else "") + f"; failures: {failed}", markup=False)  # fmt: skip
+    if sum(infra.values()) <= len(traces) * max_error_rate:
+        return 0
+    which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
+    err.print(f"Error: {sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more "
+              f"than max_error_rate {max_error_rate:g} allows", markup=False)  # fmt: skip
+    err.print(f"Hint: the traces' metadata say why: hrl inspect {out} --json; `hrl doctor` checks docker and the "
+              "engine", markup=False)  # fmt: skip
+    return 3

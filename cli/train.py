@@ -62,7 +62,17 @@ def train(
     if resume:
         if run_dir is None or not RunDir(run_dir).exists():
             raise typer.BadParameter("--resume needs --run-dir of an existing run (with state.json)")
+        fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
+                 "--full": full, "--async": use_async, "--sandbox": sandbox, "-c": config}  # fmt: skip
+        if given := [name for name, value in fixed.items() if value]:
+            raise typer.BadParameter(
+                f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json "
+                "(only --iterations, to extend it, and --wandb may be given)"
+            )
         cfg = RunDir(run_dir).config()
+        if iterations or wandb:  # extend a run (finished or not) to `iterations` steps, or start logging to W&B
+            given_train = {"iterations": iterations, "wandb": wandb}
+            cfg.setdefault("train", {}).update({k: v for k, v in given_train.items() if v})
     else:
         if not recipe:
             raise typer.BadParameter("give --recipe (or --run-dir with --resume)")
@@ -75,6 +85,8 @@ def train(
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = RunDir(run_dir)
     with run.locked():
+        if resume and cfg != run.config():
+            run.save_config(cfg)  # the extended run: a later plain --resume goes on to the new iteration count
         _start(run, cfg, resume)
     err.print(
         f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"

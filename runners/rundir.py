@@ -78,6 +78,10 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path / "config.json", json.dumps(config, indent=2, default=str))
 
+    def save_config(self, config: dict[str, Any]) -> None:
+        """Replace the resolved config (a resume that extends the run's iterations)."""
+        write_atomically(self.path / "config.json", json.dumps(config, indent=2, default=str))
+
     def exists(self) -> bool:
         """Has the run committed its state (so `--resume` can continue it)?"""
         return (self.path / "state.json").is_file()

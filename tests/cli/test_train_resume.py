@@ -277,3 +277,19 @@ def test_resume_drops_the_metrics_line_of_a_step_that_was_never_committed(tmp_pa
     kept = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert kept == rows[:2]
     assert run.discard_uncommitted_metrics() == 0
+
+
+def test_resume_refuses_flags_it_cannot_change_and_names_them(tmp_path: Path) -> None:
+    """`--resume` goes on with the run's own config: a flag that would change it is refused (exit 2), by name, and
+    nothing is written; only --iterations (to extend the run) and --wandb may come with it."""
+    run = RunDir(tmp_path / "run")
+    run.create({"rollout": {"sandbox": "local", "run_id": "hrl-fixed"}, "train": {"iterations": 2}})
+    run.save_state(2, 2, None)
+    before = (run.path / "config.json").read_text()
+    out = subprocess.run(
+        [*HRL, "--run-dir", str(run.path), "--resume", "--model", "other", "-c", "train.group_size=8"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--model, -c cannot change on --resume" in out.stderr, out.stderr
+    assert (run.path / "config.json").read_text() == before
