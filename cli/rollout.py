@@ -83,6 +83,8 @@ def rollout(
         raise typer.BadParameter("give --model (the recipe names none)")
     model = materialize_model(model)
     task_file = str(tasks) if tasks else cfg["tasks"]
+    verifier = cfg.setdefault("verifier", {})  # no sandbox may read the tasks (hidden tests) or the traces
+    verifier["hide_paths"] = [*verifier.get("hide_paths", []), str(Path(task_file).absolute()), str(out.absolute())]
     rc = asyncio.run(
         _run(cfg, model, engine or cfg.get("engine") or "embedded", task_file, n, concurrency, limit, out, as_json)
     )

@@ -46,6 +46,11 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(0.0, description="CPU limit; 0 = none.")
     memory_mb: int = Field(0, description="Memory limit in MiB; 0 = none.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (run and episode ids are added).")
+    hidden_paths: list[str] = Field(
+        default_factory=list,
+        description="Host files or folders the sandbox's commands must not see (the task files that hold hidden "
+        "tests and gold patches, the run directory). Docker sees no host path anyway; local hides them (bwrap).",
+    )
 
 
 @dataclass

@@ -31,6 +31,7 @@ import posixpath
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -51,6 +52,18 @@ KILL_GRACE_S = 5.0
 HOST_ENV = ("PATH", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
             "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")  # fmt: skip
 PASSTHROUGH_VAR = "HRL_SANDBOX_ENV_PASSTHROUGH"  # more host variables for local sandboxes: "NAME,PREFIX_*"
+ISOLATION_VAR = "HRL_LOCAL_ISOLATION"  # "0": run local sandbox commands without bwrap (a trusted agent only)
+
+
+def bwrap_works() -> bool:
+    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per backend.)"""
+    if shutil.which("bwrap") is None:
+        return False
+    probe = ["bwrap", "--bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--die-with-parent", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 class LocalBackend:
@@ -60,9 +73,17 @@ class LocalBackend:
     name = "local"
 
     def __init__(
-        self, *, root: str | None = None, max_output_bytes: int = 16 << 20, env_passthrough: Sequence[str] | None = None
+        self,
+        *,
+        root: str | None = None,
+        max_output_bytes: int = 16 << 20,
+        env_passthrough: Sequence[str] | None = None,
+        isolate: bool | None = None,
     ) -> None:
         self.root = root or tempfile.gettempdir()
+        if isolate is None:  # default: isolate wherever bubblewrap runs, unless $HRL_LOCAL_ISOLATION=0
+            isolate = os.environ.get(ISOLATION_VAR, "1") != "0" and bwrap_works()
+        self.isolate = isolate
         self.max_output_bytes = max_output_bytes
         if env_passthrough is None:
             env_passthrough = re.split(r"[,\s]+", os.environ.get(PASSTHROUGH_VAR, "").strip())
@@ -146,13 +167,20 @@ class LocalSandbox:
         token = uuid.uuid4().hex
         marks = {SANDBOX_MARK: self.id, EXEC_MARK: token}
         home = {"HOME": str(self.root / "home")}
+        if self.backend.isolate:  # the host's temp folder is hidden: a private one under the sandbox root
+            home["TMPDIR"] = str(self.root / "tmp")
         full_env = {**host_env(self.backend.env_allow), **home, **self._env(self.spec.env), **self._env(env or {})}
         full_env.update(marks)
+        cwd = self.host_path(workdir or self.workdir)
+        if self.backend.isolate:
+            if "/" not in argv[0] and shutil.which(argv[0], path=full_env.get("PATH")) is None:
+                return ExecResult(127, "", f"{argv[0]}: command not found\n")  # as without bwrap
+            argv = [*self._bwrap(cwd), *argv]
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                cwd=self.host_path(workdir or self.workdir),
+                cwd=cwd,
                 env=full_env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -200,6 +228,26 @@ class LocalSandbox:
             extra={"truncated_bytes": dropped} if any(dropped.values()) else {},
         )
 
+    def _bwrap(self, cwd: str) -> list[str]:
+        """The command prefix that runs a command in its own mount and pid namespace: the host's files as they
+        are, except the sandboxes' parent folder (other episodes, grading folders with hidden tests: an empty
+        tmpfs, with this sandbox and the mounts' sources bound back) and `spec.hidden_paths` (emptied). The pid
+        namespace hides hrl's own processes (their memory holds the tasks) and ends whatever the command leaves
+        running when it exits; --die-with-parent ends it with hrl."""
+        args = ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--unshare-pid", "--proc", "/proc",
+                "--die-with-parent", "--tmpfs", str(Path(self.backend.root).absolute())]  # fmt: skip
+        args += ["--bind", str(self.root), str(self.root)]
+        for m in self.spec.mounts:
+            source = str(Path(m.source).absolute())
+            args += ["--ro-bind-try" if m.read_only else "--bind-try", source, source]
+        for hidden in self.spec.hidden_paths:
+            path = Path(hidden).absolute()
+            if path.is_dir():
+                args += ["--tmpfs", str(path)]
+            elif path.exists():
+                args += ["--ro-bind", "/dev/null", str(path)]
+        return [*args, "--chdir", cwd, "--"]
+
     def _kill(self, group: int, token: str) -> None:
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
@@ -246,6 +294,7 @@ def _make_root(parent: Path, run_id: str, episode_id: str) -> Path:
 def _lay_out(root: Path, spec: SandboxSpec) -> None:
     (root / "work").mkdir()
     (root / "home").mkdir()
+    (root / "tmp").mkdir()  # TMPDIR of isolated commands (the host's temp folder is hidden from them)
     for mount in spec.mounts:
         source = Path(mount.source).absolute()
         if not source.exists():

@@ -75,6 +75,11 @@ class Verifier(Protocol):
 class TestVerifierConfig(BaseModel):
     __test__ = False  # not a pytest class
     image: str = Field(DEFAULT_IMAGE, description="Grading (and agent) image for tasks that name none.")
+    hide_paths: list[str] = Field(
+        default_factory=list,
+        description="Host paths no agent or grading sandbox may see: the task files (hidden tests, gold patches) "
+        "and the run's outputs. `hrl rollout` and `hrl train` fill it in; local sandboxes enforce it.",
+    )
     timeout_s: float = Field(300.0, description="Limit for a task's test command in seconds; 0 = none.")
     setup_timeout_s: float = Field(120.0, description="Limit for each setup step (layout, patches, setup_cmd), s.")
     reward: Literal["binary", "partial"] = Field(
@@ -116,6 +121,7 @@ class TestVerifier:
         return SandboxSpec(
             image=task.image or cfg.image, workdir=task.workdir, env=dict(task.env), network="none",
             cpus=cfg.cpus, memory_mb=cfg.memory_mb, labels={"hrl.task": task.instance_id[:60]},
+            hidden_paths=list(cfg.hide_paths),
         )  # fmt: skip
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:

@@ -26,7 +26,7 @@ from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import TestVerifier
 from hrl.sandboxes import SandboxSpec
 from hrl.sandboxes.docker import DockerBackend
-from hrl.sandboxes.local import PASSTHROUGH_VAR, LocalBackend
+from hrl.sandboxes.local import PASSTHROUGH_VAR, LocalBackend, bwrap_works
 
 T = TypeVar("T")
 IMAGE = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
@@ -74,6 +74,39 @@ def test_local_sandbox_sees_an_allowlist_of_the_hosts_environment(
     assert env["HRL_TEST_SECRET_TOKEN"] == SECRETS["HRL_TEST_SECRET_TOKEN"] and "AWS_SECRET_ACCESS_KEY" not in env
     env, _ = run(main(LocalBackend(root=str(tmp_path), env_passthrough=["AWS_*"])))
     assert "AWS_SECRET_ACCESS_KEY" in env and "HRL_TEST_SECRET_TOKEN" not in env
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not permitted (.ci/setup.sh installs it)")
+def test_local_sandbox_cannot_read_task_files_other_sandboxes_or_hrl(tmp_path: Path) -> None:
+    """The local sandbox's commands run in their own mount and pid namespace: the task file and the run directory
+    (`hidden_paths`), every other sandbox under the same root (grading folders hold hidden tests) and hrl's own
+    processes (whose memory holds the tasks) are out of sight; what a command leaves running ends with it."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"test_patch": "MARKER-hidden-test"}\n')
+    run_dir = tmp_path / "run"
+    (run_dir / "traces").mkdir(parents=True)
+    (run_dir / "traces" / "iter-0000.jsonl").write_text("MARKER-trace\n")
+    backend = LocalBackend(root=str(tmp_path / "sandboxes"))
+    assert backend.isolate
+
+    async def main() -> dict[str, str]:
+        spec = SandboxSpec(hidden_paths=[str(tasks), str(run_dir)])
+        async with (
+            await backend.create(SandboxSpec(), "run", "grading") as grading,
+            await backend.create(spec, "run", "agent") as agent,
+        ):
+            await grading.write_file("tests/test_x.py", b"MARKER-grading")
+            probe = (
+                f"cat {tasks}; ls {run_dir}; cat {grading.root}/work/tests/test_x.py; ls {backend.root}; "
+                f"test -e /proc/{os.getpid()} && echo HRL-VISIBLE; echo tmp=$TMPDIR; (sleep 60 &) ; echo done"
+            )
+            result = await agent.exec(probe, timeout_s=60)
+            return {"out": result.stdout + result.stderr, "root": agent.root.name}
+
+    seen = run(main())
+    assert "MARKER" not in seen["out"], seen["out"]
+    assert "HRL-VISIBLE" not in seen["out"] and "done" in seen["out"], seen["out"]
+    assert seen["root"] in seen["out"] and "grading" not in seen["out"].split("tmp=")[0].split(seen["root"])[0]
 
 
 def test_rollout_with_a_local_sandbox_warns() -> None:

@@ -99,6 +99,13 @@ def local(tmp_path: Path) -> LocalBackend:
     return LocalBackend(root=str(tmp_path / "sandboxes"))
 
 
+@pytest.fixture
+def unisolated(tmp_path: Path) -> LocalBackend:
+    """Without bwrap, what a command leaves running outlives it (isolated, its pid namespace ends it at once):
+    close() and prune() must kill it."""
+    return LocalBackend(root=str(tmp_path / "sandboxes"), isolate=False)
+
+
 def test_registry_builds_both_backends_lazily() -> None:
     assert get_backend("local").name == "local"
     assert get_backend("docker").name == "docker"  # connects only when used
@@ -167,7 +174,8 @@ def test_local_timeouts_kill_process_trees(local: LocalBackend) -> None:
     run(timeouts(local, SandboxSpec()))
 
 
-def test_local_close_kills_leftovers_and_exceptions_clean_up(local: LocalBackend) -> None:
+def test_local_close_kills_leftovers_and_exceptions_clean_up(unisolated: LocalBackend) -> None:
+    local = unisolated
     seen: dict[str, Any] = {}
 
     async def main() -> None:
@@ -183,7 +191,9 @@ def test_local_close_kills_leftovers_and_exceptions_clean_up(local: LocalBackend
     assert not seen["root"].exists()
 
 
-def test_local_prune(local: LocalBackend) -> None:
+def test_local_prune(unisolated: LocalBackend) -> None:
+    local = unisolated
+
     async def main() -> None:
         rid = run_id()
         sandboxes = [await local.create(SandboxSpec(), rid, f"ep-{i}") for i in range(2)]
