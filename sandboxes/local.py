@@ -125,6 +125,8 @@ class LocalSandbox:
         # Longest container prefix first: mount targets, then the workdir.
         table = [(posixpath.normpath(m.target), str(Path(m.source).absolute())) for m in spec.mounts]
         table.append((posixpath.normpath(spec.workdir), str(root / "work")))
+        if backend.isolate:  # the temp folder is the sandbox's own (<root>/tmp); the root's own paths stay as they are
+            table += [(posixpath.normpath(tempfile.gettempdir()), str(root / "tmp")), (str(root), str(root))]
         self._table = sorted(table, key=lambda row: len(row[0]), reverse=True)
 
     async def __aenter__(self) -> LocalSandbox:
@@ -167,8 +169,6 @@ class LocalSandbox:
         token = uuid.uuid4().hex
         marks = {SANDBOX_MARK: self.id, EXEC_MARK: token}
         home = {"HOME": str(self.root / "home")}
-        if self.backend.isolate:  # the host's temp folder is hidden: a private one under the sandbox root
-            home["TMPDIR"] = str(self.root / "tmp")
         full_env = {**host_env(self.backend.env_allow), **home, **self._env(self.spec.env), **self._env(env or {})}
         full_env.update(marks)
         cwd = self.host_path(workdir or self.workdir)
@@ -231,11 +231,13 @@ class LocalSandbox:
     def _bwrap(self, cwd: str) -> list[str]:
         """The command prefix that runs a command in its own mount and pid namespace: the host's files as they
         are, except the sandboxes' parent folder (other episodes, grading folders with hidden tests: an empty
-        tmpfs, with this sandbox and the mounts' sources bound back) and `spec.hidden_paths` (emptied). The pid
+        tmpfs, with this sandbox and the mounts' sources bound back), the temp folder (the sandbox's own
+        `<root>/tmp`, where paths under it are translated to) and `spec.hidden_paths` (emptied). The pid
         namespace hides hrl's own processes (their memory holds the tasks) and ends whatever the command leaves
         running when it exits; --die-with-parent ends it with hrl."""
         args = ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--unshare-pid", "--proc", "/proc",
                 "--die-with-parent", "--tmpfs", str(Path(self.backend.root).absolute())]  # fmt: skip
+        args += ["--bind", str(self.root / "tmp"), tempfile.gettempdir()]  # a private temp folder, kept across execs
         args += ["--bind", str(self.root), str(self.root)]
         for m in self.spec.mounts:
             source = str(Path(m.source).absolute())
