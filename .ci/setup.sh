@@ -94,6 +94,7 @@ setup_apt_packages() {
   fi
   python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
   command -v chromium >/dev/null || need+=(chromium)  # the HTML report's browser test
+  command -v bwrap >/dev/null || need+=(bubblewrap)   # local sandboxes run their commands in a namespace
   [ "${#need[@]}" -gt 0 ] || return 0
   log "apt-get install ${need[*]} (log: $HRL_CACHE/apt.log)"
   run_logged "$HRL_CACHE/apt.log" $SUDO apt-get update

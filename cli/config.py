@@ -78,3 +78,19 @@ def materialize_model(name: str) -> str:
     build(tmp)
     tmp.rename(out)
     return str(out)
+
+
+def hide_from_sandboxes(cfg: dict[str, Any], task_file: str, *outputs: Path) -> None:
+    """Name in `verifier.hide_paths` what no agent or grading sandbox may read: the task file (hidden tests, gold
+    patches; a recipe's whole folder, with its other splits) and the run's outputs (traces)."""
+    import hrl.recipes
+
+    tasks = Path(task_file).resolve()
+    recipes = [Path(p).resolve() for p in hrl.recipes.__path__]
+    inside = any(tasks.is_relative_to(r) for r in recipes)
+    hide = [str(tasks.parent if inside else tasks), *(str(Path(o).resolve()) for o in outputs)]
+    verifier = cfg.setdefault("verifier", {})
+    verifier["hide_paths"] = [
+        *verifier.get("hide_paths", []),
+        *(h for h in hide if h not in verifier.get("hide_paths", [])),
+    ]

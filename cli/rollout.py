@@ -32,10 +32,21 @@ EPILOG = """Examples:
 
 
 LOCAL_WARNING = (
-    "Warning: --sandbox local runs the agent as your user on this machine, unisolated: it keeps host secrets out of "
-    "the agent's environment, but the agent can read the task file (hidden tests, gold patch) and whatever else you "
-    "can. Use --sandbox docker for agents you do not trust (docs/security.md)."
+    "Warning: --sandbox local runs the agent as your user on this machine{how}: host secrets stay out of its "
+    "environment{hidden}, but it shares the host's network and can read the rest of what you can. Use --sandbox "
+    "docker for agents you do not trust (docs/security.md)."
 )
+
+
+def local_warning() -> str:
+    """The one-line warning for --sandbox local, saying whether bubblewrap isolates it on this machine."""
+    from hrl.sandboxes.local import bwrap_works
+
+    if bwrap_works():
+        return LOCAL_WARNING.format(how=" in a bubblewrap namespace", hidden=", and the task file, the run's traces, "
+                                    "other sandboxes and hrl's processes are hidden from it")  # fmt: skip
+    return LOCAL_WARNING.format(how=", unisolated (no bubblewrap: `apt-get install bubblewrap`)", hidden=", but the "
+                                "task file (hidden tests, gold patch) is readable")  # fmt: skip
 
 
 def rollout(
@@ -64,7 +75,7 @@ def rollout(
     ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
-    from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model
+    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
 
     if not recipe and tasks is None:
         raise typer.BadParameter("give --recipe or --tasks")
@@ -76,15 +87,14 @@ def rollout(
     if time_budget:
         roll["time_budget_s"] = time_budget
     if roll.get("sandbox", "docker") == "local":
-        err.print(LOCAL_WARNING, markup=False)
+        err.print(local_warning(), markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     model = model or cfg.get("model") or ""
     if not model:
         raise typer.BadParameter("give --model (the recipe names none)")
     model = materialize_model(model)
     task_file = str(tasks) if tasks else cfg["tasks"]
-    verifier = cfg.setdefault("verifier", {})  # no sandbox may read the tasks (hidden tests) or the traces
-    verifier["hide_paths"] = [*verifier.get("hide_paths", []), str(Path(task_file).absolute()), str(out.absolute())]
+    hide_from_sandboxes(cfg, task_file, out)
     rc = asyncio.run(
         _run(cfg, model, engine or cfg.get("engine") or "embedded", task_file, n, concurrency, limit, out, as_json)
     )

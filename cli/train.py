@@ -106,12 +106,9 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
     else:
         _remove_leftovers(cfg)
     err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
-    verifier = cfg.setdefault("verifier", {})  # no sandbox may read the tasks (hidden tests) or the run
-    hide = [str(Path(cfg["tasks"]).resolve()), str(run.path.resolve())]
-    verifier["hide_paths"] = [
-        *verifier.get("hide_paths", []),
-        *(p for p in hide if p not in verifier.get("hide_paths", [])),
-    ]
+    from hrl.cli.config import hide_from_sandboxes
+
+    hide_from_sandboxes(cfg, cfg["tasks"], run.path)  # no sandbox may read the tasks or the run
     asyncio.run(_train(cfg, run))
 
 

@@ -13,9 +13,15 @@
   then spec.env and the exec's env. So cloud keys and tokens in the host's environment never reach an agent.
 - Commands run in their own session (process group); a timeout kills the group and every process that still
   carries the sandbox's marks in its environment (Linux /proc).
-- What is not enforced: the agent runs as the host user, so it can read (and write) whatever that user can: the
-  task files hrl read (with the hidden tests and the gold patch), the run directory, ~/.aws, other sandboxes,
-  hrl's own process (/proc/<pid>/mem as root). Use docker for agents you do not trust.
+- Files out of sight: where bubblewrap runs (`bwrap`; $HRL_LOCAL_ISOLATION=0 turns it off), every command runs in
+  its own mount and pid namespace, without capabilities, with the host's files read-only (the sandbox root and
+  non-read-only mounts excepted), a minimal /dev and an empty /run (no docker socket). `spec.hidden_paths` (the task files with hidden tests and gold patches, the
+  run directory: `hrl rollout` / `hrl train` fill them in) are emptied, every other sandbox under the same root
+  (grading folders) is out of sight, the temp folder is the sandbox's own `<root>/tmp`, hrl's processes (whose
+  memory holds the tasks) are invisible, and whatever a command leaves running ends with it.
+- What is not enforced: the agent runs as the host user and sees the rest of the host's files as they are
+  (~/.aws and other credential files included); without bubblewrap it sees everything, the task files too. Use
+  docker for agents you do not trust.
 - Network: none is isolated; `none`, `proxy` and `host` all mean the host's network. For `proxy` the caller
   passes the proxy's TCP address to the agent through `spec.env` (there is no unix-socket forwarder here).
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import functools
 import json
 import os
 import posixpath
@@ -55,8 +62,9 @@ PASSTHROUGH_VAR = "HRL_SANDBOX_ENV_PASSTHROUGH"  # more host variables for local
 ISOLATION_VAR = "HRL_LOCAL_ISOLATION"  # "0": run local sandbox commands without bwrap (a trusted agent only)
 
 
+@functools.cache
 def bwrap_works() -> bool:
-    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per backend.)"""
+    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per process.)"""
     if shutil.which("bwrap") is None:
         return False
     probe = ["bwrap", "--bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--die-with-parent", "true"]
@@ -125,8 +133,10 @@ class LocalSandbox:
         # Longest container prefix first: mount targets, then the workdir.
         table = [(posixpath.normpath(m.target), str(Path(m.source).absolute())) for m in spec.mounts]
         table.append((posixpath.normpath(spec.workdir), str(root / "work")))
-        if backend.isolate:  # the temp folder is the sandbox's own (<root>/tmp); the root's own paths stay as they are
-            table += [(posixpath.normpath(tempfile.gettempdir()), str(root / "tmp")), (str(root), str(root))]
+        if (
+            backend.isolate
+        ):  # the temp folders are the sandbox's own (<root>/tmp); the root's own paths stay as they are
+            table += [(d, str(root / "tmp")) for d in _temp_dirs()] + [(str(root), str(root))]
         self._table = sorted(table, key=lambda row: len(row[0]), reverse=True)
 
     async def __aenter__(self) -> LocalSandbox:
@@ -229,15 +239,18 @@ class LocalSandbox:
         )
 
     def _bwrap(self, cwd: str) -> list[str]:
-        """The command prefix that runs a command in its own mount and pid namespace: the host's files as they
-        are, except the sandboxes' parent folder (other episodes, grading folders with hidden tests: an empty
+        """The command prefix that runs a command in its own mount and pid namespace, with no capabilities (root
+        cannot remount), a minimal /dev, no /run (no docker or other daemon sockets), and the host's files
+        read-only, except the sandboxes' parent folder (other episodes, grading folders with hidden tests: an empty
         tmpfs, with this sandbox and the mounts' sources bound back), the temp folder (the sandbox's own
         `<root>/tmp`, where paths under it are translated to) and `spec.hidden_paths` (emptied). The pid
         namespace hides hrl's own processes (their memory holds the tasks) and ends whatever the command leaves
         running when it exits; --die-with-parent ends it with hrl."""
-        args = ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--unshare-pid", "--proc", "/proc",
-                "--die-with-parent", "--tmpfs", str(Path(self.backend.root).absolute())]  # fmt: skip
-        args += ["--bind", str(self.root / "tmp"), tempfile.gettempdir()]  # a private temp folder, kept across execs
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--proc", "/proc",
+                "--ro-bind", "/proc/sys", "/proc/sys", "--tmpfs", "/run", "--cap-drop", "ALL", "--die-with-parent",
+                "--tmpfs", str(Path(self.backend.root).absolute())]  # fmt: skip
+        for temp in _temp_dirs():  # a private temp folder (/tmp and $TMPDIR), kept across this sandbox's execs
+            args += ["--bind", str(self.root / "tmp"), temp]
         args += ["--bind", str(self.root), str(self.root)]
         for m in self.spec.mounts:
             source = str(Path(m.source).absolute())
@@ -306,6 +319,11 @@ def _lay_out(root: Path, spec: SandboxSpec) -> None:
             link = root / "work" / posixpath.relpath(target, spec.workdir)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(source)
+
+
+def _temp_dirs() -> list[str]:
+    """/tmp and the temp folder in use (often the same), outermost first."""
+    return sorted({"/tmp", posixpath.normpath(str(Path(tempfile.gettempdir()).absolute()))}, key=len)
 
 
 def host_env(allow: Sequence[str]) -> dict[str, str]:

@@ -76,7 +76,6 @@ def test_local_sandbox_sees_an_allowlist_of_the_hosts_environment(
     assert "AWS_SECRET_ACCESS_KEY" in env and "HRL_TEST_SECRET_TOKEN" not in env
 
 
-@pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not permitted (.ci/setup.sh installs it)")
 def test_local_sandbox_cannot_read_task_files_other_sandboxes_or_hrl(tmp_path: Path) -> None:
     """The local sandbox's commands run in their own mount and pid namespace: the task file and the run directory
     (`hidden_paths`), every other sandbox under the same root (grading folders hold hidden tests) and hrl's own
@@ -87,7 +86,7 @@ def test_local_sandbox_cannot_read_task_files_other_sandboxes_or_hrl(tmp_path: P
     (run_dir / "traces").mkdir(parents=True)
     (run_dir / "traces" / "iter-0000.jsonl").write_text("MARKER-trace\n")
     backend = LocalBackend(root=str(tmp_path / "sandboxes"))
-    assert backend.isolate
+    assert bwrap_works() and backend.isolate, "bubblewrap is needed (.ci/setup.sh installs it)"
 
     async def main() -> dict[str, str]:
         spec = SandboxSpec(hidden_paths=[str(tasks), str(run_dir)])
@@ -116,6 +115,7 @@ def test_rollout_with_a_local_sandbox_warns() -> None:
     )  # fmt: skip
     assert out.returncode == 2 and "give --model" in out.stderr  # stops at the usage error, after the warning
     assert out.stderr.count("Warning: --sandbox local") == 1, out.stderr
+    assert "in a bubblewrap namespace" in out.stderr, out.stderr
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ LOCAL = AgentInstall("fake", "0", "local", "/nonexistent", (), (), "/nonexistent
 
 
 async def _run_fake(tmp_path: Path, runner: ShellRunner, budget: float = 30) -> tuple[Any, str]:
-    home = str(tmp_path / "home")
+    home = f"/tmp/hrl-home-fake-{tmp_path.name}"  # a sandbox path, as new_home() gives (local: under its own tmp)
     ctx = AgentContext("http://x/s/t", "hrl-t", "m", "p", home, "/work", "/nonexistent")
     async with await LocalBackend(root=str(tmp_path)).create(SandboxSpec(), "test-agents", "fake") as box:
         return await run_agent(box, runner, ctx, LOCAL, time_budget_s=budget), home
@@ -182,7 +182,7 @@ def test_lifecycle_writes_config_into_a_fresh_home_and_cleans_it_up(tmp_path):
     outcome, home = asyncio.run(_run_fake(tmp_path, ShellRunner(script)))
     assert outcome.ok and outcome.exit_code == 0, outcome
     lines = outcome.stdout_tail.splitlines()
-    assert lines[0] == f'{{"key": "hrl-t"}} http://x/s/t {home}'
+    assert lines[0].startswith('{"key": "hrl-t"} http://x/s/t /') and lines[0].endswith(home), lines[0]
     assert lines[1].endswith("/work") and lines[2] == "read-stdin"  # ran in the workdir; stdin was closed
     assert not Path(home).exists()
 
