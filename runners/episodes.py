@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hrl.runners.trace import SCHEMA, TraceWriter
+from hrl.runners.trace import TraceWriter
 
 __all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "run_episodes"]
 
@@ -48,26 +47,13 @@ class Rollouts(Protocol):
 
 
 def failed_trace(ep: Episode, reason: str, error: str, started_at: float) -> dict[str, Any]:
-    """The trace of an episode that ended without one of its own: no calls, no reward, the error kept."""
-    return {
-        "schema": SCHEMA,
-        "trace_id": uuid.uuid4().hex,
-        "session": "",
-        "task_id": ep.task_id,
-        "group_id": ep.group_id,
-        "agent": {},
-        "env": {},
-        "model": {},
-        "status": "failed",
-        "failure_reason": reason,
-        "reward": None,
-        "reward_info": {},
-        "started_at": round(started_at, 3),
-        "ended_at": round(time.time(), 3),
-        "calls": [],
-        "tools": [],
-        "metadata": {"episode": ep.key, "error": error[-4000:]},
-    }
+    """The trace of an episode that ended without one of its own: no calls, no reward, the error kept. Built by
+    the one trace builder (`Session.to_trace`), as the proxy builds every other."""
+    from hrl.runners.proxy.session import Session
+
+    session = Session("", {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}})
+    session.started_at = started_at
+    return session.to_trace(failure_reason=reason, extra={"error": error[-4000:]})
 
 
 async def guarded_episode(rollouts: Rollouts, ep: Episode, trace_file: Path) -> dict[str, Any]:

@@ -63,15 +63,15 @@ class Session:
         self.tools: list[dict[str, Any]] = []
         self.pinned_version: int | None = None  # `pin` policy: the version this session's calls are served by
         self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
-        self.rejected: list[dict[str, Any]] = []  # requests answered with a 4xx: the trace keeps them
+        self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
+        self.rejected_count = 0  # all of them
 
     def reject(self, dialect: str, status: int, message: str) -> None:
         """Record a request that was refused (malformed, over a limit); the last 100 are kept, all are counted."""
         self.last_active = now = time.time()
         entry = {"at": round(now - self.started_at, 3), "dialect": dialect, "status": status, "error": message[:500]}
         self.rejected = [*self.rejected[-99:], entry]
-        self.meta.setdefault("metadata", {})
-        self.meta["metadata"]["rejected_requests"] = self.meta["metadata"].get("rejected_requests", 0) + 1
+        self.rejected_count += 1
 
     # ---- prompt building -----------------------------------------------------------------------------------
     def plan(self, req: ChatRequest, template: ChatTemplate) -> PromptPlan:
@@ -186,7 +186,8 @@ class Session:
                 {**t, "started_at": round(t["started_at"] - t0, 3), "ended_at": round(t["ended_at"] - t0, 3)}
                 for t in self.tools
             ],
-            "metadata": {**meta.get("metadata", {}), **(extra or {})},
+            "metadata": {**meta.get("metadata", {}), **(extra or {})}
+            | ({"rejected_requests": self.rejected_count} if self.rejected_count else {}),
         } | ({"rejected": self.rejected} if self.rejected else {})
 
 

@@ -20,7 +20,7 @@ ENV = {
     "AWS_SESSION_TOKEN": "IQoJb3JpZ2luX2VjEJr//////////wEaCXVzLWVhc3QtMSJHMEUCIQ",
     "GITHUB_PAT": "hunter2hunter2",
     # not secrets: a path, a list of paths, a boolean, a number, too short, hrl's own key, not a secret name
-    "GOOGLE_APPLICATION_CREDENTIALS": "/root/.config/gcloud/creds.json",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcloud/creds.json",
     "SSH_AUTH_SOCK": "/tmp/ssh-XXXX/agent.123",
     "KEY_PATHS": "/a/b:/c/d:~/e",
     "TOKENIZERS_PARALLELISM": "false",
