@@ -118,10 +118,10 @@ class _Producer:
 
     def _done(self, task: asyncio.Task[dict[str, Any]]) -> None:
         self.running.discard(task)
+        ep = self._episodes.pop(task)
         if task.cancelled():
             self.changed.set()
             return
-        ep = self._episodes.pop(task)
         error = task.exception()
         if error is not None:  # not even a trace (writing the internal_error trace failed): drop its group, counted
             self.errors.append(f"{ep.key}: {type(error).__name__}: {error}")

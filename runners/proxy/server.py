@@ -204,7 +204,7 @@ class _Handler:
         session = None
 
         def fail(status: int, message: str) -> web.Response:
-            if session is not None and status != 401:
+            if session is not None:  # an unknown token (401) has no session to record it in
                 session.reject(name, status, message)
             return web.json_response(dialect.error(status, message), status=status)
 
