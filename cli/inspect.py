@@ -207,6 +207,7 @@ _LEGEND = "call  @start  dialect  prompt→response tokens  finish  versions  fi
 def _call_label(c: dict[str, Any], first: bool) -> Text:
     """One call on one line, in the order of `_LEGEND`; flags `side`, `nostream`; an error on a second line."""
     kind = c["dialect"] + (" side" if c["side"] else "") + ("" if c["stream"] else " nostream")
+    kind += "" if c.get("trainable", True) else " untrained"
     versions = ",".join(f"v{v}" for v in c["versions"]) or "v-"
     label = Text.assemble(
         (c["call_id"], "bold"),
@@ -254,14 +255,31 @@ def _trace_tree(trace: Trace) -> Tree:
         head.append(f"\n{who}", style="dim")
     head.append(f"\n{_LEGEND}", style="dim")
     tree = Tree(head)
-    events = [((c["started_at"] or 0.0, 0), _call_label(c, i == 0)) for i, c in enumerate(calls)]
-    events += [((t.get("started_at") or 0.0, 1), _tool_label(t)) for t in trace.get("tools") or []]
-    for _, label in sorted(events, key=lambda e: e[0]):
-        tree.add(label)
+    nodes = _agent_nodes(tree, trace)
+    firsts = {c.get("agent"): i for i, c in reversed(list(enumerate(calls)))}
+    events = [((c["started_at"] or 0.0, 0), c.get("agent"), _call_label(c, firsts[c.get("agent")] == i))
+              for i, c in enumerate(calls)]  # fmt: skip
+    events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t)) for t in trace.get("tools") or []]
+    for _, agent, label in sorted(events, key=lambda e: e[0]):
+        nodes.get(agent, tree).add(label)
     tree.add(_reward_label(trace))
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
     return tree
+
+
+def _agent_nodes(tree: Tree, trace: Trace) -> dict[str | None, Tree]:
+    """The tree of agents (when the trace has sub-agents): agent name (None: the root) → its node under `tree`."""
+    agents = trace.get("agents") or []
+    if not agents:
+        return {}
+    nodes: dict[str | None, Tree] = {}
+    for i, a in enumerate(agents):
+        parent = tree if i == 0 else nodes.get(a["parent"] if a["parent"] != agents[0]["name"] else None, tree)
+        flag = "" if a["trainable"] else "  untrained"
+        label = Text.assemble(("agent ", "bold"), (a["name"], "bold green"), f"  {a['calls']} calls{flag}")
+        nodes[None if i == 0 else a["name"]] = parent.add(label)
+    return nodes
 
 
 def _branches_table(traces: list[Trace]) -> Table:

@@ -187,7 +187,7 @@ class Session:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         ended = time.time()
-        agentic = any(c.has_tools for c in self.calls)
+        agentic = {c.agent for c in self.calls if c.has_tools}  # the agents that use tools (per sub-agent)
         if failure_reason is None and self.calls and self.calls[-1].error is not None:
             failure_reason = "context_overflow" if "context" in self.calls[-1].error else "engine_error"
         if failure_reason is not None:
@@ -268,12 +268,13 @@ class ChildSession(Session):
         return self.root.child(key, name, trainable, parent or self)
 
 
-def _is_side(call: CallRecord, agentic: bool) -> bool:
+def _is_side(call: CallRecord, agentic: set[str | None]) -> bool:
+    """A call without tools from an agent that uses tools (a title, a summary), or one of the known side prompts."""
     low = call.system_text.lower()
-    return (agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
+    return (call.agent in agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
 
 
-def _encode_calls(calls: list[CallRecord], t0: float, agentic: bool) -> list[dict[str, Any]]:
+def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) -> list[dict[str, Any]]:
     out = []
     for i, c in enumerate(calls):
         d: dict[str, Any] = {

@@ -36,7 +36,7 @@ from hrl.runners.tasks.task import Task
 from hrl.runners.trace import TraceWriter
 from hrl.runners.whitebox.client import WhiteboxSession
 
-__all__ = ["PythonRollouts", "is_python_agent", "load_function"]
+__all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "split_spec"]
 
 RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RESULT {"reward": …}
 Event = Callable[[str, dict[str, Any]], None]
@@ -50,20 +50,33 @@ def is_python_agent(agent: str) -> bool:
     return agent.startswith("python:") or agent.partition(":")[0].endswith(".py")
 
 
-def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
-    """`MODULE:FUNCTION`, `python:MODULE:FUNCTION` or `FILE.py:FUNCTION` (relative to `base_dir`, else the cwd)."""
+def split_spec(spec: str, base_dir: str | Path | None = None) -> tuple[str | Path, str]:
+    """(module name or file path, function name) of `MODULE:FUNCTION`, `python:MODULE:FUNCTION` or `FILE.py:FUNCTION`
+    (a relative file under `base_dir` when it is there, else the cwd). Raises AgentLoadError."""
     where, _, name = spec.removeprefix("python:").rpartition(":")
-    if not where or not name:
+    if not where or not name or not name.isidentifier():
         raise AgentLoadError(f"{spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION",
                              hint="e.g. --agent python:my_pkg.agent:run or --agent agents/react.py:run")  # fmt: skip
+    if not where.endswith(".py"):
+        return where, name
+    path = Path(where).expanduser()
+    if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise AgentLoadError(f"no agent file {path} (from {spec!r})", hint="check the path (relative: to the cwd, or "
+                             "to the recipe's folder)")  # fmt: skip
+    return path, name
+
+
+def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
+    """The function a spec names (see `split_spec`), imported. Raises AgentLoadError."""
+    where, name = split_spec(spec, base_dir)
     try:
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
-                path = Path(base_dir) / path
+        if isinstance(where, Path):
+            path = where
             loader = importlib.util.spec_from_file_location(f"hrl_agent_{abs(hash(str(path.resolve())))}", path)
-            if loader is None or loader.loader is None or not path.is_file():
-                raise FileNotFoundError(f"no file {path}")
+            if loader is None or loader.loader is None:
+                raise FileNotFoundError(f"cannot load {path}")
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)
         else:
@@ -107,7 +120,9 @@ class PythonRollouts:
 
     def prepare(self) -> None:
         """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
-        if self.config.mode != "subprocess" and self.fn is None:
+        if self.config.mode == "subprocess":
+            split_spec(self.spec, self.base_dir)  # a wrong spec fails here, not in every episode's process
+        elif self.fn is None:
             self.fn = load_function(self.spec, self.base_dir)
         if self.verifier_name == "python" and self.score is None and self.verifier_options.get("function"):
             self.score = load_function(self.verifier_options["function"], self.base_dir)

@@ -118,10 +118,14 @@ def test_a_wrong_or_ended_token_gets_401_and_records_nothing(tiny_model):
 def test_an_exception_in_the_agent_ends_the_session_as_a_crash(tiny_model):
     async def main():
         async with serving(tiny_model, "scripted", engine_options={"turns": ["ok"]}, control_token=CONTROL) as stack:
-            with pytest.raises(RuntimeError, match="boom"):
+
+            async def crashing_agent() -> None:
                 async with hrl.session(url=stack.url, control_token=CONTROL) as s:
                     s.reward(1.0)
                     raise RuntimeError("boom")
+
+            with pytest.raises(RuntimeError, match="boom"):
+                await crashing_agent()
             return stack.proxy.finished[-1]
 
     trace = asyncio.run(main())
