@@ -3,9 +3,10 @@
 A CLI's sub-agents share its session token (its base URL and API key), so the proxy tells them apart by what
 they send:
 
-- Claude Code's Task (Agent) tool runs each sub-agent with its own system prompt, which opens with "You are an
-  agent for Claude Code" where the main agent's opens with "You are Claude Code". Each Task invocation (its system
-  prompt and first user message) is one child, `claude-code/task`.
+- Claude Code's Agent (formerly Task) tool runs each sub-agent with its own system prompt: its billing header says
+  `cc_is_subagent=true` and it goes on "You are an agent for Claude Code" (2.1.197, checked against the real CLI
+  in tests/runners/proxy/test_subagents.py). Each invocation (its system prompt and first user message) is one
+  child, `claude-code/task`.
 - opencode gives each sub-agent (its `task` tool) a session of its own and sends that session's id as
   `x-session-id`: the first id a trace sees is the main agent's; every other one is a child, `opencode/task`.
 
@@ -23,7 +24,7 @@ from hrl.runners.proxy.session import Session
 __all__ = ["PROMPT_MARKERS", "recognise_subagent"]
 
 # (text near the start of a sub-agent's system prompt, the child's name)
-PROMPT_MARKERS = (("You are an agent for Claude Code", "claude-code/task"),)
+PROMPT_MARKERS = (("cc_is_subagent=true", "claude-code/task"), ("You are an agent for Claude Code", "claude-code/task"))
 _HARNESS_SESSION_HEADER = "x-session-id"  # opencode: one per opencode session, sub-agents included
 
 
