@@ -162,7 +162,7 @@ async def _run(
 
     err.print(
         f"{len(episodes)} episodes ({len(task_list)} tasks × {n}), agent {cfg['rollout']['agent']}, "
-        f"sandbox {cfg['rollout'].get('sandbox', 'docker')}, engine {engine}, run {cfg['rollout']['run_id']}",
+        f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
     white = is_python_agent(cfg["rollout"]["agent"])
@@ -182,6 +182,18 @@ async def _run(
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
     return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
+
+
+def _sandbox_of(cfg: dict[str, Any]) -> str:
+    """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    sandbox = cfg["rollout"].get("sandbox", "docker")
+    if is_python_agent(cfg["rollout"]["agent"]) and (cfg.get("verifier") or {}).get("name", "tests") == "python":
+        return (
+            "none (in-process agent)" if cfg["rollout"].get("mode", "inprocess") == "inprocess" else "none (subprocess)"
+        )
+    return str(sandbox)
 
 
 def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> int:

@@ -153,7 +153,7 @@ class PythonRollouts:
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         t0 = time.monotonic()
         try:
-            outcome, extra = await self._run(task, ws)
+            outcome, extra = await self._run(task, ws, ep.key.replace("#", "-").replace(":", "-"))
         except asyncio.CancelledError:
             self._end(token, trace_file, {"failure_reason": "cancelled"}, {})
             raise
@@ -162,15 +162,15 @@ class PythonRollouts:
         self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
         return trace
 
-    async def _run(self, task: Task, ws: WhiteboxSession) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def _run(self, task: Task, ws: WhiteboxSession, label: str) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.verifier is None:
             return await self._attempt(task, ws)
         from hrl.sandboxes import SandboxError, get_backend
 
         spec = self.verifier.sandbox_spec(task)
         try:
-            async with await get_backend(self.config.sandbox).create(spec, self.config.run_id or "hrl-python",
-                                                                     ws.token[:12]) as sandbox:  # fmt: skip
+            backend = get_backend(self.config.sandbox)
+            async with await backend.create(spec, self.config.run_id or "hrl-python", label) as sandbox:
                 await self.verifier.prepare(sandbox, task)
                 ws.sandbox = sandbox  # type: ignore[attr-defined]
                 outcome, extra = await self._attempt(task, ws)
