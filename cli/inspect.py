@@ -261,25 +261,32 @@ def _trace_tree(trace: Trace) -> Tree:
               for i, c in enumerate(calls)]  # fmt: skip
     events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t)) for t in trace.get("tools") or []]
     for _, agent, label in sorted(events, key=lambda e: e[0]):
-        nodes.get(agent, tree).add(label)
+        nodes(agent).add(label)
     tree.add(_reward_label(trace))
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
     return tree
 
 
-def _agent_nodes(tree: Tree, trace: Trace) -> dict[str | None, Tree]:
-    """The tree of agents (when the trace has sub-agents): agent name (None: the root) → its node under `tree`."""
-    agents = trace.get("agents") or []
-    if not agents:
-        return {}
+def _agent_nodes(tree: Tree, trace: Trace) -> Any:
+    """The tree of agents (when the trace has sub-agents): a function from an agent's name (None: the root agent)
+    to its node, made on first use under its parent's node, so each agent sits where its first event falls."""
+    agents = {a["name"]: a for a in trace.get("agents") or []}
+    root = next(iter(agents), None)
     nodes: dict[str | None, Tree] = {}
-    for i, a in enumerate(agents):
-        parent = tree if i == 0 else nodes.get(a["parent"] if a["parent"] != agents[0]["name"] else None, tree)
-        flag = "" if a["trainable"] else "  untrained"
-        label = Text.assemble(("agent ", "bold"), (a["name"], "bold green"), f"  {a['calls']} calls{flag}")
-        nodes[None if i == 0 else a["name"]] = parent.add(label)
-    return nodes
+
+    def node(name: str | None) -> Tree:
+        if root is None:
+            return tree
+        if name not in nodes:
+            a = agents[root if name is None else name]
+            parent = tree if name is None else node(None if a["parent"] == root else a["parent"])
+            flag = "" if a["trainable"] else "  untrained"
+            label = Text.assemble(("agent ", "bold"), (a["name"], "bold green"), f"  {a['calls']} calls{flag}")
+            nodes[name] = parent.add(label)
+        return nodes[name]
+
+    return node
 
 
 def _branches_table(traces: list[Trace]) -> Table:
