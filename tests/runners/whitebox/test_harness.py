@@ -68,14 +68,17 @@ def test_a_crash_and_a_timeout_are_the_policys_failures(tiny_model, tmp_path):
     assert slow["failure_reason"] == "agent_timeout" and slow["reward"] is None
 
 
-def test_the_tests_verifier_grades_what_the_agent_did_in_its_sandbox(tiny_model, tmp_path):
+@pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_tests_verifier_grades_what_the_agent_did_in_its_sandbox(tiny_model, tmp_path, sandbox, request):
     """The model's reply is a shell command; the agent runs it in `session.sandbox`; the hidden tests grade it."""
+    if sandbox == "docker":
+        request.getfixturevalue("swe_image")  # the grading image, built once
     agent = _agent(tmp_path, "    out = await session.openai().chat.completions.create(model=session.model,\n"
                    "        messages=[{'role': 'user', 'content': task.problem_statement}])\n"
                    "    await session.sandbox.exec(out.choices[0].message.content, timeout_s=30)\n")  # fmt: skip
     verifier = {"name": "tests", "timeout_s": 60}
-    fixed = _run(tiny_model, agent, [DEMO_TASK.demo["fix"]], tmp_path, DEMO_TASK, verifier, sandbox="local")
+    fixed = _run(tiny_model, agent, [DEMO_TASK.demo["fix"]], tmp_path, DEMO_TASK, verifier, sandbox=sandbox)
     assert fixed["reward"] == 1.0 and fixed["reward_info"]["fail_to_pass"] == {"passed": 2, "total": 2}
     assert "or" in fixed["metadata"]["patch"]
-    idle = _run(tiny_model, agent, ["true"], tmp_path, DEMO_TASK, verifier, sandbox="local")
+    idle = _run(tiny_model, agent, ["true"], tmp_path, DEMO_TASK, verifier, sandbox=sandbox)
     assert idle["reward"] == 0.0 and idle["failure_reason"] is None
