@@ -245,10 +245,10 @@ class _Handler:
                 body["stream"] = True
             req = dialect.parse(body, route.get("model") or self.proxy.config.model_name)
             check_request(req)
-            session = recognise_subagent(session, request.headers, req)
             if route.get("count_tokens"):
                 n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
+            session = recognise_subagent(session, request.headers, req)  # a CLI's own sub-agent: a child
             call = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
         except ContextLengthError as e:
             return fail(400, str(e))

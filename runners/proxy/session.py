@@ -9,6 +9,7 @@ turn, another system prompt) starts a new branch, tokenized whole.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 import uuid
@@ -84,7 +85,7 @@ class Session:
             return self.children[key]
         taken = {a["name"] for a in self.agents}
         unique = (
-            name if name not in taken else next(f"{name}#{i}" for i in range(2, 10_000) if f"{name}#{i}" not in taken)
+            name if name not in taken else next(f"{name}#{i}" for i in itertools.count(2) if f"{name}#{i}" not in taken)
         )
         by = parent if parent is not None and parent is not self else None
         self.agents.append({"name": unique, "parent": by.agent if by is not None else None, "trainable": trainable})
@@ -194,33 +195,30 @@ class Session:
             status = "failed"
         t0 = self.started_at
         meta = self.meta
-        return (
-            {
-                "schema": SCHEMA,
-                "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
-                "session": self.token,
-                "task_id": meta.get("task_id"),
-                "group_id": meta.get("group_id"),
-                "agent": meta.get("agent") or {},
-                "env": meta.get("env") or {},
-                "model": meta.get("model") or {},
-                "status": status,
-                "failure_reason": failure_reason,
-                "reward": reward,
-                "reward_info": reward_info or {},
-                "started_at": round(t0, 3),
-                "ended_at": round(ended, 3),
-                "calls": _encode_calls(self.calls, t0, agentic),
-                "tools": [
-                    {**t, "started_at": round(t["started_at"] - t0, 3), "ended_at": round(t["ended_at"] - t0, 3)}
-                    for t in self.tools
-                ],
-                "metadata": {**meta.get("metadata", {}), **(extra or {})}
-                | ({"rejected_requests": self.rejected_count} if self.rejected_count else {}),
-            }
-            | ({"rejected": self.rejected} if self.rejected else {})
-            | self._agent_tree()
-        )
+        extras = ({"rejected": self.rejected} if self.rejected else {}) | self._agent_tree()
+        return {
+            "schema": SCHEMA,
+            "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
+            "session": self.token,
+            "task_id": meta.get("task_id"),
+            "group_id": meta.get("group_id"),
+            "agent": meta.get("agent") or {},
+            "env": meta.get("env") or {},
+            "model": meta.get("model") or {},
+            "status": status,
+            "failure_reason": failure_reason,
+            "reward": reward,
+            "reward_info": reward_info or {},
+            "started_at": round(t0, 3),
+            "ended_at": round(ended, 3),
+            "calls": _encode_calls(self.calls, t0, agentic),
+            "tools": [
+                {**t, "started_at": round(t["started_at"] - t0, 3), "ended_at": round(t["ended_at"] - t0, 3)}
+                for t in self.tools
+            ],
+            "metadata": {**meta.get("metadata", {}), **(extra or {})}
+            | ({"rejected_requests": self.rejected_count} if self.rejected_count else {}),
+        } | extras
 
     def _agent_tree(self) -> dict[str, Any]:
         """`agents`: the root agent and its sub-agents with their parents and call counts (only when it has any)."""
