@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
+from hrl.cli.errors import EXIT_INFRA, say_error
 from hrl.cli.output import err
+from hrl.runners.errors import UsageError
 from hrl.runners.trace import INFRA_FAILURES
 
 __all__ = ["EPILOG", "LOCAL_WARNING", "rollout"]
@@ -65,6 +67,7 @@ def rollout(
     out: Annotated[Path, typer.Option(help="Append one trace per episode here.")] = Path("traces.jsonl"),
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also say what is cached and ready.")] = False,
     run_id: Annotated[
         str,
         typer.Option(
@@ -75,10 +78,11 @@ def rollout(
     ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
+    from hrl.cli.checks import check_model, check_run, say_context
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
 
     if not recipe and tasks is None:
-        raise typer.BadParameter("give --recipe or --tasks")
+        raise UsageError("give --recipe or --tasks", hint="e.g. `hrl rollout --agent mini-swe-agent --recipe demo`")
     cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [])
     roll = cfg.setdefault("rollout", {})
     roll["agent"] = agent
@@ -86,18 +90,20 @@ def rollout(
         roll["sandbox"] = sandbox
     if time_budget:
         roll["time_budget_s"] = time_budget
+    model = model or cfg.get("model") or ""
+    if not model:
+        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
+    engine = engine or cfg.get("engine") or "embedded"
+    task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
+    check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
+    model = materialize_model(model)
+    check_model(model)
+    say_context(agent, model, cfg)
     if roll.get("sandbox", "docker") == "local":
         err.print(local_warning(), markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
-    model = model or cfg.get("model") or ""
-    if not model:
-        raise typer.BadParameter("give --model (the recipe names none)")
-    model = materialize_model(model)
-    task_file = str(tasks) if tasks else cfg["tasks"]
     hide_from_sandboxes(cfg, task_file, out)
-    rc = asyncio.run(
-        _run(cfg, model, engine or cfg.get("engine") or "embedded", task_file, n, concurrency, limit, out, as_json)
-    )
+    rc = asyncio.run(_run(cfg, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
     raise typer.Exit(rc)
 
 
@@ -111,6 +117,7 @@ async def _run(
     limit: int,
     out: Path,
     as_json: bool,
+    verbose: bool,
 ) -> int:
     from hrl.runners.agents.install import installed
     from hrl.runners.episodes import Episode, run_episodes
@@ -154,8 +161,11 @@ async def _run(
     ) as stack:
         rollouts = AgentRollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, verifier=cfg.get("verifier"))
         target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
-        if installed(cfg["rollout"]["agent"], target) is None:  # a cached agent is ready at once: nothing to say
+        cached = installed(cfg["rollout"]["agent"], target)
+        if cached is None:  # a cached agent is ready at once: nothing to say, unless asked
             err.print(f"installing {cfg['rollout']['agent']} for {target} (once; cached after) …", markup=False)
+        elif verbose:
+            err.print(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}", markup=False)
         await asyncio.to_thread(rollouts.prepare)
         try:
             traces = await run_episodes(rollouts, episodes, out, concurrency)
@@ -179,8 +189,9 @@ def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> 
     if sum(infra.values()) <= len(traces) * max_error_rate:
         return 0
     which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
-    err.print(f"Error: {sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more "
-              f"than max_error_rate {max_error_rate:g} allows", markup=False)  # fmt: skip
-    err.print(f"Hint: the traces' metadata say why: hrl inspect {out} --json; `hrl doctor` checks docker and the "
-              "engine", markup=False)  # fmt: skip
-    return 3
+    say_error(
+        f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
+        f"max_error_rate {max_error_rate:g} allows",
+        f"the traces' metadata say why: `hrl inspect {out} --json`; `hrl doctor` checks docker and the engine",
+    )
+    return EXIT_INFRA

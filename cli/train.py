@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.output import err
+from hrl.runners.errors import UsageError
 
 __all__ = ["EPILOG", "train"]
 
@@ -27,6 +28,8 @@ EPILOG = """Examples:
 
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
+    from hrl.cli.checks import check_model, check_run
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides)
@@ -35,8 +38,10 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
         if value not in (None, "", False):
             set_dotted(cfg, key, value)
     if not cfg.get("model"):
-        raise typer.BadParameter("give --model (the recipe names none)")
+        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
+    check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     cfg["model"] = materialize_model(cfg["model"])
+    check_model(cfg["model"])
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     return cfg
 
@@ -61,13 +66,16 @@ def train(
 
     if resume:
         if run_dir is None or not RunDir(run_dir).exists():
-            raise typer.BadParameter("--resume needs --run-dir of an existing run (with state.json)")
+            raise UsageError(
+                "--resume needs --run-dir of an existing run (with state.json)",
+                hint="`hrl train --run-dir DIR --resume` continues the run in DIR; without --resume a new run starts",
+            )
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "-c": config}  # fmt: skip
         if given := [name for name, value in fixed.items() if value]:
-            raise typer.BadParameter(
-                f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json "
-                "(only --iterations, to extend it, and --wandb may be given)"
+            raise UsageError(
+                f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
+                hint="only --iterations (to extend the run) and --wandb may be given with --resume",
             )
         cfg = RunDir(run_dir).config()
         if iterations or wandb:  # extend a run (finished or not) to `iterations` steps, or start logging to W&B
@@ -75,7 +83,9 @@ def train(
             cfg.setdefault("train", {}).update({k: v for k, v in given_train.items() if v})
     else:
         if not recipe:
-            raise typer.BadParameter("give --recipe (or --run-dir with --resume)")
+            raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
+        if run_dir is not None and RunDir(run_dir).exists():
+            raise UsageError(f"{run_dir} holds a run already", hint="add --resume, or choose another --run-dir")
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
@@ -99,7 +109,7 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
     """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
     if not resume:
         if run.exists():
-            raise typer.BadParameter(f"{run.path} holds a run already: add --resume, or choose another --run-dir")
+            raise UsageError(f"{run.path} holds a run already", hint="add --resume, or choose another --run-dir")
         rollout = cfg.setdefault("rollout", {})
         rollout["run_id"] = rollout.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"  # one label for all its sandboxes
         run.create(cfg)
