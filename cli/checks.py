@@ -29,14 +29,14 @@ def check_agent(name: str) -> None:
         raise _listed(e, "`hrl agents ls` lists the agents and their versions") from None
 
 
-def check_sandbox(name: str) -> None:
+def check_sandbox(name: str, flag: str = "--sandbox") -> None:
     from hrl.sandboxes import SANDBOXES
     from hrl.sandboxes.registry import require
 
     try:
         require(SANDBOXES, "sandbox", name)
     except UnknownNameError as e:
-        raise _listed(e, "use --sandbox docker (isolated) or --sandbox local (trusted agents)") from None
+        raise _listed(e, f"use {flag} docker (isolated) or {flag} local (trusted agents)") from None
 
 
 def check_engine(name: str) -> None:
