@@ -146,15 +146,16 @@ def _outcome(s: dict[str, Any]) -> Text:
     return Text(str(s["status"]), style="green" if s["status"] == "ok" else "yellow")
 
 
-def _table() -> Table:
-    """Borderless, one header rule, two spaces between columns."""
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold")
+def _table(padding: int = 1) -> Table:
+    """Borderless, one header rule, two spaces between columns (one with `padding=0`)."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold",
+                 padding=(0, padding))  # fmt: skip
 
 
 def _summary_table(sums: list[dict[str, Any]]) -> Table:
-    table = _table()
+    table = _table(padding=0)  # 11 columns in 100: one space between them
     table.add_column("trace", no_wrap=True, min_width=8)
-    table.add_column("task", max_width=22, overflow="ellipsis", no_wrap=True)
+    table.add_column("task", max_width=16, overflow="ellipsis", no_wrap=True)
     table.add_column("agent", max_width=14, overflow="ellipsis", no_wrap=True)
     table.add_column("status", max_width=16, overflow="ellipsis", no_wrap=True)
     for name, width in (("reward", 6), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2), ("time", 6)):

@@ -50,6 +50,7 @@ def report(
     path = write_report(run, out)
     info = {"out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size}
     if not as_json:
-        steps = f"{info['steps']} steps" if is_run_dir(run.path) else f"{info['steps']} trace files"
+        n = info["steps"]
+        steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"
         err.print(f"{steps}, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
     emit(info, as_json=as_json, human=str(path))
