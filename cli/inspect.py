@@ -182,9 +182,11 @@ def _totals(agg: dict[str, Any]) -> Text:
     """Two lines under the table: outcomes and reward, then tokens and latency percentiles."""
     status = ", ".join(f"{n} {k}" for k, n in sorted(agg["status"].items(), key=lambda kv: (kv[0] != "ok", kv[0])))
     fails = ", ".join(f"{k} {n}" for k, n in sorted(agg["failures"].items()))
-    reward = "-" if agg["reward_mean"] is None else f"{agg['reward_mean']:.3g}"
+    unrewarded = agg["traces"] - agg["rewarded"]
+    reward = "no rewarded trace" if agg["reward_mean"] is None else f"mean reward {agg['reward_mean']:.3g}"
+    reward += f" ({unrewarded} without a reward)" if unrewarded else ""
     lat, tok = agg["latency_s"], agg["tokens"]
-    first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · mean reward {reward}"
+    first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · {reward}"
     second = (
         f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
         f"time p50 {_secs(lat['duration']['p50'])} p95 {_secs(lat['duration']['p95'])} · "

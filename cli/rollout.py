@@ -145,7 +145,8 @@ async def _run(
             sys.stdout.flush()
         fails = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "ok")
         err.print(
-            f"[{done}/{len(episodes)}] {data['episode']}: reward {data['reward']} {data['failure'] or ''}"
+            f"[{done}/{len(episodes)}] {data['episode']}: reward {'-' if data['reward'] is None else data['reward']} "
+            f"{data['failure'] or ''}"
             f"  (running {len(running)}{'; failures: ' + fails if fails else ''})",
             markup=False,
             highlight=False,

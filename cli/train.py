@@ -29,7 +29,7 @@ EPILOG = """Examples:
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
     """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
-    from hrl.cli.checks import check_model, check_run
+    from hrl.cli.checks import check_model, check_run, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides)
@@ -42,6 +42,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     cfg["model"] = materialize_model(cfg["model"])
     check_model(cfg["model"])
+    say_context(str((cfg.get("rollout") or {}).get("agent") or "mini-swe-agent"), cfg["model"], cfg)
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     return cfg
 
@@ -136,12 +137,18 @@ def _remove_leftovers(cfg: dict[str, Any]) -> None:
         err.print(f"removed {removed} sandboxes left by the interrupted process", markup=False)
 
 
+def _reward(m: dict[str, Any]) -> str:
+    """The step's mean reward over the traces that have one ('-' when none has: all failed in the infrastructure)."""
+    value = m.get("trace/reward")
+    return "  -  " if value is None else f"{value:.3f}"
+
+
 def _line(m: dict[str, Any]) -> str:
     fails = {
         k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none" and v
     }
     return (
-        f"step {m['step']:>3}  v{m['version']:<3} reward {m.get('trace/reward', 0):.3f}  traces {m.get('trace/count', 0)}"
+        f"step {m['step']:>3}  v{m['version']:<3} reward {_reward(m)}  traces {m.get('trace/count', 0)}"
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
@@ -184,5 +191,5 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
             )
         else:
             history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)
-    curve = [round(float(m.get("trace/reward", 0.0)), 3) for m in history]
+    curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)
