@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.cli.output import err
-from hrl.runners.errors import UnknownNameError, UsageError
+from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
 
 __all__ = ["check_agent", "check_engine", "check_model", "check_run", "check_sandbox", "check_tasks", "say_context"]
 
@@ -39,13 +39,23 @@ def check_sandbox(name: str, flag: str = "--sandbox") -> None:
         raise _listed(e, f"use {flag} docker (isolated) or {flag} local (trusted agents)") from None
 
 
-def check_engine(name: str) -> None:
+def check_engine(name: str, options: dict[str, Any] | None = None) -> None:
+    """A registered engine or a URL; for `vllm` started here, an interpreter that has vLLM (a prerequisite, exit 4)."""
+    import os
+
+    from hrl.runners.doctor import vllm_python
     from hrl.runners.engines import engine_kind
 
     try:
-        engine_kind(name)
+        kind, opts = engine_kind(name, options)
     except UnknownNameError as e:
         raise _listed(e, "use --engine embedded (CPU), --engine vllm, or the URL of a running vLLM server") from None
+    python = opts.get("python") or vllm_python()
+    if kind == "vllm" and not opts.get("url") and not (python and os.access(python, os.X_OK)):
+        raise PrerequisiteError(
+            f"--engine vllm needs a Python with vLLM: {python or 'HRL_VLLM_PYTHON is not set and this one has none'}",
+            hint="set HRL_VLLM_PYTHON to a venv's python with vllm (`make setup` builds one), or use --engine embedded",
+        )
 
 
 def check_tasks(path: str | Path) -> int:
@@ -72,7 +82,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     roll = cfg.get("rollout") or {}
     check_agent(str(roll.get("agent", "mini-swe-agent")))
     check_sandbox(str(roll.get("sandbox", "docker")))
-    check_engine(engine)
+    check_engine(engine, cfg.get("engine_options"))
     try:
         require(VERIFIERS, "verifier", str((cfg.get("verifier") or {}).get("name") or "tests"))
     except UnknownNameError as e:

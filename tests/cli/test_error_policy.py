@@ -157,6 +157,20 @@ CASES = [
     Case("non-trace file", ("report", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
     Case("port in use", ("serve", "--model", "hrl:tiny", "--port", "{port}"), FAILURE, "port"),
     # missing prerequisites
+    Case(
+        "no vLLM",
+        ("serve", "--model", "hrl:tiny", "--engine", "vllm"),
+        PREREQ,
+        "needs a Python with vLLM",
+        {"HRL_VLLM_PYTHON": "/nonexistent/python"},
+    ),
+    Case(
+        "no vLLM",
+        ("rollout", "-a", "codex", "--recipe", "demo", "--engine", "vllm"),
+        PREREQ,
+        "vLLM",
+        {"HRL_VLLM_PYTHON": "/nonexistent/python"},
+    ),
     Case("no docker daemon", ("sandbox", "ls"), PREREQ, "no Docker daemon", {"DOCKER_HOST": "unix:///nonexistent"}),
     Case("no docker daemon", ("sandbox", "build"), PREREQ, "no Docker daemon", {"DOCKER_HOST": "unix:///nonexistent"}),
 ]
