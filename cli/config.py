@@ -31,9 +31,10 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(cfg: dict[str, Any], overrides: list[str], *, engine: str = "") -> dict[str, Any]:
     """Each override is `key.path=value` (value parsed as YAML) or a YAML file merged on top. Every key and value
-    is checked against the config models (`hrl.cli.keys`) once all are merged: UsageError naming the nearest key."""
+    is checked against the config models (`hrl.cli.keys`) once all are merged: UsageError naming the nearest key.
+    `engine` is an --engine flag that will win over the config: engine_options are that engine's."""
     from hrl.cli.keys import check_overrides
 
     out = copy.deepcopy(cfg)
@@ -59,7 +60,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             given += list(extra.items())
         else:
             raise UsageError(f"bad -c {item!r}: expected key=value or a YAML file", hint="e.g. -c trainer.lr=1e-5")
-    check_overrides(given, out)
+    check_overrides(given, {**out, "engine": engine} if engine else out)
     return out
 
 

@@ -83,7 +83,7 @@ def rollout(
 
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl rollout --agent mini-swe-agent --recipe demo`")
-    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [])
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
     roll = cfg.setdefault("rollout", {})
     roll["agent"] = agent
     if sandbox:

@@ -32,7 +32,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     from hrl.cli.checks import check_model, check_run, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
-    cfg = apply_overrides(load_recipe_config(recipe), overrides)
+    cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
     cfg["recipe"] = recipe
     for key, value in flags.items():
         if value not in (None, "", False):

@@ -79,3 +79,10 @@ def test_engine_options_are_the_named_engines_config():
     check_key("engine_options.max_loras", 2, {"engine": "vllm"})  # a VLLMEngineConfig field
     with pytest.raises(UsageError, match=r"engine_options\.max_loras"):
         check_key("engine_options.max_loras", 2, {"engine": "embedded"})
+
+
+def test_engine_options_follow_an_engine_flag():
+    cfg = load_recipe_config("demo")  # engine: embedded
+    with pytest.raises(UsageError, match="token_delay_s"):
+        apply_overrides(cfg, ["engine_options.token_delay_s=0.1"])
+    apply_overrides(cfg, ["engine_options.token_delay_s=0.1"], engine="scripted")  # --engine scripted
