@@ -86,3 +86,11 @@ def test_engine_options_follow_an_engine_flag():
     with pytest.raises(UsageError, match="token_delay_s"):
         apply_overrides(cfg, ["engine_options.token_delay_s=0.1"])
     apply_overrides(cfg, ["engine_options.token_delay_s=0.1"], engine="scripted")  # --engine scripted
+
+
+@pytest.mark.parametrize("name", ["demo", "swe"])
+def test_every_key_of_a_bundled_recipe_is_known(name):
+    from hrl.cli.keys import check_overrides
+
+    cfg = load_recipe_config(name)
+    check_overrides(list(cfg.items()), cfg)
