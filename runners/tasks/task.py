@@ -55,8 +55,8 @@ class TaskFormatError(HrlError):
     """A task file or one of its tasks is malformed; the message names the file, line and instance."""
 
 
-class TaskFileNotFoundError(UsageError):
-    """The task file named does not exist (a usage error: the path is wrong)."""
+class TaskFileNotFoundError(UsageError, TaskFormatError):
+    """The task file named does not exist: a usage error (the path is wrong), and a TaskFormatError for callers."""
 
 
 class Task(BaseModel):
