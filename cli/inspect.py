@@ -23,6 +23,8 @@ EPILOG = """Examples:
 
   hrl inspect traces.jsonl                           # one row per trace, totals below
 
+  hrl inspect a.jsonl b.jsonl                        # several files (or a folder of them) as one table
+
   hrl inspect traces.jsonl --trace 3f2a              # one trace (id prefix) as a tree of calls and tools
 
   hrl inspect traces.jsonl --trace 3f2a --samples    # ... plus its branches (the training samples)
