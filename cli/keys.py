@@ -64,7 +64,8 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
         from hrl.runners.tasks import VERIFIERS
         from hrl.sandboxes.registry import require
 
-        return load(require(VERIFIERS, "verifier", str((cfg.get("verifier") or {}).get("name") or "tests")) + "Config")  # type: ignore[no-any-return]
+        name = str((cfg.get("verifier") or {}).get("name") or "tests")
+        return load(require(VERIFIERS, "verifier", name) + "Config")  # type: ignore[no-any-return]
     return load(ref)  # type: ignore[no-any-return]
 
 
