@@ -308,3 +308,11 @@ def _check_hint(hint: str, argv: list[str], monkeypatch, capsys) -> None:
         known |= _options(cmd)
     bare = _named_options(re.sub(r"`[^`]*`", "", hint))
     assert bare <= known, f"hint {hint!r} names options {sorted(bare - known)} that no command it names has"
+
+
+def test_a_traceback_only_with_hrl_debug(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["rollout", "--agent", "nope", "--recipe", "demo"]
+    assert "Traceback" not in run_hrl(argv, {}, monkeypatch, capsys)[2]
+    code, _, err = run_hrl(argv, {"HRL_DEBUG": "1"}, monkeypatch, capsys)
+    assert code == USAGE and "Traceback (most recent call last)" in err and "Error: unknown agent 'nope'" in err
