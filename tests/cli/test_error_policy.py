@@ -198,6 +198,7 @@ def run_hrl(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatc
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as m:
         m.setattr(sys, "argv", ["hrl", *argv])
+        m.delenv("HRL_DEBUG", raising=False)  # a traceback only where a row asks for one
         for k, v in {"NO_COLOR": "1", **env}.items():
             m.setenv(k, v)
         try:
