@@ -82,6 +82,10 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     roll = cfg.get("rollout") or {}
     check_agent(str(roll.get("agent", "mini-swe-agent")))
     check_sandbox(str(roll.get("sandbox", "docker")))
+    if roll.get("sandbox", "docker") == "docker":  # no daemon is a missing prerequisite: say so before the header
+        from hrl.sandboxes import get_backend
+
+        _ = get_backend("docker").api  # type: ignore[attr-defined]
     check_engine(engine, cfg.get("engine_options"))
     try:
         require(VERIFIERS, "verifier", str((cfg.get("verifier") or {}).get("name") or "tests"))

@@ -171,6 +171,13 @@ CASES = [
         "vLLM",
         {"HRL_VLLM_PYTHON": "/nonexistent/python"},
     ),
+    Case(
+        "no docker daemon",
+        ("rollout", "-a", "codex", "--recipe", "swe"),
+        PREREQ,
+        "cannot reach the Docker daemon",
+        {"DOCKER_HOST": "unix:///nonexistent"},
+    ),
     Case("no docker daemon", ("sandbox", "ls"), PREREQ, "no Docker daemon", {"DOCKER_HOST": "unix:///nonexistent"}),
     Case("no docker daemon", ("sandbox", "build"), PREREQ, "no Docker daemon", {"DOCKER_HOST": "unix:///nonexistent"}),
 ]
