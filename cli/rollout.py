@@ -96,6 +96,8 @@ def rollout(
     engine = engine or cfg.get("engine") or "embedded"
     task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
     check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory", hint="give a file for the traces, e.g. --out traces.jsonl")
     model = materialize_model(model)
     check_model(model)
     say_context(agent, model, cfg)

@@ -78,6 +78,7 @@ CASES = [
         USAGE,
         "sdist not found",
     ),
+    Case("--out a folder", ("rollout", "-a", "codex", "--recipe", "demo", "--out", "{tmp}/empty"), USAGE, "directory"),
     Case("missing model", ("serve", "--model", "{tmp}/no-model"), USAGE, "model not found"),
     Case(
         "missing model",
