@@ -95,10 +95,14 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
 
         _ = get_backend("docker").api  # type: ignore[attr-defined]
     check_engine(engine, cfg.get("engine_options"))
-    try:
-        require(VERIFIERS, "verifier", verifier)
-    except UnknownNameError as e:
-        raise _listed(e, "set -c verifier.name=tests") from None
+    if white and verifier == "python":  # the white-box harness scores with a Python function: load it now
+        if (function := (cfg.get("verifier") or {}).get("function")) is not None:
+            load_function(str(function), cfg.get("recipe_dir"))
+    else:
+        try:
+            require(VERIFIERS, "verifier", verifier)
+        except UnknownNameError as e:
+            raise _listed(e, "set -c verifier.name=tests") from None
     if not task_file:
         raise UsageError("no task file: the recipe names none", hint="give --tasks FILE (SWE-bench JSONL)")
     return check_tasks(task_file)
