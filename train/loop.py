@@ -40,6 +40,13 @@ class LoopConfig(BaseModel):
         description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
         "(Dr. GRPO); sets trainer.loss_norm=constant.",
     )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs); > 1 reuses the rollouts.")
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per epoch, each on a share of the batch's traces. ppo_epochs × mini_batches > 1: "
+        "the ratio to the update's starting policy moves, so PPO clipping acts.",
+    )
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
@@ -169,4 +176,4 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
                 samples.append(s)
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
     return {**adv_metrics, "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
-            **trainer.step(samples)}  # fmt: skip
+            **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
