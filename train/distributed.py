@@ -36,17 +36,14 @@ def init_from_env(device: torch.device) -> bool:
 
 def shard(module: torch.nn.Module, inner: Any) -> torch.nn.Module:
     """FSDP2: one group per decoder layer of `inner` (the HF or peft model), the rest (embeddings, norm, head) in
-    the root group of `module`, the wrapper whose forward runs the whole model. Reduce-scatter sums gradients
-    (divide factor 1): the loss is already normalised over the whole batch."""
+    the root group of `module`, the wrapper whose forward runs the whole model. Reduce-scatter averages gradients
+    over the ranks, so each rank scales its loss (normalised over the whole batch) by the world size."""
     from torch.distributed.fsdp import fully_shard
 
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     for layer in getattr(base, base.base_model_prefix).layers:
         fully_shard(layer)
     fully_shard(module)
-    for m in module.modules():
-        if hasattr(m, "set_gradient_divide_factor"):
-            m.set_gradient_divide_factor(1.0)
     return module
 
 

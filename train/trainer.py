@@ -239,7 +239,7 @@ class Trainer:
                 kl, _ = kl_to_reference(logp, torch.cat([ref[i] for i in mb_idx]).to(dev), weight)
                 loss = loss + cfg.kl_coef * kl
                 kl_total += float(kl.detach())
-            loss.backward()
+            (loss * world).backward()  # the ranks' gradients are averaged: × world makes it their sum
             total += float(loss.detach())
             if scale:
                 parts.append(m)
@@ -303,7 +303,9 @@ class Trainer:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.distributed:
+            tied = getattr(self.model, "all_tied_weights_keys", None) or {}  # e.g. lm_head = embed_tokens: saved once
             state = {k.removeprefix("inner."): v for k, v in distributed.full_state_dict(self.forward).items()}
+            state = {k: v for k, v in state.items() if k not in tied}
             if distributed.is_main():
                 self.model.save_pretrained(out, safe_serialization=True, state_dict=state)
         else:
