@@ -218,4 +218,5 @@ async def train_async(
         sink.close()
         feeder.cancel()
         await producer.stop()
+        await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history

@@ -21,6 +21,7 @@ from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
+from hrl.train.group import make_trainer
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -84,7 +85,7 @@ async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Ev
     and no metrics line of a step that was logged but not committed (it runs again)."""
     state = run.state()
     run.discard_uncommitted_metrics()
-    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
+    trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
@@ -104,38 +105,41 @@ async def train(
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     kind = cfg.trainer.mode
     version, history = state["version"], []
-    with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
-        for it in range(state["iteration"], cfg.iterations):
-            t0 = time.monotonic()
-            episodes = _batch(tasks, cfg, it)
-            rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
-            done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
-            todo = [e for e in episodes if e.key not in done]
-            resumed = len(episodes) - len(todo)
-            on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
-            await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
-            keys = {e.key for e in episodes}
-            traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
-            t1 = time.monotonic()
-            metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
-            metrics |= step_metrics(traces, trainer_version=version)
-            t2 = time.monotonic()
-            pause0 = _pause_s(publisher)
-            path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-            version = await publisher.publish(path, kind, version=version + 1)
-            metrics |= {
-                "step": it,
-                "version": version,
-                "proxy/pause_s": _pause_s(publisher) - pause0,
-                "proxy/queue_depth": _take_queue_depth(publisher),
-                "time/rollout_s": t1 - t0,
-                "time/train_s": t2 - t1,
-                "time/publish_s": time.monotonic() - t2,
-            }
-            sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
-            run.save_state(it + 1, version, path)
-            history.append(metrics)
-            on_event("step", metrics)
+    try:
+        with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
+            for it in range(state["iteration"], cfg.iterations):
+                t0 = time.monotonic()
+                episodes = _batch(tasks, cfg, it)
+                rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
+                done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
+                todo = [e for e in episodes if e.key not in done]
+                resumed = len(episodes) - len(todo)
+                on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
+                await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
+                keys = {e.key for e in episodes}
+                traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
+                t1 = time.monotonic()
+                metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+                metrics |= step_metrics(traces, trainer_version=version)
+                t2 = time.monotonic()
+                pause0 = _pause_s(publisher)
+                path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
+                version = await publisher.publish(path, kind, version=version + 1)
+                metrics |= {
+                    "step": it,
+                    "version": version,
+                    "proxy/pause_s": _pause_s(publisher) - pause0,
+                    "proxy/queue_depth": _take_queue_depth(publisher),
+                    "time/rollout_s": t1 - t0,
+                    "time/train_s": t2 - t1,
+                    "time/publish_s": time.monotonic() - t2,
+                }
+                sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
+                run.save_state(it + 1, version, path)
+                history.append(metrics)
+                on_event("step", metrics)
+    finally:
+        await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history
 
 

@@ -55,6 +55,12 @@ class TrainerConfig(BaseModel):
         "optimizer state stays fp32 (LoRA adapters are fp32; full weights get fp32 master copies), as do the loss "
         "and logprobs.",
     )
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes (FSDP2 shards, NCCL on GPUs, gloo on the CPU): rank 0 in the loop's process, "
+        "the others spawned with torchrun's environment. On GPUs, one per visible device.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
     logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
     clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
