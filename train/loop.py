@@ -12,6 +12,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
@@ -103,37 +104,12 @@ async def train(
 ) -> list[dict[str, Any]]:
     """Run (or resume) the loop; returns the metrics of the steps this call ran."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
-    kind = cfg.trainer.mode
     version, history = state["version"], []
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
-                t0 = time.monotonic()
-                episodes = _batch(tasks, cfg, it)
-                rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
-                done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
-                todo = [e for e in episodes if e.key not in done]
-                resumed = len(episodes) - len(todo)
-                on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
-                await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
-                keys = {e.key for e in episodes}
-                traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
-                t1 = time.monotonic()
-                metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
-                metrics |= step_metrics(traces, trainer_version=version)
-                t2 = time.monotonic()
-                pause0 = _pause_s(publisher)
-                path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-                version = await publisher.publish(path, kind, version=version + 1)
-                metrics |= {
-                    "step": it,
-                    "version": version,
-                    "proxy/pause_s": _pause_s(publisher) - pause0,
-                    "proxy/queue_depth": _take_queue_depth(publisher),
-                    "time/rollout_s": t1 - t0,
-                    "time/train_s": t2 - t1,
-                    "time/publish_s": time.monotonic() - t2,
-                }
+                metrics, path = await _iteration(it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event)
+                version = metrics["version"]
                 sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
                 run.save_state(it + 1, version, path)
                 history.append(metrics)
@@ -141,6 +117,74 @@ async def train(
     finally:
         await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history
+
+
+async def _iteration(
+    it: int, tasks: list[dict[str, Any]], cfg: LoopConfig, run: RunDir, publisher: Publisher, rollouts: Rollouts,
+    trainer: Any, version: int, on_event: Event,
+) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
+    t0 = time.monotonic()
+    episodes = _batch(tasks, cfg, it)
+    rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
+    done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
+    todo = [e for e in episodes if e.key not in done]
+    on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo),
+                         "rerun": rerun})  # fmt: skip
+    await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
+    keys = {e.key for e in episodes}
+    traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
+    t1 = time.monotonic()
+    await sleep(publisher)  # colocated: vLLM frees the GPU for the update
+    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+    metrics |= step_metrics(traces, trainer_version=version)
+    t2 = time.monotonic()
+    pause0 = _pause_s(publisher)
+    path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
+    await wake(publisher)
+    version, pub = await publish_logged(publisher.publish, path, cfg.trainer.mode, version + 1)
+    return metrics | {
+        "step": it,
+        "version": version,
+        "proxy/pause_s": _pause_s(publisher) - pause0,
+        "proxy/queue_depth": _take_queue_depth(publisher),
+        "time/rollout_s": t1 - t0,
+        "time/train_s": t2 - t1,
+        "time/publish_s": time.monotonic() - t2,
+        **pub,
+    }, path
+
+
+def _engine(publisher: Any) -> Any:
+    """The engine behind a publisher (the proxy's, or the publisher itself)."""
+    return getattr(publisher, "engine", publisher)
+
+
+async def sleep(publisher: Any) -> None:
+    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`)."""
+    if callable(fn := getattr(_engine(publisher), "sleep", None)):
+        await fn()
+
+
+async def wake(publisher: Any) -> None:
+    if callable(fn := getattr(_engine(publisher), "wake_up", None)):
+        await fn()
+
+
+async def publish_logged(publish: Any, path: str, kind: str, version: int) -> tuple[int, dict[str, Any]]:
+    """Publish and measure it: `publish/seconds`, `publish/bytes` (the checkpoint's weight files) and
+    `publish/tier`, how the weights reached the engine (lora-adapter, disk-reload, …)."""
+    t0 = time.monotonic()
+    new = await publish(path, kind, version=version)
+    seconds = time.monotonic() - t0
+    tier = getattr(_engine(getattr(publish, "__self__", None)), "last_publish_tier", "") or "unknown"
+    nbytes = await asyncio.to_thread(_weight_bytes, Path(path))
+    return new, {"publish/seconds": seconds, "publish/bytes": nbytes, "publish/tier": tier}
+
+
+def _weight_bytes(path: Path) -> float:
+    files = [f for f in path.iterdir() if f.suffix in {".safetensors", ".bin"}] if path.is_dir() else []
+    return float(sum(f.stat().st_size for f in files))
 
 
 def _pause_s(publisher: Any) -> float:

@@ -85,3 +85,8 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert all("train/mismatch_kl" in m for m in lines)
+    # every publish says how long it took, how many weight bytes it moved and which sync tier carried them
+    assert all(
+        m["publish/tier"] == "lora-adapter" and m["publish/bytes"] > 0 and m["publish/seconds"] > 0 for m in lines
+    )
+    assert all(m["train/peak_mem_gib"] > 0 and m["train/optimizer_steps"] == 1 for m in lines if not m["train/skipped"])
