@@ -15,8 +15,9 @@ __all__ = ["MasterWeights", "peak_mem_gib", "plan_micro_batches", "reset_peak_me
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
-def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
-    """auto: the GPU when there is one (a torchrun rank's own, by LOCAL_RANK), else the CPU."""
+def resolve_device(spec: str, local_rank: int | None = None, gpus: Sequence[int] = ()) -> torch.device:
+    """auto: the GPU when there is one, else the CPU. A bare `cuda` is the rank's own: gpus[LOCAL_RANK] when the
+    trainer's GPUs are listed (the split layout), else cuda:LOCAL_RANK."""
     if not _DEVICE.fullmatch(spec):
         raise ValueError(f"trainer.device must be auto, cpu, cuda or cuda:N, not {spec!r}")
     if spec == "auto":
@@ -24,7 +25,10 @@ def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"trainer.device={spec} but torch sees no CUDA device (torch {torch.__version__})")
     if spec == "cuda":
-        spec = f"cuda:{local_rank or 0}"
+        rank = local_rank or 0
+        if gpus and rank >= len(gpus):
+            raise ValueError(f"trainer rank {rank} has no GPU in trainer.gpus={list(gpus)}: list one per rank")
+        spec = f"cuda:{gpus[rank] if gpus else rank}"
     return torch.device(spec)
 
 

@@ -61,6 +61,11 @@ class TrainerConfig(BaseModel):
         description="Trainer processes (FSDP2 shards, NCCL on GPUs, gloo on the CPU): rank 0 in the loop's process, "
         "the others spawned with torchrun's environment. On GPUs, one per visible device.",
     )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPUs of the trainer's ranks (rank r on gpus[r]) in the split layout, apart from the engine's "
+        "(engine_options.gpus). Empty = rank r on cuda:r.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
     logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
     clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
@@ -99,7 +104,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.path = resolve_model(config.model)
         local_rank = int(__import__("os").environ.get("LOCAL_RANK", "0"))
-        self.device = resolve_device(config.device, local_rank)
+        self.device = resolve_device(config.device, local_rank, config.gpus)
         self.distributed = distributed.init_from_env(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)

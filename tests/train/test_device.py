@@ -24,6 +24,7 @@ def test_device_and_dtype_resolution():
     assert resolve_device("auto") == torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="auto, cpu, cuda or cuda:N"):
         resolve_device("gpu")
+    assert resolve_device("cpu", 1, gpus=[4, 5]) == torch.device("cpu")  # listed GPUs only place a CUDA trainer
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda:0")) == torch.bfloat16
     assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
