@@ -3,14 +3,24 @@ training, micro-batches by a token budget, and the peak memory of a step."""
 
 from __future__ import annotations
 
+import random
 import re
 import resource
 import sys
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["MasterWeights", "peak_mem_gib", "plan_micro_batches", "reset_peak_mem", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "MasterWeights",
+    "peak_mem_gib",
+    "plan_micro_batches",
+    "reset_peak_mem",
+    "resolve_device",
+    "resolve_dtype",
+    "split_mini_batches",
+]
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -67,6 +77,19 @@ def plan_micro_batches(lengths: Sequence[int], count: int, tokens: int = 0) -> l
     return plan
 
 
+def split_mini_batches(
+    samples: Sequence[Any], n: int, shuffle: bool, seed: int, step: int, epoch: int
+) -> list[list[int]]:
+    """Sample indices of `n` mini-batches of whole traces (a trace's branches share its unit weight), traces in
+    order, or shuffled by (seed, step, epoch) when a batch takes several optimizer steps."""
+    traces = list(dict.fromkeys(s.trace_id for s in samples))
+    if shuffle:
+        random.Random(seed * 1_000_003 + step * 101 + epoch).shuffle(traces)
+    n = max(1, min(n, len(traces)))
+    groups = [traces[i * len(traces) // n : (i + 1) * len(traces) // n] for i in range(n)]
+    return [[i for i, s in enumerate(samples) if s.trace_id in set(g)] for g in groups]
+
+
 class MasterWeights:
     """AdamW over fp32 master copies of low-precision (bf16) trainable weights: the optimizer state and the update
     stay in fp32, the model keeps (and computes with) the rounded weights. Grads go to fp32 a chunk at a time, so a
@@ -107,7 +130,11 @@ class MasterWeights:
 
     def load_state_dict(self, state: dict) -> None:
         """Masters restart from the (loaded) model weights; the moments come back in fp32."""
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters, strict=True):
-                m.copy_(p)
+        self.sync_from_model()
         self.optimizer.load_state_dict(state)
+
+    @torch.no_grad()
+    def sync_from_model(self) -> None:
+        """Masters := the model's weights (after they were set from outside: a load, a scaled-back step)."""
+        for p, m in zip(self.params, self.masters, strict=True):
+            m.copy_(p)

@@ -6,7 +6,6 @@ optimizer steps per batch; saves HF / peft checkpoints for publishing."""
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from pathlib import Path
 from typing import Literal
@@ -23,6 +22,7 @@ from hrl.train.device import (
     reset_peak_mem,
     resolve_device,
     resolve_dtype,
+    split_mini_batches,
 )
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
@@ -195,7 +195,7 @@ class Trainer:
         ref = self.logprobs(samples, reference=True) if cfg.kl_coef > 0 else None
         steps = []
         for epoch in range(ppo_epochs):
-            for part in _mini_batches(
+            for part in split_mini_batches(
                 samples, mini_batches, ppo_epochs * mini_batches > 1, cfg.seed, self.steps, epoch
             ):
                 steps.append(self._optimizer_step([samples[i] for i in part], [proximal[i] for i in part],
@@ -244,7 +244,7 @@ class Trainer:
             old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
             if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine
                 is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
-                parts.append(m)
+                parts.append((m, scale))
             loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
             if ref is not None:
                 kl, _ = kl_to_reference(logp, torch.cat([ref[i] for i in mb_idx]).to(dev), weight)
@@ -252,26 +252,23 @@ class Trainer:
                 kl_total += float(kl.detach())
             (loss * world).backward()  # the ranks' gradients are averaged: × world makes it their sum
             total += float(loss.detach())
-            if scale:
-                parts.append(m)
+            parts.append((m, scale))
         grad_norm = self._clip()
         before = [p.detach().clone() for p in self._trainable()] if cfg.max_update_kl > 0 else None
         start = proximal if before is None or first else self.logprobs(samples)  # the trust region's origin
         self.optimizer.step()
         self.steps += 1
-        metrics = self._trust_region(samples, start, before) if before is not None else {}
-        for m in parts:
-            for k, v in m.items():
-                n = sum(1 for p in parts if k in p)
-                metrics[k] = max(metrics.get(k, v), v) if k.endswith("_max") else metrics.get(k, 0.0) + v / n
-        if world > 1:  # each rank saw its own micro-batches: sums add up, means average, maxima take the max
-            keys = sorted(metrics)
-            sums = distributed.all_reduce([total, kl_total, *(metrics[k] for k in keys)])
-            maxima = distributed.all_reduce([metrics[k] for k in keys], op="max")
-            total, kl_total = sums[0], sums[1]
-            metrics = {
-                k: mx if k.endswith("_max") else s / world for k, s, mx in zip(keys, sums[2:], maxima, strict=True)
-            }
+        metrics = self._trust_region(samples, start, before) if before is not None else {}  # the same on every rank
+        # micro-batch metrics: means over the real micro-batches of all ranks (every micro-batch, padding included,
+        # yields the same keys, so each rank reduces the same list), maxima over them
+        keys = sorted({k for m, _ in parts for k in m})
+        sums = [sum(m[k] * w for m, w in parts if k in m) for k in keys]
+        maxima = [max((m[k] for m, w in parts if w and k in m), default=0.0) for k in keys]
+        counts = [sum(w for m, w in parts if k in m) for k in keys]
+        sums, counts = distributed.all_reduce(sums), distributed.all_reduce(counts)
+        maxima, (total, kl_total) = distributed.all_reduce(maxima, op="max"), distributed.all_reduce([total, kl_total])
+        for k, v, n, mx in zip(keys, sums, counts, maxima, strict=True):
+            metrics[k] = mx if k.endswith("_max") else v / max(n, 1.0)
         metrics |= {"train/loss": total, "train/grad_norm": grad_norm}
         return metrics | ({"train/kl_ref": kl_total} if ref is not None else {})
 
@@ -297,6 +294,8 @@ class Trainer:
             scale, kl = 0.0, 0.0
             for p, b in zip(self._trainable(), before, strict=True):
                 p.copy_(b)
+        if isinstance(self.optimizer, MasterWeights):
+            self.optimizer.sync_from_model()  # the fp32 masters take the scaled-back step too
         return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
     def _clip(self) -> float:
@@ -359,7 +358,7 @@ class Trainer:
         else:
             self.model.load_state_dict(state, strict=False)
         if isinstance(self.optimizer, MasterWeights):
-            self.optimizer.load_state_dict(self.optimizer.state_dict())  # masters follow the loaded weights
+            self.optimizer.sync_from_model()  # masters follow the loaded weights
         opt = self._optimizer_file(ckpt)
         if opt.is_file():
             saved = torch.load(opt, weights_only=not self.distributed)  # shards hold DTensors
@@ -387,17 +386,6 @@ def _flat(samples: list[Sample], attr: str) -> torch.Tensor:
 def _loss_pos(s: Sample) -> list[int]:
     """Indices of loss tokens in a sample (never 0: the first token has no prediction)."""
     return [i for i, m in enumerate(s.loss_mask) if m and i > 0]
-
-
-def _mini_batches(samples: list[Sample], n: int, shuffle: bool, seed: int, step: int, epoch: int) -> list[list[int]]:
-    """Sample indices of `n` mini-batches of whole traces (a trace's branches share its unit weight), traces in
-    order, or shuffled by (seed, step, epoch) when a batch takes several optimizer steps."""
-    traces = list(dict.fromkeys(s.trace_id for s in samples))
-    if shuffle:
-        random.Random(seed * 1_000_003 + step * 101 + epoch).shuffle(traces)
-    n = max(1, min(n, len(traces)))
-    groups = [traces[i * len(traces) // n : (i + 1) * len(traces) // n] for i in range(n)]
-    return [[i for i, s in enumerate(samples) if s.trace_id in set(g)] for g in groups]
 
 
 def _update_kl(old: torch.Tensor, new: torch.Tensor) -> float:
