@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field
 
+from hrl.runners.errors import PrerequisiteError
 from hrl.runners.models import resolve_model
 from hrl.train import distributed
 from hrl.train.device import (
@@ -104,7 +105,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.path = resolve_model(config.model)
         local_rank = int(__import__("os").environ.get("LOCAL_RANK", "0"))
-        self.device = resolve_device(config.device, local_rank, config.gpus)
+        try:
+            self.device = resolve_device(config.device, local_rank, config.gpus)
+        except RuntimeError as e:  # asked for CUDA on a machine (or torch build) without it
+            raise PrerequisiteError(
+                str(e), hint="use -c trainer.device=auto (the CPU here), or a CUDA build of torch"
+            ) from e
         self.distributed = distributed.init_from_env(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)

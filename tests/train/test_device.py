@@ -80,3 +80,12 @@ def test_bf16_full_training_keeps_fp32_masters_and_moments(tiny_model, tmp_path)
     lora = Trainer(TrainerConfig(model=tiny_model, mode="lora", dtype="bfloat16", device="cpu"))
     assert {q.dtype for q in lora._trainable()} == {torch.float32}  # adapters in fp32 on a bf16 base
     assert isinstance(lora.optimizer, torch.optim.AdamW)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_prerequisite_error(tiny_model):
+    from hrl.runners.errors import PrerequisiteError
+
+    with pytest.raises(PrerequisiteError, match="no CUDA device") as info:
+        Trainer(TrainerConfig(model=tiny_model, device="cuda:1"))
+    assert "trainer.device=auto" in info.value.hint
