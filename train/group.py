@@ -58,8 +58,11 @@ class TrainerGroup:
         try:
             self.trainer = Trainer(config)
         finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            for k, v in saved.items():  # the loop's own process is not a torchrun rank
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
         self._control = dist.new_group(backend="gloo")
 
     def __getattr__(self, name: str) -> Any:

@@ -26,6 +26,7 @@ from hrl.train.group import make_trainer
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
+from hrl.train.weight_sync import ipc_update_info
 
 __all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train", "update_from_traces"]
 
@@ -87,6 +88,7 @@ async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Ev
     state = run.state()
     run.discard_uncommitted_metrics()
     trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
+    attach_ipc_weights(_engine(getattr(publish, "__self__", None)), trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
@@ -153,6 +155,14 @@ async def _iteration(
         "time/publish_s": time.monotonic() - t2,
         **pub,
     }, path
+
+
+def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
+    """weight_sync=ipc on the engine: a full publish takes the weights straight from the trainer's GPU memory (one
+    trainer process on CUDA); anything else keeps the disk reload."""
+    attach = getattr(engine, "attach_weights", None)
+    if callable(attach) and tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
+        attach(lambda: ipc_update_info(trainer.named_weights()))
 
 
 def _engine(publisher: Any) -> Any:

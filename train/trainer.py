@@ -278,6 +278,12 @@ class Trainer:
         metrics |= {"train/loss": total, "train/grad_norm": grad_norm}
         return metrics | ({"train/kl_ref": kl_total} if ref is not None else {})
 
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full model's weights under their HF names, where they live (tied ones once): full mode, one process."""
+        if self.config.mode != "full" or self.distributed:
+            raise ValueError("named_weights needs full fine-tuning in one trainer process")
+        return list(self.model.named_parameters())
+
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 

@@ -88,6 +88,12 @@ class VLLMEngineConfig(BaseModel):
         "1: weights to CPU memory, KV cache dropped. 2: weights dropped too (full training only: every publish "
         "reloads them). 0 = never (split layout, or the CPU, where vLLM has no sleep mode).",
     )
+    weight_sync: Literal["disk", "ipc"] = Field(
+        "disk",
+        description="How a full publish reaches the server. disk: safetensors reloaded in place. ipc: the trainer's "
+        "CUDA tensors through vLLM's native weight-transfer API (colocated, one trainer process, tensor parallel 1); "
+        "falls back to disk when the trainer attached no weights.",
+    )
     enforce_eager: bool = Field(True, description="Skip torch.compile and graph capture: starts faster on CPU.")
     startup_timeout_s: float = Field(300, description="Seconds to wait for /health before giving up.")
     request_timeout_s: float = Field(600, description="Seconds allowed for a control call (pause, load, reload).")
@@ -113,6 +119,7 @@ class VLLMEngine:
         self.last_publish_s = 0.0
         self.last_publish_tier = ""
         self.sleeping = 0  # the sleep level the server is in now (0 = awake)
+        self._weights: Any = None  # weight_sync=ipc: () -> (update_info, tensors to keep alive), from the trainer
         self._version = 0
         self._full_version = 0  # version of the base weights the server holds now
         self._loras: dict[int, str] = {}  # LoRA version -> adapter name loaded on the server
@@ -139,6 +146,8 @@ class VLLMEngine:
                 await self._spawn()
             self._http = new_session()
             await self._read_models()
+            if self.config.weight_sync == "ipc":
+                await self._call("POST", "/init_weight_transfer_engine", json={"init_info": {"packed": False}})
         except BaseException:
             await self.close()
             raise
@@ -159,7 +168,7 @@ class VLLMEngine:
         port = cfg.port or find_free_port(cfg.host)
         check_port_free(cfg.host, port)
         self.base_url = f"http://{cfg.host}:{port}"
-        env = server_env(cfg.kv_cache_gib, cfg.gpus)
+        env = server_env(cfg.kv_cache_gib, cfg.gpus, ipc=cfg.weight_sync == "ipc")
         self.server = ServerProcess(self._command(python, path, port), env, cfg.log_file)
         self.server.spawn()
         await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s)
@@ -289,7 +298,8 @@ class VLLMEngine:
             await (self._publish_lora(path, new) if kind == "lora" else self._publish_full(path, new))
             self._version = new
             self.last_publish_s = time.monotonic() - t0
-            self.last_publish_tier = "lora-adapter" if kind == "lora" else "disk-reload"
+            if kind == "lora":
+                self.last_publish_tier = "lora-adapter"
         return new
 
     async def _publish_lora(self, path: str, new: int) -> None:
@@ -308,8 +318,17 @@ class VLLMEngine:
         await self.pause()
         try:
             await self._settle()
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            await self._call("POST", "/collective_rpc", json=rpc)
+            if self._weights is not None and self.config.weight_sync == "ipc":
+                info, keep = await asyncio.to_thread(self._weights)
+                await self._call("POST", "/start_weight_update")
+                await self._call("POST", "/update_weights", json={"update_info": info})
+                await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+                del keep  # the server has copied every tensor it was handed
+                self.last_publish_tier = "cuda-ipc"
+            else:
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+                await self._call("POST", "/collective_rpc", json=rpc)
+                self.last_publish_tier = "disk-reload"
             await self._call("POST", "/update_weight_version", json={"new_version": str(new)})
             while self._loras:  # adapters were trained against the old base weights; the workers dropped them
                 await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.popitem()[1]})
@@ -317,6 +336,14 @@ class VLLMEngine:
         finally:
             if not was_paused:
                 await self.resume()
+
+    def attach_weights(self, source: Any) -> bool:
+        """weight_sync=ipc: `source()` gives the update_info of the trainer's live weights (train/weight_sync.py)
+        and the tensors to keep alive; full publishes then skip the disk. False (ignored) with weight_sync=disk."""
+        if self.config.weight_sync != "ipc":
+            return False
+        self._weights = source
+        return True
 
     # ---- colocated layout ----------------------------------------------------------------------------------
     async def sleep(self) -> None:

@@ -84,12 +84,14 @@ def checkpoint_dtype(model_dir: str) -> str:
     return "auto"
 
 
-def server_env(kv_cache_gib: int, gpus: list[int] | None = None) -> dict[str, str]:
+def server_env(kv_cache_gib: int, gpus: list[int] | None = None, ipc: bool = False) -> dict[str, str]:
     """This process's environment plus what the server needs: dev routes, runtime LoRA, no telemetry, offline hub,
     and the GPUs it may use (split layout)."""
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if ipc:  # vLLM unpickles the CUDA-IPC handles of a weight update only with this set
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.update(
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
         VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /update_weight_version
@@ -116,6 +118,8 @@ def gpu_flags(cfg: Any) -> list[str]:
         flags.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
     if cfg.sleep_level:
         flags.append("--enable-sleep-mode")
+    if cfg.weight_sync == "ipc":
+        flags += ["--weight-transfer-config", '{"backend": "ipc"}']
     return flags
 
 

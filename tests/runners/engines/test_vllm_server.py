@@ -29,3 +29,13 @@ def test_split_layout_gives_the_server_its_own_gpus():
 def test_sleep_level_is_0_1_or_2():
     with pytest.raises(ValueError, match="sleep_level"):
         VLLMEngineConfig(model="m", sleep_level=3)
+
+
+def test_ipc_weight_sync_turns_on_the_native_transfer_api_and_only_then():
+    cfg = VLLMEngineConfig(model="m", weight_sync="ipc")
+    assert gpu_flags(cfg)[-2:] == ["--weight-transfer-config", '{"backend": "ipc"}']
+    assert server_env(1, ipc=True)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    unset = server_env(1).get("VLLM_ALLOW_INSECURE_SERIALIZATION")
+    assert unset == __import__("os").environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")  # disk: as the caller has it
+    assert VLLMEngine(cfg).attach_weights(lambda: ({}, [])) is True
+    assert VLLMEngine(VLLMEngineConfig(model="m")).attach_weights(lambda: ({}, [])) is False  # disk: ignored
