@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field, model_validator
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
@@ -87,8 +88,12 @@ async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Ev
     and no metrics line of a step that was logged but not committed (it runs again)."""
     state = run.state()
     run.discard_uncommitted_metrics()
+    engine = _engine(getattr(publish, "__self__", None))
+    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":
+        raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
+                       "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
     trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
-    attach_ipc_weights(_engine(getattr(publish, "__self__", None)), trainer, cfg.trainer)
+    attach_ipc_weights(engine, trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publish(state["checkpoint"], cfg.trainer.mode, state["version"])

@@ -106,3 +106,19 @@ def test_ppo_epochs_and_mini_batches_make_clipping_act_in_the_loop(tiny_model, t
                            f"approx_kl {m['train/approx_kl']:.4f}" for m in trained))  # fmt: skip
     assert trained and all(m["train/optimizer_steps"] == 4 for m in trained)
     assert max(m["train/clip_frac"] for m in trained) > 0, trained
+
+
+def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path):
+    """Level 2 drops vLLM's base weights; a LoRA publish would serve adapters on nothing."""
+    import pytest
+
+    from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
+    from hrl.runners.errors import HrlError
+
+    engine = VLLMEngine(VLLMEngineConfig(model=tiny_model, sleep_level=2))  # never started: refused first
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=1, trainer=TrainerConfig(model=tiny_model))
+    run.create(cfg.model_dump())
+    with pytest.raises(HrlError, match="sleep_level=2") as info:
+        asyncio.run(train(TASKS, cfg, run, engine, ChatRollouts(None, "")))  # type: ignore[arg-type]
+    assert "sleep_level=1" in info.value.hint
