@@ -92,7 +92,10 @@ class Bench:
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_config(model_config(self.tiny), dtype=self.dtype)
         model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model.train()
 
     def peak_tflops(self) -> tuple[float, str]:

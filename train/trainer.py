@@ -116,7 +116,10 @@ class Trainer:
         model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
         model.config.use_cache = False
         if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.mode == "lora":
             from peft import LoraConfig, get_peft_model
 
