@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["token_logprobs"]
+__all__ = ["LogprobModel", "token_logprobs"]
 
 
 def _backbone_and_head(model: Any) -> tuple[Any, Any]:
@@ -37,3 +37,15 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         else:
             pieces.append(_chunk_logp(head, h, t))
     return torch.cat(pieces, dim=1)
+
+
+class LogprobModel(torch.nn.Module):
+    """A causal LM whose forward returns token_logprobs: one root module for FSDP2, whose forward hooks then cover
+    the embeddings and the head that token_logprobs calls apart from the backbone."""
+
+    def __init__(self, model: Any, chunk: int = 512) -> None:
+        super().__init__()
+        self.inner, self.chunk = model, chunk
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(self.inner, input_ids, attention_mask, self.chunk)
