@@ -44,6 +44,14 @@ class ProxyConfig(BaseModel):
         description="Replace host secrets (values of secret-named variables, known key formats) in the request "
         "text before it is tokenized, so no prompt id, trace or model input carries them (hrl.runners.redact).",
     )
+    stream_coalesce_ms: float = Field(
+        2.0,
+        description="Streaming: text that arrives within this many ms of the last write is held and sent as one "
+        "event (one write); nothing waits longer. 0 = one event per engine delta. The trace is the same either way.",
+    )
+    stream_coalesce_tokens: int = Field(
+        16, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
+    )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
         description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
@@ -71,6 +79,8 @@ class Proxy:
         self._waiting = 0
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
         self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0}
+        self.tokens = 0  # sampled tokens the proxy has streamed (all calls, both streaming modes)
+        self._cpu_mark: tuple[float, int] | None = None
 
     @property
     def max_context(self) -> int:
@@ -105,6 +115,16 @@ class Proxy:
             self.traces.write(trace)
         self.finished = [*self.finished[-255:], trace]
         return trace
+
+    def take_cpu_per_token(self) -> float | None:
+        """`proxy/cpu_us_per_token` since the previous call: CPU microseconds of the calling thread (call it on the
+        event loop the proxy serves on: the proxy, and whatever else runs on that loop) ÷ tokens streamed in that
+        window. None on the first call (it sets the mark) and when no token was streamed."""
+        now, mark = (time.thread_time(), self.tokens), self._cpu_mark
+        self._cpu_mark = now
+        if mark is None or now[1] == mark[1]:
+            return None
+        return (now[0] - mark[0]) / (now[1] - mark[1]) * 1e6
 
     def pause(self) -> None:
         """Hold new generations in the proxy (agents just wait) until `resume`."""
@@ -189,6 +209,7 @@ class Proxy:
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:
                         break  # resumed below, on the new weights
                     call.add(delta)
+                    self.tokens += len(delta.token_ids)
                     if delta.finish_reason == "abort":  # not asked for: the engine stopped or restarted under it
                         raise EngineError(
                             f"the {self.engine.name} engine aborted the generation (stopped or restarted)"
