@@ -46,7 +46,7 @@ class ChatRollouts:
 
 async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None) -> list[dict]:
     async with serving(model, engine_options={"dtype": "float32"}) as stack:
-        return await train(TASKS, cfg, run, stack.engine, ChatRollouts(stack.proxy, stack.url, crash_after))
+        return await train(TASKS, cfg, run, stack.proxy, ChatRollouts(stack.proxy, stack.url, crash_after))
 
 
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
@@ -85,3 +85,4 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert all("train/mismatch_kl" in m for m in lines)
+    assert all(m["proxy/cpu_us_per_token"] > 0 for m in lines)  # every step streamed tokens through the proxy
