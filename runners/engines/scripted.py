@@ -177,7 +177,9 @@ class ScriptedEngine:
         index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
         turn, ids = self.turns[index], self._ids(index)
         fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
-        start = next((j for j in range(len(ids) - 1, 0, -1) if prompt_ids[-j:] == ids[:j]), 0)  # a resubmission
+        last = prompt_ids[-1] if prompt_ids else None
+        start = next((j for j in range(len(ids) - 1, 0, -1) if ids[j - 1] == last and prompt_ids[-j:] == ids[:j]),
+                     0)  # a resubmission: the prompt ends with the turn's first j ids  # fmt: skip
         end = min(len(ids), start + params.max_tokens)
         live = self._version if version is None else version
         self._running[request_id] = me = object()  # a resubmission reuses the id while the old one is unclosed
