@@ -35,8 +35,10 @@ except ImportError:  # orjson is optional
     from json import loads as _loads
 
 from hrl.runners.engines import SamplingParams
+from hrl.runners.proxy.loop import run
 from hrl.runners.proxy.server import run_server
 from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.proxy.workers import WorkerPool, owner
 from hrl.runners.stack import serving
 from hrl.runners.trace import TraceWriter
 
@@ -158,7 +160,8 @@ async def _session_direct(
 
 async def _session_proxy(http: aiohttp.ClientSession, url: str, sid: str, a: argparse.Namespace, case: str):
     dialect, mode = case.split("/")
-    base = f"{url}/s/{sid}"
+    host, _, port = url.rpartition(":")
+    base = f"{host}:{int(port) + owner(sid, a.workers)}/s/{sid}"  # the worker that owns the session
     msgs: list[dict[str, str]] = [{"role": "user", "content": f"session {sid}: fix the failing test"}]
     lat = []
     for turn in range(a.turns):
@@ -176,16 +179,16 @@ async def _session_proxy(http: aiohttp.ClientSession, url: str, sid: str, a: arg
 
 
 async def _run(a: argparse.Namespace, mode: str, url: str, tmpl: ChatTemplate, vllm: bool, sessions: int,
-               pid: int) -> dict[str, float]:  # fmt: skip
+               pids: list[int]) -> dict[str, float]:  # fmt: skip
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600)) as http:
-        t0, cpu0 = time.perf_counter(), _cpu_s(pid)
+        t0, cpu0 = time.perf_counter(), sum(map(_cpu_s, pids))
         if mode == "direct":
             res = await asyncio.gather(*[_session_direct(http, url, tmpl, i, a, vllm) for i in range(sessions)])
         else:
             tag = uuid.uuid4().hex[:8]  # fresh sessions every run
             res = await asyncio.gather(*[_session_proxy(http, url, f"b{tag}{i}", a, mode) for i in range(sessions)])
-        wall, cpu = time.perf_counter() - t0, _cpu_s(pid) - cpu0
+        wall, cpu = time.perf_counter() - t0, sum(map(_cpu_s, pids)) - cpu0
     flat = [x for s in res for x in s]
     tokens = sum(n for _, _, n in flat)
     return {
@@ -213,10 +216,19 @@ async def serve(a: argparse.Namespace) -> None:
             direct = asyncio.create_task(run_server(_direct_app(stack.engine), "127.0.0.1", a.port + 1, ready))
             await ready.wait()
             direct_url = f"http://127.0.0.1:{a.port + 1}"
-        print(json.dumps({"direct": direct_url, "proxy": stack.url}), flush=True)
+        pool, urls = None, {"direct": direct_url, "proxy": stack.url, "workers": 1, "pids": [os.getpid()]}
+        if a.workers > 1:  # N proxy processes with session affinity, each with its own (paced) engine or vLLM client
+            shared = {"url": direct_url} if a.engine == "vllm" else opts
+            pool = WorkerPool(a.model, a.engine, workers=a.workers, port=a.port + 2, control_token=uuid.uuid4().hex,
+                              engine_options=shared, proxy_options=proxy_options)  # fmt: skip
+            await asyncio.to_thread(pool.__enter__)
+            urls |= {"proxy": pool.url(0), "workers": a.workers, "pids": [os.getpid(), *(p.pid for p in pool.procs)]}
+        print(json.dumps(urls), flush=True)
         try:
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
         finally:
+            if pool is not None:
+                await asyncio.to_thread(pool.__exit__, None, None, None)
             if direct is not None:
                 direct.cancel()
 
@@ -238,18 +250,18 @@ async def main(a: argparse.Namespace) -> None:
     cases = [f"{d}/{m}" for d in a.dialects for m in a.modes]
     rows = []
     try:
-        await _run(a, "direct", urls["direct"], tmpl, vllm, min(a.sessions), child.pid)  # warm-up
+        await _run(a, "direct", urls["direct"], tmpl, vllm, min(a.sessions), urls["pids"])  # warm-up
         for sessions in a.sessions:
             results: dict[str, list[dict[str, float]]] = {}
             for _ in range(a.repeats):  # interleave so machine noise hits both paths alike
                 for mode in ("direct", *cases):
                     url = urls["direct" if mode == "direct" else "proxy"]
-                    results.setdefault(mode, []).append(await _run(a, mode, url, tmpl, vllm, sessions, child.pid))
+                    results.setdefault(mode, []).append(await _run(a, mode, url, tmpl, vllm, sessions, urls["pids"]))
             rows.append(_summary(a, sessions, results))
     finally:
         child.stdin.close()
         await child.wait()
-    json.dump({"engine": a.engine, "turns": a.turns, "tokens_per_turn": a.tokens, "load": os.getloadavg(),
+    json.dump({"engine": a.engine, "workers": a.workers, "turns": a.turns, "tokens_per_turn": a.tokens, "load": os.getloadavg(),
                "results": rows}, sys.stdout, indent=2)  # fmt: skip
     print()
     for r in rows:
@@ -288,6 +300,7 @@ if __name__ == "__main__":
     ap.add_argument("--sessions", type=int, nargs="+", default=[64], help="one or more session counts, side by side")
     ap.add_argument("--dialects", nargs="+", default=["chat"], choices=["chat", "responses", "anthropic", "gemini"])
     ap.add_argument("--modes", nargs="+", default=["stream"], choices=["stream", "nonstream"])
+    ap.add_argument("--workers", type=int, default=1, help="proxy worker processes (session affinity)")
     ap.add_argument("--max-batch", type=int, default=0, help="scripted engine: most sequences decoding at once")
     ap.add_argument(
         "--proxy-option",
@@ -305,4 +318,7 @@ if __name__ == "__main__":
     ap.add_argument("--traces", default=None, help="also write traces (measures recording cost)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    asyncio.run(serve(args) if args.serve else main(args))
+    if args.serve:
+        run(serve(args))  # the serving side: on uvloop when it is installed (HRL_UVLOOP=0: asyncio's loop)
+    else:
+        asyncio.run(main(args))

@@ -22,6 +22,7 @@ from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.proxy.workers import owned_token, owner
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
@@ -51,6 +52,10 @@ class ProxyConfig(BaseModel):
     )
     stream_coalesce_tokens: int = Field(
         16, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
+    )
+    workers: int = Field(1, description="Proxy worker processes on this node (runners.proxy.workers); 1 = one.")
+    worker_index: int = Field(
+        0, description="This worker's index: it serves, and registers, only the session tokens it owns."
     )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
@@ -90,7 +95,10 @@ class Proxy:
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
         """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
-        token = token or secrets.token_urlsafe(16)
+        workers, me = self.config.workers, self.config.worker_index
+        token = token or (owned_token(me, workers) if workers > 1 else secrets.token_urlsafe(16))
+        if owner(token, workers) != me:
+            raise ValueError(f"session {token} belongs to proxy worker {owner(token, workers)} of {workers}, not {me}")
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         session = self.sessions[token] = Session(token, meta)
@@ -99,7 +107,7 @@ class Proxy:
     def session_for(self, token: str) -> Session:
         if token in self.sessions:
             return self.sessions[token]
-        if not self.config.open_sessions:
+        if not self.config.open_sessions or owner(token, self.config.workers) != self.config.worker_index:
             raise UnknownSessionError(token)
         return self.open_session(token, {"metadata": {"opened_by": "first request"}})
 
