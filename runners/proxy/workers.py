@@ -22,10 +22,13 @@ import hashlib
 import multiprocessing
 import secrets
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from hrl.runners.errors import EngineStartError
 
 __all__ = ["WorkerPool", "owned_token", "owner"]
 
@@ -45,7 +48,7 @@ def owned_token(index: int, workers: int) -> str:
             return token
 
 
-def _worker(model: str, engine: str, index: int, port: int, opts: dict[str, Any], ready: Any) -> None:
+def _worker(model: str, engine: str, index: int, port: int, opts: dict[str, Any], ready: Any, errors: Any) -> None:
     from hrl.runners.proxy.loop import run
     from hrl.runners.stack import serving
     from hrl.runners.trace import TraceWriter
@@ -54,19 +57,23 @@ def _worker(model: str, engine: str, index: int, port: int, opts: dict[str, Any]
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the pool's stop, or Ctrl-C reaching the process group
+            loop.add_signal_handler(sig, task.cancel)
         traces = opts["traces"]
         writer = TraceWriter(f"{traces}.w{index}.jsonl") if traces else None
         proxy_options = {**opts["proxy_options"], "workers": opts["workers"], "worker_index": index}
-        async with serving(model, engine, port=port, engine_options=opts["engine_options"], traces=writer,
-                           proxy_options=proxy_options, control_token=opts["control_token"]):  # fmt: skip
+        async with serving(model, engine, host=opts["host"], port=port, engine_options=opts["engine_options"],
+                           traces=writer, proxy_options=proxy_options, control_token=opts["control_token"],
+                           model_name=opts["model_name"]):  # fmt: skip
             ready.set()
             await asyncio.Event().wait()
 
     try:
         run(main())
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, KeyboardInterrupt):
         pass
+    except Exception as e:  # why it could not start (or serve): the pool raises it in the parent
+        errors.put((index, f"{type(e).__name__}: {e}", getattr(e, "hint", None)))
 
 
 class WorkerPool:
@@ -89,11 +96,13 @@ class WorkerPool:
         engine_options: dict[str, Any] | None = None,
         proxy_options: dict[str, Any] | None = None,
         traces: str | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.model, self.engine, self.n, self.port, self.host = model, engine, workers, port, host
         self.control = {"Authorization": f"Bearer {control_token}"}
         self.opts = {"engine_options": engine_options or {}, "proxy_options": proxy_options or {},
-                     "traces": traces, "control_token": control_token, "workers": workers}  # fmt: skip
+                     "traces": traces, "control_token": control_token, "workers": workers,
+                     "model_name": model_name, "host": host}  # fmt: skip
         self.procs: list[Any] = []
         self._next = 0
 
@@ -109,17 +118,23 @@ class WorkerPool:
 
     def __enter__(self) -> WorkerPool:
         ctx = multiprocessing.get_context("spawn")
-        events = []
+        errors, events = ctx.SimpleQueue(), []
         for i in range(self.n):
             ready = ctx.Event()
-            proc = ctx.Process(target=_worker, args=(self.model, self.engine, i, self.port + i, self.opts, ready))
+            args = (self.model, self.engine, i, self.port + i, self.opts, ready, errors)
+            proc = ctx.Process(target=_worker, args=args)
             proc.start()
             self.procs.append(proc)
             events.append(ready)
-        for i, ready in enumerate(events):
-            if not ready.wait(300):
+        deadline = time.monotonic() + 600
+        while not all(e.is_set() for e in events):
+            dead = [i for i, p in enumerate(self.procs) if not p.is_alive() and not events[i].is_set()]
+            if dead or time.monotonic() > deadline:
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"proxy worker {i} did not start (port {self.port + i})")
+                index, why, hint = errors.get() if not errors.empty() else (dead[0] if dead else 0, "no answer", None)
+                raise EngineStartError(f"proxy worker {index} (port {self.port + index}) did not start: {why}",
+                                       hint=hint)  # fmt: skip
+            time.sleep(0.1)
         return self
 
     def __exit__(self, *exc: object) -> None:
