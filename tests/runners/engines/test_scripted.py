@@ -46,7 +46,7 @@ def test_batch_ceiling_queues_sequences_and_late_wakeups_catch_up(tiny_model: st
         async for d in engine.generate("slow", [1, 2], params):
             deltas.append(len(d.token_ids))
             if len(deltas) == 1:
-                time.sleep(0.05)
+                time.sleep(0.05)  # noqa: ASYNC251 - blocking the loop is the point: a late wake-up
         return took, engine.seq_s / engine.busy_s, deltas, [len(g.token_ids) for g in gens]
 
     took, mean_batch, deltas, lengths = asyncio.run(main())
