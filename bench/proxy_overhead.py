@@ -267,9 +267,13 @@ async def main(a: argparse.Namespace) -> None:
     for r in rows:
         for case, c in r["proxy"].items():
             print(f"sessions {r['sessions']:5d}  {case:20s} throughput {c['throughput_ratio']:.3f} of direct  "
-                  f"p50 added {c['p50_added_total_ms']:+7.1f} ms  ttft {c['p50_added_ttft_ms']:+7.1f} ms  "
+                  f"p50 added {c['p50_added_total_ms']:+7.1f} ms  ttft {_ms(c['p50_added_ttft_ms'])}  "
                   f"cpu/token {c['cpu_us_per_token']:6.1f} us (direct {r['direct']['cpu_us_per_token']:.1f})",
                   file=sys.stderr)  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "      -   " if value is None else f"{value:+7.1f} ms"
 
 
 def _summary(a: argparse.Namespace, sessions: int, results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -279,7 +283,7 @@ def _summary(a: argparse.Namespace, sessions: int, results: dict[str, list[dict[
         case: p
         | {
             "throughput_ratio": p["tok_per_s"] / d["tok_per_s"],
-            "p50_added_ttft_ms": p["p50_ttft_ms"] - d["p50_ttft_ms"],
+            "p50_added_ttft_ms": p["p50_ttft_ms"] - d["p50_ttft_ms"] if case.endswith("/stream") else None,
             "p50_added_total_ms": p["p50_total_ms"] - d["p50_total_ms"],
             "added_cpu_us_per_token": p["cpu_us_per_token"] - d["cpu_us_per_token"],
         }
