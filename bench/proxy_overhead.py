@@ -112,22 +112,22 @@ def _reply_text(dialect: str, body: dict[str, Any]) -> str:
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], dialect: str = "direct"):
-    """POST and read SSE; returns (ttft, total, tokens seen, text)."""
+    """POST and read SSE; returns (time to the first sampled token, total, tokens seen, text)."""
     t0, ttft, n, text = time.perf_counter(), 0.0, 0, []
     async with session.post(url, json=body) as r:
         async for raw in r.content:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            ev = _loads(line[6:])
-            if not ttft:
-                ttft = time.perf_counter() - t0
+            ev, before = _loads(line[6:]), (n, len(text))
             if "token_ids" in ev:
                 n += len(ev["token_ids"])
             elif ev.get("choices") and "text" in ev["choices"][0]:  # vLLM completions stream
                 n += len(ev["choices"][0].get("token_ids") or [])
-            else:
-                text.append(_delta_text(dialect, ev))
+            elif piece := _delta_text(dialect, ev):
+                text.append(piece)
+            if not ttft and (n, len(text)) != before:  # the first event that carries a token, not a preamble
+                ttft = time.perf_counter() - t0
     return ttft, time.perf_counter() - t0, n, "".join(text)
 
 
