@@ -1,8 +1,10 @@
-"""JSON on the proxy's hot paths (request bodies, SSE events, response bodies): orjson when it is installed (the
-`fast` extra), else the standard library; every result is the same JSON value either way.
+"""JSON the proxy writes on its hot paths (SSE events, response bodies): orjson when it is installed (the `fast`
+extra), else the standard library; the same JSON value either way.
 
-Only wire encoding goes through here. Whatever reaches the chat template or a trace (tool-call arguments, trace
-lines) keeps the standard library's exact formatting: prompt ids must not depend on which library is installed.
+Only encoding goes through here. Request bodies are read by the standard library: orjson reads integers past 64
+bits as floats, which would change a tool call's arguments and so the prompt ids (and reading is once per call,
+under 0.3 % of the serving process in the profiles). Whatever reaches the chat template or a trace keeps the
+standard library's formatting too: prompt ids must not depend on which library is installed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["FAST", "dumps", "dumps_str", "loads"]
+__all__ = ["FAST", "dumps", "dumps_str"]
 
 try:
     import orjson
@@ -18,17 +20,6 @@ except ImportError:  # pragma: no cover - the fallback is exercised where orjson
     orjson = None  # type: ignore[assignment]
 
 FAST = orjson is not None
-
-
-def loads(data: bytes | str) -> Any:
-    """Parse JSON. What orjson refuses but the standard library reads (NaN, integers over 64 bits, a UTF-16 body)
-    is read by the standard library, so a request is accepted or refused, with the same message, either way."""
-    if orjson is not None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
 
 
 def dumps(obj: Any) -> bytes:

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import BadRequestError, check_request, get_dialect
-from hrl.runners.proxy.jsonio import dumps_str, loads
+from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
 from hrl.runners.proxy.streaming import write_stream
 
@@ -219,7 +219,7 @@ class _Handler:
         except web.HTTPRequestEntityTooLarge:
             return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
         try:
-            body = loads(raw)
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise BadRequestError("the request body must be a JSON object")
             if route.get("stream"):
