@@ -207,6 +207,7 @@ _LEGEND = "call  @start  dialect  prompt→response tokens  finish  versions  fi
 def _call_label(c: dict[str, Any], first: bool) -> Text:
     """One call on one line, in the order of `_LEGEND`; flags `side`, `nostream`; an error on a second line."""
     kind = c["dialect"] + (" side" if c["side"] else "") + ("" if c["stream"] else " nostream")
+    kind += "" if c.get("trainable", True) else " untrained"
     versions = ",".join(f"v{v}" for v in c["versions"]) or "v-"
     label = Text.assemble(
         (c["call_id"], "bold"),
@@ -254,14 +255,38 @@ def _trace_tree(trace: Trace) -> Tree:
         head.append(f"\n{who}", style="dim")
     head.append(f"\n{_LEGEND}", style="dim")
     tree = Tree(head)
-    events = [((c["started_at"] or 0.0, 0), _call_label(c, i == 0)) for i, c in enumerate(calls)]
-    events += [((t.get("started_at") or 0.0, 1), _tool_label(t)) for t in trace.get("tools") or []]
-    for _, label in sorted(events, key=lambda e: e[0]):
-        tree.add(label)
+    nodes = _agent_nodes(tree, trace)
+    firsts = {c.get("agent"): i for i, c in reversed(list(enumerate(calls)))}
+    events = [((c["started_at"] or 0.0, 0), c.get("agent"), _call_label(c, firsts[c.get("agent")] == i))
+              for i, c in enumerate(calls)]  # fmt: skip
+    events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t)) for t in trace.get("tools") or []]
+    for _, agent, label in sorted(events, key=lambda e: e[0]):
+        nodes(agent).add(label)
     tree.add(_reward_label(trace))
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
     return tree
+
+
+def _agent_nodes(tree: Tree, trace: Trace) -> Any:
+    """The tree of agents (when the trace has sub-agents): a function from an agent's name (None: the root agent)
+    to its node, made on first use under its parent's node, so each agent sits where its first event falls."""
+    agents = {a["name"]: a for a in trace.get("agents") or []}
+    root = next(iter(agents), None)
+    nodes: dict[str | None, Tree] = {}
+
+    def node(name: str | None) -> Tree:
+        if root is None:
+            return tree
+        if name not in nodes:
+            a = agents[root if name is None else name]
+            parent = tree if name is None else node(None if a["parent"] == root else a["parent"])
+            flag = "" if a["trainable"] else "  untrained"
+            label = Text.assemble(("agent ", "bold"), (a["name"], "bold green"), f"  {a['calls']} calls{flag}")
+            nodes[name] = parent.add(label)
+        return nodes[name]
+
+    return node
 
 
 def _branches_table(traces: list[Trace]) -> Table:

@@ -28,6 +28,8 @@ EPILOG = """Examples:
   hrl rollout --agent mini-swe-agent --recipe demo --model runs/demo/checkpoints/v0010   # a LoRA checkpoint
 
   hrl rollout --agent codex --recipe swe --json | jq .reward
+
+  hrl rollout --recipe langgraph-react -n 2                 # a white-box LangGraph agent (docs/whitebox.md)
 """
 
 
@@ -50,7 +52,15 @@ def local_warning() -> str:
 
 
 def rollout(
-    agent: Annotated[str, typer.Option("--agent", "-a", help="Agent CLI (see `hrl agents ls`).")],
+    agent: Annotated[
+        str,
+        typer.Option(
+            "--agent",
+            "-a",
+            help="Agent CLI (see `hrl agents ls`), or a white-box Python agent python:MODULE:FUNCTION | FILE.py:FUNCTION "
+            "(default: the recipe's).",
+        ),
+    ] = "",
     recipe: Annotated[str, typer.Option(help="Recipe name or YAML path giving tasks, model and settings.")] = "",
     tasks: Annotated[Path | None, typer.Option(help="SWE-bench-format tasks (JSONL or Parquet).")] = None,
     n: Annotated[int, typer.Option("-n", help="Episodes per task.")] = 1,
@@ -76,17 +86,20 @@ def rollout(
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
+    from hrl.runners.whitebox.harness import is_python_agent
 
     if not recipe and tasks is None:
         raise typer.BadParameter("give --recipe or --tasks")
     cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [])
     roll = cfg.setdefault("rollout", {})
-    roll["agent"] = agent
+    roll["agent"] = agent or roll.get("agent") or ""
+    if not roll["agent"]:
+        raise typer.BadParameter("give --agent (the recipe names none)")
     if sandbox:
         roll["sandbox"] = sandbox
     if time_budget:
         roll["time_budget_s"] = time_budget
-    if roll.get("sandbox", "docker") == "local":
+    if roll.get("sandbox", "docker") == "local" and not is_python_agent(roll["agent"]):
         err.print(local_warning(), markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     model = model or cfg.get("model") or ""
@@ -112,11 +125,14 @@ async def _run(
     out: Path,
     as_json: bool,
 ) -> int:
+    import secrets
+
     from hrl.runners.agents.install import installed
     from hrl.runners.episodes import Episode, run_episodes
-    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+    from hrl.runners.rollout import RolloutConfig, make_rollouts
     from hrl.runners.stack import serving
     from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.whitebox.harness import is_python_agent
 
     task_list = load_tasks(task_file)[: limit or None]
     episodes = [Episode(t, k, 0) for t in task_list for k in range(n)]
@@ -146,15 +162,18 @@ async def _run(
 
     err.print(
         f"{len(episodes)} episodes ({len(task_list)} tasks × {n}), agent {cfg['rollout']['agent']}, "
-        f"sandbox {cfg['rollout'].get('sandbox', 'docker')}, engine {engine}, run {cfg['rollout']['run_id']}",
+        f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
+    white = is_python_agent(cfg["rollout"]["agent"])
     async with serving(
-        model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy")
-    ) as stack:
-        rollouts = AgentRollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, verifier=cfg.get("verifier"))
+        model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
+        control_token=secrets.token_urlsafe(32) if white else None,  # white-box agents register their sub-agents
+    ) as stack:  # fmt: skip
+        rollouts = make_rollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, cfg.get("verifier"),
+                                 cfg.get("recipe_dir"))  # fmt: skip
         target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
-        if installed(cfg["rollout"]["agent"], target) is None:  # a cached agent is ready at once: nothing to say
+        if not white and installed(cfg["rollout"]["agent"], target) is None:  # a cached agent is ready at once
             err.print(f"installing {cfg['rollout']['agent']} for {target} (once; cached after) …", markup=False)
         await asyncio.to_thread(rollouts.prepare)
         try:
@@ -163,6 +182,18 @@ async def _run(
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
     return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
+
+
+def _sandbox_of(cfg: dict[str, Any]) -> str:
+    """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    sandbox = cfg["rollout"].get("sandbox", "docker")
+    if is_python_agent(cfg["rollout"]["agent"]) and (cfg.get("verifier") or {}).get("name", "tests") == "python":
+        return (
+            "none (in-process agent)" if cfg["rollout"].get("mode", "inprocess") == "inprocess" else "none (subprocess)"
+        )
+    return str(sandbox)
 
 
 def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> int:

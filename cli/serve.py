@@ -30,6 +30,8 @@ EPILOG = """Examples:
   curl -s localhost:8000/s/$T/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}]}'
   curl -s -H "Authorization: Bearer $(cat ./control)" -X POST localhost:8000/s/$T/end -d '{"reward": 1.0}'
 
+  # from Python (docs/whitebox.md): async with hrl.session(url="http://127.0.0.1:8000", control_token=…) as s:
+
   hrl serve --model ./tiny --open-sessions   # any token opens a session (manual use on a trusted machine only)
 
   hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000 --port 8100 --workers 4

@@ -23,6 +23,8 @@ EPILOG = """Examples:
   hrl train --recipe swe --async -c async.max_staleness=2 -c trainer.lr=5e-6
 
   hrl train --run-dir runs/swe-1 --resume                   # continue after a crash, same next version
+
+  hrl train --recipe agents-sdk --iterations 2              # a white-box OpenAI Agents SDK agent with a handoff
 """
 
 
@@ -43,7 +45,12 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
 
 def train(
     recipe: Annotated[str, typer.Option(help="Recipe name (`hrl recipes ls`) or YAML path.")] = "",
-    agent: Annotated[str, typer.Option("--agent", "-a", help="Agent CLI (default: the recipe's).")] = "",
+    agent: Annotated[
+        str,
+        typer.Option(
+            "--agent", "-a", help="Agent CLI, or python:MODULE:FUNCTION | FILE.py:FUNCTION (default: the recipe's)."
+        ),
+    ] = "",
     model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir (default: the recipe's).")] = "",
     engine: Annotated[str, typer.Option(help="embedded | vllm | URL (default: the recipe's).")] = "",
     lora: Annotated[bool, typer.Option("--lora", help="Train LoRA adapters (default).")] = False,
@@ -139,9 +146,12 @@ def _line(m: dict[str, Any]) -> str:
 
 
 async def _train(cfg: dict[str, Any], run: Any) -> None:
-    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+    import secrets
+
+    from hrl.runners.rollout import RolloutConfig, make_rollouts
     from hrl.runners.stack import serving
     from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.whitebox.harness import is_python_agent
     from hrl.train.async_loop import AsyncConfig, train_async
     from hrl.train.loop import LoopConfig
     from hrl.train.loop import train as train_sync
@@ -150,6 +160,7 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
     tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
     loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
     acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
+    white = is_python_agent((cfg.get("rollout") or {}).get("agent", ""))
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":
@@ -165,8 +176,10 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
     async with serving(cfg["model"], cfg.get("engine", "embedded"), engine_options=cfg.get("engine_options"),
-                       proxy_options=cfg.get("proxy")) as stack:  # fmt: skip
-        rollouts = AgentRollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"))
+                       proxy_options=cfg.get("proxy"),  # white-box agents register their sub-agents:
+                       control_token=secrets.token_urlsafe(32) if white else None) as stack:  # fmt: skip
+        rollouts = make_rollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"),
+                                 base_dir=cfg.get("recipe_dir"))  # fmt: skip
         await asyncio.to_thread(rollouts.prepare)
         if (cfg.get("async") or {}).get("enabled"):
             history = await train_async(

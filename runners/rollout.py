@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -27,7 +27,7 @@ from hrl.runners.tasks.workspace import WorkspaceError
 from hrl.runners.trace import TraceWriter
 from hrl.sandboxes import SandboxError, get_backend
 
-__all__ = ["AgentRollouts", "RolloutConfig"]
+__all__ = ["AgentRollouts", "RolloutConfig", "make_rollouts"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -42,6 +42,27 @@ class RolloutConfig(BaseModel):
     cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = none.")
     memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
+    mode: Literal["inprocess", "subprocess"] = Field(
+        "inprocess",
+        description="White-box (python:) agents only: run on the event loop, or in a subprocess with "
+        "OPENAI_BASE_URL / OPENAI_API_KEY set (for synchronous code).",
+    )
+
+
+def make_rollouts(
+    stack: Stack,
+    config: RolloutConfig,
+    on_event: Event = lambda kind, data: None,
+    verifier: dict[str, Any] | None = None,
+    base_dir: str | None = None,
+) -> Any:
+    """The rollouts for `config.agent`: a white-box Python agent (`python:MODULE:FUNCTION`, `FILE.py:FUNCTION`;
+    relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox."""
+    from hrl.runners.whitebox.harness import PythonRollouts, is_python_agent
+
+    if is_python_agent(config.agent):
+        return PythonRollouts(stack, config, on_event, verifier, base_dir)
+    return AgentRollouts(stack, config, on_event, verifier)
 
 
 class AgentRollouts:

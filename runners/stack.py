@@ -27,6 +27,7 @@ class Stack:
     proxy: Proxy
     url: str  # http://127.0.0.1:PORT, for local sandboxes and tools on the host
     socket: str  # unix socket path, for docker sandboxes (mount its directory)
+    control_token: str | None = None  # opens the HTTP control routes (white-box agents register sub-agents there)
 
 
 def _free_port(host: str) -> int:
@@ -78,7 +79,7 @@ async def serving(
         if server in done:
             server.result()  # raises why it could not listen
         proxy.start_reaper()
-        yield Stack(eng, proxy, f"http://{host}:{port}", sock)
+        yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token)
     finally:
         proxy.close()
         if server is not None:

@@ -60,6 +60,8 @@ def describe_calls(trace: Trace) -> list[dict[str, Any]]:
                 "first_token_s": round(_span(c, "started_at", "first_token_at"), 3),
                 "total_s": round(_span(c), 3),
                 "error": c.get("error"),
+                "agent": c.get("agent"),  # None: the root agent
+                "trainable": c.get("trainable", True),
             }
         )
         seen.add(c["call_id"])

@@ -25,6 +25,7 @@ __all__ = [
     "FAILURE_REASONS",
     "INFRA_FAILURES",
     "SCHEMA",
+    "AgentNode",
     "ToolEvent",
     "Trace",
     "TraceCall",
@@ -89,6 +90,8 @@ class TraceCall(TypedDict):
     finish_reason: FinishReason
     parent: NotRequired[str]  # the call whose prompt + response this prompt extends exactly (token-tree parent)
     error: NotRequired[str]  # what failed, with finish_reason "error"
+    agent: NotRequired[str]  # the sub-agent that made the call (see Trace.agents); absent: the root agent
+    trainable: NotRequired[bool]  # False: recorded, never trained on (an untrained critic); absent: True
 
 
 class ToolEvent(TypedDict):
@@ -119,6 +122,17 @@ class Trace(TypedDict):
     tools: list[ToolEvent]
     metadata: NotRequired[dict[str, Any]]  # rejected_requests: how many requests got a 4xx
     rejected: NotRequired[list[dict[str, Any]]]  # the last 100 of those: {at, dialect, status, error}
+    agents: NotRequired[list[AgentNode]]  # the tree of agents, root first; only when there are sub-agents
+
+
+class AgentNode(TypedDict):
+    """One agent of a trace's agent tree: the root agent, or a sub-agent (a child session, a recognised CLI
+    sub-agent) whose calls carry its `name` as their `agent`."""
+
+    name: str
+    parent: str | None  # the agent that started it; None for the root
+    trainable: bool
+    calls: int
 
 
 _REQUIRED = ("schema", "trace_id", "session", "status", "calls", "started_at", "ended_at")

@@ -44,8 +44,11 @@ class Sample:
 
 
 def _keep(include_side: bool) -> Callable[[dict[str, Any]], bool]:
-    """Calls that are training nodes: whole responses the agent got, side calls only when asked for."""
-    return lambda c: c["finish_reason"] not in _UNUSABLE and (include_side or not c.get("side"))
+    """Calls that are training nodes: whole responses the agent got, of a trainable agent (an untrained critic's
+    calls are recorded only), side calls only when asked for."""
+    return lambda c: (
+        c["finish_reason"] not in _UNUSABLE and c.get("trainable", True) and (include_side or not c.get("side"))
+    )
 
 
 def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> Sample:

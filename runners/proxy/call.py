@@ -56,6 +56,8 @@ class CallRecord:
     reply_key: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    agent: str | None = None  # the sub-agent that made the call (None: the session's own agent)
+    trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)
 
     @property
     def full_ids(self) -> list[int]:
@@ -89,6 +91,8 @@ class Call:
         finish = "tool_calls" if reply.tool_calls else ("length" if rec.finish_reason == "length" else "stop")
         if reply.tool_calls:
             rec.finish_reason = "tool_calls"
+        if self.session.trainable:  # the answer a verifier reads: the last one of an agent being trained
+            self.session.root.last_reply = reply.content
         self._end(reply)
         return ChatResult(reply, finish, len(self.plan.prompt_ids), len(rec.response_ids))
 

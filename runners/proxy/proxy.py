@@ -95,14 +95,30 @@ class Proxy:
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
         """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
-        workers, me = self.config.workers, self.config.worker_index
-        token = token or (owned_token(me, workers) if workers > 1 else secrets.token_urlsafe(16))
-        if owner(token, workers) != me:
-            raise ValueError(f"session {token} belongs to proxy worker {owner(token, workers)} of {workers}, not {me}")
+        token = self._token(token)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         session = self.sessions[token] = Session(token, meta)
         return session
+
+    def open_child(self, parent: str, name: str, trainable: bool = True, token: str | None = None) -> Session:
+        """Register a sub-agent of session `parent` under its own token: its calls are recorded into the parent's
+        trace as the agent `name` (`trainable=False`: recorded, never trained on). It ends with its root."""
+        token = self._token(token)
+        if token in self.sessions:
+            raise ValueError(f"session {token} already exists")
+        if parent not in self.sessions:
+            raise UnknownSessionError(parent)
+        child = self.sessions[token] = self.sessions[parent].child(token, name, trainable)
+        return child
+
+    def _token(self, token: str | None) -> str:
+        """A new session's token: the one given, if this worker owns it, else a fresh 128-bit one it owns."""
+        workers, me = self.config.workers, self.config.worker_index
+        token = token or (owned_token(me, workers) if workers > 1 else secrets.token_urlsafe(16))
+        if owner(token, workers) != me:
+            raise ValueError(f"session {token} belongs to proxy worker {owner(token, workers)} of {workers}, not {me}")
+        return token
 
     def session_for(self, token: str) -> Session:
         if token in self.sessions:
@@ -116,6 +132,10 @@ class Proxy:
         session = self.sessions.pop(token, None)
         if session is None:
             raise UnknownSessionError(token)
+        if session.root is not session:  # a sub-agent ends: its token stops working, its calls stay in the trace
+            return {"agent": session.agent, "calls": sum(c.agent == session.agent for c in session.calls)}
+        for child in session.children:  # the tree ends with its root: no token of it is served any more
+            self.sessions.pop(child, None)
         if not session.calls and outcome.get("failure_reason") is None:
             outcome["failure_reason"] = "no_llm_calls"
         trace = session.to_trace(**outcome)
@@ -155,7 +175,8 @@ class Proxy:
         """End every open session (server stopping): nothing is lost."""
         if self._reaper is not None:
             self._reaper.cancel()
-        return [self.end_session(t, extra={"ended_by": "proxy stop"}) for t in list(self.sessions)]
+        roots = [t for t, s in self.sessions.items() if s.root is s]
+        return [self.end_session(t, extra={"ended_by": "proxy stop"}) for t in roots]
 
     def start_reaper(self) -> None:
         if self.config.idle_timeout_s > 0 and self._reaper is None:
@@ -166,7 +187,7 @@ class Proxy:
             await asyncio.sleep(min(self.config.idle_timeout_s / 4, 30))
             cutoff = time.time() - self.config.idle_timeout_s
             for token, s in list(self.sessions.items()):
-                if s.last_active < cutoff:
+                if s.root is s and s.last_active < cutoff:
                     self.end_session(token, extra={"ended_by": "idle timeout"})
 
     # ---- calls ---------------------------------------------------------------------------------------------

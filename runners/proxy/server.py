@@ -9,7 +9,9 @@ the dialect's error shape), unless the proxy runs with `open_sessions`:
 
 Control plane — needs `Authorization: Bearer <control token>` (401 without, 403 with a wrong one; all 403 when the
 app has no control token):
-  POST /sessions (register) · GET /sessions · POST /s/<token>/end (end, optionally with a reward)
+  POST /sessions (register; with {"parent": <token>, "name", "trainable"} a sub-agent whose calls join the
+       parent's trace) · GET /sessions · POST /s/<token>/end (end, optionally with a reward; a sub-agent's end
+       only retires its token)
   POST /publish {"path", "kind": "lora"|"full"} · POST /pause · POST /resume
 
 A request that cannot be served (bad JSON, wrong types, a conversation the template cannot render) is a 4xx in
@@ -34,6 +36,7 @@ from hrl.runners.proxy.dialects import BadRequestError, check_request, get_diale
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
 from hrl.runners.proxy.streaming import write_stream
+from hrl.runners.proxy.subagents import recognise_subagent
 
 __all__ = ["build_app", "check_port_free", "run_server"]
 
@@ -180,8 +183,22 @@ class _Handler:
         token = body.pop("token", None)
         if token is not None and (not isinstance(token, str) or not token.isascii() or not 16 <= len(token) <= 128):
             return _error(400, "'token' must be 16 to 128 ASCII characters (omit it to get a random one)")
+        parent = body.pop("parent", None)
         try:
-            session = self.proxy.open_session(token, body)
+            if parent is not None:
+                name, trainable = body.get("name"), body.get("trainable", True)
+                if (
+                    not isinstance(parent, str)
+                    or not isinstance(name, str)
+                    or not name
+                    or not isinstance(trainable, bool)
+                ):
+                    return _error(400, "a sub-agent needs 'parent' (a session token), 'name' and a boolean 'trainable'")
+                session = self.proxy.open_child(parent, name, trainable, token)
+            else:
+                session = self.proxy.open_session(token, body)
+        except UnknownSessionError:
+            return _error(404, "unknown parent session (it ended, or was never registered)")
         except ValueError as e:
             return _error(409, str(e))
         return web.json_response({"token": session.token, "base_path": f"/s/{session.token}"}, status=201)
@@ -195,6 +212,8 @@ class _Handler:
             return _error(404, f"unknown session {token}")
         except _BAD_INPUT as e:  # e.g. a failure_reason the trace format does not know
             return _error(400, str(e))
+        if "trace_id" not in trace:  # a sub-agent: its calls stay in its root's trace
+            return web.json_response(trace)
         return web.json_response(
             {"trace_id": trace["trace_id"], "calls": len(trace["calls"]), "status": trace["status"]}
         )
@@ -229,6 +248,7 @@ class _Handler:
             if route.get("count_tokens"):
                 n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
+            session = recognise_subagent(session, request.headers, req)  # a CLI's own sub-agent: a child
             call = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
         except ContextLengthError as e:
             return fail(400, str(e))

@@ -9,6 +9,7 @@ turn, another system prompt) starts a new branch, tokenized whole.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 import uuid
@@ -19,7 +20,7 @@ from hrl.runners.proxy.dialects.base import ChatRequest
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
 from hrl.runners.trace import SCHEMA
 
-__all__ = ["Call", "CallRecord", "PromptPlan", "Session"]
+__all__ = ["Call", "CallRecord", "ChildSession", "PromptPlan", "Session"]
 
 _Rendered = tuple[list[dict[str, Any]], str, str]
 _SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
@@ -53,10 +54,21 @@ def reply_key(reply: ParsedReply) -> str:
 
 
 class Session:
-    """One rollout's conversation(s) with the model; becomes one `hrl.trace/1` object."""
+    """One rollout's conversation(s) with the model; becomes one `hrl.trace/1` object.
+
+    Sub-agents are children (`child`): each has its own token (or a key the proxy recognised it by) and records
+    into this session's calls, tagged with its name, so the whole agent tree becomes one trace."""
+
+    agent: str | None = None  # the sub-agent's name; None for the root agent
+    trainable = True
 
     def __init__(self, token: str, meta: dict[str, Any] | None = None) -> None:
         self.token = token
+        self.root: Session = self
+        self.children: dict[str, ChildSession] = {}  # by token (registered) or recognition key (black-box)
+        self.agents: list[dict[str, Any]] = []  # the tree of agents: {name, parent, trainable}, in opening order
+        self.harness_session: str | None = None  # the first harness session id seen (opencode's x-session-id)
+        self.last_reply = ""  # the root agent's last answer, for a verifier (never written to the trace)
         self.meta = dict(meta or {})
         self.started_at = time.time()
         self.last_active = self.started_at
@@ -67,6 +79,20 @@ class Session:
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
+
+    def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
+        """The sub-agent `key` (a token, or a recognition key), opened on first use; its calls join this trace.
+        `parent`: the agent that started it (default: the root agent). Names repeat as `name#2`, `name#3`…"""
+        if key in self.children:
+            return self.children[key]
+        taken = {a["name"] for a in self.agents}
+        unique = (
+            name if name not in taken else next(f"{name}#{i}" for i in itertools.count(2) if f"{name}#{i}" not in taken)
+        )
+        by = parent if parent is not None and parent is not self else None
+        self.agents.append({"name": unique, "parent": by.agent if by is not None else None, "trainable": trainable})
+        child = self.children[key] = ChildSession(self, key, unique, trainable and (by is None or by.trainable))
+        return child
 
     def reject(self, dialect: str, status: int, message: str) -> None:
         """Record a request that was refused (malformed, over a limit); the last 100 are kept, all are counted."""
@@ -84,7 +110,8 @@ class Session:
         for parent in reversed(self.calls):
             n = len(parent.message_keys)
             if (
-                parent.error is None
+                parent.agent == self.agent
+                and parent.error is None
                 and parent.tools_key == tools_key
                 and len(keys) > n + 1
                 and keys[:n] == parent.message_keys
@@ -141,6 +168,8 @@ class Session:
             has_tools=bool(req.tools),
             system_text=system[:2000],
             body_hash=body_hash,
+            agent=self.agent,
+            trainable=self.trainable,
         )
         return Call(self, record, plan, req)
 
@@ -168,13 +197,14 @@ class Session:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         ended = time.time()
-        agentic = any(c.has_tools for c in self.calls)
+        agentic = {c.agent for c in self.calls if c.has_tools}  # the agents that use tools (per sub-agent)
         if failure_reason is None and self.calls and self.calls[-1].error is not None:
             failure_reason = "context_overflow" if "context" in self.calls[-1].error else "engine_error"
         if failure_reason is not None:
             status = "failed"
         t0 = self.started_at
         meta = self.meta
+        extras = ({"rejected": self.rejected} if self.rejected else {}) | self._agent_tree()
         return {
             "schema": SCHEMA,
             "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
@@ -197,15 +227,61 @@ class Session:
             ],
             "metadata": {**meta.get("metadata", {}), **(extra or {})}
             | ({"rejected_requests": self.rejected_count} if self.rejected_count else {}),
-        } | ({"rejected": self.rejected} if self.rejected else {})
+        } | extras
+
+    def _agent_tree(self) -> dict[str, Any]:
+        """`agents`: the root agent and its sub-agents with their parents and call counts (only when it has any)."""
+        if not self.agents:
+            return {}
+        count = {a["name"]: 0 for a in self.agents} | {"": 0}
+        for c in self.calls:
+            count[c.agent or ""] += 1
+        root = {"name": (self.meta.get("agent") or {}).get("name") or "main", "parent": None, "trainable": True}
+        tree = [{**root, "calls": count[""]}]
+        tree += [{**a, "parent": a["parent"] or root["name"], "calls": count[a["name"]]} for a in self.agents]
+        return {"agents": tree}
 
 
-def _is_side(call: CallRecord, agentic: bool) -> bool:
+class ChildSession(Session):
+    """A sub-agent of a session: its own token and conversations, recorded into its root's calls and trace."""
+
+    def __init__(self, root: Session, token: str, name: str, trainable: bool) -> None:
+        self._root = root  # before Session.__init__: its `last_active` goes to the root
+        super().__init__(token, root.meta)
+        self.root, self.agent, self.trainable = root, name, trainable
+        self.calls, self.tools, self._pending_tools = root.calls, root.tools, root._pending_tools  # one trace
+
+    @property  # type: ignore[override]
+    def last_active(self) -> float:
+        return self._root.last_active
+
+    @last_active.setter
+    def last_active(self, value: float) -> None:
+        self._root.last_active = value
+
+    @property  # type: ignore[override]
+    def pinned_version(self) -> int | None:  # `pin`: the whole agent tree keeps one version
+        return self._root.pinned_version
+
+    @pinned_version.setter
+    def pinned_version(self, value: int | None) -> None:
+        if value is not None or not hasattr(self._root, "pinned_version"):
+            self._root.pinned_version = value
+
+    def reject(self, dialect: str, status: int, message: str) -> None:
+        self.root.reject(dialect, status, f"[{self.agent}] {message}")
+
+    def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
+        return self.root.child(key, name, trainable, parent or self)
+
+
+def _is_side(call: CallRecord, agentic: set[str | None]) -> bool:
+    """A call without tools from an agent that uses tools (a title, a summary), or one of the known side prompts."""
     low = call.system_text.lower()
-    return (agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
+    return (call.agent in agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
 
 
-def _encode_calls(calls: list[CallRecord], t0: float, agentic: bool) -> list[dict[str, Any]]:
+def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) -> list[dict[str, Any]]:
     out = []
     for i, c in enumerate(calls):
         d: dict[str, Any] = {
@@ -229,6 +305,10 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: bool) -> list[dic
         d["finish_reason"] = c.finish_reason
         if c.parent_id:
             d["parent"] = c.parent_id
+        if c.agent is not None:
+            d["agent"] = c.agent
+        if not c.trainable:
+            d["trainable"] = False
         if c.error:
             d["error"] = c.error
         out.append(d)

@@ -134,6 +134,7 @@ def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, A
             "group_id": trace.get("group_id"),
             "model": (trace.get("model") or {}).get("name"),
             "env": trace.get("env") or {},
+            "agents": trace.get("agents") or [],  # the tree of agents, root first (empty without sub-agents)
         },
     }
 

@@ -223,6 +223,41 @@ def test_human_tree_of_one_trace(trace_file):
     assert "v7→v8" in out.stdout
 
 
+# main: m1 ─── m3 ; its sub-agent helper: h1 (trainable) ; helper's critic: k1 (untrained)
+AGENT_TREE = trace(
+    "ab7ee000",
+    [
+        call("m1", [1, 2], [3], t=(0.0, 0.1, 0.2), finish="tool_calls"),
+        call("h1", [7, 8], [9], t=(0.3, 0.4, 0.5), agent="helper"),
+        call("k1", [10, 11], [12], t=(0.6, 0.7, 0.8), agent="critic", trainable=False),
+        call("m3", None, [5], ref=("m1", 3), suffix=[4], parent="m1", t=(0.9, 1.0, 1.1)),
+    ],
+    agents=[
+        {"name": "main", "parent": None, "trainable": True, "calls": 2},
+        {"name": "helper", "parent": "main", "trainable": True, "calls": 1},
+        {"name": "critic", "parent": "helper", "trainable": False, "calls": 1},
+    ],
+)
+
+
+def test_human_tree_nests_calls_under_their_agents(tmp_path):
+    path = tmp_path / "tree.jsonl"
+    path.write_text(json.dumps(AGENT_TREE) + "\n")
+    out = hrl_inspect(str(path), "-t", "ab7e")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+
+    def at(needle: str) -> tuple[int, int]:  # (line, indentation) of the first line holding needle
+        i = next(i for i, line in enumerate(lines) if needle in line)
+        return i, lines[i].index(needle.split()[0])
+
+    main, helper, critic = at("agent main"), at("agent helper"), at("agent critic")
+    m1, h1, k1, m3 = at("m1  @"), at("h1  @"), at("k1  @"), at("m3  @")
+    assert main[1] < helper[1] < critic[1]  # helper under main, critic under helper
+    assert m1[1] == m3[1] == helper[1] and h1[1] == critic[1] and k1[1] > critic[1]
+    assert "untrained" in lines[critic[0]] and "untrained" in lines[k1[0]]
+
+
 def _assert_error(out: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert out.returncode == 1, out
     assert "Traceback" not in out.stderr

@@ -88,6 +88,23 @@ def test_branching_trace_weighs_the_same_as_an_unsplit_one():
     assert sum(single.weight) == pytest.approx(1.0)
 
 
+def test_a_trace_with_subagents_weighs_one_and_leaves_untrained_agents_out():
+    # root agent a -> b; a trained sub-agent's branch h1 -> h2; an untrained critic k (recorded, never trained)
+    calls = [
+        _call("a", prompt=[1, 2], resp=[3, 4]),
+        _call("h1", prompt=[20, 21], resp=[22]) | {"agent": "helper"},
+        _call("k", prompt=[30, 31], resp=[32, 33, 34]) | {"agent": "critic", "trainable": False},
+        _call("h2", ref=("h1", 3), suffix=[23], resp=[24, 25], parent="h1") | {"agent": "helper"},
+        _call("b", ref=("a", 4), suffix=[5], resp=[6], parent="a"),
+    ]
+    samples = build_samples(_trace(calls))
+    assert [s.branch for s in samples] == [["h1", "h2"], ["a", "b"]]
+    # one unit of loss weight for the episode, spread over its trainable tokens: a(2) + b(1) + h1(1) + h2(2) = 6
+    assert sum(sum(s.weight) for s in samples) == pytest.approx(1.0)
+    assert all(w in (0.0, pytest.approx(1 / 6)) for s in samples for w in s.weight)
+    assert all(s.reward == 1.0 for s in samples)  # one reward (hence one advantage) for the whole agent tree
+
+
 def test_group_advantages_variants():
     rewards = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "e": 0.5, "f": 0.5}
     groups = {"a": "g1", "b": "g1", "c": "g1", "d": "g1", "e": "g2", "f": "g2"}

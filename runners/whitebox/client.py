@@ -1,0 +1,216 @@
+"""`hrl.session()`: a Python agent's handle on one proxy session, sugar over the session HTTP API.
+
+    async with hrl.session(task=task, url="http://127.0.0.1:8765", control_token=TOKEN) as s:
+        client = s.openai()                      # an AsyncOpenAI bound to the session (base URL /s/<token>/v1)
+        ...                                      # or any framework given s.base_url, s.api_key, s.model
+        async with s.child("critic", trainable=False) as critic:
+            ...                                  # a sub-agent: its own token, its calls a child in the same trace
+        s.reward(1.0, {"why": "correct"})        # sent with the session's end
+
+The data plane is the one every CLI agent uses (`/s/<token>/v1/...`, API key `hrl-<token>`); registering and ending
+go through the control routes (`POST /sessions`, `POST /s/<token>/end`), which need the control token
+(`hrl serve --control-token-file F`). `current_session()` finds the innermost session (or child) through a
+contextvar, for code deep inside a framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from hrl.runners.errors import HrlError
+
+__all__ = ["NoSessionError", "SessionAPIError", "WhiteboxSession", "current_session", "session"]
+
+_CURRENT: contextvars.ContextVar[WhiteboxSession | None] = contextvars.ContextVar("hrl_session", default=None)
+_TIMEOUT_S = 30.0  # one control request
+
+
+class NoSessionError(HrlError):
+    """`current_session()` outside any `hrl.session(...)` / `child(...)` block."""
+
+
+class SessionAPIError(HrlError):
+    """The proxy refused a control request (wrong control token, unknown session)."""
+
+
+def current_session() -> WhiteboxSession:
+    """The innermost open session (a child inside `async with s.child(...)`). Raises NoSessionError."""
+    s = _CURRENT.get()
+    if s is None:
+        raise NoSessionError(
+            "no hrl session is open here", hint="call it inside `async with hrl.session(...)`, or in a white-box agent"
+        )
+    return s
+
+
+async def _control(url: str, control_token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {control_token}"}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S)) as http,
+        http.post(url + path, json=body, headers=headers) as resp,
+    ):
+        data = await resp.json(content_type=None)
+        if resp.status >= 400:
+            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else None
+            raise SessionAPIError(
+                f"POST {path} on the proxy at {url} answered {resp.status}: {message or data}",
+                hint="pass the control token `hrl serve --control-token-file F` wrote (control_token=…)",
+            )
+        return dict(data)
+
+
+class WhiteboxSession:
+    """One registered session (or sub-agent) of a proxy; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        model: str,
+        control_token: str | None,
+        *,
+        task: Any = None,
+        name: str | None = None,
+        trainable: bool = True,
+    ) -> None:
+        self.url, self.token, self.model, self.task = url.rstrip("/"), token, model, task
+        self.control_token, self.name, self.trainable = control_token, name, trainable
+        self.reward_value: float | None = None
+        self.reward_info: dict[str, Any] = {}
+        self.result: dict[str, Any] = {}  # what the proxy answered the end with (trace_id, calls, status)
+        self._clients: list[Any] = []
+
+    @property
+    def root_url(self) -> str:
+        """`http://HOST:PORT/s/<token>`: the base for SDKs that append `/v1/...` themselves (Anthropic, Gemini)."""
+        return f"{self.url}/s/{self.token}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL (`…/s/<token>/v1`): Chat Completions and Responses live under it."""
+        return self.root_url + "/v1"
+
+    @property
+    def api_key(self) -> str:
+        return f"hrl-{self.token}"
+
+    def env(self) -> dict[str, str]:
+        """Environment variables pointing an OpenAI-compatible program (and `hrl.current_session()`) at this session."""
+        out = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
+               "HRL_URL": self.url, "HRL_SESSION_TOKEN": self.token, "HRL_MODEL": self.model}  # fmt: skip
+        if self.control_token:
+            out["HRL_CONTROL_TOKEN"] = self.control_token
+        return out
+
+    def openai(self, **options: Any) -> Any:
+        """An `openai.AsyncOpenAI` bound to this session (closed when the session block ends)."""
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **options)
+        self._clients.append(client)
+        return client
+
+    def reward(self, value: float | None, info: dict[str, Any] | None = None) -> None:
+        """The episode's reward (and why), sent when the session ends; in a rollout it replaces the verifier's."""
+        self.reward_value = None if value is None else float(value)
+        self.reward_info = dict(info or {})
+
+    @contextlib.asynccontextmanager
+    async def child(self, name: str, trainable: bool = True) -> AsyncIterator[WhiteboxSession]:
+        """A sub-agent: its own session token whose calls are recorded into this trace as agent `name`, a child of
+        this one. `trainable=False`: recorded, never trained on. Inside the block `current_session()` is the child."""
+        if not self.control_token:
+            raise SessionAPIError(f"sub-agent {name!r} needs the control token", hint="pass control_token=…")
+        body = {"parent": self.token, "name": name, "trainable": trainable}
+        reg = await _control(self.url, self.control_token, "/sessions", body)
+        kid = WhiteboxSession(self.url, reg["token"], self.model, self.control_token, task=self.task, name=name,
+                              trainable=trainable)  # fmt: skip
+        reset = _CURRENT.set(kid)
+        try:
+            yield kid
+        finally:
+            _CURRENT.reset(reset)
+            await kid._close_clients()
+            with contextlib.suppress(SessionAPIError):  # the root may have ended it already
+                kid.result = await _control(self.url, self.control_token, f"/s/{kid.token}/end", {})
+
+    async def _close_clients(self) -> None:
+        for client in self._clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+        self._clients.clear()
+
+    @contextlib.contextmanager
+    def _current(self) -> Any:
+        reset = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(reset)
+
+
+def _task_meta(task: Any) -> dict[str, Any]:
+    if task is None:
+        return {}
+    t = task if isinstance(task, dict) else task.model_dump() if hasattr(task, "model_dump") else {"id": str(task)}
+    task_id = t.get("instance_id") or t.get("task_id") or t.get("id")
+    return {"task_id": None if task_id is None else str(task_id)}
+
+
+@contextlib.asynccontextmanager
+async def session(
+    task: Any = None,
+    *,
+    url: str | None = None,
+    control_token: str | None = None,
+    model: str | None = None,
+    agent: str = "python",
+    group_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> AsyncIterator[WhiteboxSession]:
+    """Register a session on the proxy at `url` (default: $HRL_URL) with `control_token` (default:
+    $HRL_CONTROL_TOKEN), yield it, and end it on exit with the reward given to `s.reward` (an exception ends it
+    as `agent_crash` and propagates). `model`: the name to send (default: the one the proxy serves)."""
+    url = (url or os.environ.get("HRL_URL") or "").rstrip("/")
+    control_token = control_token or os.environ.get("HRL_CONTROL_TOKEN")
+    if not url or not control_token:
+        raise SessionAPIError(
+            "hrl.session() needs the proxy's url and control token",
+            hint="start `hrl serve --control-token-file F` and pass url=… and control_token=open(F).read().strip()",
+        )
+    meta = {**_task_meta(task), "group_id": group_id, "agent": {"name": agent}, "metadata": dict(metadata or {})}
+    reg = await _control(url, control_token, "/sessions", meta)
+    s = WhiteboxSession(url, reg["token"], model or await _served_model(url), control_token, task=task)
+    outcome: dict[str, Any] = {}
+    try:
+        with s._current():
+            yield s
+    except asyncio.CancelledError:
+        outcome = {"failure_reason": "cancelled"}
+        raise
+    except BaseException:
+        outcome = {"failure_reason": "agent_crash"}
+        raise
+    finally:
+        await s._close_clients()
+        if s.reward_value is not None:
+            outcome |= {"reward": s.reward_value, "reward_info": s.reward_info}
+        s.result = await _control(url, control_token, f"/s/{s.token}/end", outcome)
+
+
+async def _served_model(url: str) -> str:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S)) as http,
+        http.get(url + "/v1/models") as resp,
+    ):
+        data = await resp.json(content_type=None)
+    return str(data["data"][0]["id"])

@@ -1,0 +1,252 @@
+"""A Python agent as a harness: `--agent python:MODULE:FUNCTION` (or `path/to/file.py:FUNCTION`).
+
+The function is `async def run(task, session) -> float | None` (in subprocess mode a plain `def` works too). Each
+episode registers one proxy session, hands the agent a `WhiteboxSession` bound to it (`session.openai()`,
+`session.base_url`, `session.child(...)`, `session.reward(...)`), and ends as exactly one trace, like a CLI
+episode. A float (or `session.reward`) is the reward; None lets the recipe's verifier score it:
+
+- `verifier: {name: python, function: verify.py:score}`: `score(task, answer) -> float | (float, info)` (sync
+  or async), `answer` being the last reply of a trainable agent of the episode;
+- any other verifier (`tests`): the episode gets a sandbox laid out with the task (`session.sandbox`, to run the
+  agent's tools in), which the verifier then grades.
+
+`rollout.mode`: `inprocess` (on the event loop; default) or `subprocess` (`python -m hrl.runners.whitebox.worker`
+with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL set, for synchronous code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.errors import HrlError
+from hrl.runners.proxy.proxy import UnknownSessionError
+from hrl.runners.stack import Stack
+from hrl.runners.tasks.task import Task
+from hrl.runners.trace import TraceWriter
+from hrl.runners.whitebox.client import WhiteboxSession
+
+__all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "split_spec"]
+
+RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RESULT {"reward": …}
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class AgentLoadError(HrlError):
+    """A `python:` agent or verifier function cannot be loaded; the message names it."""
+
+
+def is_python_agent(agent: str) -> bool:
+    return agent.startswith("python:") or agent.partition(":")[0].endswith(".py")
+
+
+def split_spec(spec: str, base_dir: str | Path | None = None) -> tuple[str | Path, str]:
+    """(module name or file path, function name) of `MODULE:FUNCTION`, `python:MODULE:FUNCTION` or `FILE.py:FUNCTION`
+    (a relative file under `base_dir` when it is there, else the cwd). Raises AgentLoadError."""
+    where, _, name = spec.removeprefix("python:").rpartition(":")
+    if not where or not name or not name.isidentifier():
+        raise AgentLoadError(f"{spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION",
+                             hint="e.g. --agent python:my_pkg.agent:run or --agent agents/react.py:run")  # fmt: skip
+    if not where.endswith(".py"):
+        return where, name
+    path = Path(where).expanduser()
+    if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise AgentLoadError(f"no agent file {path} (from {spec!r})", hint="check the path (relative: to the cwd, or "
+                             "to the recipe's folder)")  # fmt: skip
+    return path, name
+
+
+def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
+    """The function a spec names (see `split_spec`), imported. Raises AgentLoadError."""
+    where, name = split_spec(spec, base_dir)
+    try:
+        if isinstance(where, Path):
+            path = where
+            loader = importlib.util.spec_from_file_location(f"hrl_agent_{abs(hash(str(path.resolve())))}", path)
+            if loader is None or loader.loader is None:
+                raise FileNotFoundError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except Exception as e:
+        raise AgentLoadError(f"cannot load {spec!r}: {type(e).__name__}: {e}",
+                             hint="check the module path and that its imports are installed") from e  # fmt: skip
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AgentLoadError(f"{where} has no function {name!r}", hint=f"define `async def {name}(task, session)`")
+    return fn  # type: ignore[no-any-return]
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
+    out = fn(*args)
+    return await out if inspect.isawaitable(out) else out
+
+
+class PythonRollouts:
+    """`Rollouts` for a white-box Python agent: one episode = one proxy session (+ its children) → one trace."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        config: Any,
+        on_event: Event = lambda kind, data: None,
+        verifier: dict[str, Any] | None = None,
+        base_dir: str | None = None,
+    ) -> None:
+        if not stack.control_token:
+            raise ValueError("white-box agents need a stack with a control token (serving(control_token=…))")
+        self.stack, self.config, self.on_event, self.base_dir = stack, config, on_event, base_dir
+        self.spec = config.agent
+        self.fn: Callable[..., Any] | None = None
+        options = dict(verifier or {"name": "python"})
+        self.verifier_name = options.pop("name", "tests")
+        self.verifier_options = options
+        self.score: Callable[..., Any] | None = None
+        self.verifier: Any = None
+        self._writers: dict[Path, TraceWriter] = {}
+
+    def prepare(self) -> None:
+        """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
+        if self.config.mode == "subprocess":
+            split_spec(self.spec, self.base_dir)  # a wrong spec fails here, not in every episode's process
+        elif self.fn is None:
+            self.fn = load_function(self.spec, self.base_dir)
+        if self.verifier_name == "python" and self.score is None and self.verifier_options.get("function"):
+            self.score = load_function(self.verifier_options["function"], self.base_dir)
+        elif self.verifier_name != "python" and self.verifier is None:
+            from hrl.runners.tasks import make_verifier
+            from hrl.sandboxes import get_backend
+
+            backend = get_backend(self.config.sandbox)
+            self.verifier = make_verifier(self.verifier_name, backend, run_id=self.config.run_id or "hrl-python",
+                                          **self.verifier_options)  # fmt: skip
+
+    def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
+        return {
+            "task_id": task.instance_id,
+            "group_id": ep.group_id,
+            "agent": {"name": f"python:{self.spec.removeprefix('python:')}", "version": self.config.mode},
+            "env": {"sandbox": "none" if self.verifier is None else self.config.sandbox},
+            "model": {"name": self.stack.proxy.config.model_name},
+            "metadata": {"episode": ep.key, "run": self.config.run_id},
+        }
+
+    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+        self.prepare()
+        task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
+        proxy = self.stack.proxy
+        token = proxy.open_session(meta=self._meta(ep, task)).token
+        ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, self.stack.control_token, task=task)
+        self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
+        t0 = time.monotonic()
+        try:
+            outcome, extra = await self._run(task, ws, ep.key.replace("#", "-").replace(":", "-"))
+        except asyncio.CancelledError:
+            self._end(token, trace_file, {"failure_reason": "cancelled"}, {})
+            raise
+        extra["episode_s"] = round(time.monotonic() - t0, 3)
+        trace = self._end(token, trace_file, outcome, extra)
+        self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
+        return trace
+
+    async def _run(self, task: Task, ws: WhiteboxSession, label: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self.verifier is None:
+            return await self._attempt(task, ws)
+        from hrl.sandboxes import SandboxError, get_backend
+
+        spec = self.verifier.sandbox_spec(task)
+        try:
+            backend = get_backend(self.config.sandbox)
+            async with await backend.create(spec, self.config.run_id or "hrl-python", label) as sandbox:
+                await self.verifier.prepare(sandbox, task)
+                ws.sandbox = sandbox  # type: ignore[attr-defined]
+                outcome, extra = await self._attempt(task, ws)
+                if outcome.get("reward") is None and outcome.get("failure_reason") is None:
+                    verdict = await self.verifier.verify(sandbox, task)
+                    outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch[:20000]}
+        except (SandboxError, OSError) as e:
+            return {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
+        return outcome, extra
+
+    async def _attempt(self, task: Task, ws: WhiteboxSession) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run the agent within the time budget; its reward, else the python verifier's, else none."""
+        budget = self.config.time_budget_s or None
+        try:
+            async with asyncio.timeout(budget):
+                returned = await (
+                    self._subprocess(task, ws) if self.config.mode == "subprocess" else self._inprocess(task, ws)
+                )
+        except TimeoutError:
+            return {"failure_reason": "agent_timeout"}, {}
+        except Exception as e:
+            detail = "".join(traceback.format_exception(e))[-4000:]
+            return {"failure_reason": "agent_crash"}, {"error": f"{type(e).__name__}: {e}", "traceback": detail}
+        reward = ws.reward_value if returned is None else float(returned)
+        info = ws.reward_info if returned is None else {}
+        if reward is None and self.score is not None:
+            return await self._verify(task, ws)
+        return {"reward": reward, "reward_info": info}, {}
+
+    async def _inprocess(self, task: Task, ws: WhiteboxSession) -> Any:
+        assert self.fn is not None
+        try:
+            with ws._current():
+                return await call_maybe_async(self.fn, task, ws)
+        finally:
+            await ws._close_clients()
+
+    async def _subprocess(self, task: Task, ws: WhiteboxSession) -> Any:
+        paths = [p for p in sys.path if p]  # the same hrl and agent modules as here
+        env = {**os.environ, **ws.env(), "PYTHONPATH": os.pathsep.join(paths)}
+        cmd = [sys.executable, "-m", "hrl.runners.whitebox.worker", self.spec, self.base_dir or ""]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, env=env)  # fmt: skip
+        try:
+            out, err = await proc.communicate(task.model_dump_json().encode())
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"the agent process exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+        result = json.loads(lines[-1][len(RESULT_MARK) :])
+        if result.get("reward") is not None:  # given to session.reward in the agent's process
+            ws.reward(result["reward"], result.get("reward_info"))
+        return result.get("returned")
+
+    async def _verify(self, task: Task, ws: WhiteboxSession) -> tuple[dict[str, Any], dict[str, Any]]:
+        assert self.score is not None
+        session = self.stack.proxy.sessions.get(ws.token)
+        answer = session.last_reply if session is not None else ""
+        try:
+            out = await call_maybe_async(self.score, task, answer)
+        except Exception as e:
+            return {"failure_reason": "verifier_error"}, {"error": f"{type(e).__name__}: {e}"}
+        reward, info = out if isinstance(out, tuple) else (out, {})
+        return {"reward": float(reward), "reward_info": dict(info or {})}, {}
+
+    def _end(self, token: str, trace_file: Path, outcome: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        proxy = self.stack.proxy
+        try:
+            trace = proxy.end_session(token, **outcome, extra=extra)
+        except UnknownSessionError:  # ended under the episode (the idle reaper, or the agent itself)
+            ended = proxy.ended(token)
+            if ended is None:
+                raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)") from None
+            trace = {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None}
+        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        return trace

@@ -1,0 +1,41 @@
+"""The subprocess side of `rollout.mode: subprocess`: `python -m hrl.runners.whitebox.worker SPEC [BASE_DIR]`.
+
+Reads the task (JSON) on stdin, builds the session from the environment the harness set (OPENAI_BASE_URL,
+OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_CONTROL_TOKEN), calls `SPEC(task, session)` (a plain
+or an async function) and prints `HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from hrl.runners.tasks.task import Task
+from hrl.runners.whitebox.client import WhiteboxSession
+from hrl.runners.whitebox.harness import RESULT_MARK, call_maybe_async, load_function
+
+
+def session_from_env() -> WhiteboxSession:
+    env = os.environ
+    return WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_CONTROL_TOKEN"))
+
+
+async def _main(spec: str, base_dir: str) -> dict[str, Any]:
+    fn = load_function(spec, base_dir or None)
+    task = Task.model_validate_json(sys.stdin.read())
+    ws = session_from_env()
+    ws.task = task
+    try:
+        with ws._current():
+            returned = await call_maybe_async(fn, task, ws)
+    finally:
+        await ws._close_clients()
+    return {"returned": returned, "reward": ws.reward_value, "reward_info": ws.reward_info}
+
+
+if __name__ == "__main__":
+    result = asyncio.run(_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))
+    sys.stdout.write("\n" + RESULT_MARK + json.dumps(result) + "\n")

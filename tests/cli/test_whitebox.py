@@ -1,0 +1,47 @@
+"""`hrl rollout --recipe langgraph-react` and `hrl train --recipe agents-sdk` end to end on the CPU: the real CLI in a
+subprocess, the embedded engine with the tiny model, real LangGraph and Agents SDK code, the real trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hrl.runners.rundir import RunDir
+from hrl.runners.trace import read_traces
+
+
+def hrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "hrl.cli", *args], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=cwd)  # fmt: skip
+
+
+def test_rollout_of_the_langgraph_recipe(tiny_model, tmp_path):
+    out = hrl("rollout", "--recipe", "langgraph-react", "--model", tiny_model, "--limit", "3", "-n", "2", "--json",
+              "--out", "t.jsonl", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "sandbox none (in-process agent)" in out.stderr and "Warning" not in out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    traces = list(read_traces(tmp_path / "t.jsonl"))
+    assert len(lines) == len(traces) == 6
+    assert all(t["failure_reason"] is None and t["reward"] in (0.0, 0.1, 1.0) and t["calls"] for t in traces)
+    assert {t["agent"]["name"] for t in traces} == {"python:agent.py:run"}
+    assert all("got" in t["reward_info"] for t in traces)  # scored by the recipe's verify.py
+
+
+@pytest.mark.slow
+def test_train_two_iterations_of_the_agents_sdk_recipe(tiny_model, tmp_path):
+    out = hrl("train", "--recipe", "agents-sdk", "--model", tiny_model, "--iterations", "2", "--run-dir", "run",
+              cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = RunDir(tmp_path / "run")
+    assert run.state()["iteration"] == 2
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1] and metrics[-1]["version"] == 2
+    traces = [t for f in sorted((tmp_path / "run" / "traces").glob("iter-*.jsonl")) for t in read_traces(f)]
+    assert len(traces) == 2 * 2 * 2 and all(t["calls"] and t["failure_reason"] is None for t in traces)
