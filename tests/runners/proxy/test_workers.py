@@ -78,6 +78,10 @@ def test_two_workers_keep_each_session_in_one_worker_and_write_the_same_traces(t
                 wrong_worker = r.status
             async with http.post(f"{other}/sessions", json={"token": token0}, headers=pool.control) as r:
                 foreign = r.status
+            child = {"parent": token0, "name": "helper", "trainable": False}
+            async with http.post(f"{pool.url_for(token0)}/sessions", json=child, headers=pool.control) as r:
+                assert r.status == 201
+                assert owner((await r.json())["token"], 2) == owner(token0, 2)  # a sub-agent lives with its root
             for token, _ in sessions:
                 await pool.end(http, token)
         return [t for t, _ in sessions], wrong_worker, foreign
