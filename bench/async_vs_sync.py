@@ -1,11 +1,14 @@
 """Sync vs async training wall time for the same number of trained traces, on a heavy-tailed agent workload.
 
-Simulated agents (runners/simagent.py) talk to the real proxy and the real embedded engine: 1–30 turns per
-episode, lognormal tool/think time (σ = 1) between turns. Both modes train the same number of traces with the
-same trainer, engine and episode concurrency; the async mode keeps that many episodes in flight and trains on
-whole groups as they finish, for each version policy.
+Simulated agents (runners/simagent.py) talk to the real proxy: 1–30 turns per episode, lognormal tool/think time
+(σ = 1) between turns. The engine is the scripted one paced like a GPU engine (--decode-tps per sequence, a
+--max-batch ceiling, --prefill-tps; decoding costs no CPU), so the figure measures the loop's design and not this
+machine's cores; `--engine embedded` runs the real CPU model instead. Both modes train the same number of traces
+(N = --batch per update) with the same trainer and engine; sync runs N episodes at a time and waits for the last,
+async keeps M = --in-flight episodes going and trains on whole groups as they finish, for each version policy.
+Reported per mode: wall time, the speedup over sync, engine busy time (≥ 1 sequence decoding) and batch occupancy.
 
-    python bench/async_vs_sync.py --model DIR [--iterations 4] [--batch 16] [--tool-median 0.5]
+    python bench/async_vs_sync.py --model DIR [--iterations 3] [--batch 16] [--in-flight 64] [--tool-median 0.2]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,8 +34,12 @@ TASKS = [{"instance_id": f"t{i}", "problem_statement": f"task {i}: fix the faili
 
 
 async def one(a: argparse.Namespace, mode: str, policy: str, workdir: Path) -> dict[str, Any]:
-    opts = {"engine_options": {"dtype": "float32"}, "proxy_options": {"version_policy": policy}}
-    async with serving(a.model, **opts) as stack:
+    engine_options: dict[str, Any] = {"dtype": "float32"}
+    if a.engine == "scripted":  # long turns: every call samples max_tokens
+        engine_options = {"turns": ["step " * (4 * a.tokens)], "decode_tps": a.decode_tps, "max_batch": a.max_batch,
+                          "prefill_tps": a.prefill_tps, "publish_delay_s": a.publish_delay}  # fmt: skip
+    opts = {"engine_options": engine_options, "proxy_options": {"version_policy": policy}}
+    async with serving(a.model, a.engine, **opts) as stack:
         return await _measure(a, mode, policy, workdir, stack)
 
 
@@ -58,14 +66,14 @@ async def _measure(a: argparse.Namespace, mode: str, policy: str, workdir: Path,
     )
     run = RunDir(workdir / f"{mode}-{policy}")
     run.create(cfg.model_dump())
-    t0, busy0 = time.monotonic(), engine.busy_s
+    t0, busy0, seq0 = time.monotonic(), _busy(engine), getattr(engine, "seq_s", 0.0)
     try:
         if mode == "sync":
-            history = await train(TASKS, cfg, run, engine, agent)
+            history = await train(TASKS, cfg, run, proxy, agent)
         else:
             acfg = AsyncConfig(
                 max_in_flight=a.in_flight or a.batch, batch_traces=a.batch, max_staleness=a.staleness,
-                max_buffered=2 * a.batch,
+                max_buffered=max(2 * a.batch, a.in_flight),
             )  # fmt: skip
             history = await train_async(TASKS, cfg, acfg, run, proxy.publish, agent)
         wall = time.monotonic() - t0
@@ -76,33 +84,49 @@ async def _measure(a: argparse.Namespace, mode: str, policy: str, workdir: Path,
         "policy": policy,
         "wall_s": wall,
         "trained_traces": sum(m["trace/count"] for m in history),
-        "engine_busy_frac": (engine.busy_s - busy0) / wall,
+        "engine_busy_frac": (_busy(engine) - busy0) / wall,
+        "batch_occupancy": (engine.seq_s - seq0) / wall / a.max_batch if hasattr(engine, "seq_s") else None,
+        "proxy_cpu_us_per_token": [round(m.get("proxy/cpu_us_per_token", 0), 1) for m in history],
         "dropped_stale": history[-1].get("async/dropped_stale_total", 0),
         "proxy_pause_s": proxy.stats["proxy/pause_s"],
     }
 
 
+def _busy(engine: Any) -> float:
+    return float(getattr(engine, "busy", engine.busy_s))  # the scripted engine counts its running interval too
+
+
 async def main(a: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [await one(a, "sync", "mixed", Path(tmp))]
-        for policy in ("mixed", "pin"):
+        for policy in a.policies:
             rows.append(await one(a, "async", policy, Path(tmp)))
     sync = rows[0]["wall_s"]
     for r in rows:
         r["speedup_vs_sync"] = sync / r["wall_s"]
-    json.dump({"config": vars(a), "results": rows}, sys.stdout, indent=2)
+    json.dump({"config": vars(a), "load": os.getloadavg(), "results": rows}, sys.stdout, indent=2)
     print()
+    for r in rows:
+        print(f"{r['mode']:5s} {r['policy']:5s} wall {r['wall_s']:6.1f} s  x{r['speedup_vs_sync']:.2f} vs sync  "
+              f"engine busy {r['engine_busy_frac']:.0%}  batch occupancy {r['batch_occupancy'] or 0:.0%}  "
+              f"traces {r['trained_traces']}", file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--iterations", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16, help="traces per update = episodes in flight")
+    ap.add_argument("--engine", default="scripted", choices=["scripted", "embedded"])
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=16, help="N: traces per update (sync: episodes in flight)")
     ap.add_argument("--group", type=int, default=4, help="GRPO group size")
-    ap.add_argument("--tool-median", type=float, default=0.5, help="median tool/think time per turn, seconds")
+    ap.add_argument("--tool-median", type=float, default=0.2, help="median tool/think time per turn, seconds")
     ap.add_argument("--tokens", type=int, default=16, help="max tokens per model turn")
+    ap.add_argument("--decode-tps", type=float, default=100, help="scripted: tokens/s per sequence")
+    ap.add_argument("--max-batch", type=int, default=64, help="scripted: most sequences decoding at once")
+    ap.add_argument("--prefill-tps", type=float, default=50000, help="scripted: prompt tokens/s of prefill")
+    ap.add_argument("--publish-delay", type=float, default=0.2, help="scripted: seconds a weight publish takes")
+    ap.add_argument("--policies", nargs="+", default=["mixed"], choices=["mixed", "pin"], help="async policies")
     ap.add_argument("--staleness", type=int, default=2)
-    ap.add_argument("--in-flight", type=int, default=0, help="async: episodes kept in flight (default: --batch)")
+    ap.add_argument("--in-flight", type=int, default=64, help="M: async episodes kept in flight (0: --batch)")
     ap.add_argument("--seed", type=int, default=0)
     asyncio.run(main(ap.parse_args()))

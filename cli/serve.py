@@ -33,6 +33,9 @@ EPILOG = """Examples:
   # from Python (docs/whitebox.md): async with hrl.session(url="http://127.0.0.1:8000", control_token=…) as s:
 
   hrl serve --model ./tiny --open-sessions   # any token opens a session (manual use on a trusted machine only)
+
+  hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000 --port 8100 --workers 4
+      # 4 proxy processes on ports 8100-8103 sharing one vLLM; a session lives in the worker it registered at
 """
 
 
@@ -89,6 +92,14 @@ def serve(
     require_sessions: Annotated[bool, typer.Option(hidden=True, help="The default now; kept for old scripts.")] = True,
     idle_timeout: Annotated[float, typer.Option(help="End a session after this many idle seconds; 0 = never.")] = 1800,
     served_name: Annotated[str, typer.Option(help="Model name reported to clients (default: --model).")] = "",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Proxy worker processes (ports PORT … PORT+N-1), each serving the sessions whose token it owns; "
+            "N > 1 needs --engine URL of a vLLM server they share. Traces go to TRACES.w<i>.jsonl.",
+        ),
+    ] = 1,
 ) -> None:
     """Run the recording proxy: agents talk OpenAI chat / Responses, Anthropic or Gemini to it, every call is
     recorded token-exactly, and each finished session becomes one trace line."""
@@ -103,7 +114,52 @@ def serve(
     check_model(path)
     options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout}
     token_file = control_token_file or default_control_token_file()
-    asyncio.run(_serve(path, engine, served_name or model, options, traces, host, port, token_file))
+    if workers > 1:
+        _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
+        return
+    from hrl.runners.proxy.loop import run
+
+    run(_serve(path, engine, served_name or model, options, traces, host, port, token_file))
+
+
+def _serve_workers(
+    model: str,
+    engine: str,
+    name: str,
+    options: dict[str, Any],
+    traces: Path | None,
+    host: str,
+    port: int,
+    token_file: Path,
+    workers: int,
+) -> None:
+    from hrl.runners.errors import HrlError
+    from hrl.runners.proxy.server import check_port_free
+    from hrl.runners.proxy.workers import WorkerPool
+
+    if not engine.startswith(("http://", "https://")):
+        raise HrlError(
+            f"--workers {workers} needs an engine the workers share over HTTP, not {engine!r} (an in-process "
+            "engine would be loaded once per worker)",
+            hint="start a vLLM server and pass its URL: hrl serve --engine http://HOST:PORT --workers N",
+        )
+    for i in range(1, workers):
+        check_port_free(host, port + i)
+    control = secrets.token_urlsafe(32)
+    pool = WorkerPool(model, engine, workers=workers, port=port, host=host, control_token=control,
+                      model_name=name, proxy_options=options, traces=str(traces) if traces else None)  # fmt: skip
+    with pool:
+        write_control_token(token_file, control)
+        err.print(f"control token in {token_file}; register sessions at any worker, each answers with a session "
+                  "it owns", markup=False)  # fmt: skip
+        err.print(f"serving {name} on {pool.url(0)} … {pool.url(workers - 1)} ({workers} workers; Ctrl-C to stop)",
+                  markup=False)  # fmt: skip
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+        try:
+            while True:
+                signal.pause()
+        except KeyboardInterrupt:
+            pass  # leaving the pool stops every worker; each writes its open sessions' traces first
 
 
 async def _serve(

@@ -33,7 +33,9 @@ Per step (`step_metrics`) over the step's traces:
 - `train/version` = the trainer version the step was computed against, when given.
 
 Named here but produced elsewhere: `train/mismatch_kl`, `train/loss`, `train/grad_norm` (the trainer step),
-`proxy/pause_s`, `proxy/queue_depth` (the proxy's stats).
+`proxy/pause_s`, `proxy/queue_depth` (the proxy's stats), `proxy/cpu_us_per_token` (CPU microseconds of the
+event loop the proxy serves on ÷ tokens it streamed in the step's window, `Proxy.take_cpu_per_token`; absent when
+none was streamed).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ TRACE_METRICS = (
 CALL_METRICS = ("call/latency_s", "call/first_token_s", "call/prompt_tokens", "call/response_tokens")
 DISTRIBUTION_STATS = ("min", "p50", "p95", "max")
 TRAIN_METRICS = ("train/mismatch_kl", "train/loss", "train/grad_norm")
-SYSTEM_METRICS = ("proxy/pause_s", "proxy/queue_depth", "engine/busy_frac")
+SYSTEM_METRICS = ("proxy/pause_s", "proxy/queue_depth", "proxy/cpu_us_per_token", "engine/busy_frac")
 STEP_ONLY_METRICS = ("trace/count", f"{FAILURES_PREFIX}none", "train/version", "engine/busy_frac")
 CONTRACT = (
     *TRACE_METRICS,

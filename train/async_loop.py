@@ -32,6 +32,7 @@ from hrl.train.loop import (
     Event,
     LoopConfig,
     Rollouts,
+    _cpu_per_token,
     _pause_s,
     _take_queue_depth,
     publish_logged,
@@ -179,6 +180,7 @@ async def train_async(
     t_start = time.monotonic()
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     proxy = getattr(publish, "__self__", None)  # the proxy, when publish is its bound method
+    _cpu_per_token(proxy)  # sets the mark: each step reports its own window
     try:
         for step in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
@@ -198,6 +200,7 @@ async def train_async(
                     "version": version,
                     "async/dropped_stale": len(batch) - len(fresh),
                     "proxy/queue_depth": _take_queue_depth(proxy),
+                    **_cpu_per_token(proxy),
                     "proxy/pause_s": _pause_s(proxy) - pause0,
                     "async/dropped_stale_total": dropped_total,
                     "async/in_flight": len(producer.running),

@@ -112,6 +112,7 @@ async def train(
     """Run (or resume) the loop; returns the metrics of the steps this call ran."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     version, history = state["version"], []
+    _cpu_per_token(publisher)  # sets the mark: each step reports its own window
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
@@ -155,6 +156,7 @@ async def _iteration(
         "version": version,
         "proxy/pause_s": _pause_s(publisher) - pause0,
         "proxy/queue_depth": _take_queue_depth(publisher),
+        **_cpu_per_token(publisher),
         "time/rollout_s": t1 - t0,
         "time/train_s": t2 - t1,
         "time/publish_s": time.monotonic() - t2,
@@ -204,6 +206,13 @@ def _weight_bytes(path: Path) -> float:
 
 def _pause_s(publisher: Any) -> float:
     return float(getattr(publisher, "stats", {}).get("proxy/pause_s", 0.0))
+
+
+def _cpu_per_token(publisher: Any) -> dict[str, float]:
+    """`proxy/cpu_us_per_token` since the last call, when the publisher is a proxy that streamed tokens."""
+    take = getattr(publisher, "take_cpu_per_token", None)
+    value = take() if take is not None else None
+    return {} if value is None else {"proxy/cpu_us_per_token": value}
 
 
 def _take_queue_depth(publisher: Any) -> float:

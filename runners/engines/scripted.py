@@ -5,12 +5,19 @@ and tokenized with the served model's tokenizer, then streamed token by token li
 check a harness integration without a model, and lets tests drive real agent CLIs deterministically. The turn
 played is chosen by how many assistant turns the prompt already holds, so concurrent sessions each get their
 own script position.
+
+Paced like a GPU engine (`decode_tps`, `max_batch`, `prefill_tps`): sampling costs no CPU, a sequence's i-th token
+is due `prefill + i / decode_tps` seconds after it is admitted, and each wake-up hands over every token due by
+then in one delta (a late wake-up, the proxy's CPU being busy, never slows the engine down). At most `max_batch`
+sequences decode at once; the rest queue. `busy_s` is the time at least one sequence was admitted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +43,18 @@ class ScriptedEngineConfig(BaseModel):
         "repeats.",
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
-    token_delay_s: float = Field(0.0, description="Pause between streamed tokens, to mimic decoding time.")
+    token_delay_s: float = Field(
+        0.0, description="Pause between streamed tokens, one token per delta (ignored when decode_tps is set)."
+    )
+    decode_tps: float = Field(
+        0.0, description="Paced decoding: tokens per second per sequence, due on the clock; 0 = not paced."
+    )
+    max_batch: int = Field(0, description="Paced: most sequences decoding at once (others queue); 0 = no ceiling.")
+    prefill_tps: float = Field(
+        0.0,
+        description="Paced: prompt tokens per second of prefill, charged on the tokens past the longest prompt "
+        "prefix this engine saw before (a prefix cache); 0 = free prefill.",
+    )
     max_model_len: int = Field(32768, description="Context window in tokens.")
     publish_delay_s: float = Field(0.0, description="How long a publish takes (to test waiting through one).")
     continues_in_place: bool = Field(
@@ -71,6 +89,13 @@ class ScriptedEngine:
         self.tokenizer: Any = None
         self.turns = list(config.turns)
         self.continues_in_place = config.continues_in_place
+        self._turn_ids: dict[int, list[int]] = {}
+        self._slots = asyncio.Semaphore(config.max_batch) if config.max_batch > 0 else None
+        self._prefix: dict[tuple[int, ...], list[int]] = {}  # first ids -> the last sequence seen (prefix cache)
+        self.busy_s = 0.0  # time with at least one sequence admitted (see `busy`)
+        self.admitted = 0  # sequences decoding now
+        self.seq_s = 0.0  # Σ over sequences of the time each was admitted (mean batch = seq_s / busy_s)
+        self._busy_since = 0.0
 
     @property
     def version(self) -> int:
@@ -89,14 +114,58 @@ class ScriptedEngine:
             else self.tokenizer.eos_token
         )
         self._assistant = self.tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
+        self._turn_ids.clear()
         self._closed = False
 
     def _turn_index(self, prompt_ids: list[int]) -> int:
-        a, n = self._assistant, 0
-        for i in range(len(prompt_ids) - len(a) + 1):
-            if prompt_ids[i : i + len(a)] == a:
-                n += 1
+        a, n, i = self._assistant, 0, 0
+        with contextlib.suppress(ValueError):
+            while True:  # list.index scans in C: this runs once per call over the whole prompt
+                i = prompt_ids.index(a[0], i)
+                n += prompt_ids[i : i + len(a)] == a
+                i += 1
         return max(0, n - 1)
+
+    def _ids(self, index: int) -> list[int]:
+        if index not in self._turn_ids:
+            self._turn_ids[index] = self.tokenizer.encode(render_turn(self.turns[index], self._end),
+                                                          add_special_tokens=False)  # fmt: skip
+        return self._turn_ids[index]
+
+    @property
+    def busy(self) -> float:
+        """Seconds with at least one sequence admitted, up to now."""
+        return self.busy_s + (time.monotonic() - self._busy_since if self.admitted else 0.0)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        if self._slots is not None:
+            await self._slots.acquire()
+        t0 = time.monotonic()
+        if not self.admitted:
+            self._busy_since = t0
+        self.admitted += 1
+        try:
+            yield
+        finally:
+            now = time.monotonic()
+            self.admitted -= 1
+            self.seq_s += now - t0
+            if not self.admitted:
+                self.busy_s += now - self._busy_since
+            if self._slots is not None:
+                self._slots.release()
+
+    def _prefill_s(self, prompt_ids: list[int]) -> float:
+        if self.config.prefill_tps <= 0:
+            return 0.0
+        key = tuple(prompt_ids[:32])
+        seen = self._prefix.get(key, [])
+        cached = len(seen) if len(seen) <= len(prompt_ids) and prompt_ids[: len(seen)] == seen else 0
+        self._prefix[key] = prompt_ids
+        if len(self._prefix) > 4096:
+            self._prefix.pop(next(iter(self._prefix)))
+        return (len(prompt_ids) - cached) / self.config.prefill_tps
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
@@ -105,31 +174,50 @@ class ScriptedEngine:
             raise EngineError("scripted engine is closed")
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
-        turn = self.turns[min(self._turn_index(prompt_ids), len(self.turns) - 1)]
-        ids = self.tokenizer.encode(render_turn(turn, self._end), add_special_tokens=False)
+        index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
+        turn, ids = self.turns[index], self._ids(index)
         fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
-        start = next((j for j in range(len(ids) - 1, 0, -1) if prompt_ids[-j:] == ids[:j]), 0)  # a resubmission
+        last = prompt_ids[-1] if prompt_ids else None
+        start = next((j for j in range(len(ids) - 1, 0, -1) if ids[j - 1] == last and prompt_ids[-j:] == ids[:j]),
+                     0)  # a resubmission: the prompt ends with the turn's first j ids  # fmt: skip
+        end = min(len(ids), start + params.max_tokens)
         live = self._version if version is None else version
         self._running[request_id] = me = object()  # a resubmission reuses the id while the old one is unclosed
+        tps, loop = self.config.decode_tps, asyncio.get_running_loop()
         try:
-            for i, tok in enumerate(ids[start : start + params.max_tokens], start):
-                if fail_after is not None and i >= fail_after:
-                    raise EngineError(f"scripted engine failure after {i} tokens")
-                await self._paused.wait()
-                if request_id in self._aborted:
-                    self._aborted.discard(request_id)
-                    yield TokenDelta([], [], self._version, "abort")
-                    return
-                if self.config.token_delay_s:
-                    await asyncio.sleep(self.config.token_delay_s)
-                finish: Literal["stop", "length"] | None = None
-                if i == len(ids) - 1:
-                    finish = "stop"
-                elif i == start + params.max_tokens - 1:
-                    finish = "length"
-                if version is None and self.continues_in_place:
-                    live = self._version
-                yield TokenDelta([tok], [0.0], live, finish)
+            async with self._admitted():
+                if tps > 0:
+                    await asyncio.sleep(self._prefill_s(prompt_ids))
+                t0, i = loop.time(), start
+                while i < end:
+                    if fail_after is not None and i >= fail_after:
+                        raise EngineError(f"scripted engine failure after {i} tokens")
+                    if not self._paused.is_set():
+                        paused_at = loop.time()
+                        await self._paused.wait()
+                        t0 += loop.time() - paused_at  # the clock stops while paused
+                    if request_id in self._aborted:
+                        self._aborted.discard(request_id)
+                        yield TokenDelta([], [], self._version, "abort")
+                        return
+                    n = 1
+                    if tps > 0:
+                        n = start + int((loop.time() - t0) * tps) - i  # tokens due by now, not yet handed over
+                        if n <= 0:
+                            await asyncio.sleep((i - start + 1) / tps - (loop.time() - t0))
+                            continue
+                        n = min(n, end - i, (fail_after - i) if fail_after is not None else n)
+                    elif self.config.token_delay_s:
+                        await asyncio.sleep(self.config.token_delay_s)
+                    finish: Literal["stop", "length"] | None = None
+                    if i + n == len(ids):
+                        finish = "stop"
+                    elif i + n == end:
+                        finish = "length"
+                    if version is None and self.continues_in_place:
+                        live = self._version
+                    yield TokenDelta(ids[i : i + n], [0.0] * n, live, finish)
+                    i += n
         finally:
             if self._running.get(request_id) is me:
                 del self._running[request_id]

@@ -22,6 +22,7 @@ from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.proxy.workers import owned_token, owner
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
@@ -43,6 +44,18 @@ class ProxyConfig(BaseModel):
         True,
         description="Replace host secrets (values of secret-named variables, known key formats) in the request "
         "text before it is tokenized, so no prompt id, trace or model input carries them (hrl.runners.redact).",
+    )
+    stream_coalesce_ms: float = Field(
+        2.0,
+        description="Streaming: text that arrives within this many ms of the last write is held and sent as one "
+        "event (one write); nothing waits longer. 0 = one event per engine delta. The trace is the same either way.",
+    )
+    stream_coalesce_tokens: int = Field(
+        16, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
+    )
+    workers: int = Field(1, description="Proxy worker processes on this node (runners.proxy.workers); 1 = one.")
+    worker_index: int = Field(
+        0, description="This worker's index: it serves, and registers, only the session tokens it owns."
     )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
@@ -71,6 +84,8 @@ class Proxy:
         self._waiting = 0
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
         self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0}
+        self.tokens = 0  # sampled tokens the proxy has streamed (all calls, both streaming modes)
+        self._cpu_mark: tuple[float, int] | None = None
 
     @property
     def max_context(self) -> int:
@@ -80,7 +95,7 @@ class Proxy:
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
         """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
-        token = token or secrets.token_urlsafe(16)
+        token = self._token(token)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         session = self.sessions[token] = Session(token, meta)
@@ -89,7 +104,7 @@ class Proxy:
     def open_child(self, parent: str, name: str, trainable: bool = True, token: str | None = None) -> Session:
         """Register a sub-agent of session `parent` under its own token: its calls are recorded into the parent's
         trace as the agent `name` (`trainable=False`: recorded, never trained on). It ends with its root."""
-        token = token or secrets.token_urlsafe(16)
+        token = self._token(token)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         if parent not in self.sessions:
@@ -97,10 +112,18 @@ class Proxy:
         child = self.sessions[token] = self.sessions[parent].child(token, name, trainable)
         return child
 
+    def _token(self, token: str | None) -> str:
+        """A new session's token: the one given, if this worker owns it, else a fresh 128-bit one it owns."""
+        workers, me = self.config.workers, self.config.worker_index
+        token = token or (owned_token(me, workers) if workers > 1 else secrets.token_urlsafe(16))
+        if owner(token, workers) != me:
+            raise ValueError(f"session {token} belongs to proxy worker {owner(token, workers)} of {workers}, not {me}")
+        return token
+
     def session_for(self, token: str) -> Session:
         if token in self.sessions:
             return self.sessions[token]
-        if not self.config.open_sessions:
+        if not self.config.open_sessions or owner(token, self.config.workers) != self.config.worker_index:
             raise UnknownSessionError(token)
         return self.open_session(token, {"metadata": {"opened_by": "first request"}})
 
@@ -120,6 +143,16 @@ class Proxy:
             self.traces.write(trace)
         self.finished = [*self.finished[-255:], trace]
         return trace
+
+    def take_cpu_per_token(self) -> float | None:
+        """`proxy/cpu_us_per_token` since the previous call: CPU microseconds of the calling thread (call it on the
+        event loop the proxy serves on: the proxy, and whatever else runs on that loop) ÷ tokens streamed in that
+        window. None on the first call (it sets the mark) and when no token was streamed."""
+        now, mark = (time.thread_time(), self.tokens), self._cpu_mark
+        self._cpu_mark = now
+        if mark is None or now[1] == mark[1]:
+            return None
+        return (now[0] - mark[0]) / (now[1] - mark[1]) * 1e6
 
     def pause(self) -> None:
         """Hold new generations in the proxy (agents just wait) until `resume`."""
@@ -205,6 +238,7 @@ class Proxy:
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:
                         break  # resumed below, on the new weights
                     call.add(delta)
+                    self.tokens += len(delta.token_ids)
                     if delta.finish_reason == "abort":  # not asked for: the engine stopped or restarted under it
                         raise EngineError(
                             f"the {self.engine.name} engine aborted the generation (stopped or restarted)"

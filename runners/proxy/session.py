@@ -22,6 +22,7 @@ from hrl.runners.trace import SCHEMA
 
 __all__ = ["Call", "CallRecord", "ChildSession", "PromptPlan", "Session"]
 
+_Rendered = tuple[list[dict[str, Any]], str, str]
 _SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
 
 
@@ -77,6 +78,7 @@ class Session:
         self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
+        self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
 
     def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
         """The sub-agent `key` (a token, or a recognition key), opened on first use; its calls join this trace.
@@ -104,6 +106,7 @@ class Session:
         keys = [message_key(m) for m in req.messages]
         tools_key = _digest(req.tools or [])
         text = template.render(req.messages, req.tools)
+        rendered, self._rendered = self._rendered, (req.messages, tools_key, text)
         for parent in reversed(self.calls):
             n = len(parent.message_keys)
             if (
@@ -114,16 +117,22 @@ class Session:
                 and keys[:n] == parent.message_keys
                 and keys[n] == parent.reply_key
             ):
-                suffix = self._suffix(req, template, parent, text)
+                suffix = self._suffix(req, template, parent, text, rendered)
                 if suffix is not None:
                     return PromptPlan(parent.full_ids + template.encode(suffix), parent, keys, tools_key)
         return PromptPlan(template.encode(text), None, keys, tools_key)
 
     @staticmethod
-    def _suffix(req: ChatRequest, template: ChatTemplate, parent: CallRecord, text: str) -> str | None:
-        """The text after the parent's sampled tokens: the end of the assistant turn, then the new messages."""
+    def _suffix(
+        req: ChatRequest, template: ChatTemplate, parent: CallRecord, text: str, rendered: _Rendered | None
+    ) -> str | None:
+        """The text after the parent's sampled tokens: the end of the assistant turn, then the new messages.
+        `rendered`: the previous request's messages and their rendering, reused when they are these messages."""
         n = len(parent.message_keys)
-        before = template.render(req.messages[:n], req.tools)
+        if rendered is not None and rendered[1] == parent.tools_key and rendered[0] == req.messages[:n]:
+            before = rendered[2]  # the same messages and tools render the same text: one render saved per call
+        else:
+            before = template.render(req.messages[:n], req.tools)
         upto = template.render(req.messages[: n + 1], req.tools, add_generation_prompt=False)
         if not (upto.startswith(before) and text.startswith(upto)):
             return None  # the template is not append-only for this conversation

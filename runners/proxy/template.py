@@ -100,17 +100,22 @@ class IncrementalDecoder:
 
     def __init__(self, template: ChatTemplate) -> None:
         self.template = template
+        self.stops = frozenset(template.stop_ids)
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
+        self._before: str | None = ""  # the text of ids[prefix:read], decoded once per emit (None: not yet)
 
     def push(self, ids: list[int]) -> str:
-        self.ids.extend(i for i in ids if i not in self.template.stop_ids)
-        before = self.template.decode(self.ids[self._prefix : self._read])
+        stops = self.stops
+        self.ids.extend(ids if stops.isdisjoint(ids) else [i for i in ids if i not in stops])
+        if self._before is None:
+            self._before = self.template.decode(self.ids[self._prefix : self._read])
+        before = self._before
         now = self.template.decode(self.ids[self._prefix :])
         if now.endswith("\ufffd") or len(now) <= len(before):
             return ""
-        self._prefix, self._read = self._read, len(self.ids)
+        self._prefix, self._read, self._before = self._read, len(self.ids), None
         return now[len(before) :]
 
 

@@ -226,3 +226,20 @@ def test_serve_keeps_a_host_secret_out_of_prompts_and_traces(tiny_model, tmp_pat
     (trace,) = read_traces(traces)
     text = AutoTokenizer.from_pretrained(tiny_model).decode(all_prompt_ids(trace)[0])
     assert secret not in text and "REDACTED" in text
+
+
+def test_serve_workers_need_a_shared_engine(tiny_model):
+    out = hrl("serve", "--model", tiny_model, "--engine", "embedded", "--workers", "2", "--port", "0")
+    _assert_clean_error(out, "--workers 2 needs an engine the workers share", "--engine http://")
+
+
+def test_serve_workers_report_a_worker_that_cannot_start(tiny_model):
+    with socket.socket() as s:  # a port nothing answers on: no vLLM server there
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = hrl("serve", "--model", tiny_model, "--engine", f"http://127.0.0.1:{dead}", "--workers", "2",
+              "--port", str(port))  # fmt: skip
+    _assert_clean_error(out, "proxy worker", "did not start")

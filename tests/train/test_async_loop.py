@@ -68,6 +68,8 @@ def test_async_mixed(tiny_model, tmp_path):
     assert [m["version"] for m in history] == [5, 6]
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
+    cpu = [m["proxy/cpu_us_per_token"] for m in lines if "proxy/cpu_us_per_token" in m]
+    assert len(cpu) >= 4 and all(c > 0 for c in cpu)  # the proxy's CPU per streamed token, per step
     keys = [t["metadata"]["episode"] for t in run.all_traces()]
     assert len(keys) == len(set(keys))  # the resumed run started new groups, not the first run's again
     _check_readers(run, len(keys))

@@ -46,7 +46,7 @@ class ChatRollouts:
 
 async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None) -> list[dict]:
     async with serving(model, engine_options={"dtype": "float32"}) as stack:
-        return await train(TASKS, cfg, run, stack.engine, ChatRollouts(stack.proxy, stack.url, crash_after))
+        return await train(TASKS, cfg, run, stack.proxy, ChatRollouts(stack.proxy, stack.url, crash_after))
 
 
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
@@ -89,6 +89,7 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
     assert all(
         m["publish/tier"] == "lora-adapter" and m["publish/bytes"] > 0 and m["publish/seconds"] > 0 for m in lines
     )
+    assert all(m["proxy/cpu_us_per_token"] > 0 for m in lines)  # every step streamed tokens through the proxy
     assert all(m["train/peak_mem_gib"] > 0 and m["train/optimizer_steps"] == 1 for m in lines if not m["train/skipped"])
 
 

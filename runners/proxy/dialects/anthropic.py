@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sampling, sse
+from hrl.runners.proxy.dialects.base import HOLE, BadRequestError, ChatRequest, ChatResult, SSETemplate, sampling, sse
 from hrl.runners.proxy.dialects.responses import join_text, merge_leading_system
 
 __all__ = ["AnthropicDialect"]
@@ -198,6 +198,8 @@ class _AnthropicStream:
         self.open: str | None = None  # type of the block receiving deltas
         self.sent = ""
         self.kinds: set[str] = set()
+        self._tmpl_key: tuple[str | None, int] = (None, -1)
+        self._tmpl = SSETemplate({})
 
     @staticmethod
     def _event(kind: str, **fields: Any) -> bytes:
@@ -212,11 +214,13 @@ class _AnthropicStream:
 
     def _delta(self, delta: str) -> bytes:
         self.sent += delta
-        if self.open == "thinking":
-            return self._event(
-                "content_block_delta", index=self.index, delta={"type": "thinking_delta", "thinking": delta}
-            )
-        return self._event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": delta})
+        key = (self.open, self.index)
+        if self._tmpl_key != key:  # one template per content block: only the text is encoded per delta
+            inner = {"type": "thinking_delta", "thinking": HOLE} if self.open == "thinking" else None
+            inner = inner or {"type": "text_delta", "text": HOLE}
+            data = {"type": "content_block_delta", "index": self.index, "delta": inner}
+            self._tmpl_key, self._tmpl = key, SSETemplate(data, event="content_block_delta")
+        return self._tmpl.fill(delta)
 
     def _close(self, final: str | None = None) -> list[bytes]:
         if self.open is None:

@@ -6,17 +6,19 @@ encodes a stream as SSE events, and shapes errors the way that dialect's clients
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hrl.runners.proxy.jsonio import dumps
 from hrl.runners.proxy.template import ParsedReply
 
 __all__ = [
+    "HOLE",
     "BadRequestError",
     "ChatRequest",
     "ChatResult",
     "Dialect",
+    "SSETemplate",
     "StreamEncoder",
     "as_object",
     "check_request",
@@ -169,8 +171,25 @@ def _check_call(c: Any, at: str) -> None:
 
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent event; `data` is JSON-encoded unless it is already a string."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
+    payload = data.encode() if isinstance(data, str) else dumps(data)
+    return (b"event: " + event.encode() + b"\ndata: " if event else b"data: ") + payload + b"\n\n"
+
+
+HOLE = "\x00hole\x00"  # a value in an event template, filled per delta (see SSETemplate)
+
+
+class SSETemplate:
+    """An event encoded once with `HOLE` where per-delta values go; `fill` JSON-encodes only those values (the
+    per-token hot path of every dialect's stream). Values fill the holes in the order they occur in the JSON."""
+
+    def __init__(self, data: Any, event: str | None = None) -> None:
+        self.parts = sse(data, event).split(dumps(HOLE))
+
+    def fill(self, *values: Any) -> bytes:
+        out = [self.parts[0]]
+        for value, part in zip(values, self.parts[1:], strict=True):
+            out += (dumps(value), part)
+        return b"".join(out)
 
 
 def text_of(content: Any) -> str:

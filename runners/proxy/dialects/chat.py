@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from hrl.runners.proxy.dialects.base import (
+    HOLE,
     BadRequestError,
     ChatRequest,
     ChatResult,
+    SSETemplate,
     as_object,
     sampling,
     sse,
@@ -102,19 +103,19 @@ class ChatDialect:
 class _ChatStream:
     def __init__(self, req: ChatRequest, rid: str) -> None:
         self.req, self.rid, self.created = req, rid, int(time.time())
-        self._text_head: bytes | None = None
-        self._text_tail = b""
+        self._text: SSETemplate | None = None
+
+    def _data(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse(
-            {
-                "id": self.rid,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.req.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-        )
+        return sse(self._data(delta, finish))
 
     def start(self) -> list[bytes]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -124,10 +125,9 @@ class _ChatStream:
 
     def text(self, delta: str) -> list[bytes]:
         # the per-token hot path: only the text is JSON-encoded, the rest of the chunk is fixed per stream
-        if self._text_head is None:
-            head, _, tail = self._chunk({"content": "\x00"}).decode().partition('"\\u0000"')
-            self._text_head, self._text_tail = head.encode(), tail.encode()
-        return [self._text_head + json.dumps(delta).encode() + self._text_tail]
+        if self._text is None:
+            self._text = SSETemplate(self._data({"content": HOLE}))
+        return [self._text.fill(delta)]
 
     def finish(self, result: ChatResult) -> list[bytes]:
         out = [self._chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(result.reply.tool_calls)]

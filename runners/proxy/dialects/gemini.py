@@ -17,7 +17,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, as_object, sampling, sse
+from hrl.runners.proxy.dialects.base import (
+    HOLE,
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    SSETemplate,
+    as_object,
+    sampling,
+    sse,
+)
 from hrl.runners.proxy.dialects.responses import join_text
 
 __all__ = ["GeminiDialect"]
@@ -225,13 +234,16 @@ class _GeminiStream:
     def __init__(self, req: ChatRequest, rid: str) -> None:
         self.req, self.rid = req, rid
         self.sent = {"reasoning": "", "text": ""}
+        self._templates: dict[str, SSETemplate] = {}
 
     def _send(self, kind: str, delta: str) -> list[bytes]:
         if not delta:
             return []
         self.sent[kind] += delta
-        part = {"text": delta, "thought": True} if kind == "reasoning" else {"text": delta}
-        return [sse(_chunk(self.req, self.rid, [part], None))]
+        if kind not in self._templates:  # encoded once per stream: only the text is encoded per delta
+            part = {"text": HOLE, "thought": True} if kind == "reasoning" else {"text": HOLE}
+            self._templates[kind] = SSETemplate(_chunk(self.req, self.rid, [part], None))
+        return [self._templates[kind].fill(delta)]
 
     def _rest(self, kind: str, final: str) -> list[dict[str, Any]]:
         sent = self.sent[kind]

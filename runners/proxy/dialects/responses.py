@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import BadRequestError, ChatRequest, ChatResult, sampling, sse
+from hrl.runners.proxy.dialects.base import HOLE, BadRequestError, ChatRequest, ChatResult, SSETemplate, sampling, sse
 
 __all__ = ["ResponsesDialect", "join_text", "merge_leading_system"]
 
@@ -252,6 +252,8 @@ class _ResponsesStream:
         self.items: list[dict[str, Any]] = []  # output items, in output_index order
         self.open: dict[str, Any] | None = None  # the reasoning or message item receiving deltas (the last item)
         self.sent = ""  # what the open item has received
+        self._tmpl_item: dict[str, Any] | None = None
+        self._tmpl = SSETemplate({})
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         self.seq += 1
@@ -274,9 +276,15 @@ class _ResponsesStream:
 
     def _delta(self, delta: str) -> bytes:
         self.sent += delta
-        if self.open and self.open["type"] == "reasoning":
-            return self._event("response.reasoning_text.delta", **self._at(), delta=delta)
-        return self._event("response.output_text.delta", **self._at(), delta=delta, logprobs=[])
+        assert self.open is not None
+        if self._tmpl_item is not self.open:  # one template per open item: seq and text are encoded per delta
+            self._tmpl_item = self.open
+            reasoning = self.open["type"] == "reasoning"
+            kind = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
+            data = {"type": kind, "sequence_number": HOLE, **self._at(), "delta": HOLE}
+            self._tmpl = SSETemplate(data if reasoning else data | {"logprobs": []}, event=kind)
+        self.seq += 1
+        return self._tmpl.fill(self.seq - 1, delta)
 
     def _close(self, final: str | None = None, status: str = "completed") -> list[bytes]:
         """Finish the open item with `final` (or what was streamed), sending a last delta when it extends that."""
