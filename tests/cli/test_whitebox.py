@@ -31,7 +31,7 @@ def test_rollout_of_the_langgraph_recipe(tiny_model, tmp_path):
     assert len(lines) == len(traces) == 6
     assert all(t["failure_reason"] is None and t["reward"] in (0.0, 0.1, 1.0) and t["calls"] for t in traces)
     assert {t["agent"]["name"] for t in traces} == {"python:agent.py:run"}
-    assert all("got" in t["reward_info"] for t in traces)  # scored by the recipe's verify.py
+    assert all("got" in t["reward_info"] for t in traces)  # scored by the recipe's verifier, hrl.recipes.arithmetic
 
 
 @pytest.mark.slow

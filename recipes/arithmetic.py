@@ -1,5 +1,6 @@
-"""The arithmetic recipes' verifier: 1.0 when the agent's last answer ends with the task's number, 0.1 when it ends
-with another number (format credit: a random tiny model gets some reward variance to learn from), else 0."""
+"""The verifier of the white-box arithmetic recipes (langgraph-react, agents-sdk, multi-agent): 1.0 when the
+agent's last answer ends with the task's number, 0.1 when it ends with another number (format credit: a random tiny
+model gets some reward variance to learn from), else 0."""
 
 from __future__ import annotations
 
