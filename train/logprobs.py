@@ -16,7 +16,8 @@ def _backbone_and_head(model: Any) -> tuple[Any, Any]:
 
 
 def _chunk_logp(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = head(hidden).float()  # (B, C, V)
+    logits = head(hidden)  # (B, C, V), in float32 at least (float64 stays float64)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, C)
 
 

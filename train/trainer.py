@@ -15,6 +15,7 @@ from hrl.runners.models import resolve_model
 from hrl.train.logprobs import token_logprobs
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
+from hrl.train.tree import Batches, batches, tree_logprobs
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
@@ -33,6 +34,13 @@ class TrainerConfig(BaseModel):
     micro_batch: int = Field(4, description="Samples per forward/backward (gradient accumulation over the rest).")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights and compute dtype.")
     logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
+    tree: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Prefix-shared training: the batch's branches packed into one token tree per forward pass, each "
+        "shared prefix computed once (same logprobs and gradients). auto: when distinct ÷ total tokens < tree_threshold.",
+    )
+    tree_threshold: float = Field(0.75, description="tree=auto packs trees below this distinct ÷ total tokens.")
+    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (the tree's micro-batch).")
     clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
     clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
     correction: Literal["tis", "decoupled", "none"] = Field(
@@ -96,8 +104,20 @@ class Trainer:
         return ids, mask
 
     def _gather(self, samples: list[Sample], logp: torch.Tensor) -> torch.Tensor:
-        """Flatten the loss tokens of a micro-batch: logp is (B, T-1), predicting tokens 1..T-1."""
-        return torch.cat([logp[i, torch.tensor(_loss_pos(s)) - 1] for i, s in enumerate(samples)])
+        """Flatten the loss tokens of a micro-batch: logp[i] is sample i's (T-1,), predicting tokens 1..T-1."""
+        return torch.cat([logp[i][torch.tensor(_loss_pos(s)) - 1] for i, s in enumerate(samples)])
+
+    def _batches(self, samples: list[Sample]) -> Batches:
+        cfg = self.config
+        seqs = [s.input_ids for s in samples]
+        return batches(self.model, seqs, cfg.tree, cfg.tree_threshold, cfg.micro_batch, cfg.tree_max_tokens)
+
+    def _forward(self, model: torch.nn.Module, mb: list[Sample], tree: bool) -> list[torch.Tensor] | torch.Tensor:
+        """Per-sample logprobs of a forward pass, [i][t] predicting token t+1: one packed tree, or padded rows."""
+        if tree:
+            return [lp.float() for lp in tree_logprobs(model, [s.input_ids for s in mb], self.config.logprob_chunk)]
+        ids, mask = self._pad(mb)
+        return token_logprobs(model, ids, mask, self.config.logprob_chunk).float()
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -111,13 +131,14 @@ class Trainer:
                 raise ValueError("full fine-tuning keeps reference weights only when kl_coef > 0")
             model = self.reference
         self.model.eval()
-        out = []
+        out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        plan = self._batches(samples)
         with ctx:
-            for i in range(0, len(samples), self.config.micro_batch):
-                mb = samples[i : i + self.config.micro_batch]
-                ids, mask = self._pad(mb)
-                lp = token_logprobs(model, ids, mask, self.config.logprob_chunk).float()
-                out += [lp[j, torch.tensor(_loss_pos(s)) - 1] for j, s in enumerate(mb)]
+            for i, j in plan.spans:
+                mb = [samples[k] for k in plan.order[i:j]]
+                lp = self._forward(model, mb, plan.tree)
+                for m, k in enumerate(plan.order[i:j]):
+                    out[k] = lp[m][torch.tensor(_loss_pos(samples[k])) - 1]
         self.model.train()
         return out
 
@@ -129,6 +150,8 @@ class Trainer:
         samples = [s for s in samples if s.loss_tokens > 0]
         if not samples:
             return {"train/samples": 0.0}
+        plan = self._batches(samples)
+        samples = [samples[k] for k in plan.order]  # shared prefixes side by side; spans are then contiguous
         n_traces = len({s.trace_id for s in samples})
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
         behaviour = [_flat([s], "behaviour_logprobs") for s in samples]
@@ -141,12 +164,11 @@ class Trainer:
         ref = self.logprobs(samples, reference=True) if cfg.kl_coef > 0 else None
         self.optimizer.zero_grad(set_to_none=True)
         total, kl_total, parts = 0.0, 0.0, []
-        for i in range(0, len(samples), cfg.micro_batch):
-            mb = samples[i : i + cfg.micro_batch]
-            ids, mask = self._pad(mb)
-            logp = self._gather(mb, token_logprobs(self.model, ids, mask, cfg.logprob_chunk).float())  # (N,)
-            prox = torch.cat(proximal[i : i + cfg.micro_batch])
-            behav = torch.cat(behaviour[i : i + cfg.micro_batch])
+        for i, j in plan.spans:
+            mb = samples[i:j]
+            logp = self._gather(mb, self._forward(self.model, mb, plan.tree))  # (N,)
+            prox = torch.cat(proximal[i:j])
+            behav = torch.cat(behaviour[i:j])
             adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb])
             weight = token_weights(mb, n_traces, cfg.loss_norm, cfg.max_len)
             old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
@@ -155,7 +177,7 @@ class Trainer:
                 parts.append(m)
             loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
             if ref is not None:
-                kl, _ = kl_to_reference(logp, torch.cat(ref[i : i + cfg.micro_batch]), weight)
+                kl, _ = kl_to_reference(logp, torch.cat(ref[i:j]), weight)
                 loss = loss + cfg.kl_coef * kl
                 kl_total += float(kl.detach())
             loss.backward()
@@ -177,6 +199,8 @@ class Trainer:
                 "train/samples": float(len(samples)),
                 "train/traces": float(n_traces),
                 "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
+                "train/tree": float(plan.tree),
+                "train/tree_token_ratio": plan.token_ratio,
                 "train/skipped": 0.0,
                 **({"train/kl_ref": kl_total} if ref is not None else {}),
                 "train/step_s": time.monotonic() - t0,
