@@ -96,15 +96,20 @@ def distinct_tokens(seqs: list[list[int]]) -> int:
     return sum(len(s) - _lcp(p, s) for p, s in zip([[], *ordered[:-1]], ordered, strict=True))
 
 
-def plan(seqs: list[list[int]], max_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
+def plan(seqs: list[list[int]], max_tokens: int, root_cut: int = 1024) -> tuple[list[int], list[tuple[int, int]]]:
     """Order the sequences so that shared prefixes sit together, then cut that order into spans whose tries hold
-    at most `max_tokens` nodes (a longer single sequence gets a span of its own). Returns (order, spans)."""
+    at most `max_tokens` nodes (a longer single sequence gets a span of its own). Returns (order, spans).
+
+    A sequence that shares nothing with the one before it (a new root) also starts a new span once the current one
+    holds `root_cut` nodes: packed together, trees that share nothing cost (a + b)² attention instead of a² + b²,
+    while small ones are cheaper in one pass than in many."""
     order = sorted(range(len(seqs)), key=lambda i: seqs[i])
     spans: list[tuple[int, int]] = []
     start, size, prev = 0, 0, []
     for j, i in enumerate(order):
-        extra = len(seqs[i]) - _lcp(prev, seqs[i])
-        if j > start and size + extra > max_tokens:
+        shared = _lcp(prev, seqs[i])
+        extra = len(seqs[i]) - shared
+        if j > start and (size + extra > max_tokens or (shared == 0 and size >= root_cut)):
             spans.append((start, j))
             start, size, extra = j, 0, len(seqs[i])
         size += extra
