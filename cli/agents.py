@@ -43,8 +43,12 @@ def install(
     as_json: Annotated[bool, typer.Option("--json", help="Print the installs as JSON.")] = False,
 ) -> None:
     """Install agent CLIs, pinned, into the cache (HRL_CACHE); a second install is a no-op."""
+    from hrl.cli.checks import check_agent, check_sandbox
     from hrl.runners.agents.install import install as do_install
 
+    for name in names:
+        check_agent(name)
+    check_sandbox(target, "--target")
     done = []
     for name in names:
         err.print(f"installing {name} for {target} …", markup=False)
@@ -66,8 +70,14 @@ def doctor(
 ) -> None:
     """Run each CLI once against a scripted engine through the real proxy: ✓ when it makes a tool call that changes
     a file, answers and exits, with a token-exact trace."""
+    from hrl.cli.checks import check_agent, check_model, check_sandbox
     from hrl.runners.agents.doctor import doctor as run_doctor
 
+    for name in names or []:
+        check_agent(name)
+    check_sandbox(sandbox)
+    if model:
+        check_model(model)
     with scratch("doctor") as tmp:
         if not model:
             from hrl.train.tiny import build_tiny_model

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import UsageError
 
 __all__ = ["apply_overrides", "load_recipe_config", "set_dotted"]
 
@@ -16,10 +16,11 @@ __all__ = ["apply_overrides", "load_recipe_config", "set_dotted"]
 def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
     node = cfg
     parts = key.split(".")
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise HrlError(f"cannot set {key}: {p} is not a section", hint="check the key against the recipe")
+            where = ".".join(parts[: i + 1])
+            raise UsageError(f"cannot set -c {key}: {where} is a value, not a section", hint=f"use -c {where}=VALUE")
     node[parts[-1]] = value
 
 
@@ -30,25 +31,50 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Each override is `key.path=value` (value parsed as YAML) or a YAML file merged on top."""
+def apply_overrides(cfg: dict[str, Any], overrides: list[str], *, engine: str = "") -> dict[str, Any]:
+    """Each override is `key.path=value` (value parsed as YAML) or a YAML file merged on top. Every key and value
+    is checked against the config models (`hrl.cli.keys`) once all are merged: UsageError naming the nearest key.
+    `engine` is an --engine flag that will win over the config: engine_options are that engine's."""
+    from hrl.cli.keys import check_overrides
+
     out = copy.deepcopy(cfg)
+    given: list[tuple[str, Any]] = []
     for item in overrides:
         if "=" in item:
             key, _, raw = item.partition("=")
-            set_dotted(out, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else ""
+            except yaml.YAMLError as exc:
+                raise UsageError(
+                    f"bad -c {item!r}: the value is not YAML ({exc})", hint="quote it: -c 'key=\"text\"'"
+                ) from None
+            set_dotted(out, key.strip(), value)
+            given.append((key.strip(), value))
         elif Path(item).is_file():
-            out = _merge(out, yaml.safe_load(Path(item).read_text()) or {})
+            extra = yaml.safe_load(Path(item).read_text()) or {}
+            if not isinstance(extra, dict):
+                raise UsageError(
+                    f"-c {item}: a YAML file of overrides must be a mapping", hint="e.g. trainer: {lr: 1e-5}"
+                )
+            out = _merge(out, extra)
+            given += list(extra.items())
         else:
-            raise HrlError(f"bad -c {item!r}: expected key=value or a YAML file", hint="e.g. -c trainer.lr=1e-5")
+            raise UsageError(f"bad -c {item!r}: expected key=value or a YAML file", hint="e.g. -c trainer.lr=1e-5")
+    check_overrides(given, {**out, "engine": engine} if engine else out)
     return out
 
 
 def load_recipe_config(name_or_path: str) -> dict[str, Any]:
     """A recipe by name (shipped in hrl.recipes) or a path to a recipe YAML; relative paths inside it are resolved
-    against the recipe's own folder."""
-    from hrl.recipes.loader import load_recipe
+    against the recipe's own folder. An unknown name is a usage error listing the bundled recipes."""
+    from hrl.recipes.loader import RecipeError, load_recipe, recipe_path
 
+    try:
+        recipe_path(name_or_path)
+    except RecipeError as e:
+        raise UsageError(
+            str(e), hint="`hrl recipes ls` lists the bundled recipes; or give a recipe YAML file"
+        ) from None
     return dict(load_recipe(name_or_path))
 
 
@@ -72,7 +98,7 @@ def materialize_model(name: str) -> str:
     if kind == "tiny":
         from hrl.train.tiny import build_tiny_model as build
     else:
-        raise HrlError(f"unknown hrl model {name!r}; valid: hrl:tiny, hrl:tiny-agent")
+        raise UsageError(f"unknown hrl model {name!r}; valid: hrl:tiny, hrl:tiny-agent", hint="use --model hrl:tiny")
     err.print(f"building {name} into {out} (once) …", markup=False)
     tmp = out.with_name(out.name + ".partial")
     build(tmp)

@@ -23,6 +23,8 @@ EPILOG = """Examples:
 
   hrl inspect traces.jsonl                           # one row per trace, totals below
 
+  hrl inspect a.jsonl b.jsonl                        # several files (or a folder of them) as one table
+
   hrl inspect traces.jsonl --trace 3f2a              # one trace (id prefix) as a tree of calls and tools
 
   hrl inspect traces.jsonl --trace 3f2a --samples    # ... plus its branches (the training samples)
@@ -42,11 +44,11 @@ Trace = dict[str, Any]
 
 
 def inspect(
-    file: Annotated[
-        Path,
+    sources: Annotated[
+        list[Path],
         typer.Argument(
-            metavar="FILE|RUN_DIR",
-            help="An hrl.trace/1 JSONL file (e.g. written by `hrl serve --traces`), or a run directory.",
+            metavar="FILE...|RUN_DIR",
+            help="hrl.trace/1 JSONL files (the --out of `hrl rollout`, `hrl serve --traces`), or a run directory.",
         ),
     ],
     trace_id: Annotated[
@@ -57,37 +59,26 @@ def inspect(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON (an object with --trace).")] = False,
 ) -> None:
-    """Summarize a trace file: outcome, calls, turns, tokens, branches and timing per trace; with --trace (or a
-    file of one trace) the calls and tool events in time order, as a tree. For a run directory: reward,
+    """Summarize trace files: outcome, agent, calls, turns, tokens, branches and timing per trace; with --trace (or
+    a file of one trace) the calls and tool events in time order, as a tree. For a run directory: reward,
     failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
+    from hrl.runners.report.run import load_source
+    from hrl.runners.rundir import is_run_dir
     from hrl.runners.summary import select_trace
 
-    if file.is_dir() and trace_id is None:
-        _inspect_run(file, as_json=as_json)
+    run = load_source(sources)
+    if is_run_dir(run.path) and trace_id is None:
+        _inspect_run(run, as_json=as_json)
         return
-    traces = _load(file)
+    traces = [t for _, t in run.traces]
     chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
     if as_json:
         emit(_json_result(chosen, single=trace_id is not None, samples=samples), as_json=True)
         return
     if not traces:
-        err.print(f"no traces in {file}", markup=False, highlight=False)
+        err.print(f"no traces in {' '.join(map(str, sources))}", markup=False, highlight=False)
         return
     _render(_stdout_console(), chosen, samples=samples)
-
-
-def _load(file: Path) -> list[Trace]:
-    """All traces of the file, or of every iteration of a run directory; a missing path is a FileNotFoundError
-    naming it, a directory that is no run a NotARunDirError."""
-    from hrl.runners.trace import read_traces
-
-    if file.is_dir():
-        from hrl.runners.report.run import load_run
-
-        return [t for _, t in load_run(file).traces]
-    if not file.exists():
-        raise FileNotFoundError(f"trace file not found: {file}")
-    return list(read_traces(file))
 
 
 def _json_result(traces: list[Trace], *, single: bool, samples: bool) -> Any:
@@ -157,15 +148,17 @@ def _outcome(s: dict[str, Any]) -> Text:
     return Text(str(s["status"]), style="green" if s["status"] == "ok" else "yellow")
 
 
-def _table() -> Table:
-    """Borderless, one header rule, two spaces between columns."""
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold")
+def _table(padding: int = 1) -> Table:
+    """Borderless, one header rule, two spaces between columns (one with `padding=0`)."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold",
+                 padding=(0, padding))  # fmt: skip
 
 
 def _summary_table(sums: list[dict[str, Any]]) -> Table:
-    table = _table()
+    table = _table(padding=0)  # 11 columns in 100: one space between them
     table.add_column("trace", no_wrap=True, min_width=8)
-    table.add_column("task", max_width=22, overflow="ellipsis", no_wrap=True)
+    table.add_column("task", max_width=16, overflow="ellipsis", no_wrap=True)
+    table.add_column("agent", max_width=14, overflow="ellipsis", no_wrap=True)
     table.add_column("status", max_width=16, overflow="ellipsis", no_wrap=True)
     for name, width in (("reward", 6), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2), ("time", 6)):
         table.add_column(name, justify="right", no_wrap=True, min_width=width)
@@ -174,6 +167,7 @@ def _summary_table(sums: list[dict[str, Any]]) -> Table:
         table.add_row(
             Text(_short(s["trace_id"])),
             Text(str(s["task_id"] or "-")),
+            Text(str(s["agent"] or "-")),
             _outcome(s),
             reward,
             str(s["calls"]),
@@ -190,9 +184,11 @@ def _totals(agg: dict[str, Any]) -> Text:
     """Two lines under the table: outcomes and reward, then tokens and latency percentiles."""
     status = ", ".join(f"{n} {k}" for k, n in sorted(agg["status"].items(), key=lambda kv: (kv[0] != "ok", kv[0])))
     fails = ", ".join(f"{k} {n}" for k, n in sorted(agg["failures"].items()))
-    reward = "-" if agg["reward_mean"] is None else f"{agg['reward_mean']:.3g}"
+    unrewarded = agg["traces"] - agg["rewarded"]
+    reward = "no rewarded trace" if agg["reward_mean"] is None else f"mean reward {agg['reward_mean']:.3g}"
+    reward += f" ({unrewarded} without a reward)" if unrewarded else ""
     lat, tok = agg["latency_s"], agg["tokens"]
-    first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · mean reward {reward}"
+    first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · {reward}"
     second = (
         f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
         f"time p50 {_secs(lat['duration']['p50'])} p95 {_secs(lat['duration']['p95'])} · "
@@ -328,16 +324,15 @@ def sparkline(values: list[float | None], width: int = 60) -> str:
     return "".join(" " if v is None else _SPARK[round((v - lo) / (hi - lo) * top) if hi > lo else 0] for v in values)
 
 
-def _inspect_run(path: Path, *, as_json: bool) -> None:
-    from hrl.runners.report.run import iteration_summaries, load_run
+def _inspect_run(run: Any, *, as_json: bool) -> None:
+    from hrl.runners.report.run import iteration_summaries
 
-    run = load_run(path)
     rows = iteration_summaries(run)
     if as_json:
         emit(rows, as_json=True)
         return
     if not rows:
-        err.print(f"no iterations in {path} yet", markup=False, highlight=False)
+        err.print(f"no iterations in {run.path} yet", markup=False, highlight=False)
         return
     console = _stdout_console()
     console.print(_run_table(rows))

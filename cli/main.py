@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
@@ -31,6 +31,29 @@ def _click_classes(name: str) -> tuple[type[BaseException], ...]:
 
 
 _EXIT, _CLICK_ERROR, _ABORT = _click_classes("Exit"), _click_classes("ClickException"), _click_classes("Abort")
+_NO_ARGS = _click_classes("NoArgsIsHelpError") if hasattr(click.exceptions, "NoArgsIsHelpError") else ()
+
+
+def command_path(ctx: Any) -> str:
+    """`hrl <group> <command>` of a click context, whatever the program was called (`python -m hrl.cli`)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["hrl", *reversed(names)])
+
+
+def usage_error(e: Any) -> int:
+    """A click usage error (bad flag, missing argument, `typer.BadParameter`) as our `Error:` and `Hint:` lines."""
+    if isinstance(e, _NO_ARGS):  # `hrl tasks` alone: the group's help is the answer
+        e.show()
+        return int(e.exit_code)
+    from hrl.cli.errors import say_error
+
+    message = e.format_message().removeprefix("Invalid value: ")
+    say_error(message, f"`{command_path(getattr(e, 'ctx', None))} --help` shows its usage and examples")
+    return int(e.exit_code)
+
 
 app = typer.Typer(
     name="hrl",
@@ -92,8 +115,7 @@ def main() -> None:
     except _EXIT as e:
         rc = e.exit_code  # type: ignore[attr-defined]
     except _CLICK_ERROR as e:
-        e.show()  # type: ignore[attr-defined]
-        rc = e.exit_code  # type: ignore[attr-defined]
+        rc = usage_error(e)
     except (KeyboardInterrupt, *_ABORT):
         rc = EXIT_INTERRUPTED
     except Exception as e:

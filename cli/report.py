@@ -15,6 +15,10 @@ EPILOG = """Examples:
 
   hrl report runs/demo                          # writes runs/demo/report.html
 
+  hrl report traces.jsonl                       # what `hrl rollout --out` wrote: writes traces.html
+
+  hrl report a.jsonl b.jsonl --out ab.html      # several trace files, shown as one step each
+
   hrl report runs/demo --out /tmp/demo.html     # somewhere else
 
   hrl report runs/demo --json | jq -r .out      # the path, for scripts
@@ -22,21 +26,31 @@ EPILOG = """Examples:
 
 
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (the --run-dir of `hrl train`).")],
+    sources: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="RUN_DIR|FILE...",
+            help="A run directory (the --run-dir of `hrl train`), or trace files (the --out of `hrl rollout`).",
+        ),
+    ],
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html).")
+        Path | None,
+        typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html, or FILE.html)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {out, traces, steps, bytes} as JSON.")] = False,
 ) -> None:
-    """Render RUN_DIR as one HTML file that needs no network to view: reward, failures by reason, latency and
-    token distributions, staleness and versions over steps, and a table of traces that opens each trace's
-    calls and tool events (link one with `report.html#trace=ID`)."""
+    """Render a run, or trace files, as one HTML file that needs no network to view: reward, failures by reason,
+    latency and token distributions, staleness and versions over steps (a trace file is one step), and a table of
+    traces that opens each trace's calls and tool events (link one with `report.html#trace=ID`)."""
     from hrl.runners.report.builder import write_report
-    from hrl.runners.report.run import load_run
+    from hrl.runners.report.run import load_source
+    from hrl.runners.rundir import is_run_dir
 
-    run = load_run(run_dir)
+    run = load_source(sources)
     path = write_report(run, out)
     info = {"out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size}
     if not as_json:
-        err.print(f"{info['steps']} steps, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)")
+        n = info["steps"]
+        steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"
+        err.print(f"{steps}, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
     emit(info, as_json=as_json, human=str(path))

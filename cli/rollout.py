@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
+from hrl.cli.errors import EXIT_INFRA, say_error
 from hrl.cli.output import err
+from hrl.runners.errors import UsageError
 from hrl.runners.trace import INFRA_FAILURES
 
 __all__ = ["EPILOG", "LOCAL_WARNING", "rollout"]
@@ -75,6 +77,7 @@ def rollout(
     out: Annotated[Path, typer.Option(help="Append one trace per episode here.")] = Path("traces.jsonl"),
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also say what is cached and ready.")] = False,
     run_id: Annotated[
         str,
         typer.Option(
@@ -85,32 +88,37 @@ def rollout(
     ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
+    from hrl.cli.checks import check_model, check_run, say_context
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
     from hrl.runners.whitebox.harness import is_python_agent
 
     if not recipe and tasks is None:
-        raise typer.BadParameter("give --recipe or --tasks")
-    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [])
+        raise UsageError("give --recipe or --tasks", hint="e.g. `hrl rollout --agent mini-swe-agent --recipe demo`")
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
     roll = cfg.setdefault("rollout", {})
     roll["agent"] = agent or roll.get("agent") or ""
     if not roll["agent"]:
-        raise typer.BadParameter("give --agent (the recipe names none)")
+        raise UsageError("give --agent (the recipe names none)", hint="`hrl agents ls` lists the agents")
     if sandbox:
         roll["sandbox"] = sandbox
     if time_budget:
         roll["time_budget_s"] = time_budget
+    model = model or cfg.get("model") or ""
+    if not model:
+        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
+    engine = engine or cfg.get("engine") or "embedded"
+    task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
+    check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory", hint="give a file for the traces, e.g. --out traces.jsonl")
+    model = materialize_model(model)
+    check_model(model)
+    say_context(roll["agent"], model, cfg)
     if roll.get("sandbox", "docker") == "local" and not is_python_agent(roll["agent"]):
         err.print(local_warning(), markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
-    model = model or cfg.get("model") or ""
-    if not model:
-        raise typer.BadParameter("give --model (the recipe names none)")
-    model = materialize_model(model)
-    task_file = str(tasks) if tasks else cfg["tasks"]
     hide_from_sandboxes(cfg, task_file, out)
-    rc = asyncio.run(
-        _run(cfg, model, engine or cfg.get("engine") or "embedded", task_file, n, concurrency, limit, out, as_json)
-    )
+    rc = asyncio.run(_run(cfg, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
     raise typer.Exit(rc)
 
 
@@ -124,6 +132,7 @@ async def _run(
     limit: int,
     out: Path,
     as_json: bool,
+    verbose: bool,
 ) -> int:
     import secrets
 
@@ -154,7 +163,8 @@ async def _run(
             sys.stdout.flush()
         fails = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "ok")
         err.print(
-            f"[{done}/{len(episodes)}] {data['episode']}: reward {data['reward']} {data['failure'] or ''}"
+            f"[{done}/{len(episodes)}] {data['episode']}: reward {'-' if data['reward'] is None else data['reward']} "
+            f"{data['failure'] or ''}"
             f"  (running {len(running)}{'; failures: ' + fails if fails else ''})",
             markup=False,
             highlight=False,
@@ -173,8 +183,11 @@ async def _run(
         rollouts = make_rollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, cfg.get("verifier"),
                                  cfg.get("recipe_dir"))  # fmt: skip
         target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
-        if not white and installed(cfg["rollout"]["agent"], target) is None:  # a cached agent is ready at once
+        cached = None if white else installed(cfg["rollout"]["agent"], target)
+        if not white and cached is None:  # a cached agent is ready at once: nothing to say, unless asked
             err.print(f"installing {cfg['rollout']['agent']} for {target} (once; cached after) …", markup=False)
+        elif verbose and cached is not None:
+            err.print(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}", markup=False)
         await asyncio.to_thread(rollouts.prepare)
         try:
             traces = await run_episodes(rollouts, episodes, out, concurrency)
@@ -210,8 +223,9 @@ def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> 
     if sum(infra.values()) <= len(traces) * max_error_rate:
         return 0
     which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
-    err.print(f"Error: {sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more "
-              f"than max_error_rate {max_error_rate:g} allows", markup=False)  # fmt: skip
-    err.print(f"Hint: the traces' metadata say why: hrl inspect {out} --json; `hrl doctor` checks docker and the "
-              "engine", markup=False)  # fmt: skip
-    return 3
+    say_error(
+        f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
+        f"max_error_rate {max_error_rate:g} allows",
+        f"the traces' metadata say why: `hrl inspect {out} --json`; `hrl doctor` checks docker and the engine",
+    )
+    return EXIT_INFRA

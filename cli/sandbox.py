@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from hrl.cli.output import emit, err
+from hrl.runners.errors import UsageError
 
 __all__ = ["app"]
 
@@ -40,9 +41,17 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.
     """List hrl's docker sandboxes (containers labelled hrl=1) with their run and episode."""
     import docker
 
+    from hrl.runners.errors import PrerequisiteError
+
+    try:
+        found = docker.from_env().containers.list(all=True, filters={"label": "hrl=1"})
+    except docker.errors.DockerException as e:
+        raise PrerequisiteError(
+            f"no Docker daemon: {e}", hint="start dockerd (`make setup` does); `hrl doctor` checks"
+        ) from e
     rows = [
         {"id": c.short_id, "status": c.status, "run": c.labels.get("hrl.run"), "episode": c.labels.get("hrl.episode")}
-        for c in docker.from_env().containers.list(all=True, filters={"label": "hrl=1"})
+        for c in found
     ]
     emit(rows, as_json=as_json, human="\n".join(f"{r['id']} {r['status']:<8} {r['run']} {r['episode']}" for r in rows))
 
@@ -61,7 +70,7 @@ def prune(
     from hrl.sandboxes import get_backend
 
     if not run and not all_runs:
-        raise typer.BadParameter("give --run RUN_ID (see `hrl sandbox ls`) or --all")
+        raise UsageError("give --run RUN_ID or --all", hint="`hrl sandbox ls` lists the sandboxes with their run ids")
 
     async def go() -> dict[str, int]:
         out = {}

@@ -92,14 +92,15 @@ def serve(
 ) -> None:
     """Run the recording proxy: agents talk OpenAI chat / Responses, Anthropic or Gemini to it, every call is
     recorded token-exactly, and each finished session becomes one trace line."""
+    from hrl.cli.checks import check_engine, check_model
     from hrl.cli.config import materialize_model
-    from hrl.runners.engines import engine_kind
     from hrl.runners.proxy.server import check_port_free
 
-    path = materialize_model(model)
     engine = engine or default_engine()
-    engine_kind(engine)  # fail on a bad engine name or a taken port before anything loads
+    check_engine(engine)  # fail on a bad engine name, model path or a taken port before anything loads
     check_port_free(host, port)
+    path = materialize_model(model)
+    check_model(path)
     options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout}
     token_file = control_token_file or default_control_token_file()
     asyncio.run(_serve(path, engine, served_name or model, options, traces, host, port, token_file))

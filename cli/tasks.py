@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.output import emit, err
+from hrl.runners.errors import UsageError
 
 __all__ = ["app"]
 
@@ -15,9 +16,25 @@ app = typer.Typer(help="Task files: list, validate, synthesize.", no_args_is_hel
 
 
 def _say(event: dict[str, Any]) -> None:
+    """An event as it was emitted, for --verbose."""
     kind = event.get("event", "")
     rest = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
     err.print(f"  {kind} {rest}", markup=False, highlight=False)
+
+
+def _progress(verbose: bool) -> Any:
+    """Every event with --verbose; else one plain line for the steps a person waits on (an image build, each new
+    task of a synthesis), and nothing for the rest."""
+    if verbose:
+        return _say
+
+    def say(event: dict[str, Any]) -> None:
+        if event.get("event") == "image_build":
+            err.print(f"building the grading image {event['tag']} (once; cached after) …", markup=False)
+        elif event.get("event") == "synth_task":
+            err.print(f"  task {event['count']}: {event['instance_id']}", markup=False, highlight=False)
+
+    return say
 
 
 @app.command("ls", epilog="Examples:\n\n  hrl tasks ls recipes/swe/tasks.jsonl\n\n  hrl tasks ls my.jsonl --json")
@@ -49,11 +66,15 @@ def validate(
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
     concurrency: Annotated[int, typer.Option(help="Tasks graded at once.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print per-task results as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each grading event.")] = False,
 ) -> None:
     """Check every task: the gold patch passes all listed tests (reward 1) and no patch fails FAIL_TO_PASS (reward 0)."""
+    from hrl.cli.checks import check_sandbox, check_tasks
     from hrl.runners.tasks.validate import validate_tasks
 
-    checks = validate_tasks(file, sandbox=sandbox, concurrency=concurrency, on_event=_say)
+    check_sandbox(sandbox)
+    check_tasks(file)
+    checks = validate_tasks(file, sandbox=sandbox, concurrency=concurrency, on_event=_progress(verbose))
     rows = [c.to_dict() for c in checks]
     human = "\n".join(f"{'✓' if c.ok else '✗'} {c.instance_id}  {'; '.join(c.problems)}" for c in checks)
     emit(rows, as_json=as_json, human=human + f"\n{sum(c.ok for c in checks)}/{len(checks)} tasks valid")
@@ -76,15 +97,21 @@ def synth(
     sdist: Annotated[Path | None, typer.Option(help="Use this sdist file instead of downloading.")] = None,
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
     as_json: Annotated[bool, typer.Option("--json", help="Print the task summaries as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each mutant and check.")] = False,
 ) -> None:
     """Build tasks offline: run the package's tests, inject bugs by AST mutation, keep mutants that break some tests,
     write problem statements from the failures, and validate each task with the real verifier."""
+    from hrl.cli.checks import check_sandbox
     from hrl.runners.tasks.image import ensure_image
     from hrl.runners.tasks.synth import SynthConfig, synthesize
     from hrl.runners.tasks.task import task_summary
 
+    check_sandbox(sandbox)
+    if sdist is not None and not sdist.is_file():
+        raise UsageError(f"sdist not found: {sdist}", hint="give the path of a .tar.gz sdist, or leave --sdist out")
+    say = _progress(verbose)
     if sandbox == "docker":
-        ensure_image(on_event=_say)
-    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=SynthConfig(sandbox=sandbox), on_event=_say)
+        ensure_image(on_event=say)
+    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=SynthConfig(sandbox=sandbox), on_event=say)
     rows = [task_summary(t) for t in tasks]
     emit(rows, as_json=as_json, human=f"{len(tasks)} tasks → {out}")

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.output import err
+from hrl.runners.errors import UsageError
 
 __all__ = ["EPILOG", "train"]
 
@@ -29,16 +30,21 @@ EPILOG = """Examples:
 
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
+    from hrl.cli.checks import check_model, check_run, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
-    cfg = apply_overrides(load_recipe_config(recipe), overrides)
+    cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
     cfg["recipe"] = recipe
     for key, value in flags.items():
         if value not in (None, "", False):
             set_dotted(cfg, key, value)
     if not cfg.get("model"):
-        raise typer.BadParameter("give --model (the recipe names none)")
+        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
+    check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     cfg["model"] = materialize_model(cfg["model"])
+    check_model(cfg["model"])
+    say_context(str((cfg.get("rollout") or {}).get("agent") or "mini-swe-agent"), cfg["model"], cfg)
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     return cfg
 
@@ -68,13 +74,16 @@ def train(
 
     if resume:
         if run_dir is None or not RunDir(run_dir).exists():
-            raise typer.BadParameter("--resume needs --run-dir of an existing run (with state.json)")
+            raise UsageError(
+                "--resume needs --run-dir of an existing run (with state.json)",
+                hint="`hrl train --run-dir DIR --resume` continues the run in DIR; without --resume a new run starts",
+            )
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "-c": config}  # fmt: skip
         if given := [name for name, value in fixed.items() if value]:
-            raise typer.BadParameter(
-                f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json "
-                "(only --iterations, to extend it, and --wandb may be given)"
+            raise UsageError(
+                f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
+                hint="only --iterations (to extend the run) and --wandb may be given with --resume",
             )
         cfg = RunDir(run_dir).config()
         if iterations or wandb:  # extend a run (finished or not) to `iterations` steps, or start logging to W&B
@@ -82,7 +91,9 @@ def train(
             cfg.setdefault("train", {}).update({k: v for k, v in given_train.items() if v})
     else:
         if not recipe:
-            raise typer.BadParameter("give --recipe (or --run-dir with --resume)")
+            raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
+        if run_dir is not None and RunDir(run_dir).exists():
+            raise UsageError(f"{run_dir} holds a run already", hint="add --resume, or choose another --run-dir")
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
@@ -106,7 +117,7 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
     """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
     if not resume:
         if run.exists():
-            raise typer.BadParameter(f"{run.path} holds a run already: add --resume, or choose another --run-dir")
+            raise UsageError(f"{run.path} holds a run already", hint="add --resume, or choose another --run-dir")
         rollout = cfg.setdefault("rollout", {})
         rollout["run_id"] = rollout.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"  # one label for all its sandboxes
         run.create(cfg)
@@ -133,12 +144,18 @@ def _remove_leftovers(cfg: dict[str, Any]) -> None:
         err.print(f"removed {removed} sandboxes left by the interrupted process", markup=False)
 
 
+def _reward(m: dict[str, Any]) -> str:
+    """The step's mean reward over the traces that have one ('-' when none has: all failed in the infrastructure)."""
+    value = m.get("trace/reward")
+    return "  -  " if value is None else f"{value:.3f}"
+
+
 def _line(m: dict[str, Any]) -> str:
     fails = {
         k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none" and v
     }
     return (
-        f"step {m['step']:>3}  v{m['version']:<3} reward {m.get('trace/reward', 0):.3f}  traces {m.get('trace/count', 0)}"
+        f"step {m['step']:>3}  v{m['version']:<3} reward {_reward(m)}  traces {m.get('trace/count', 0)}"
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
@@ -187,5 +204,5 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
             )
         else:
             history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)
-    curve = [round(float(m.get("trace/reward", 0.0)), 3) for m in history]
+    curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)

@@ -7,7 +7,7 @@ so that sandboxes raise them too; they are re-exported here as the same classes.
 
 from __future__ import annotations
 
-from hrl.sandboxes.errors import HrlError, UnknownNameError
+from hrl.sandboxes.errors import HrlError, UnknownNameError, UsageError
 
 __all__ = [
     "ContextLengthError",
@@ -18,6 +18,7 @@ __all__ = [
     "PortInUseError",
     "PrerequisiteError",
     "UnknownNameError",
+    "UsageError",
 ]
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.durable import write_atomically
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.metrics import POLICY_VERSION_MIN, trace_metrics
 from hrl.runners.trace import read_traces
 
@@ -45,7 +45,7 @@ class RunDirBusyError(HrlError):
     """Another live process trains in this run directory."""
 
 
-class NotARunDirError(HrlError):
+class NotARunDirError(UsageError):
     """The path is not a run directory (no traces/, metrics.jsonl or state.json)."""
 
 

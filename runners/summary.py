@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import UsageError
 from hrl.runners.trace import branches, full_len, prompt_len, sampled_versions
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 Trace = dict[str, Any]
 
 
-class TraceSelectionError(HrlError):
+class TraceSelectionError(UsageError):
     """`--trace ID` matched no trace, or (as a prefix) several; the message lists candidates."""
 
 
@@ -109,6 +109,7 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
     return {
         "trace_id": trace["trace_id"],
         "task_id": trace.get("task_id"),
+        "agent": (trace.get("agent") or {}).get("name"),
         "status": trace["status"],
         "failure_reason": trace.get("failure_reason"),
         "reward": trace.get("reward"),

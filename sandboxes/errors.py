@@ -7,7 +7,7 @@ imported from, and the CLI maps them in one table.
 
 from __future__ import annotations
 
-__all__ = ["HrlError", "UnknownNameError"]
+__all__ = ["HrlError", "UnknownNameError", "UsageError"]
 
 
 class HrlError(Exception):
@@ -18,7 +18,11 @@ class HrlError(Exception):
         self.hint = hint
 
 
-class UnknownNameError(HrlError, KeyError):
+class UsageError(HrlError):
+    """An argument the user gave is wrong: a name, a path, a config key or value. The CLI exits 2 for it."""
+
+
+class UnknownNameError(UsageError, KeyError):
     """A registry lookup (sandbox, engine, agent, verifier, dialect) named something that does not exist; the
     message lists the valid names. A KeyError too, so a caller that looks names up like a dict still catches it."""
 

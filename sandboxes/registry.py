@@ -6,6 +6,7 @@ fails the same way everywhere: `UnknownNameError` listing the valid names.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +21,9 @@ def require(registry: Mapping[str, str], kind: str, name: str, *, also: str = ""
     names (`also` describes any other accepted form, e.g. "an http:// URL")."""
     if name not in registry:
         valid = ", ".join(sorted(registry)) + (f" or {also}" if also else "")
-        raise UnknownNameError(f"unknown {kind} {name!r}; valid: {valid}")
+        near = difflib.get_close_matches(name, list(registry), n=1)
+        guess = f" (did you mean {near[0]!r}?)" if near else ""
+        raise UnknownNameError(f"unknown {kind} {name!r}{guess}; valid: {valid}")
     return registry[name]
 
 

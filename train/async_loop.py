@@ -34,6 +34,7 @@ from hrl.train.loop import (
     Rollouts,
     _pause_s,
     _take_queue_depth,
+    publish_logged,
     start_trainer,
     update_from_traces,
 )
@@ -189,7 +190,7 @@ async def train_async(
             metrics |= step_metrics(fresh, trainer_version=version)
             pause0 = _pause_s(proxy)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-            version = await publish(path, cfg.trainer.mode, version + 1)
+            version, pub = await publish_logged(publish, path, cfg.trainer.mode, version + 1)
             staleness = [_age(t, version - 1) for t in fresh]
             metrics.update(
                 {
@@ -208,6 +209,7 @@ async def train_async(
                     "time/wait_s": t1 - t0,
                     "time/step_s": time.monotonic() - t0,
                     "time/elapsed_s": time.monotonic() - t_start,
+                    **pub,
                 }
             )
             sink.log(metrics, step=step)  # before the commit: a step is never committed without its line
@@ -218,4 +220,5 @@ async def train_async(
         sink.close()
         feeder.cancel()
         await producer.stop()
+        await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history

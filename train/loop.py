@@ -12,18 +12,22 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
+from hrl.train.group import make_trainer
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
+from hrl.train.weight_sync import ipc_update_info
 
 __all__ = ["Episode", "LoopConfig", "Rollouts", "run_episodes", "train", "update_from_traces"]
 
@@ -39,6 +43,13 @@ class LoopConfig(BaseModel):
         "grpo",
         description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
         "(Dr. GRPO); sets trainer.loss_norm=constant.",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs); > 1 reuses the rollouts.")
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per epoch, each on a share of the batch's traces. ppo_epochs × mini_batches > 1: "
+        "the ratio to the update's starting policy moves, so PPO clipping acts.",
     )
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
@@ -77,7 +88,12 @@ async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Ev
     and no metrics line of a step that was logged but not committed (it runs again)."""
     state = run.state()
     run.discard_uncommitted_metrics()
-    trainer = await asyncio.to_thread(Trainer, cfg.trainer)
+    engine = _engine(getattr(publish, "__self__", None))
+    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":
+        raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
+                       "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
+    trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
+    attach_ipc_weights(engine, trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publish(state["checkpoint"], cfg.trainer.mode, state["version"])
@@ -95,41 +111,95 @@ async def train(
 ) -> list[dict[str, Any]]:
     """Run (or resume) the loop; returns the metrics of the steps this call ran."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
-    kind = cfg.trainer.mode
     version, history = state["version"], []
-    with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
-        for it in range(state["iteration"], cfg.iterations):
-            t0 = time.monotonic()
-            episodes = _batch(tasks, cfg, it)
-            rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
-            done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
-            todo = [e for e in episodes if e.key not in done]
-            resumed = len(episodes) - len(todo)
-            on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": resumed, "rerun": rerun})
-            await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
-            keys = {e.key for e in episodes}
-            traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
-            t1 = time.monotonic()
-            metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
-            metrics |= step_metrics(traces, trainer_version=version)
-            t2 = time.monotonic()
-            pause0 = _pause_s(publisher)
-            path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-            version = await publisher.publish(path, kind, version=version + 1)
-            metrics |= {
-                "step": it,
-                "version": version,
-                "proxy/pause_s": _pause_s(publisher) - pause0,
-                "proxy/queue_depth": _take_queue_depth(publisher),
-                "time/rollout_s": t1 - t0,
-                "time/train_s": t2 - t1,
-                "time/publish_s": time.monotonic() - t2,
-            }
-            sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
-            run.save_state(it + 1, version, path)
-            history.append(metrics)
-            on_event("step", metrics)
+    try:
+        with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
+            for it in range(state["iteration"], cfg.iterations):
+                metrics, path = await _iteration(it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event)
+                version = metrics["version"]
+                sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
+                run.save_state(it + 1, version, path)
+                history.append(metrics)
+                on_event("step", metrics)
+    finally:
+        await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history
+
+
+async def _iteration(
+    it: int, tasks: list[dict[str, Any]], cfg: LoopConfig, run: RunDir, publisher: Publisher, rollouts: Rollouts,
+    trainer: Any, version: int, on_event: Event,
+) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
+    t0 = time.monotonic()
+    episodes = _batch(tasks, cfg, it)
+    rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
+    done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
+    todo = [e for e in episodes if e.key not in done]
+    on_event("rollout", {"iteration": it, "episodes": len(episodes), "resumed": len(episodes) - len(todo),
+                         "rerun": rerun})  # fmt: skip
+    await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
+    keys = {e.key for e in episodes}
+    traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
+    t1 = time.monotonic()
+    await sleep(publisher)  # colocated: vLLM frees the GPU for the update
+    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+    metrics |= step_metrics(traces, trainer_version=version)
+    t2 = time.monotonic()
+    pause0 = _pause_s(publisher)
+    path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
+    await wake(publisher)
+    version, pub = await publish_logged(publisher.publish, path, cfg.trainer.mode, version + 1)
+    return metrics | {
+        "step": it,
+        "version": version,
+        "proxy/pause_s": _pause_s(publisher) - pause0,
+        "proxy/queue_depth": _take_queue_depth(publisher),
+        "time/rollout_s": t1 - t0,
+        "time/train_s": t2 - t1,
+        "time/publish_s": time.monotonic() - t2,
+        **pub,
+    }, path
+
+
+def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
+    """weight_sync=ipc on the engine: a full publish takes the weights straight from the trainer's GPU memory (one
+    trainer process on CUDA); anything else keeps the disk reload."""
+    attach = getattr(engine, "attach_weights", None)
+    if callable(attach) and tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
+        attach(lambda: ipc_update_info(trainer.named_weights()))
+
+
+def _engine(publisher: Any) -> Any:
+    """The engine behind a publisher (the proxy's, or the publisher itself)."""
+    return getattr(publisher, "engine", publisher)
+
+
+async def sleep(publisher: Any) -> None:
+    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`)."""
+    if callable(fn := getattr(_engine(publisher), "sleep", None)):
+        await fn()
+
+
+async def wake(publisher: Any) -> None:
+    if callable(fn := getattr(_engine(publisher), "wake_up", None)):
+        await fn()
+
+
+async def publish_logged(publish: Any, path: str, kind: str, version: int) -> tuple[int, dict[str, Any]]:
+    """Publish and measure it: `publish/seconds`, `publish/bytes` (the checkpoint's weight files) and
+    `publish/tier`, how the weights reached the engine (lora-adapter, disk-reload, …)."""
+    t0 = time.monotonic()
+    new = await publish(path, kind, version=version)
+    seconds = time.monotonic() - t0
+    tier = getattr(_engine(getattr(publish, "__self__", None)), "last_publish_tier", "") or "unknown"
+    nbytes = await asyncio.to_thread(_weight_bytes, Path(path))
+    return new, {"publish/seconds": seconds, "publish/bytes": nbytes, "publish/tier": tier}
+
+
+def _weight_bytes(path: Path) -> float:
+    files = [f for f in path.iterdir() if f.suffix in {".safetensors", ".bin"}] if path.is_dir() else []
+    return float(sum(f.stat().st_size for f in files))
 
 
 def _pause_s(publisher: Any) -> float:
@@ -169,4 +239,4 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
                 samples.append(s)
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
     return {**adv_metrics, "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
-            **trainer.step(samples)}  # fmt: skip
+            **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip

@@ -42,6 +42,9 @@ def policy_loss(
         metrics = {
             "train/clip_frac": float((is_clipped.float() * weight).sum() / wsum),
             "train/ratio_mean": float((ratio * weight).sum() / wsum),
+            "train/ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
+            # k3 estimate of KL(π_old || π) on the sampled tokens: how far the update has moved from the old policy
+            "train/approx_kl": float(((ratio - 1 - torch.log(ratio)) * weight).sum() / wsum),
         }
     return loss, metrics
 

@@ -1,5 +1,7 @@
 """The trainer: one GRPO-family update on a batch of samples, for LoRA (peft) or full fine-tuning of any HF
-causal LM, with micro-batching and gradient accumulation; saves HF / peft checkpoints for publishing."""
+causal LM, on the CPU or a GPU (bf16 weights, fp32 optimizer state, loss and logprobs), one process or a torchrun
+job (FSDP2); micro-batches by count or token budget with gradient accumulation, PPO epochs × mini-batches of
+optimizer steps per batch; saves HF / peft checkpoints for publishing."""
 
 from __future__ import annotations
 
@@ -11,11 +13,22 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, Field
 
+from hrl.runners.errors import PrerequisiteError
 from hrl.runners.models import resolve_model
-from hrl.train.logprobs import token_logprobs
+from hrl.train import distributed
+from hrl.train.device import (
+    MasterWeights,
+    peak_mem_gib,
+    plan_micro_batches,
+    reset_peak_mem,
+    resolve_device,
+    resolve_dtype,
+    split_mini_batches,
+)
+from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
-from hrl.train.tree import Batches, batches, tree_logprobs
+from hrl.train.tree import token_ratio, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
@@ -32,7 +45,30 @@ class TrainerConfig(BaseModel):
     weight_decay: float = 0.0
     max_grad_norm: float = Field(1.0, description="Global grad-norm clip; 0 = off.")
     micro_batch: int = Field(4, description="Samples per forward/backward (gradient accumulation over the rest).")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights and compute dtype.")
+    micro_batch_tokens: int = Field(
+        0,
+        description="Token budget per forward/backward instead of a count: samples sorted by length are packed "
+        "while samples × longest ≤ this (a longer one goes alone). 0 = use micro_batch.",
+    )
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto = the GPU when there is one.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Weights and compute dtype; auto = bfloat16 on a GPU, float32 on the CPU. With bfloat16, "
+        "optimizer state stays fp32 (LoRA adapters are fp32; full weights get fp32 master copies), as do the loss "
+        "and logprobs.",
+    )
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes (FSDP2 shards, NCCL on GPUs, gloo on the CPU): rank 0 in the loop's process, "
+        "the others spawned with torchrun's environment. On GPUs, one per visible device.",
+    )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPUs of the trainer's ranks (rank r on gpus[r]) in the split layout, apart from the engine's "
+        "(engine_options.gpus). Empty = rank r on cuda:r.",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
     logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
     tree: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -40,7 +76,7 @@ class TrainerConfig(BaseModel):
         "shared prefix computed once (same logprobs and gradients). auto: when distinct ÷ total tokens < tree_threshold.",
     )
     tree_threshold: float = Field(0.75, description="tree=auto packs trees below this distinct ÷ total tokens.")
-    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (the tree's micro-batch).")
+    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (its micro-batch).")
     clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
     clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
     correction: Literal["tis", "decoupled", "none"] = Field(
@@ -76,21 +112,40 @@ class Trainer:
         self.config = config
         torch.manual_seed(config.seed)
         self.path = resolve_model(config.model)
-        dtype = getattr(torch, config.dtype)
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+        local_rank = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+        try:
+            self.device = resolve_device(config.device, local_rank, config.gpus)
+        except RuntimeError as e:  # asked for CUDA on a machine (or torch build) without it
+            raise PrerequisiteError(
+                str(e), hint="use -c trainer.device=auto (the CPU here), or a CUDA build of torch"
+            ) from e
+        self.distributed = distributed.init_from_env(self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
         model.config.use_cache = False
+        if config.gradient_checkpointing:
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.mode == "lora":
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
-            model = get_peft_model(model, lora)
+            model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
         self.model = model.train()
+        self.forward = LogprobModel(self.model, config.logprob_chunk)  # the module FSDP2 shards, when sharded
+        if self.distributed:
+            distributed.shard(self.forward, self.model)
         self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
         if config.kl_coef > 0 and config.mode == "full":
-            self.reference = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).eval().requires_grad_(False)
+            ref = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
+            self.reference = LogprobModel(ref.eval().requires_grad_(False), config.logprob_chunk)
         params = self._trainable()
         self.n_trainable = sum(p.numel() for p in params)
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        adamw = {"lr": config.lr, "weight_decay": config.weight_decay}
+        low = any(p.dtype != torch.float32 for p in params)
+        self.optimizer = MasterWeights(params, **adamw) if low else torch.optim.AdamW(params, **adamw)
         self.steps = 0
 
     # ---- forward helpers -------------------------------------------------------------------------------------
@@ -101,29 +156,24 @@ class Trainer:
         for i, s in enumerate(samples):
             ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
             mask[i, : len(s.input_ids)] = 1
-        return ids, mask
+        return ids.to(self.device), mask.to(self.device)
 
     def _gather(self, samples: list[Sample], logp: torch.Tensor) -> torch.Tensor:
-        """Flatten the loss tokens of a micro-batch: logp[i] is sample i's (T-1,), predicting tokens 1..T-1."""
-        return torch.cat([logp[i][torch.tensor(_loss_pos(s)) - 1] for i, s in enumerate(samples)])
+        """Flatten the loss tokens of a micro-batch: logp is (B, T-1), predicting tokens 1..T-1."""
+        return torch.cat(
+            [logp[i][torch.tensor(_loss_pos(s), device=logp[i].device) - 1] for i, s in enumerate(samples)]
+        )
 
-    def _batches(self, samples: list[Sample]) -> Batches:
-        cfg = self.config
-        seqs = [s.input_ids for s in samples]
-        return batches(self.model, seqs, cfg.tree, cfg.tree_threshold, cfg.micro_batch, cfg.tree_max_tokens)
-
-    def _forward(self, model: torch.nn.Module, mb: list[Sample], tree: bool) -> list[torch.Tensor] | torch.Tensor:
-        """Per-sample logprobs of a forward pass, [i][t] predicting token t+1: one packed tree, or padded rows."""
-        if tree:
-            return [lp.float() for lp in tree_logprobs(model, [s.input_ids for s in mb], self.config.logprob_chunk)]
-        ids, mask = self._pad(mb)
-        return token_logprobs(model, ids, mask, self.config.logprob_chunk).float()
+    def _logp(self, model: LogprobModel, mb: list[Sample], tree: bool) -> torch.Tensor | list[torch.Tensor]:
+        """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows."""
+        return model(None, None, [s.input_ids for s in mb]) if tree else model(*self._pad(mb))
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
-        reference weights (the starting point) with `reference`: LoRA's base, or full mode's frozen copy."""
-        model, ctx = self.model, contextlib.nullcontext()
+        reference weights (the starting point) with `reference`: LoRA's base, or full mode's frozen copy. fp32, on
+        the CPU. Every rank of a sharded trainer computes all of them (the same forwards on every rank)."""
+        model, ctx = self.forward, contextlib.nullcontext()
         if reference and self.config.mode == "lora":
             ctx = self.model.disable_adapter()
         elif reference:
@@ -132,26 +182,34 @@ class Trainer:
             model = self.reference
         self.model.eval()
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-        plan = self._batches(samples)
+        plan, tree = self._plan(samples)
         with ctx:
-            for i, j in plan.spans:
-                mb = [samples[k] for k in plan.order[i:j]]
-                lp = self._forward(model, mb, plan.tree)
-                for m, k in enumerate(plan.order[i:j]):
-                    out[k] = lp[m][torch.tensor(_loss_pos(samples[k])) - 1]
+            for mb in plan:
+                lp = self._logp(model, [samples[i] for i in mb], tree)
+                for j, i in enumerate(mb):
+                    out[i] = lp[j][torch.tensor(_loss_pos(samples[i]), device=lp[j].device) - 1].float().cpu()
         self.model.train()
         return out
 
+    def _plan(self, samples: list[Sample]) -> tuple[list[list[int]], bool]:
+        """Micro-batches (sample indices) and whether each is one packed prefix tree (trainer.tree) or padded rows."""
+        cfg, seqs = self.config, [s.input_ids for s in samples]
+        trees = tree_plan(self.model, seqs, cfg.tree, cfg.tree_threshold, cfg.tree_max_tokens)
+        if trees is not None:
+            return trees, True
+        return plan_micro_batches([len(s) for s in seqs], cfg.micro_batch, cfg.micro_batch_tokens), False
+
     # ---- the update ----------------------------------------------------------------------------------------
-    def step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step over all samples (gradient accumulation across micro-batches); none when every advantage
-        is zero (`train/skipped` = 1)."""
+    def step(self, samples: list[Sample], ppo_epochs: int = 1, mini_batches: int = 1) -> dict[str, float]:
+        """`ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps (whole traces, shuffled
+        per epoch when there are several steps), each with gradient accumulation over its micro-batches; the old
+        logprobs are taken once, before the first, so from the second step on the ratio moves and clipping acts.
+        No step when every advantage is zero (`train/skipped` = 1). Per-step metrics are averaged (`_max`: max)."""
         cfg, t0 = self.config, time.monotonic()
+        reset_peak_mem(self.device)
         samples = [s for s in samples if s.loss_tokens > 0]
         if not samples:
             return {"train/samples": 0.0}
-        plan = self._batches(samples)
-        samples = [samples[k] for k in plan.order]  # shared prefixes side by side; spans are then contiguous
         n_traces = len({s.trace_id for s in samples})
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
         behaviour = [_flat([s], "behaviour_logprobs") for s in samples]
@@ -162,51 +220,91 @@ class Trainer:
             return {**metrics, "train/loss": 0.0, "train/grad_norm": 0.0, "train/samples": float(len(samples)),
                     "train/traces": float(n_traces), "train/skipped": 1.0, "train/step_s": time.monotonic() - t0}  # fmt: skip
         ref = self.logprobs(samples, reference=True) if cfg.kl_coef > 0 else None
-        self.optimizer.zero_grad(set_to_none=True)
-        total, kl_total, parts = 0.0, 0.0, []
-        for i, j in plan.spans:
-            mb = samples[i:j]
-            logp = self._gather(mb, self._forward(self.model, mb, plan.tree))  # (N,)
-            prox = torch.cat(proximal[i:j])
-            behav = torch.cat(behaviour[i:j])
-            adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb])
-            weight = token_weights(mb, n_traces, cfg.loss_norm, cfg.max_len)
-            old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
-            if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine
-                is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
-                parts.append(m)
-            loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
-            if ref is not None:
-                kl, _ = kl_to_reference(logp, torch.cat(ref[i:j]), weight)
-                loss = loss + cfg.kl_coef * kl
-                kl_total += float(kl.detach())
-            loss.backward()
-            total += float(loss.detach())
-            parts.append(m)
-        grad_norm = self._clip()
-        before = [p.detach().clone() for p in self._trainable()] if cfg.max_update_kl > 0 else None
-        self.optimizer.step()
-        self.steps += 1
-        if before is not None:
-            metrics |= self._trust_region(samples, proximal, before)
-        for m in parts:
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v / max(1, sum(1 for p in parts if k in p))
+        steps = []
+        for epoch in range(ppo_epochs):
+            for part in split_mini_batches(
+                samples, mini_batches, ppo_epochs * mini_batches > 1, cfg.seed, self.steps, epoch
+            ):
+                steps.append(self._optimizer_step([samples[i] for i in part], [proximal[i] for i in part],
+                                                  [behaviour[i] for i in part], ref and [ref[i] for i in part],
+                                                  first=not steps))  # fmt: skip
+        for k in {k for m in steps for k in m}:
+            values = [m[k] for m in steps if k in m]
+            metrics[k] = max(values) if k.endswith("_max") else sum(values) / len(values)
         metrics.update(
             {
-                "train/loss": total,
-                "train/grad_norm": grad_norm,
                 "train/samples": float(len(samples)),
                 "train/traces": float(n_traces),
                 "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
-                "train/tree": float(plan.tree),
-                "train/tree_token_ratio": plan.token_ratio,
+                "train/tree": float(self._plan(samples)[1]),
+                "train/tree_token_ratio": token_ratio([s.input_ids for s in samples]),
+                "train/optimizer_steps": float(len(steps)),
                 "train/skipped": 0.0,
-                **({"train/kl_ref": kl_total} if ref is not None else {}),
+                "train/peak_mem_gib": peak_mem_gib(self.device),
                 "train/step_s": time.monotonic() - t0,
             }
         )
         return metrics
+
+    def _optimizer_step(
+        self, samples: list[Sample], proximal: list[torch.Tensor], behaviour: list[torch.Tensor],
+        ref: list[torch.Tensor] | None, first: bool = True,
+    ) -> dict[str, float]:  # fmt: skip
+        """One optimizer step on a mini-batch: its loss is normalised over its own traces. Rank r of a sharded trainer
+        runs micro-batches r, r + world, … and a rank short of one runs a zero-weighted one (FSDP2 needs every rank
+        to run the same forwards)."""
+        cfg, dev = self.config, self.device
+        rank, world = distributed.world()
+        n_traces = len({s.trace_id for s in samples})
+        plan, tree = self._plan(samples)
+        mine = plan[rank::world]
+        mine += [plan[0]] * (-(-len(plan) // world) - len(mine))  # padding: the weight of these is 0
+        self.optimizer.zero_grad(set_to_none=True)
+        total, kl_total, parts = 0.0, 0.0, []
+        for k, mb_idx in enumerate(mine):
+            scale = 0.0 if k >= len(plan[rank::world]) else 1.0
+            mb = [samples[i] for i in mb_idx]
+            logp = self._gather(mb, self._logp(self.forward, mb, tree)).float()  # (N,)
+            prox = torch.cat([proximal[i] for i in mb_idx]).to(dev)
+            behav = torch.cat([behaviour[i] for i in mb_idx]).to(dev)
+            adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb]).to(dev)
+            weight = token_weights(mb, n_traces, cfg.loss_norm, cfg.max_len).to(dev) * scale
+            old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
+            if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine
+                is_w, m = importance_weights(prox, behav, cfg.tis_cap if cfg.correction == "tis" else None)
+                parts.append((m, scale))
+            loss, m = policy_loss(logp, old, adv, weight, cfg.clip_low, cfg.clip_high, is_w)
+            if ref is not None:
+                kl, _ = kl_to_reference(logp, torch.cat([ref[i] for i in mb_idx]).to(dev), weight)
+                loss = loss + cfg.kl_coef * kl
+                kl_total += float(kl.detach())
+            (loss * world).backward()  # the ranks' gradients are averaged: × world makes it their sum
+            total += float(loss.detach())
+            parts.append((m, scale))
+        grad_norm = self._clip()
+        before = [p.detach().clone() for p in self._trainable()] if cfg.max_update_kl > 0 else None
+        start = proximal if before is None or first else self.logprobs(samples)  # the trust region's origin
+        self.optimizer.step()
+        self.steps += 1
+        metrics = self._trust_region(samples, start, before) if before is not None else {}  # the same on every rank
+        # micro-batch metrics: means over the real micro-batches of all ranks (every micro-batch, padding included,
+        # yields the same keys, so each rank reduces the same list), maxima over them
+        keys = sorted({k for m, _ in parts for k in m})
+        sums = [sum(m[k] * w for m, w in parts if k in m) for k in keys]
+        maxima = [max((m[k] for m, w in parts if w and k in m), default=0.0) for k in keys]
+        counts = [sum(w for m, w in parts if k in m) for k in keys]
+        sums, counts = distributed.all_reduce(sums), distributed.all_reduce(counts)
+        maxima, (total, kl_total) = distributed.all_reduce(maxima, op="max"), distributed.all_reduce([total, kl_total])
+        for k, v, n, mx in zip(keys, sums, counts, maxima, strict=True):
+            metrics[k] = mx if k.endswith("_max") else v / max(n, 1.0)
+        metrics |= {"train/loss": total, "train/grad_norm": grad_norm}
+        return metrics | ({"train/kl_ref": kl_total} if ref is not None else {})
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The full model's weights under their HF names, where they live (tied ones once): full mode, one process."""
+        if self.config.mode != "full" or self.distributed:
+            raise ValueError("named_weights needs full fine-tuning in one trainer process")
+        return list(self.model.named_parameters())
 
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -230,51 +328,74 @@ class Trainer:
             scale, kl = 0.0, 0.0
             for p, b in zip(self._trainable(), before, strict=True):
                 p.copy_(b)
+        if isinstance(self.optimizer, MasterWeights):
+            self.optimizer.sync_from_model()  # the fp32 masters take the scaled-back step too
         return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.config.max_grad_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
-        norms = [p.grad.detach().norm() for p in params]
-        return float(torch.norm(torch.stack(norms))) if norms else 0.0
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        else:
+            norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:
-        """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full)."""
+        """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full). Sharded: every rank
+        gathers, rank 0 writes the same files; each rank writes its own optimizer shard."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out, safe_serialization=True)
+        if self.distributed:
+            tied = getattr(self.model, "all_tied_weights_keys", None) or {}  # e.g. lm_head = embed_tokens: saved once
+            state = {k.removeprefix("inner."): v for k, v in distributed.full_state_dict(self.forward).items()}
+            state = {k: v for k, v in state.items() if k not in tied}
+            if distributed.is_main():
+                self.model.save_pretrained(out, safe_serialization=True, state_dict=state)
+        else:
+            self.model.save_pretrained(out, safe_serialization=True)
         self.save_optimizer(out)
-        if self.config.mode == "full":
+        if self.config.mode == "full" and distributed.is_main():
             import shutil
 
             for f in Path(self.path).iterdir() if Path(self.path).is_dir() else []:
                 if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
                     shutil.copy(f, out / f.name)
+        if self.distributed:
+            torch.distributed.barrier()
         return out
 
+    def _optimizer_file(self, ckpt: Path) -> Path:
+        rank, world = distributed.world()
+        return ckpt / ("optimizer.pt" if world == 1 else f"optimizer-rank{rank}-of-{world}.pt")
+
     def save_optimizer(self, out_dir: str | Path) -> None:
-        torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, Path(out_dir) / "optimizer.pt")
+        state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+        torch.save(state, self._optimizer_file(Path(out_dir)))
 
     def load(self, checkpoint: str | Path) -> None:
-        """Restore weights (adapter or full) and optimizer state saved by save() + save_optimizer()."""
+        """Restore weights (adapter or full) and optimizer state saved by save() + save_optimizer() (a sharded
+        trainer's optimizer shards need the same number of ranks)."""
+        from safetensors.torch import load_file
+
         ckpt = Path(checkpoint)
-        if self.config.mode == "lora":
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
+        state = {}
+        for f in sorted(ckpt.glob("adapter_model.safetensors" if self.config.mode == "lora" else "*.safetensors")):
+            state.update(load_file(f))
+        if self.config.mode == "lora":  # peft drops the adapter name from the saved keys
+            state = {k: state[k.replace(".default.", ".")] for k in self.model.state_dict() if "lora_" in k}
+        if self.distributed:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            set_peft_model_state_dict(self.model, load_file(ckpt / "adapter_model.safetensors"))
+            opts = StateDictOptions(full_state_dict=True, strict=False)
+            set_model_state_dict(self.forward, {f"inner.{k}": v for k, v in state.items()}, options=opts)
         else:
-            from safetensors.torch import load_file
-
-            state = {}
-            for f in sorted(ckpt.glob("*.safetensors")):
-                state.update(load_file(f))
             self.model.load_state_dict(state, strict=False)
-        opt = ckpt / "optimizer.pt"
+        if isinstance(self.optimizer, MasterWeights):
+            self.optimizer.sync_from_model()  # masters follow the loaded weights
+        opt = self._optimizer_file(ckpt)
         if opt.is_file():
-            saved = torch.load(opt, weights_only=True)
+            saved = torch.load(opt, weights_only=not self.distributed)  # shards hold DTensors
             self.optimizer.load_state_dict(saved["optimizer"])
             self.steps = int(saved["steps"])
 

@@ -23,7 +23,16 @@ from torch.utils.checkpoint import checkpoint
 from hrl.runners.errors import HrlError
 from hrl.train.logprobs import _backbone_and_head, _chunk_logp
 
-__all__ = ["TREE_ATTENTION", "Batches", "Tree", "batches", "build_tree", "distinct_tokens", "plan", "tree_logprobs"]
+__all__ = [
+    "TREE_ATTENTION",
+    "Tree",
+    "build_tree",
+    "distinct_tokens",
+    "plan",
+    "token_ratio",
+    "tree_logprobs",
+    "tree_plan",
+]
 
 TREE_ATTENTION = ("eager", "sdpa")  # attention implementations that take a custom 4D mask
 
@@ -171,29 +180,23 @@ def tree_logprobs(model: Any, seqs: list[list[int]], chunk: int = 512) -> list[t
     return [edge[at[p[1:]].to(device)] for p in tree.paths]
 
 
-@dataclass
-class Batches:
-    """How a trainer splits a batch into forward passes: `order` permutes the samples, `spans` cut the permuted
-    list into forward passes, `tree` says whether each pass is a packed prefix trie or padded rows."""
-
-    order: list[int]
-    spans: list[tuple[int, int]]
-    tree: bool
-    token_ratio: float  # distinct tokens ÷ total tokens of the batch (1 = nothing shared)
-
-
-def batches(
-    model: Any, seqs: list[list[int]], mode: str, threshold: float, micro_batch: int, max_tokens: int
-) -> Batches:
-    """Tree passes when `mode` is "on", or "auto" and the batch's distinct ÷ total tokens is below `threshold`
-    (and the model's attention takes a 4D mask); else `micro_batch` padded rows per pass, in the given order."""
+def token_ratio(seqs: list[list[int]]) -> float:
+    """Distinct ÷ total tokens of a batch: what a tree pass computes against one row per branch (1 = no sharing)."""
     total = sum(len(s) for s in seqs)
-    ratio = distinct_tokens(seqs) / total if total else 1.0
-    impl = attention_implementation(model)
+    return distinct_tokens(seqs) / total if total else 1.0
+
+
+def tree_plan(
+    model: Any, seqs: list[list[int]], mode: str, threshold: float, max_tokens: int
+) -> list[list[int]] | None:
+    """The micro-batches (indices into `seqs`) of tree passes, each a trie of at most `max_tokens` nodes, when `mode`
+    is "on", or "auto" and the batch's distinct ÷ total tokens is below `threshold` and the model's attention takes a
+    4D mask; None for one padded row per branch."""
+    if mode == "off" or not seqs:
+        return None
     if mode == "on":
         _require_4d_mask(model)
-    if mode == "on" or (mode == "auto" and ratio < threshold and impl in TREE_ATTENTION):
-        order, spans = plan(seqs, max_tokens)
-        return Batches(order, spans, True, ratio)
-    spans = [(i, min(i + micro_batch, len(seqs))) for i in range(0, len(seqs), micro_batch)]
-    return Batches(list(range(len(seqs))), spans, False, ratio)
+    elif attention_implementation(model) not in TREE_ATTENTION or token_ratio(seqs) >= threshold:
+        return None
+    order, spans = plan(seqs, max_tokens)
+    return [order[a:b] for a, b in spans]

@@ -23,6 +23,7 @@ SETTINGS = ".aider.model.settings.yml"
 class AiderRunner:
     name = "aider"
     version = "0.86.2"
+    fixed_prompt_chars = 7_030  # system prompt + tool schemas of its first request, measured
     package_kind = "pypi"
     package = "aider-chat"
     bin = "aider"

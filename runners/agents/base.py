@@ -49,6 +49,9 @@ class AgentRunner(Protocol):
     install_scripts: bool  # npm: run the packages' install scripts (only where the CLI needs them to link its binary)
     dialect: DialectName  # the wire API it speaks to the proxy
     needs_tty: bool  # run under a pseudo-terminal (none of the supported CLIs needs one)
+    # Characters of what the CLI sends before the task (system prompt, tool schemas) on its first request, measured
+    # at the pinned version; `runners.agents.fit` turns it into tokens of a model to say up front when it cannot fit.
+    fixed_prompt_chars: int
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         """Config files to write before the run: path (relative = under HOME) -> content."""

@@ -34,6 +34,7 @@ MODEL_VARS = (
 class ClaudeCodeRunner:
     name = "claude-code"
     version = "2.1.197"
+    fixed_prompt_chars = 76_500  # system prompt + tool schemas of its first request, measured
     package_kind = "npm"
     package = "@anthropic-ai/claude-code"
     bin = "claude"

@@ -58,6 +58,7 @@ def _config(ctx: AgentContext) -> str:
 class CodexRunner:
     name = "codex"
     version = "0.171.0"
+    fixed_prompt_chars = 24_390  # system prompt + tool schemas of its first request, measured
     package_kind = "npm"
     package = "@openai/codex"
     bin = "codex"

@@ -17,6 +17,7 @@ __all__ = ["GeminiCliRunner"]
 class GeminiCliRunner:
     name = "gemini-cli"
     version = "0.61.0"
+    fixed_prompt_chars = 50_330  # system prompt + tool schemas of its first request, measured
     package_kind = "npm"
     package = "@google/gemini-cli"
     bin = "gemini"

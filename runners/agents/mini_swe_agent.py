@@ -22,6 +22,7 @@ def _bash(command: str) -> ScriptedTurn:
 class MiniSweAgentRunner:
     name = "mini-swe-agent"
     version = "2.4.6"
+    fixed_prompt_chars = 3_470  # system prompt + tool schemas of its first request, measured
     package_kind = "pypi"
     package = "mini-swe-agent"
     bin = "mini"

@@ -21,6 +21,7 @@ CONFIG = ".config/opencode/opencode.json"
 class OpencodeRunner:
     name = "opencode"
     version = "1.18.33"
+    fixed_prompt_chars = 29_560  # system prompt + tool schemas of its first request, measured
     package_kind = "npm"
     package = "opencode-ai"
     bin = "opencode"

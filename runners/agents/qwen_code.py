@@ -17,6 +17,7 @@ __all__ = ["QwenCodeRunner"]
 class QwenCodeRunner:
     name = "qwen-code"
     version = "0.15.10"
+    fixed_prompt_chars = 65_260  # system prompt + tool schemas of its first request, measured
     package_kind = "npm"
     package = "@qwen-code/qwen-code"
     bin = "qwen"

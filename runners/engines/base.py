@@ -103,7 +103,8 @@ class Engine(Protocol):
 
     async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
         """Serve new weights from `path` (a peft adapter dir or a full HF checkpoint) as policy `version`
-        (default: the live version + 1; a resumed run passes its own); return the new version."""
+        (default: the live version + 1; a resumed run passes its own); return the new version. An engine may
+        name how the weights travelled in `last_publish_tier` (`lora-adapter`, `disk-reload`, …)."""
         ...
 
     async def close(self) -> None:

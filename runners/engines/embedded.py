@@ -64,6 +64,7 @@ class EmbeddedEngine:
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
         self._version = 0
+        self.last_publish_tier = ""
         self._adapters: dict[int, str | None] = {0: None}  # version -> peft adapter name (None = base weights)
         self._pending: list[_Request] = []
         self._active: dict[str, _Request] = {}
@@ -191,6 +192,7 @@ class EmbeddedEngine:
         else:
             raise ValueError(f"unknown publish kind {kind!r} (expected 'lora' or 'full')")
         self._version = new
+        self.last_publish_tier = "lora-adapter" if kind == "lora" else "disk-reload"
 
     def _load_adapter(self, path: str, adapter_name: str) -> None:
         from peft import PeftModel

@@ -151,6 +151,7 @@ class ScriptedEngine:
     async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:
         await asyncio.sleep(self.config.publish_delay_s)
         self._version = self._version + 1 if version is None else version
+        self.last_publish_tier = "scripted"  # no weights travel
         return self._version
 
     async def close(self) -> None:

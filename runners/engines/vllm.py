@@ -33,6 +33,7 @@ from hrl.runners.engines.vllm_server import (
     completion_body,
     find_free_port,
     find_vllm_python,
+    gpu_flags,
     http_error,
     new_session,
     server_env,
@@ -64,6 +65,35 @@ class VLLMEngineConfig(BaseModel):
     max_lora_rank: int = Field(16, description="Largest LoRA rank a publish may load.")
     max_loras: int = Field(4, description="LoRA versions kept loaded (older ones are unloaded); also vLLM --max-loras.")
     kv_cache_gib: int = Field(1, ge=1, description="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (vLLM --tensor-parallel-size).")
+    gpu_memory_utilization: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of each GPU's memory vLLM may take (weights + KV cache); 0 = vLLM's default (0.9). "
+        "Colocated with the trainer: what the trainer leaves, e.g. 0.4.",
+    )
+    max_num_seqs: int = Field(0, ge=0, description="Most sequences in one batch (vLLM --max-num-seqs); 0 = vLLM's.")
+    enable_prefix_caching: bool | None = Field(
+        None, description="Reuse the KV cache of shared prompt prefixes (agent turns share long ones); None = vLLM's."
+    )
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPUs the server sees (CUDA_VISIBLE_DEVICES), for the split layout: engine GPUs apart from the "
+        "trainer's (trainer.gpus). Empty = all.",
+    )
+    sleep_level: Literal[0, 1, 2] = Field(
+        0,
+        description="Colocated layout: put vLLM to sleep around each update so the trainer gets the GPU memory. "
+        "1: weights to CPU memory, KV cache dropped. 2: weights dropped too (full training only: every publish "
+        "reloads them). 0 = never (split layout, or the CPU, where vLLM has no sleep mode).",
+    )
+    weight_sync: Literal["disk", "ipc"] = Field(
+        "disk",
+        description="How a full publish reaches the server. disk: safetensors reloaded in place. ipc: the trainer's "
+        "CUDA tensors through vLLM's native weight-transfer API (colocated, one trainer process, tensor parallel 1); "
+        "falls back to disk when the trainer attached no weights.",
+    )
     enforce_eager: bool = Field(True, description="Skip torch.compile and graph capture: starts faster on CPU.")
     startup_timeout_s: float = Field(300, description="Seconds to wait for /health before giving up.")
     request_timeout_s: float = Field(600, description="Seconds allowed for a control call (pause, load, reload).")
@@ -87,6 +117,9 @@ class VLLMEngine:
         self.max_model_len = 0  # the server's context window in tokens, read at start()
         self.startup_s = 0.0
         self.last_publish_s = 0.0
+        self.last_publish_tier = ""
+        self.sleeping = 0  # the sleep level the server is in now (0 = awake)
+        self._weights: Any = None  # weight_sync=ipc: () -> (update_info, tensors to keep alive), from the trainer
         self._version = 0
         self._full_version = 0  # version of the base weights the server holds now
         self._loras: dict[int, str] = {}  # LoRA version -> adapter name loaded on the server
@@ -113,6 +146,8 @@ class VLLMEngine:
                 await self._spawn()
             self._http = new_session()
             await self._read_models()
+            if self.config.weight_sync == "ipc":
+                await self._call("POST", "/init_weight_transfer_engine", json={"init_info": {"packed": False}})
         except BaseException:
             await self.close()
             raise
@@ -133,7 +168,8 @@ class VLLMEngine:
         port = cfg.port or find_free_port(cfg.host)
         check_port_free(cfg.host, port)
         self.base_url = f"http://{cfg.host}:{port}"
-        self.server = ServerProcess(self._command(python, path, port), server_env(cfg.kv_cache_gib), cfg.log_file)
+        env = server_env(cfg.kv_cache_gib, cfg.gpus, ipc=cfg.weight_sync == "ipc")
+        self.server = ServerProcess(self._command(python, path, port), env, cfg.log_file)
         self.server.spawn()
         await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s)
 
@@ -148,7 +184,7 @@ class VLLMEngine:
             cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras)]
         if cfg.enforce_eager:
             cmd.append("--enforce-eager")
-        return cmd + list(cfg.extra_args)
+        return cmd + gpu_flags(cfg) + list(cfg.extra_args)
 
     async def close(self) -> None:
         """Cancel streams, close HTTP, kill the server's process group (never an attached server)."""
@@ -262,6 +298,8 @@ class VLLMEngine:
             await (self._publish_lora(path, new) if kind == "lora" else self._publish_full(path, new))
             self._version = new
             self.last_publish_s = time.monotonic() - t0
+            if kind == "lora":
+                self.last_publish_tier = "lora-adapter"
         return new
 
     async def _publish_lora(self, path: str, new: int) -> None:
@@ -280,8 +318,17 @@ class VLLMEngine:
         await self.pause()
         try:
             await self._settle()
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            await self._call("POST", "/collective_rpc", json=rpc)
+            if self._weights is not None and self.config.weight_sync == "ipc":
+                info, keep = await asyncio.to_thread(self._weights)
+                await self._call("POST", "/start_weight_update")
+                await self._call("POST", "/update_weights", json={"update_info": info})
+                await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+                del keep  # the server has copied every tensor it was handed
+                self.last_publish_tier = "cuda-ipc"
+            else:
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+                await self._call("POST", "/collective_rpc", json=rpc)
+                self.last_publish_tier = "disk-reload"
             await self._call("POST", "/update_weight_version", json={"new_version": str(new)})
             while self._loras:  # adapters were trained against the old base weights; the workers dropped them
                 await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.popitem()[1]})
@@ -289,6 +336,29 @@ class VLLMEngine:
         finally:
             if not was_paused:
                 await self.resume()
+
+    def attach_weights(self, source: Any) -> bool:
+        """weight_sync=ipc: `source()` gives the update_info of the trainer's live weights (train/weight_sync.py)
+        and the tensors to keep alive; full publishes then skip the disk. False (ignored) with weight_sync=disk."""
+        if self.config.weight_sync != "ipc":
+            return False
+        self._weights = source
+        return True
+
+    # ---- colocated layout ----------------------------------------------------------------------------------
+    async def sleep(self) -> None:
+        """Free the GPU for the trainer (sleep_level 1 or 2); a no-op when sleep_level is 0 or already asleep."""
+        level = self.config.sleep_level
+        if level and not self.sleeping:
+            await self._call("POST", "/sleep", params={"level": str(level), "mode": "wait"})
+            self.sleeping = level
+
+    async def wake_up(self) -> None:
+        """Back to serving before a publish: level 1 restores the weights from CPU memory; level 2 gets them from
+        the full publish that follows (reload_weights)."""
+        if self.sleeping:
+            await self._call("POST", "/wake_up")
+            self.sleeping = 0
 
     async def _settle(self, quiet_s: float = 0.05, max_s: float = 2.0) -> None:
         """After a pause, wait until in-flight streams stop delivering tokens sampled before it."""

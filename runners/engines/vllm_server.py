@@ -42,6 +42,7 @@ __all__ = [
     "completion_body",
     "find_free_port",
     "find_vllm_python",
+    "gpu_flags",
     "http_error",
     "new_session",
     "server_env",
@@ -83,9 +84,14 @@ def checkpoint_dtype(model_dir: str) -> str:
     return "auto"
 
 
-def server_env(kv_cache_gib: int) -> dict[str, str]:
-    """This process's environment plus what the server needs: dev routes, runtime LoRA, no telemetry, offline hub."""
+def server_env(kv_cache_gib: int, gpus: list[int] | None = None, ipc: bool = False) -> dict[str, str]:
+    """This process's environment plus what the server needs: dev routes, runtime LoRA, no telemetry, offline hub,
+    and the GPUs it may use (split layout)."""
     env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if ipc:  # vLLM unpickles the CUDA-IPC handles of a weight update only with this set
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.update(
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
         VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc, /update_weight_version
@@ -97,6 +103,24 @@ def server_env(kv_cache_gib: int) -> dict[str, str]:
     )
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
+
+
+def gpu_flags(cfg: Any) -> list[str]:
+    """`vllm serve` flags of the GPU fields of a VLLMEngineConfig (only those that differ from vLLM's defaults)."""
+    flags = []
+    if cfg.tensor_parallel_size > 1:
+        flags += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if cfg.gpu_memory_utilization:
+        flags += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.max_num_seqs:
+        flags += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.enable_prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
+    if cfg.sleep_level:
+        flags.append("--enable-sleep-mode")
+    if cfg.weight_sync == "ipc":
+        flags += ["--weight-transfer-config", '{"backend": "ipc"}']
+    return flags
 
 
 def find_free_port(host: str) -> int:

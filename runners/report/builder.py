@@ -239,9 +239,11 @@ def build_report(run_dir: str | Path) -> str:
 
 
 def write_report(run: Run | str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of a run (or run dir) to `out` (default `<run>/report.html`) atomically; its path."""
+    """Write the report of a run (or run dir) to `out` atomically; its path. Default: `<run>/report.html`, or
+    beside a single trace file with the suffix .html."""
     run = run if isinstance(run, Run) else load_run(run)
-    path = Path(out) if out is not None else run.path / "report.html"
+    default = run.path / "report.html" if run.path.is_dir() else run.path.with_suffix(".html")
+    path = Path(out) if out is not None else default
     html = render_report(run)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -8,14 +8,17 @@ logged for that step in metrics.jsonl (the logged values win: they were computed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.errors import UsageError
 from hrl.runners.metrics import FAILURES_PREFIX, step_metrics
-from hrl.runners.rundir import LEGACY_TRACES, RunDir
+from hrl.runners.rundir import LEGACY_TRACES, NotARunDirError, RunDir, is_run_dir
+from hrl.runners.trace import read_traces
 
-__all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "trainer_version"]
+__all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "load_source", "trainer_version"]
 
 Trace = dict[str, Any]
 
@@ -51,6 +54,38 @@ def load_run(path: str | Path) -> Run:
         for i in sorted(traces.keys() | rows.keys())
     ]
     return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations)
+
+
+def load_source(paths: Sequence[str | Path]) -> Run:
+    """Any trace source as a `Run`, the one resolver of `hrl report` and `hrl inspect`: a run directory (what
+    `load_run` reads), or trace files (what `hrl rollout --out` and `hrl serve --traces` write; a folder of them
+    stands for its `*.jsonl`), one iteration per file in the order given. Raises UsageError for a missing path, a
+    folder with no traces, or a run directory mixed with other sources; TraceFormatError for a file of no traces."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise UsageError("no trace source given", hint="give a trace file, several, or a run directory")
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"no such file or directory: {p}", hint="give a trace file, several, or a run directory")
+    runs = [p for p in paths if is_run_dir(p)]
+    if runs:
+        if len(paths) > 1:
+            raise UsageError(
+                f"{runs[0]} is a run directory: it cannot be combined with other sources",
+                hint="give one run directory, or trace files",
+            )
+        return load_run(runs[0])
+    files: list[Path] = []
+    for p in paths:
+        found = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+        if not found:
+            raise NotARunDirError(
+                f"{p} is neither a run directory nor a folder of trace files (*.jsonl)",
+                hint="give a trace file (e.g. the --out of `hrl rollout`), several, or the --run-dir of `hrl train`",
+            )
+        files += found
+    iterations = [Iteration(i, f, list(read_traces(f))) for i, f in enumerate(files)]
+    return Run(files[0].parent if len(files) > 1 else files[0], {}, {}, iterations)
 
 
 def trainer_version(logged: dict[str, Any]) -> int | None:

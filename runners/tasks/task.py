@@ -33,10 +33,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hrl.runners.errors import HrlError, PrerequisiteError
+from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
 
 __all__ = [
     "Task",
+    "TaskFileNotFoundError",
     "TaskFormatError",
     "load_tasks",
     "pack_snapshot",
@@ -52,6 +53,10 @@ PYTEST = "python -m pytest -rA --tb=short -p no:cacheprovider -o addopts=''"
 
 class TaskFormatError(HrlError):
     """A task file or one of its tasks is malformed; the message names the file, line and instance."""
+
+
+class TaskFileNotFoundError(UsageError, TaskFormatError):
+    """The task file named does not exist: a usage error (the path is wrong), and a TaskFormatError for callers."""
 
 
 class Task(BaseModel):
@@ -128,7 +133,10 @@ def load_tasks(path: str | Path) -> list[Task]:
     Parquet without pyarrow."""
     path = Path(path)
     if not path.is_file():
-        raise TaskFormatError(f"task file {path} does not exist", hint="hrl tasks ls --recipe swe lists the defaults")
+        raise TaskFileNotFoundError(
+            f"task file {path} does not exist",
+            hint="give a JSONL, JSON or Parquet file of SWE-bench tasks; `hrl recipes show swe` names the swe recipe's",
+        )
     if path.suffix == ".parquet":
         rows: Iterable[tuple[int, Any]] = enumerate(_parquet_rows(path), 1)
     elif path.suffix == ".json":

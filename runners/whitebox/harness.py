@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.stack import Stack
 from hrl.runners.tasks.task import Task
@@ -42,7 +42,7 @@ RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RES
 Event = Callable[[str, dict[str, Any]], None]
 
 
-class AgentLoadError(HrlError):
+class AgentLoadError(UsageError):
     """A `python:` agent or verifier function cannot be loaded; the message names it."""
 
 

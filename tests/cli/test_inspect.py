@@ -258,8 +258,8 @@ def test_human_tree_nests_calls_under_their_agents(tmp_path):
     assert "untrained" in lines[critic[0]] and "untrained" in lines[k1[0]]
 
 
-def _assert_error(out: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert out.returncode == 1, out
+def _assert_error(out: subprocess.CompletedProcess[str], *needles: str, code: int = 1) -> None:
+    assert out.returncode == code, out
     assert "Traceback" not in out.stderr
     assert out.stdout == ""
     assert out.stderr.startswith("Error: "), out.stderr
@@ -273,9 +273,9 @@ def test_bad_line_names_file_and_line(trace_file):
 
 
 def test_missing_file(tmp_path):
-    _assert_error(hrl_inspect(str(tmp_path / "nope.jsonl")), "nope.jsonl")
+    _assert_error(hrl_inspect(str(tmp_path / "nope.jsonl")), "nope.jsonl", code=2)  # a bad path is a usage error
 
 
 def test_unknown_and_ambiguous_trace_ids(trace_file):
-    _assert_error(hrl_inspect(str(trace_file), "--trace", "zz"), "'zz'", "Hint: known ids: a1b2c3d4e5f6")
-    _assert_error(hrl_inspect(str(trace_file), "--trace", "a1", "--json"), "a1b2c3d4e5f6, a1ffee00")
+    _assert_error(hrl_inspect(str(trace_file), "--trace", "zz"), "'zz'", "Hint: known ids: a1b2c3d4e5f6", code=2)
+    _assert_error(hrl_inspect(str(trace_file), "--trace", "a1", "--json"), "a1b2c3d4e5f6, a1ffee00", code=2)

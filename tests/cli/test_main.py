@@ -1,4 +1,4 @@
-"""The `hrl` command as users run it: speed of --help, one-line errors with hints, `hrl serve` end to end."""
+"""The `hrl` command as users run it: a light --help, one-line errors with hints, `hrl serve` end to end."""
 
 from __future__ import annotations
 
@@ -22,13 +22,22 @@ def hrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_version_and_help_are_fast():
-    t0 = time.monotonic()
+_HEAVY = ("torch", "transformers", "aiohttp", "peft")  # what makes an interpreter start take seconds
+
+
+def test_version_and_help_load_nothing_heavy():
+    """`hrl --version` and `hrl --help` stay fast because they import none of the heavy libraries (timing them would
+    measure the machine's load, not the code)."""
     out = hrl("--version")
     assert out.returncode == 0 and out.stdout.startswith("hrl ")
-    out = hrl("--help")
-    assert out.returncode == 0 and "serve" in out.stdout
-    assert time.monotonic() - t0 < 4  # two interpreter starts, well under a second each on an idle machine
+    probe = (
+        "import sys\nsys.argv = ['hrl', '--help']\nfrom hrl.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED', sorted(m for m in {_HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "serve" in out.stdout, out.stderr
+    assert "LOADED []" in out.stdout, out.stdout.splitlines()[-1]
 
 
 def test_models_tiny_is_deterministic(tmp_path):

@@ -85,3 +85,40 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert all("train/mismatch_kl" in m for m in lines)
+    # every publish says how long it took, how many weight bytes it moved and which sync tier carried them
+    assert all(
+        m["publish/tier"] == "lora-adapter" and m["publish/bytes"] > 0 and m["publish/seconds"] > 0 for m in lines
+    )
+    assert all(m["train/peak_mem_gib"] > 0 and m["train/optimizer_steps"] == 1 for m in lines if not m["train/skipped"])
+
+
+def test_ppo_epochs_and_mini_batches_make_clipping_act_in_the_loop(tiny_model, tmp_path):
+    """train.ppo_epochs=2 × train.mini_batches=2: four optimizer steps per batch against one set of old logprobs,
+    through the real proxy and engine; the later steps see moved ratios, so train/clip_frac > 0 in metrics.jsonl."""
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=2, tasks_per_iteration=2, group_size=4, concurrency=4, ppo_epochs=2, mini_batches=2,
+                     trainer=TrainerConfig(model=tiny_model, lr=5e-2, micro_batch=4))  # fmt: skip
+    run.create(cfg.model_dump())
+    asyncio.run(_run(tiny_model, run, cfg))
+    lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in lines if not m["train/skipped"]]
+    print("\n" + "\n".join(f"step {m['step']}: clip_frac {m['train/clip_frac']:.3f} ratio_max {m['train/ratio_max']:.2f} "
+                           f"approx_kl {m['train/approx_kl']:.4f}" for m in trained))  # fmt: skip
+    assert trained and all(m["train/optimizer_steps"] == 4 for m in trained)
+    assert max(m["train/clip_frac"] for m in trained) > 0, trained
+
+
+def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path):
+    """Level 2 drops vLLM's base weights; a LoRA publish would serve adapters on nothing."""
+    import pytest
+
+    from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
+    from hrl.runners.errors import HrlError
+
+    engine = VLLMEngine(VLLMEngineConfig(model=tiny_model, sleep_level=2))  # never started: refused first
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=1, trainer=TrainerConfig(model=tiny_model))
+    run.create(cfg.model_dump())
+    with pytest.raises(HrlError, match="sleep_level=2") as info:
+        asyncio.run(train(TASKS, cfg, run, engine, ChatRollouts(None, "")))  # type: ignore[arg-type]
+    assert "sleep_level=1" in info.value.hint

@@ -165,3 +165,19 @@ def test_trust_region_scales_back_a_step_that_moves_the_policy_too_far(tiny_mode
         f"\n{mode} lr {lr}: whole step KL {kl_free:.3f}; bound 0.02: scale {held['train/update_scale']}, "
         f"KL {kl_held:.4f}"
     )
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_ppo_epochs_and_mini_batches_move_the_ratio_so_clipping_acts(tiny_model, mode):
+    """One optimizer step per batch measures the ratio at its own start (always 1). With 2 epochs × 2 mini-batches
+    the old logprobs are those before the first step, so later steps see ratios ≠ 1 and some tokens get clipped."""
+    batch = _batch([1.0, -1.0, 1.0, -1.0], distinct=True)
+    lr = 3e-2 if mode == "lora" else 1e-2
+    one = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=2)).step(batch)
+    assert one["train/optimizer_steps"] == 1.0
+    assert one["train/clip_frac"] == 0.0 and one["train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    m = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=2)).step(batch, 2, 2)
+    print(f"\n{mode}: clip_frac {m['train/clip_frac']:.3f}, ratio max {m['train/ratio_max']:.3f}, "
+          f"approx KL {m['train/approx_kl']:.4f}")  # fmt: skip
+    assert m["train/optimizer_steps"] == 4.0
+    assert m["train/clip_frac"] > 0 and m["train/ratio_max"] > 1.2 and m["train/approx_kl"] > 0, m

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from hrl.train.logprobs import token_logprobs
 from hrl.train.samples import Sample
 from hrl.train.trainer import Trainer, TrainerConfig
-from hrl.train.tree import batches, build_tree, distinct_tokens, plan, tree_logprobs
+from hrl.train.tree import build_tree, distinct_tokens, plan, token_ratio, tree_logprobs
 
 VOCAB = 13
 
@@ -228,11 +229,13 @@ def _initial(model_dir: str, mode: str) -> list[torch.Tensor]:
 
 def test_auto_switches_tree_on_only_when_it_pays(model_dir):
     trainer = Trainer(TrainerConfig(model=model_dir, mode="lora", tree="auto", tree_threshold=0.75))
-    shared = [s.input_ids for s in _group(8, prompt=60, response=6)]
-    apart = [[(i + t) % VOCAB for t in range(20)] for i in range(8)]  # different first tokens: nothing shared
-    cfg = trainer.config
-    on = batches(trainer.model, shared, cfg.tree, cfg.tree_threshold, cfg.micro_batch, cfg.tree_max_tokens)
-    off = batches(trainer.model, apart, cfg.tree, cfg.tree_threshold, cfg.micro_batch, cfg.tree_max_tokens)
-    assert on.tree and on.token_ratio == _prefixes(shared) / (8 * 66) < 0.3 and on.spans == [(0, 8)]
-    assert not off.tree and off.token_ratio == 1.0 and off.spans == [(0, 4), (4, 8)]
-    assert trainer.step(_group(8, prompt=60, response=6))["train/tree"] == 1.0
+    shared = _group(8, prompt=60, response=6)
+    apart = [replace(s, input_ids=[(i + t) % VOCAB for t in range(66)]) for i, s in enumerate(shared)]  # no sharing
+    plan, tree = trainer._plan(shared)
+    assert tree and sorted(i for mb in plan for i in mb) == list(range(8)) and len(plan) == 1
+    assert trainer._plan(apart) == ([[0, 1, 2, 3], [4, 5, 6, 7]], False)  # micro_batch=4 padded rows
+    assert token_ratio([s.input_ids for s in shared]) == _prefixes(shared) / (8 * 66) < 0.3
+    assert token_ratio([s.input_ids for s in apart]) == 1.0
+    m = trainer.step(shared)
+    assert m["train/tree"] == 1.0 and m["train/tree_token_ratio"] == _prefixes(shared) / (8 * 66)
+    assert trainer.step(apart)["train/tree"] == 0.0

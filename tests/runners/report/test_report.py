@@ -152,8 +152,29 @@ def test_report_command_writes_one_self_contained_file(run_dir: Path):
 
 def test_report_of_something_that_is_no_run(tmp_path: Path):
     out = hrl("report", str(tmp_path))
-    assert out.returncode == 1
-    assert out.stderr.startswith("Error: ") and "not a run directory" in out.stderr and "Hint:" in out.stderr
+    assert out.returncode == 2  # a path that holds no traces is a usage error
+    assert out.stderr.startswith("Error: ") and "neither a run directory nor" in out.stderr and "Hint:" in out.stderr
+
+
+def test_report_and_inspect_take_what_rollout_writes(run_dir: Path, tmp_path: Path):
+    """A trace file (the --out of `hrl rollout`), several files, a folder of them: one resolver for both commands."""
+    one, two = run_dir / "traces" / "iter-0000.jsonl", run_dir / "traces" / "iter-0001.jsonl"
+    rollout_out = tmp_path / "traces.jsonl"
+    shutil.copy(one, rollout_out)
+    out = hrl("report", str(rollout_out), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert (info["out"], info["traces"], info["steps"]) == (str(tmp_path / "traces.html"), PER_ITERATION + 2, 1)
+    out = hrl("report", str(one), str(two), "--out", str(tmp_path / "both.html"), "--json")
+    assert out.returncode == 0, out.stderr
+    assert (json.loads(out.stdout)["traces"], json.loads(out.stdout)["steps"]) == (2 * PER_ITERATION + 2, 2)
+    out = hrl("inspect", str(one), str(two), "--json")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == 2 * PER_ITERATION + 2
+    out = hrl("inspect", str(run_dir / "traces"), "--json")  # a folder of trace files
+    assert len(json.loads(out.stdout)) == ITERATIONS * PER_ITERATION + 2, out.stderr
+    mixed = hrl("report", str(run_dir), str(one))
+    assert mixed.returncode == 2 and "cannot be combined" in mixed.stderr, mixed.stderr
 
 
 def test_a_few_hundred_traces_render_quickly(tmp_path: Path):

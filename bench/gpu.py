@@ -1,0 +1,348 @@
+"""GPU check: what one accelerator does with the trainer's own pieces, in ≤ 6 minutes on one H200.
+
+Phases, each with its own time budget and try/except (a failing phase reports its error and the next one runs):
+  probe      GPU, versions, bf16 GEMM peak (TFLOP/s)
+  lora_step  LoRA (r=16, all projections) step on a Qwen2.5-7B-shape model built from a config (no hub download),
+             2 micro-batches × 8192 tokens, activation checkpointing: tokens/s, MFU, peak GiB
+  full_step  the same as a full fine-tuning step: bf16 weights, fp32 master weights and AdamW moments
+  sync       the weight-sync primitives at 7B size: safetensors save + load to the GPU, a CUDA-IPC bucket copy to a
+             second process, LoRA adapter bytes and load
+  tree       tree training (not built yet: skipped with a line)
+
+Output: one JSON line per phase on stdout, then a table. Imports only torch, transformers, peft, safetensors and the
+standard library (the GPU image has no pydantic or vLLM): the trainer's device and logprob modules are loaded from
+their files, so the step runs the trainer's own chunked logprobs and master-weight AdamW.
+
+    python bench/gpu.py              # on a GPU machine
+    python bench/gpu.py --tiny       # the same phases on a tiny config on the CPU (seconds; runs in CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import platform
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0}  # dense bf16, for MFU when known
+GIB = 2**30
+
+
+def _load(name: str) -> Any:
+    """A module of train/ by its file: it imports only torch, so it runs without hrl's other dependencies."""
+    spec = importlib.util.spec_from_file_location(f"hrl_bench_{name}", ROOT / "train" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+device_mod, logprobs_mod = _load("device"), _load("logprobs")
+
+
+def model_config(tiny: bool) -> Any:
+    from transformers import Qwen2Config
+
+    if tiny:
+        return Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=False)  # fmt: skip
+    return Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                       tie_word_embeddings=False)  # Qwen2.5-7B  # fmt: skip
+
+
+class Bench:
+    def __init__(self, tiny: bool) -> None:
+        self.tiny = tiny
+        self.device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
+        self.dtype = torch.bfloat16  # on the CPU too: the tiny run takes the same master-weight path as the GPU
+        self.tokens = 128 if tiny else 8192  # per micro-batch
+        self.micro_batches = 2
+        self.gemm_tflops = 0.0
+        self.results: list[dict[str, Any]] = []
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def peak_gib(self) -> float:
+        return round(device_mod.peak_mem_gib(self.device), 2)
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        device_mod.reset_peak_mem(self.device)
+
+    def build(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            model = AutoModelForCausalLM.from_config(model_config(self.tiny), dtype=self.dtype)
+        model.config.use_cache = False
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.train()
+
+    def peak_tflops(self) -> tuple[float, str]:
+        name = torch.cuda.get_device_name() if self.device.type == "cuda" else ""
+        for key, tf in SPEC_TFLOPS.items():
+            if key in name:
+                return tf, f"{key} spec"
+        return max(self.gemm_tflops, 1e-9), "measured GEMM"
+
+    # ---- phases ------------------------------------------------------------------------------------------
+    def probe(self) -> dict[str, Any]:
+        import peft
+        import safetensors
+        import transformers
+
+        out: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                               "peft": peft.__version__, "safetensors": safetensors.__version__,
+                               "python": platform.python_version(), "device": str(self.device)}  # fmt: skip
+        if self.device.type == "cuda":
+            p = torch.cuda.get_device_properties(0)
+            out |= {"gpu": p.name, "gpu_mem_gib": round(p.total_memory / GIB, 1), "gpus": torch.cuda.device_count(),
+                    "cuda": torch.version.cuda}  # fmt: skip
+        n = 256 if self.tiny else 8192
+        a = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        b = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        a @ b
+        self.sync()
+        reps, t0 = (3 if self.tiny else 50), time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        self.sync()
+        self.gemm_tflops = 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+        return out | {"gemm_n": n, "gemm_dtype": str(self.dtype).removeprefix("torch."),
+                      "gemm_tflops": round(self.gemm_tflops, 3)}  # fmt: skip
+
+    def _train_step(self, model: Any, optimizer: Any, params: list[torch.nn.Parameter]) -> None:
+        """One optimizer step: the trainer's chunked logprobs, a policy-gradient surrogate, accumulation."""
+        vocab = model.config.vocab_size
+        optimizer.zero_grad(set_to_none=True)
+        for k in range(self.micro_batches):
+            g = torch.Generator().manual_seed(k)
+            ids = torch.randint(0, vocab, (1, self.tokens), generator=g).to(self.device)  # (1, T)
+            mask = torch.ones_like(ids)
+            logp = logprobs_mod.token_logprobs(model, ids, mask, 512 if not self.tiny else 64).float()  # (1, T-1)
+            adv = torch.where(torch.arange(logp.shape[1], device=self.device) % 2 == 0, 1.0, -1.0)
+            loss = -(torch.exp(logp - logp.detach()) * adv).mean() / self.micro_batches
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    def _step_phase(self, lora: bool) -> dict[str, Any]:
+        self.reset_peak()
+        model = self.build()
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+        params = [p for p in model.parameters() if p.requires_grad]
+        n_total = sum(p.numel() for p in model.parameters())
+        n_matmul = n_total - model.get_input_embeddings().weight.numel()  # a lookup, not a matmul
+        low = any(p.dtype != torch.float32 for p in params)
+        optimizer = device_mod.MasterWeights(params, lr=1e-6) if low else torch.optim.AdamW(params, lr=1e-6)
+        self._train_step(model, optimizer, params)  # warm-up: kernels, allocator, optimizer state
+        self.sync()
+        t0 = time.perf_counter()
+        self._train_step(model, optimizer, params)
+        self.sync()
+        dt = time.perf_counter() - t0
+        cfg, tokens = model_config(self.tiny), self.tokens * self.micro_batches
+        # model FLOPs per token (N: matmul weights, the input embedding left out): 2N forward, 2N input grads, 2N
+        # weight grads (full only; LoRA's are negligible), plus attention scores
+        # (PaLM's 12·L·H·T for forward + backward); recomputation under checkpointing is not counted (MFU, not HFU)
+        per_token = (6 if not lora else 4) * n_matmul + 12 * cfg.num_hidden_layers * cfg.hidden_size * self.tokens
+        peak, basis = self.peak_tflops()
+        out = {"params_b": round(n_total / 1e9, 3), "trainable_m": round(sum(p.numel() for p in params) / 1e6, 2),
+               "tokens": tokens, "step_s": round(dt, 3), "tokens_per_s": round(tokens / dt, 1),
+               "mfu": round(per_token * tokens / dt / 1e12 / peak, 4), "mfu_basis": basis, "peak_gib": self.peak_gib()}  # fmt: skip
+        del model, optimizer, params
+        self.reset_peak()
+        return out
+
+    def lora_step(self) -> dict[str, Any]:
+        return self._step_phase(lora=True)
+
+    def full_step(self) -> dict[str, Any]:
+        return self._step_phase(lora=False)
+
+    def sync_phase(self) -> dict[str, Any]:
+        from safetensors.torch import load_file, save_file
+
+        self.reset_peak()
+        with torch.device(self.device):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(model_config(self.tiny), dtype=self.dtype)
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        nbytes = sum(v.numel() * v.element_size() for v in state.values())
+        out: dict[str, Any] = {"weights_gib": round(nbytes / GIB, 2)}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.safetensors"
+            t0 = time.perf_counter()
+            save_file({k: v.cpu() for k, v in state.items()}, str(path))
+            out["save_s"] = round(time.perf_counter() - t0, 2)
+            t0 = time.perf_counter()
+            loaded = load_file(str(path), device=str(self.device))
+            self.sync()
+            out["load_s"] = round(time.perf_counter() - t0, 2)
+            assert loaded.keys() == state.keys()
+            del loaded
+        out |= self._ipc(state, nbytes)
+        del state
+        out |= self._adapter(model)
+        del model
+        self.reset_peak()
+        return out
+
+    def _ipc(self, state: dict[str, torch.Tensor], nbytes: int) -> dict[str, Any]:
+        """Flatten the weights into buckets, hand each to a second process by CUDA IPC (shared memory on the CPU),
+        which copies it into its own buffer and acknowledges: the colocated full-weight sync path."""
+        import torch.multiprocessing as mp
+
+        bucket = (1 if self.tiny else 1024) * 2**20  # bytes
+        flat = [v.flatten().view(torch.uint8) for v in state.values()]
+        ctx = mp.get_context("spawn")
+        jobs, acks = ctx.Queue(), ctx.Queue()
+        proc = ctx.Process(target=_receiver, args=(jobs, acks, str(self.device)), daemon=True)
+        proc.start()
+        assert acks.get(timeout=120) == "ready"
+        t0, sent, buf, fill = time.perf_counter(), 0, None, 0
+        buf = torch.empty(bucket, dtype=torch.uint8, device=self.device)
+        for t in [*flat, None]:
+            if t is not None and fill + t.numel() <= bucket:
+                buf[fill : fill + t.numel()].copy_(t)
+                fill += t.numel()
+                continue
+            if fill:
+                self.sync()
+                jobs.put(buf[:fill] if self.device.type == "cuda" else buf[:fill].clone())
+                sent += acks.get(timeout=300)
+                fill = 0
+            if t is not None:
+                for i in range(0, t.numel(), bucket):  # a tensor bigger than a bucket goes in pieces
+                    piece = t[i : i + bucket]
+                    if piece.numel() == bucket:
+                        buf.copy_(piece)
+                        self.sync()
+                        jobs.put(buf if self.device.type == "cuda" else buf.clone())
+                        sent += acks.get(timeout=300)
+                    else:
+                        buf[: piece.numel()].copy_(piece)
+                        fill = piece.numel()
+        jobs.put(None)
+        dt = time.perf_counter() - t0
+        proc.join(60)
+        assert sent == nbytes, (sent, nbytes)
+        return {"ipc_bucket_mib": bucket // 2**20, "ipc_s": round(dt, 2), "ipc_gib_per_s": round(nbytes / GIB / dt, 2)}
+
+    def _adapter(self, model: Any) -> dict[str, Any]:
+        from peft import LoraConfig, get_peft_model
+        from safetensors.torch import load_file
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+        with tempfile.TemporaryDirectory() as tmp:
+            peft_model.save_pretrained(tmp)
+            f = Path(tmp) / "adapter_model.safetensors"
+            t0 = time.perf_counter()
+            tensors = load_file(str(f), device=str(self.device))
+            self.sync()
+            return {"adapter_mib": round(f.stat().st_size / 2**20, 1), "adapter_tensors": len(tensors),
+                    "adapter_load_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
+
+    def tree(self) -> dict[str, Any]:
+        return {"skipped": "tree training is not in the trainer yet"}
+
+
+def _receiver(jobs: Any, acks: Any, device: str) -> None:
+    """The other side of the IPC copy (an inference engine's worker in a real colocated run)."""
+    dest = None
+    acks.put("ready")
+    while (t := jobs.get()) is not None:
+        if dest is None or dest.numel() < t.numel():
+            dest = torch.empty(t.numel(), dtype=torch.uint8, device=device)
+        dest[: t.numel()].copy_(t)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        n = t.numel()
+        del t
+        acks.put(n)
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float) -> Iterator[None]:
+    """Raise TimeoutError in the main thread when a phase runs past its budget."""
+
+    def over(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"phase ran past its {seconds:.0f} s budget")
+
+    old = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_phase(bench: Bench, name: str, fn: Callable[[], dict[str, Any]], budget_s: float) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        with time_budget(budget_s):
+            row = {"phase": name, "ok": True, **fn()}
+    except Exception as e:  # a phase fails alone; the next one runs
+        row = {"phase": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500],
+               "where": traceback.format_exc().strip().splitlines()[-3][:200]}  # fmt: skip
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    bench.results.append(row)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| phase | ok | s | figures |", "|---|---|---|---|"]
+    for r in rows:
+        figures = ", ".join(f"{k}={v}" for k, v in r.items() if k not in {"phase", "ok", "seconds"})
+        lines.append(f"| {r['phase']} | {'yes' if r['ok'] else 'NO'} | {r['seconds']} | {figures} |")
+    return "\n".join(lines)
+
+
+# budgets add up to 340 s: with imports and CUDA start the whole run stays under 6 minutes
+PHASES = [("probe", "probe", 25), ("lora_step", "lora_step", 80), ("full_step", "full_step", 105),
+          ("sync", "sync_phase", 125), ("tree", "tree", 5)]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="a tiny config on the CPU (the CI run)")
+    ap.add_argument("--only", nargs="*", default=None, help="run only these phases")
+    a = ap.parse_args(argv)
+    bench = Bench(a.tiny)
+    for name, method, budget in PHASES:
+        if a.only is None or name in a.only:
+            run_phase(bench, name, getattr(bench, method), budget)
+    print(table(bench.results), flush=True)
+    return 0 if all(r["ok"] for r in bench.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Names and paths checked before any work: no run header, sandbox or engine start until the arguments are good.
+
+Each check raises a `UsageError` (exit 2) whose hint names the command that lists the valid choices; the
+registries themselves stay the one place that knows the names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hrl.cli.output import err
+from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
+
+__all__ = ["check_agent", "check_engine", "check_model", "check_run", "check_sandbox", "check_tasks", "say_context"]
+
+
+def _listed(exc: UnknownNameError, hint: str) -> UnknownNameError:
+    return UnknownNameError(str(exc), hint=hint)
+
+
+def check_agent(name: str) -> None:
+    from hrl.runners.agents import AGENTS
+    from hrl.sandboxes.registry import require
+
+    try:
+        require(AGENTS, "agent", name)
+    except UnknownNameError as e:
+        raise _listed(e, "`hrl agents ls` lists the agents and their versions") from None
+
+
+def check_sandbox(name: str, flag: str = "--sandbox") -> None:
+    from hrl.sandboxes import SANDBOXES
+    from hrl.sandboxes.registry import require
+
+    try:
+        require(SANDBOXES, "sandbox", name)
+    except UnknownNameError as e:
+        raise _listed(e, f"use {flag} docker (isolated) or {flag} local (trusted agents)") from None
+
+
+def check_engine(name: str, options: dict[str, Any] | None = None) -> None:
+    """A registered engine or a URL; for `vllm` started here, an interpreter that has vLLM (a prerequisite, exit 4)."""
+    import os
+
+    from hrl.runners.doctor import vllm_python
+    from hrl.runners.engines import engine_kind
+
+    try:
+        kind, opts = engine_kind(name, options)
+    except UnknownNameError as e:
+        raise _listed(e, "use --engine embedded (CPU), --engine vllm, or the URL of a running vLLM server") from None
+    python = opts.get("python") or vllm_python()
+    if kind == "vllm" and not opts.get("url") and not (python and os.access(python, os.X_OK)):
+        raise PrerequisiteError(
+            f"--engine vllm needs a Python with vLLM: {python or 'HRL_VLLM_PYTHON is not set and this one has none'}",
+            hint="set HRL_VLLM_PYTHON to a venv's python with vllm (`make setup` builds one), or use --engine embedded",
+        )
+
+
+def check_tasks(path: str | Path) -> int:
+    """Read the task file now (a missing file is a usage error, a malformed one a data error); its task count."""
+    from hrl.runners.tasks.task import load_tasks
+
+    return len(load_tasks(path))
+
+
+def check_model(model: str) -> None:
+    """A model named by path must exist (an HF id is resolved by the engine, which may download it)."""
+    from hrl.runners.models import resolve_model, split_adapter
+
+    base, _ = split_adapter(model)
+    resolve_model(base)
+
+
+def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
+    """The names and paths `hrl rollout` and `hrl train` need before any work: agent, sandbox, engine, verifier and
+    task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
+    from hrl.runners.tasks import VERIFIERS
+    from hrl.runners.whitebox.harness import is_python_agent, load_function
+    from hrl.sandboxes.registry import require
+
+    roll = cfg.get("rollout") or {}
+    agent = str(roll.get("agent", "mini-swe-agent"))
+    white = is_python_agent(agent)
+    if white:  # a white-box agent: its module and function load now (AgentLoadError names what is wrong)
+        load_function(agent, cfg.get("recipe_dir"))
+    else:
+        check_agent(agent)
+    check_sandbox(str(roll.get("sandbox", "docker")))
+    verifier = str((cfg.get("verifier") or {}).get("name") or "tests")
+    uses_sandbox = not (white and verifier == "python")  # a white-box agent scored in Python needs no sandbox
+    if uses_sandbox and roll.get("sandbox", "docker") == "docker":  # no daemon: a missing prerequisite, said first
+        from hrl.sandboxes import get_backend
+
+        _ = get_backend("docker").api  # type: ignore[attr-defined]
+    check_engine(engine, cfg.get("engine_options"))
+    if white and verifier == "python":  # the white-box harness scores with a Python function: load it now
+        if (function := (cfg.get("verifier") or {}).get("function")) is not None:
+            load_function(str(function), cfg.get("recipe_dir"))
+    else:
+        try:
+            require(VERIFIERS, "verifier", verifier)
+        except UnknownNameError as e:
+            raise _listed(e, "set -c verifier.name=tests") from None
+    if not task_file:
+        raise UsageError("no task file: the recipe names none", hint="give --tasks FILE (SWE-bench JSONL)")
+    return check_tasks(task_file)
+
+
+def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:
+    """One warning line when the agent's fixed prompt cannot fit the model's context, naming the fix."""
+    from hrl.runners.agents import AGENTS
+    from hrl.runners.agents.fit import fit
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    if is_python_agent(agent):  # a white-box agent's prompt is its own code's: nothing measured to compare
+        return
+    options, proxy = cfg.get("engine_options") or {}, cfg.get("proxy") or {}
+    found = fit(agent, model, options, proxy)
+    if found is None or found.fits:
+        return
+    others = [f for name in sorted(AGENTS) if name != agent and (f := fit(name, model, options, proxy)) and f.fits]
+    fitting = ", ".join(f"{f.agent} (~{f.prompt_tokens / 1000:.0f}k)" for f in others) or "none on this model"
+    err.print(
+        f"Warning: {agent}'s fixed prompt (system prompt + tool schemas) is about {found.prompt_tokens:,} tokens on "
+        f"this model, more than its context of {found.context:,} tokens: every episode will end in "
+        f"context_overflow. Use a model with a larger context (max_position_embeddings), or an agent whose prompt "
+        f"fits: {fitting}.",
+        markup=False,
+    )

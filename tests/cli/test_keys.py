@@ -1,0 +1,96 @@
+"""`-c` keys are the fields of the components' config models: every field is a key, anything else is refused
+naming the nearest key, values are checked against the field's type, and a field added to a model is a key at once."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import Field
+
+from hrl.cli.config import apply_overrides, load_recipe_config
+from hrl.cli.keys import check_key
+from hrl.runners.errors import UsageError
+from hrl.runners.proxy.proxy import ProxyConfig
+from hrl.runners.rollout import RolloutConfig
+from hrl.runners.tasks.verifier import TestVerifierConfig
+
+
+@pytest.mark.parametrize(
+    ("section", "model"), [("rollout", RolloutConfig), ("proxy", ProxyConfig), ("verifier", TestVerifierConfig)]
+)
+def test_every_field_of_a_sections_model_is_a_key(section, model):
+    for name, field in model.model_fields.items():
+        if not field.is_required():
+            check_key(f"{section}.{name}", field.get_default(call_default_factory=True), {})
+
+
+def test_the_training_sections_come_from_the_loop_and_trainer_models():
+    from hrl.train.async_loop import AsyncConfig
+    from hrl.train.loop import LoopConfig
+    from hrl.train.trainer import TrainerConfig
+
+    for section, model in (("train", LoopConfig), ("trainer", TrainerConfig), ("async", AsyncConfig)):
+        for name, field in model.model_fields.items():
+            if name != "trainer" and not field.is_required():
+                check_key(f"{section}.{name}", field.get_default(call_default_factory=True), {})
+    with pytest.raises(UsageError, match=r"unknown -c key 'train\.trainer'"):  # the top-level trainer section fills it
+        check_key("train.trainer", {}, {})
+
+
+def test_a_field_added_to_a_model_is_a_key_at_once(monkeypatch):
+    import hrl.runners.rollout
+
+    class Wider(RolloutConfig):
+        device: str = Field("cpu", description="A field another change adds.")
+
+    with pytest.raises(UsageError):
+        check_key("rollout.device", "cuda", {})
+    monkeypatch.setattr(hrl.runners.rollout, "RolloutConfig", Wider)
+    check_key("rollout.device", "cuda", {})
+
+
+@pytest.mark.parametrize(
+    ("override", "message", "hint"),
+    [
+        ("train.iteratons=3", "did you mean 'train.iterations'?", "valid keys under train: advantage"),
+        ("modle=x", "did you mean 'model'?", "valid keys: async, description"),
+        ("engine_options.max_btch=2", "'engine_options.max_batch_size'", "max_model_len"),
+        ("train.iterations=many", "bad -c train.iterations='many'", "train.iterations: Training steps"),
+        ("proxy.version_policy=x", "Input should be 'mixed' or 'pin'", "proxy.version_policy"),
+        ("rollout.agent.x=1", "rollout.agent is a value, not a section", "use -c rollout.agent=VALUE"),
+    ],
+)
+def test_bad_keys_and_values_are_refused_with_the_nearest_key(override, message, hint):
+    with pytest.raises(UsageError) as caught:
+        apply_overrides(load_recipe_config("demo"), [override])
+    assert message in str(caught.value) and hint in (caught.value.hint or ""), (str(caught.value), caught.value.hint)
+
+
+def test_free_form_dicts_take_any_sub_key_and_the_clis_own_keys_are_known(tmp_path):
+    cfg = load_recipe_config("demo")
+    out = apply_overrides(cfg, ["rollout.agent_options.anything=1", "async.enabled=true", "verifier.name=tests"])
+    assert out["rollout"]["agent_options"]["anything"] == 1
+    extra = tmp_path / "more.yaml"
+    extra.write_text("trainer:\n  lr: 1.0e-4\n  lrr: 2\n")
+    with pytest.raises(UsageError, match=r"'trainer\.lr'"):  # a YAML file's keys are checked too
+        apply_overrides(cfg, [str(extra)])
+
+
+def test_engine_options_are_the_named_engines_config():
+    check_key("engine_options.max_loras", 2, {"engine": "vllm"})  # a VLLMEngineConfig field
+    with pytest.raises(UsageError, match=r"engine_options\.max_loras"):
+        check_key("engine_options.max_loras", 2, {"engine": "embedded"})
+
+
+def test_engine_options_follow_an_engine_flag():
+    cfg = load_recipe_config("demo")  # engine: embedded
+    with pytest.raises(UsageError, match="token_delay_s"):
+        apply_overrides(cfg, ["engine_options.token_delay_s=0.1"])
+    apply_overrides(cfg, ["engine_options.token_delay_s=0.1"], engine="scripted")  # --engine scripted
+
+
+@pytest.mark.parametrize("name", ["demo", "swe"])
+def test_every_key_of_a_bundled_recipe_is_known(name):
+    from hrl.cli.keys import check_overrides
+
+    cfg = load_recipe_config(name)
+    check_overrides(list(cfg.items()), cfg)

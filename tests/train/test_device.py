@@ -1,0 +1,91 @@
+"""Device, dtype and micro-batch planning of the trainer (CPU runs; the CUDA paths share this code)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hrl.train.device import MasterWeights, peak_mem_gib, plan_micro_batches, resolve_device, resolve_dtype
+from hrl.train.trainer import Trainer, TrainerConfig
+from tests.train.test_trainer import _batch
+
+
+def test_micro_batches_by_count_keep_order_and_by_tokens_pack_within_the_budget():
+    assert plan_micro_batches([5, 9, 2, 7, 3], 2) == [[0, 1], [2, 3], [4]]
+    plan = plan_micro_batches([5, 9, 2, 7, 3, 30], 0, tokens=15)
+    assert sorted(i for mb in plan for i in mb) == list(range(6))
+    lengths = [5, 9, 2, 7, 3, 30]
+    assert all(len(mb) * max(lengths[i] for i in mb) <= 15 or len(mb) == 1 for mb in plan), plan
+    assert plan == [[2, 4, 0], [3], [1], [5]]  # 2,3,5 → 3×5=15; 7 alone (2×7 > 15 with 9 next); the long one alone
+
+
+def test_device_and_dtype_resolution():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+    assert resolve_device("cpu", 1, gpus=[4, 5]) == torch.device("cpu")  # listed GPUs only place a CUDA trainer
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda:0")) == torch.bfloat16
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert peak_mem_gib(torch.device("cpu")) > 0.01  # the process's peak RSS
+
+
+def _grads(trainer: Trainer, batch: list) -> torch.Tensor:
+    """The gradient of one optimizer step (the step is taken, the grads kept before it)."""
+    grads = []
+    opt_step = trainer.optimizer.step
+
+    def keep() -> None:
+        grads.append(torch.cat([p.grad.flatten().clone() for p in trainer._trainable()]))
+        opt_step()
+
+    trainer.optimizer.step = keep
+    trainer.step(batch)
+    return grads[0]
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_token_budget_and_checkpointing_give_the_gradient_of_count_micro_batches(tiny_model, mode):
+    batch = _batch([1.0, -1.0, 0.5, -0.5], distinct=True)
+    batch[1].input_ids += [7, 8, 9]  # uneven lengths, so the token plan differs from the count plan
+    for attr in ("loss_mask", "behaviour_logprobs", "weight"):
+        getattr(batch[1], attr).extend([0, 0, 0])
+    batch[1].versions += [-1, -1, -1]
+    base = _grads(Trainer(TrainerConfig(model=tiny_model, mode=mode, micro_batch=1)), batch)
+    tokens = _grads(Trainer(TrainerConfig(model=tiny_model, mode=mode, micro_batch_tokens=12)), batch)
+    ckpt = _grads(
+        Trainer(TrainerConfig(model=tiny_model, mode=mode, micro_batch=4, gradient_checkpointing=True)), batch
+    )
+    assert base.abs().max() > 0
+    torch.testing.assert_close(tokens, base, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ckpt, base, rtol=1e-5, atol=1e-7)
+
+
+def test_bf16_full_training_keeps_fp32_masters_and_moments(tiny_model, tmp_path):
+    trainer = Trainer(TrainerConfig(model=tiny_model, mode="full", dtype="bfloat16", device="cpu", lr=1e-2))
+    assert isinstance(trainer.optimizer, MasterWeights)
+    p0 = next(iter(trainer._trainable())).detach().clone()
+    m = trainer.step(_batch([1.0, -1.0], distinct=True))
+    p = next(iter(trainer._trainable()))
+    assert p.dtype == torch.bfloat16 and not torch.equal(p, p0)
+    state = trainer.optimizer.optimizer.state[trainer.optimizer.masters[0]]
+    assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+    assert torch.equal(p, trainer.optimizer.masters[0].to(torch.bfloat16))  # the model holds the rounded master
+    assert m["train/peak_mem_gib"] > 0
+    trainer.save(tmp_path / "ckpt")
+    again = Trainer(TrainerConfig(model=tiny_model, mode="full", dtype="bfloat16", device="cpu", lr=1e-2))
+    again.load(tmp_path / "ckpt")
+    assert torch.equal(next(iter(again._trainable())), p) and again.steps == 1
+    lora = Trainer(TrainerConfig(model=tiny_model, mode="lora", dtype="bfloat16", device="cpu"))
+    assert {q.dtype for q in lora._trainable()} == {torch.float32}  # adapters in fp32 on a bf16 base
+    assert isinstance(lora.optimizer, torch.optim.AdamW)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_prerequisite_error(tiny_model):
+    from hrl.runners.errors import PrerequisiteError
+
+    with pytest.raises(PrerequisiteError, match="no CUDA device") as info:
+        Trainer(TrainerConfig(model=tiny_model, device="cuda:1"))
+    assert "trainer.device=auto" in info.value.hint
