@@ -16,7 +16,8 @@ def _backbone_and_head(model: Any) -> tuple[Any, Any]:
 
 
 def _chunk_logp(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = head(hidden).float()  # (B, C, V)
+    logits = head(hidden)  # (B, C, V), in float32 at least (float64 stays float64)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, C)
 
 
@@ -47,5 +48,12 @@ class LogprobModel(torch.nn.Module):
         super().__init__()
         self.inner, self.chunk = model, chunk
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, tree: list[list[int]] | None = None
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """(B, T-1) logprobs of padded rows; or with `tree`, per sequence (T_s-1,) from one packed prefix-trie pass."""
+        if tree is not None:
+            from hrl.train.tree import tree_logprobs  # tree builds on this module
+
+            return tree_logprobs(self.inner, tree, self.chunk)
         return token_logprobs(self.inner, input_ids, attention_mask, self.chunk)

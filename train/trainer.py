@@ -28,6 +28,7 @@ from hrl.train.device import (
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
+from hrl.train.tree import token_ratio, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
@@ -69,6 +70,13 @@ class TrainerConfig(BaseModel):
     )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
     logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
+    tree: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Prefix-shared training: the batch's branches packed into one token tree per forward pass, each "
+        "shared prefix computed once (same logprobs and gradients). auto: when distinct ÷ total tokens < tree_threshold.",
+    )
+    tree_threshold: float = Field(0.75, description="tree=auto packs trees below this distinct ÷ total tokens.")
+    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (its micro-batch).")
     clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
     clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
     correction: Literal["tis", "decoupled", "none"] = Field(
@@ -152,7 +160,13 @@ class Trainer:
 
     def _gather(self, samples: list[Sample], logp: torch.Tensor) -> torch.Tensor:
         """Flatten the loss tokens of a micro-batch: logp is (B, T-1), predicting tokens 1..T-1."""
-        return torch.cat([logp[i, torch.tensor(_loss_pos(s), device=logp.device) - 1] for i, s in enumerate(samples)])
+        return torch.cat(
+            [logp[i][torch.tensor(_loss_pos(s), device=logp[i].device) - 1] for i, s in enumerate(samples)]
+        )
+
+    def _logp(self, model: LogprobModel, mb: list[Sample], tree: bool) -> torch.Tensor | list[torch.Tensor]:
+        """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows."""
+        return model(None, None, [s.input_ids for s in mb]) if tree else model(*self._pad(mb))
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -168,18 +182,22 @@ class Trainer:
             model = self.reference
         self.model.eval()
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        plan, tree = self._plan(samples)
         with ctx:
-            for mb in self._plan(samples):
-                ids, mask = self._pad([samples[i] for i in mb])
-                lp = model(ids, mask).float().cpu()
+            for mb in plan:
+                lp = self._logp(model, [samples[i] for i in mb], tree)
                 for j, i in enumerate(mb):
-                    out[i] = lp[j, torch.tensor(_loss_pos(samples[i])) - 1]
+                    out[i] = lp[j][torch.tensor(_loss_pos(samples[i]), device=lp[j].device) - 1].float().cpu()
         self.model.train()
         return out
 
-    def _plan(self, samples: list[Sample]) -> list[list[int]]:
-        return plan_micro_batches([len(s.input_ids) for s in samples], self.config.micro_batch,
-                                  self.config.micro_batch_tokens)  # fmt: skip
+    def _plan(self, samples: list[Sample]) -> tuple[list[list[int]], bool]:
+        """Micro-batches (sample indices) and whether each is one packed prefix tree (trainer.tree) or padded rows."""
+        cfg, seqs = self.config, [s.input_ids for s in samples]
+        trees = tree_plan(self.model, seqs, cfg.tree, cfg.tree_threshold, cfg.tree_max_tokens)
+        if trees is not None:
+            return trees, True
+        return plan_micro_batches([len(s) for s in seqs], cfg.micro_batch, cfg.micro_batch_tokens), False
 
     # ---- the update ----------------------------------------------------------------------------------------
     def step(self, samples: list[Sample], ppo_epochs: int = 1, mini_batches: int = 1) -> dict[str, float]:
@@ -218,6 +236,8 @@ class Trainer:
                 "train/samples": float(len(samples)),
                 "train/traces": float(n_traces),
                 "train/loss_tokens": float(sum(s.loss_tokens for s in samples)),
+                "train/tree": float(self._plan(samples)[1]),
+                "train/tree_token_ratio": token_ratio([s.input_ids for s in samples]),
                 "train/optimizer_steps": float(len(steps)),
                 "train/skipped": 0.0,
                 "train/peak_mem_gib": peak_mem_gib(self.device),
@@ -236,7 +256,7 @@ class Trainer:
         cfg, dev = self.config, self.device
         rank, world = distributed.world()
         n_traces = len({s.trace_id for s in samples})
-        plan = self._plan(samples)
+        plan, tree = self._plan(samples)
         mine = plan[rank::world]
         mine += [plan[0]] * (-(-len(plan) // world) - len(mine))  # padding: the weight of these is 0
         self.optimizer.zero_grad(set_to_none=True)
@@ -244,8 +264,7 @@ class Trainer:
         for k, mb_idx in enumerate(mine):
             scale = 0.0 if k >= len(plan[rank::world]) else 1.0
             mb = [samples[i] for i in mb_idx]
-            ids, mask = self._pad(mb)
-            logp = self._gather(mb, self.forward(ids, mask).float())  # (N,)
+            logp = self._gather(mb, self._logp(self.forward, mb, tree)).float()  # (N,)
             prox = torch.cat([proximal[i] for i in mb_idx]).to(dev)
             behav = torch.cat([behaviour[i] for i in mb_idx]).to(dev)
             adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb]).to(dev)

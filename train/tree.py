@@ -1,0 +1,202 @@
+"""Prefix-shared ("tree") forward passes: a batch's branches packed into one token tree, each shared prefix once.
+
+A trace with many branches (thinking templates that drop old reasoning, compaction, sub-agents), or a GRPO group
+that repeats one long prompt, holds the same prefix in many samples. Training them one per row computes that prefix
+once per branch. Here the samples' token sequences become a prefix trie — across traces too, so a group's shared
+prompt is one set of nodes — packed into one sequence: position id = depth, and a 4D attention mask where each node
+sees its ancestors and itself only. One forward pass of the causal LM gives every node's hidden state; a token's
+logprob is read off its parent's hidden state, so each branch gets exactly the logprobs (and, summed over branches,
+exactly the gradients) that its own forward pass would give.
+
+Sorting the sequences lexicographically makes the trie cheap to build: a sequence's longest shared prefix with any
+earlier one is its shared prefix with the one just before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from hrl.runners.errors import HrlError
+from hrl.train.logprobs import _backbone_and_head, _chunk_logp
+
+__all__ = [
+    "TREE_ATTENTION",
+    "Tree",
+    "build_tree",
+    "distinct_tokens",
+    "plan",
+    "token_ratio",
+    "tree_logprobs",
+    "tree_plan",
+]
+
+TREE_ATTENTION = ("eager", "sdpa")  # attention implementations that take a custom 4D mask
+
+
+@dataclass
+class Tree:
+    """A packed prefix trie. Nodes are numbered so that a parent precedes its children."""
+
+    tokens: torch.Tensor  # (N,) token id of each node
+    parent: torch.Tensor  # (N,) index of the parent node, -1 for a root (a sequence's first token)
+    depth: torch.Tensor  # (N,) position of the node in every sequence that passes through it
+    paths: list[torch.Tensor]  # per input sequence, in input order: its node at each position, (T_s,)
+    shared: list[int]  # per input sequence: how many of its first nodes an earlier sequence (in sorted order) made
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def mask(self) -> torch.Tensor:
+        """(N, N) boolean: True where the row node may attend to the column node (its ancestors and itself)."""
+        n = len(self)
+        allowed = torch.zeros((n, n), dtype=torch.bool)
+        for path, k in zip(self.paths, self.shared, strict=True):
+            if k < len(path):  # the rows of the nodes this sequence added; earlier ones are already written
+                tri = torch.ones((len(path) - k, len(path)), dtype=torch.bool).tril(k)
+                allowed[path[k:].unsqueeze(1), path.unsqueeze(0)] = tri
+        return allowed
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = torch.tensor(a[:n]) != torch.tensor(b[:n])
+    return int(diff.int().argmax()) if bool(diff.any()) else n
+
+
+def build_tree(seqs: list[list[int]]) -> Tree:
+    """The prefix trie of `seqs` (duplicates and sequences that are prefixes of others included)."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    tokens: list[int] = []
+    parent: list[int] = []
+    depth: list[int] = []
+    paths: list[torch.Tensor | None] = [None] * len(seqs)
+    shared = [0] * len(seqs)
+    prev: list[int] = []
+    prev_path: list[int] = []
+    for i in order:
+        seq = seqs[i]
+        k = _lcp(prev, seq)
+        path = prev_path[:k]
+        for t in range(k, len(seq)):
+            tokens.append(seq[t])
+            parent.append(path[-1] if path else -1)
+            depth.append(t)
+            path.append(len(tokens) - 1)
+        paths[i], shared[i] = torch.tensor(path, dtype=torch.long), k
+        prev, prev_path = seq, path
+    return Tree(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        parent=torch.tensor(parent, dtype=torch.long),
+        depth=torch.tensor(depth, dtype=torch.long),
+        paths=[p for p in paths if p is not None],
+        shared=shared,
+    )
+
+
+def distinct_tokens(seqs: list[list[int]]) -> int:
+    """Nodes of the prefix trie of `seqs`: the tokens a tree forward pass computes."""
+    ordered = sorted(seqs)
+    return sum(len(s) - _lcp(p, s) for p, s in zip([[], *ordered[:-1]], ordered, strict=True))
+
+
+def plan(seqs: list[list[int]], max_tokens: int, root_cut: int = 1024) -> tuple[list[int], list[tuple[int, int]]]:
+    """Order the sequences so that shared prefixes sit together, then cut that order into spans whose tries hold
+    at most `max_tokens` nodes (a longer single sequence gets a span of its own). Returns (order, spans).
+
+    A sequence that shares nothing with the one before it (a new root) also starts a new span once the current one
+    holds `root_cut` nodes: packed together, trees that share nothing cost (a + b)² attention instead of a² + b²,
+    while small ones are cheaper in one pass than in many."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i])
+    spans: list[tuple[int, int]] = []
+    start, size, prev = 0, 0, []
+    for j, i in enumerate(order):
+        shared = _lcp(prev, seqs[i])
+        extra = len(seqs[i]) - shared
+        if j > start and (size + extra > max_tokens or (shared == 0 and size >= root_cut)):
+            spans.append((start, j))
+            start, size, extra = j, 0, len(seqs[i])
+        size += extra
+        prev = seqs[i]
+    if order:
+        spans.append((start, len(order)))
+    return order, spans
+
+
+def attention_implementation(model: Any) -> str:
+    backbone, _ = _backbone_and_head(model)
+    return str(getattr(backbone.config, "_attn_implementation", None) or "eager")
+
+
+def _require_4d_mask(model: Any) -> str:
+    impl = attention_implementation(model)
+    if impl not in TREE_ATTENTION:
+        raise HrlError(
+            f"tree training needs an attention implementation that takes a 4D mask ({', '.join(TREE_ATTENTION)}); "
+            f"the model uses {impl}",
+            hint="set trainer.tree=auto (it falls back to one row per branch) or trainer.tree=off",
+        )
+    return impl
+
+
+def tree_logprobs(model: Any, seqs: list[list[int]], chunk: int = 512) -> list[torch.Tensor]:
+    """Per sequence s, logp[t] = log π(s[t+1] | s[:t+1]) for t < len(s) - 1, from one forward pass over the prefix
+    trie of all of them: the same values as `token_logprobs` on each sequence alone, in the model's dtype.
+
+    The vocabulary projection runs over the trie's edges (one per non-root node) in chunks of `chunk` under
+    activation checkpointing, as in `token_logprobs`."""
+    impl = _require_4d_mask(model)
+    tree = build_tree(seqs)
+    backbone, head = _backbone_and_head(model)
+    device = next(backbone.parameters()).device
+    dtype = next(backbone.parameters()).dtype
+    allowed = tree.mask().to(device)
+    if impl == "eager":  # eager adds the mask to the scores; sdpa takes a boolean one
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    else:
+        mask = allowed
+    hidden = backbone(
+        input_ids=tree.tokens.to(device).unsqueeze(0),
+        attention_mask=mask[None, None],
+        position_ids=tree.depth.to(device).unsqueeze(0),
+    ).last_hidden_state[0]  # (N, H)
+    child = (tree.parent >= 0).nonzero().squeeze(1)  # every edge parent → child, named by its child
+    src, targets = tree.parent[child].to(device), tree.tokens[child].to(device)
+    pieces = []
+    for s in range(0, len(child), chunk):
+        h, t = hidden[src[s : s + chunk]].unsqueeze(0), targets[s : s + chunk].unsqueeze(0)
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logp, head, h, t, use_reentrant=False)[0])
+        else:
+            pieces.append(_chunk_logp(head, h, t)[0])
+    edge = torch.cat(pieces) if pieces else hidden.new_zeros((0,), dtype=torch.promote_types(dtype, torch.float32))
+    at = torch.full((len(tree),), -1, dtype=torch.long)  # node → its edge's row
+    at[child] = torch.arange(len(child))
+    return [edge[at[p[1:]].to(device)] for p in tree.paths]
+
+
+def token_ratio(seqs: list[list[int]]) -> float:
+    """Distinct ÷ total tokens of a batch: what a tree pass computes against one row per branch (1 = no sharing)."""
+    total = sum(len(s) for s in seqs)
+    return distinct_tokens(seqs) / total if total else 1.0
+
+
+def tree_plan(
+    model: Any, seqs: list[list[int]], mode: str, threshold: float, max_tokens: int
+) -> list[list[int]] | None:
+    """The micro-batches (indices into `seqs`) of tree passes, each a trie of at most `max_tokens` nodes, when `mode`
+    is "on", or "auto" and the batch's distinct ÷ total tokens is below `threshold` and the model's attention takes a
+    4D mask; None for one padded row per branch."""
+    if mode == "off" or not seqs:
+        return None
+    if mode == "on":
+        _require_4d_mask(model)
+    elif attention_implementation(model) not in TREE_ATTENTION or token_ratio(seqs) >= threshold:
+        return None
+    order, spans = plan(seqs, max_tokens)
+    return [order[a:b] for a, b in spans]
