@@ -7,7 +7,8 @@ Phases, each with its own time budget and try/except (a failing phase reports it
   full_step  the same as a full fine-tuning step: bf16 weights, fp32 master weights and AdamW moments
   sync       the weight-sync primitives at 7B size: safetensors save + load to the GPU, a CUDA-IPC bucket copy to a
              second process, LoRA adapter bytes and load
-  tree       tree training (not built yet: skipped with a line)
+  tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
+             the largest logprob difference, one row per branch against one packed tree pass
 
 Output: one JSON line per phase on stdout, then a table. Imports only torch, transformers, peft, safetensors and the
 standard library (the GPU image has no pydantic or vLLM): the trainer's device and logprob modules are loaded from
@@ -44,11 +45,31 @@ def _load(name: str) -> Any:
     """A module of train/ by its file: it imports only torch, so it runs without hrl's other dependencies."""
     spec = importlib.util.spec_from_file_location(f"hrl_bench_{name}", ROOT / "train" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
 
 device_mod, logprobs_mod = _load("device"), _load("logprobs")
+
+
+def _load_tree() -> Any:
+    """train/tree.py by its file. Its two hrl imports are served here: the logprob helpers by the logprobs module
+    loaded above, the error class by a stand-in (importing hrl would pull in pydantic, absent from the GPU image)."""
+    import types
+
+    errors = types.ModuleType("hrl_bench_errors")
+    errors.HrlError = type("HrlError", (RuntimeError,), {"__init__": lambda self, msg, hint="": RuntimeError.__init__(self, msg)})  # type: ignore[attr-defined]  # fmt: skip
+    saved = {k: sys.modules.get(k) for k in ("hrl.runners.errors", "hrl.train.logprobs")}
+    sys.modules["hrl.runners.errors"], sys.modules["hrl.train.logprobs"] = errors, logprobs_mod
+    try:
+        return _load("tree")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
 
 
 def model_config(tiny: bool) -> Any:
@@ -270,7 +291,53 @@ class Bench:
                     "adapter_load_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
 
     def tree(self) -> dict[str, Any]:
-        return {"skipped": "tree training is not in the trainer yet"}
+        """A GRPO group of 8 sharing one long prompt: forward + backward of every branch as its own row, against one
+        packed pass over the prefix tree (the trainer's `trainer.tree`); both on the LoRA model."""
+        from peft import LoraConfig, get_peft_model
+
+        tree_mod = _load_tree()
+        self.reset_peak()
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(self.build(), LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+        prompt_len, completion_len, branches = (96, 32, 8) if self.tiny else (6144, 1024, 8)
+        g = torch.Generator().manual_seed(0)
+        vocab = model.config.vocab_size
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+        seqs = [prompt + torch.randint(0, vocab, (completion_len,), generator=g).tolist() for _ in range(branches)]
+        chunk = 64 if self.tiny else 512
+
+        def per_branch() -> list[torch.Tensor]:
+            out = []
+            for s in seqs:
+                ids = torch.tensor([s], device=self.device)
+                logp = logprobs_mod.token_logprobs(model, ids, torch.ones_like(ids), chunk)[0].float()
+                (-logp.mean() / branches).backward()
+                out.append(logp.detach())
+            return out
+
+        def packed() -> list[torch.Tensor]:
+            logps = [lp.float() for lp in tree_mod.tree_logprobs(model, seqs, chunk)]
+            sum(-lp.mean() / branches for lp in logps).backward()
+            return [lp.detach() for lp in logps]
+
+        row: dict[str, Any] = {"branches": branches, "prompt_tokens": prompt_len,
+                               "branch_tokens": sum(len(s) for s in seqs),
+                               "tree_tokens": tree_mod.distinct_tokens(seqs)}  # fmt: skip
+        for name, fn in (("branch", per_branch), ("tree", packed)):
+            fn()  # warm-up
+            model.zero_grad(set_to_none=True)
+            self.sync()
+            t0 = time.perf_counter()
+            got = fn()
+            self.sync()
+            row[f"{name}_step_s"] = round(time.perf_counter() - t0, 3)
+            row[f"{name}_peak_gib"] = self.peak_gib()
+            if name == "branch":
+                reference = got
+            model.zero_grad(set_to_none=True)
+        row["time_ratio"] = round(row["tree_step_s"] / row["branch_step_s"], 3)
+        row["max_abs_dlogp"] = float(max((a - b).abs().max() for a, b in zip(reference, got, strict=True)))
+        return row
 
 
 def _receiver(jobs: Any, acks: Any, device: str) -> None:
@@ -327,8 +394,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 # budgets add up to 340 s: with imports and CUDA start the whole run stays under 6 minutes
-PHASES = [("probe", "probe", 25), ("lora_step", "lora_step", 80), ("full_step", "full_step", 105),
-          ("sync", "sync_phase", 125), ("tree", "tree", 5)]  # fmt: skip
+PHASES = [("probe", "probe", 25), ("lora_step", "lora_step", 75), ("full_step", "full_step", 95),
+          ("sync", "sync_phase", 100), ("tree", "tree", 45)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,4 +30,7 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     assert rows["lora_step"]["trainable_m"] < rows["full_step"]["trainable_m"]
     assert rows["sync"]["adapter_tensors"] == 2 * 7 * 2  # A and B of 7 projections in 2 layers
     assert rows["sync"]["ipc_gib_per_s"] > 0
+    tree = rows["tree"]  # one packed pass computes the shared prompt once, and gives the per-branch logprobs
+    assert tree["tree_tokens"] == 96 + 8 * 32 and tree["branch_tokens"] == 8 * (96 + 32)
+    assert tree["max_abs_dlogp"] < 0.1, tree  # bf16 on the CPU: rounding, not a wrong mask (that is off by > 1)
     assert "| full_step | yes |" in out.stdout  # the closing table
