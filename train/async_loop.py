@@ -10,6 +10,8 @@ GRPO groups only), updates and publishes while rollouts go on.
   `traces/iter-NNNN.jsonl` of the step whose batch was being gathered when the episode started. A resumed run
   starts new groups (numbered past every group in the run's traces); unfinished groups of the killed process
   are left untrained.
+- `train.task_sampler=signal` draws each new group's task by the signal weights of the traces finished so far
+  (rebuilt from the run's traces on resume); groups are drawn one at a time, so a task may recur within a batch.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from hrl.train.loop import (
     _pause_s,
     _take_queue_depth,
     publish_logged,
+    sampler_metrics,
     start_trainer,
     update_from_traces,
 )
+from hrl.train.sampler import TaskStats
 from hrl.train.sinks import MetricsSink
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
@@ -83,10 +87,13 @@ class _Producer:
         self.cfg, self.acfg, self.rollouts, self.run = cfg, acfg, rollouts, run
         rng = random.Random(cfg.seed)
         first = _next_group(run)  # a resumed run goes on with new groups
+        self.tasks, self.stats = tasks, TaskStats(cfg.success_reward)
+        if cfg.task_sampler == "signal":
+            self.stats.observe(run.all_traces())
         self._groups = (
             [Episode(t, k, n) for k in range(cfg.group_size)]
             for n in itertools.count()
-            for t in [rng.choice(tasks)]
+            for t in [self._pick(rng)]
             if n >= first
         )
         self.running: set[asyncio.Task[dict[str, Any]]] = set()
@@ -99,6 +106,11 @@ class _Producer:
         self.changed = asyncio.Event()
         self.started = self.finished = 0
         self.step = run.state()["iteration"]  # the step whose batch is being gathered: new episodes trace there
+
+    def _pick(self, rng: random.Random) -> Any:
+        if self.cfg.task_sampler == "signal":
+            return rng.choices(self.tasks, self.stats.weights(self.tasks, self.cfg.group_size))[0]
+        return rng.choice(self.tasks)
 
     def buffered(self) -> int:
         return sum(len(g) for g in self.ready) + sum(len(g) for g in self.partial.values())
@@ -133,6 +145,7 @@ class _Producer:
             return
         trace = task.result()
         self.finished += 1
+        self.stats.observe([trace])
         if str(trace.get("group_id")) in self.dropped:
             self.dropped_traces += 1
             self.changed.set()
@@ -189,7 +202,7 @@ async def train_async(
             fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
             dropped_total += len(batch) - len(fresh)
             metrics = await asyncio.to_thread(update_from_traces, trainer, fresh, cfg)
-            metrics |= step_metrics(fresh, trainer_version=version)
+            metrics |= step_metrics(fresh, trainer_version=version) | sampler_metrics(cfg, tasks, producer.stats)
             pause0 = _pause_s(proxy)
             path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
             version, pub = await publish_logged(publish, path, cfg.trainer.mode, version + 1)

@@ -24,6 +24,7 @@ from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.group import make_trainer
+from hrl.train.sampler import SamplerKind, TaskStats, entropy, weighted_sample
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -52,6 +53,12 @@ class LoopConfig(BaseModel):
         "the ratio to the update's starting policy moves, so PPO clipping acts.",
     )
     drop_zero_variance: bool = Field(False, description="Skip groups whose rewards all agree.")
+    task_sampler: SamplerKind = Field(
+        "uniform",
+        description="Which tasks a batch takes. uniform: any task alike. signal: weighted by 1 − p^G − (1 − p)^G, "
+        "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior).",
+    )
+    success_reward: float = Field(1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
@@ -77,10 +84,33 @@ class Publisher(Protocol):
     async def publish(self, path: str, kind: Any, version: int | None = None) -> int: ...
 
 
-def _batch(tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int) -> list[Episode]:
+def _batch(
+    tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None
+) -> list[Episode]:
+    """The iteration's episodes: distinct tasks drawn by (seed, iteration), × the group size. `signal` weighs them
+    by `stats`, the counts of the steps before this one."""
     rng = random.Random(cfg.seed * 100_003 + iteration)
-    picked = rng.sample(tasks, min(cfg.tasks_per_iteration, len(tasks)))
+    n = min(cfg.tasks_per_iteration, len(tasks))
+    if cfg.task_sampler == "signal":
+        picked = weighted_sample(tasks, (stats or TaskStats()).weights(tasks, cfg.group_size), n, rng)
+    else:
+        picked = rng.sample(tasks, n)
     return [Episode(t, k, iteration) for t in picked for k in range(cfg.group_size)]
+
+
+def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int) -> TaskStats:
+    """The success counts of the committed steps before `upto` (only `signal` reads them)."""
+    stats = TaskStats(cfg.success_reward)
+    if cfg.task_sampler == "signal":
+        for it in range(upto):
+            stats.observe(run.iteration_traces(it))
+    return stats
+
+
+def sampler_metrics(cfg: LoopConfig, tasks: list[Any], stats: TaskStats) -> dict[str, float]:
+    """`train/sampler_entropy` (1 = uniform) and `train/sampler_max_share`, the likeliest task's share."""
+    w = stats.weights(tasks, cfg.group_size) if cfg.task_sampler == "signal" else [1.0] * len(tasks)
+    return {"train/sampler_entropy": entropy(w), "train/sampler_max_share": max(w, default=0.0) / (sum(w) or 1.0)}
 
 
 async def start_trainer(cfg: LoopConfig, run: RunDir, publish: Any, on_event: Event) -> tuple[Trainer, dict[str, Any]]:
@@ -112,14 +142,19 @@ async def train(
     """Run (or resume) the loop; returns the metrics of the steps this call ran."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     version, history = state["version"], []
+    stats = sampler_stats(cfg, run, state["iteration"])  # rebuilt from the committed steps on resume
     _cpu_per_token(publisher)  # sets the mark: each step reports its own window
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
-                metrics, path = await _iteration(it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event)
+                metrics, path = await _iteration(
+                    it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats
+                )
                 version = metrics["version"]
                 sink.log(metrics, step=it)  # before the commit: a step is never committed without its line
                 run.save_state(it + 1, version, path)
+                if cfg.task_sampler == "signal":
+                    stats.observe(run.iteration_traces(it))  # what a resume rebuilds: the committed step's traces
                 history.append(metrics)
                 on_event("step", metrics)
     finally:
@@ -129,11 +164,12 @@ async def train(
 
 async def _iteration(
     it: int, tasks: list[dict[str, Any]], cfg: LoopConfig, run: RunDir, publisher: Publisher, rollouts: Rollouts,
-    trainer: Any, version: int, on_event: Event,
+    trainer: Any, version: int, on_event: Event, stats: TaskStats,
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
     """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
     t0 = time.monotonic()
-    episodes = _batch(tasks, cfg, it)
+    episodes = _batch(tasks, cfg, it, stats)
+    sampled = sampler_metrics(cfg, tasks, stats)
     rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
     done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}
     todo = [e for e in episodes if e.key not in done]
@@ -151,7 +187,7 @@ async def _iteration(
     path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
     await wake(publisher)
     version, pub = await publish_logged(publisher.publish, path, cfg.trainer.mode, version + 1)
-    return metrics | {
+    return metrics | sampled | {
         "step": it,
         "version": version,
         "proxy/pause_s": _pause_s(publisher) - pause0,
@@ -247,5 +283,7 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
                 s.advantage = adv[t["trace_id"]]
                 samples.append(s)
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
-    return {**adv_metrics, "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
+    signal = adv_metrics["adv/groups"] - adv_metrics["adv/zero_variance_groups"]
+    return {**adv_metrics, "train/groups_with_signal": signal / max(adv_metrics["adv/groups"], 1.0),
+            "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip

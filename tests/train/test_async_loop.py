@@ -30,9 +30,9 @@ async def _run(model: str, run: RunDir, cfg: LoopConfig, acfg: AsyncConfig, poli
             await agent.close()
 
 
-def _check(tmp_path, tiny_model, policy: str) -> None:
+def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     run = RunDir(tmp_path / policy)
-    cfg = LoopConfig(iterations=4, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
+    cfg = LoopConfig(iterations=4, group_size=2, task_sampler=sampler, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
     acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
     run.create(cfg.model_dump())
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, policy))
@@ -55,6 +55,15 @@ def _check(tmp_path, tiny_model, policy: str) -> None:
         f"{history[-1]['async/dropped_stale_total']} dropped as stale"
     )
     assert all(oldest_version(t) is None or oldest_version(t) <= 4 for t in traces)
+    # the share of each update's groups whose rewards differ, and how even the task weights were, for both samplers
+    signal = [m["train/groups_with_signal"] for m in history]
+    assert all(0 <= s <= 1 for s in signal) and all(
+        round(s * m["adv/groups"]) == m["adv/groups"] - m["adv/zero_variance_groups"]
+        for s, m in zip(signal, history, strict=True)
+    )
+    entropies = [m["train/sampler_entropy"] for m in history]
+    assert all(abs(e - 1) < 1e-9 for e in entropies) if sampler == "uniform" else all(0 < e <= 1 for e in entropies)
+    print(f"{sampler}: groups_with_signal {signal}, sampler_entropy {[round(e, 3) for e in entropies]}")
 
 
 def test_async_mixed(tiny_model, tmp_path):
@@ -106,7 +115,7 @@ def _check_readers(run: RunDir, n_traces: int) -> None:
 
 
 def test_async_pin(tiny_model, tmp_path):
-    _check(tmp_path, tiny_model, "pin")
+    _check(tmp_path, tiny_model, "pin", sampler="signal")
 
 
 class _FlakyAgent:

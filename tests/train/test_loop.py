@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from hrl.runners.proxy.proxy import Proxy
 from hrl.runners.rundir import RunDir
@@ -25,8 +28,15 @@ class Crash(BaseException):
 class ChatRollouts:
     """One chat call per episode over HTTP; reward = share of the letter e in the answer."""
 
-    def __init__(self, proxy: Proxy, url: str, crash_after: int | None = None) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        url: str,
+        crash_after: int | None = None,
+        reward: Callable[[Episode, str], float] | None = None,
+    ) -> None:
         self.proxy, self.url, self.crash_after, self.runs = proxy, url, crash_after, 0
+        self.reward = reward or (lambda ep, text: text.count("e") / max(len(text), 1))
 
     async def episode(self, ep: Episode, trace_file: Path) -> dict:
         self.proxy.traces = TraceWriter(trace_file)
@@ -41,12 +51,12 @@ class ChatRollouts:
             r = await client.post(f"{self.url}/s/{token}/v1/chat/completions", json=body)
         text = r.json()["choices"][0]["message"]["content"] or ""
         self.runs += 1
-        return self.proxy.end_session(token, reward=text.count("e") / max(len(text), 1))
+        return self.proxy.end_session(token, reward=self.reward(ep, text))
 
 
-async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None) -> list[dict]:
+async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None, reward=None) -> list[dict]:
     async with serving(model, engine_options={"dtype": "float32"}) as stack:
-        return await train(TASKS, cfg, run, stack.proxy, ChatRollouts(stack.proxy, stack.url, crash_after))
+        return await train(TASKS, cfg, run, stack.proxy, ChatRollouts(stack.proxy, stack.url, crash_after, reward))
 
 
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
@@ -111,8 +121,6 @@ def test_ppo_epochs_and_mini_batches_make_clipping_act_in_the_loop(tiny_model, t
 
 def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path):
     """Level 2 drops vLLM's base weights; a LoRA publish would serve adapters on nothing."""
-    import pytest
-
     from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
     from hrl.runners.errors import HrlError
 
@@ -123,3 +131,57 @@ def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path
     with pytest.raises(HrlError, match="sleep_level=2") as info:
         asyncio.run(train(TASKS, cfg, run, engine, ChatRollouts(None, "")))  # type: ignore[arg-type]
     assert "sleep_level=1" in info.value.hint
+
+
+def _pass_fail(ep: Episode, text: str) -> float:
+    """A verifier-like 0/1 that depends on the episode alone (the same in every run): t0 never passes, t1 always,
+    t2 on the group's first episode, t3 about half the time."""
+    if ep.task_id == "t2":
+        return float(ep.index == 0)
+    return {"t0": 0.0, "t1": 1.0}.get(ep.task_id, float(zlib.crc32(ep.key.encode()) % 2))
+
+
+def test_signal_sampler_resumes_to_the_same_tasks_and_both_samplers_log_groups_with_signal(tiny_model, tmp_path):
+    """train.task_sampler=signal: 3 iterations straight and 2 + a crash inside the third + resume pick the same
+    tasks every iteration (the success counts are rebuilt from the committed steps); train/groups_with_signal is
+    the share of the step's groups whose rewards differ, for signal and uniform alike."""
+    cfgs = {
+        s: LoopConfig(iterations=3, tasks_per_iteration=2, group_size=3, concurrency=1, task_sampler=s,
+                      trainer=TrainerConfig(model=tiny_model, lr=1e-2))
+        for s in ("signal", "uniform")
+    }  # fmt: skip
+    runs = {name: RunDir(tmp_path / name) for name in ("straight", "resumed", "uniform")}
+    for name, run in runs.items():
+        run.create(cfgs["uniform" if name == "uniform" else "signal"].model_dump())
+    asyncio.run(_run(tiny_model, runs["straight"], cfgs["signal"], reward=_pass_fail))
+    asyncio.run(_run(tiny_model, runs["uniform"], cfgs["uniform"], reward=_pass_fail))
+    try:  # iterations 0 and 1 commit (12 episodes); iteration 2 stops after one of its episodes
+        asyncio.run(_run(tiny_model, runs["resumed"], cfgs["signal"], crash_after=13, reward=_pass_fail))
+    except Crash:
+        pass
+    assert runs["resumed"].state()["iteration"] == 2
+    asyncio.run(_run(tiny_model, runs["resumed"], cfgs["signal"], reward=_pass_fail))
+
+    def picked(run: RunDir) -> list[list[str]]:
+        return [sorted({t["task_id"] for t in read_traces(run.trace_file(it))}) for it in range(3)]
+
+    def lines(run: RunDir) -> list[dict]:
+        return [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+
+    assert picked(runs["straight"]) == picked(runs["resumed"]), (picked(runs["straight"]), picked(runs["resumed"]))
+    sampled = [(m["train/sampler_entropy"], m["train/sampler_max_share"]) for m in lines(runs["straight"])]
+    assert sampled == [(m["train/sampler_entropy"], m["train/sampler_max_share"]) for m in lines(runs["resumed"])]
+    assert (
+        sampled[0] == pytest.approx((1.0, 0.25)) and sampled[1][0] < 0.999
+    )  # nothing seen: uniform; then t0 or t1 weigh less
+    for name, run in runs.items():
+        for it, m in enumerate(lines(run)):
+            groups: dict[str, set[float]] = {}
+            for t in read_traces(run.trace_file(it)):
+                if t["reward"] is not None:
+                    groups.setdefault(t["group_id"], set()).add(t["reward"])
+            assert m["train/groups_with_signal"] == sum(len(r) > 1 for r in groups.values()) / len(groups), name
+        print(
+            f"\n{name}: tasks {picked(run)}, groups_with_signal {[m['train/groups_with_signal'] for m in lines(run)]}"
+        )
+    assert all(m["train/sampler_entropy"] == pytest.approx(1.0) for m in lines(runs["uniform"]))

@@ -1,0 +1,85 @@
+"""Which tasks a batch trains on: `uniform`, or `signal` — tasks weighted by the chance that their group carries a
+gradient.
+
+A GRPO group of G episodes teaches nothing when its rewards all agree. With p the task's success rate, the chance
+that a group of G independent episodes holds both a success and a failure is 1 − p^G − (1 − p)^G: 0 for a task
+always or never solved, largest at p = ½. `signal` samples tasks in proportion to it.
+
+p is the posterior mean of a Beta(1, 1) prior updated by the task's committed traces, (successes + 1) / (episodes
++ 2) (Laplace's rule): a task never seen has p = ½, the largest weight, so every task is tried; and no estimate
+reaches 0 or 1, so a task solved (or failed) every time so far keeps a small weight and is revisited as the policy
+moves. A success is a reward ≥ `train.success_reward` (default 1: the binary verifier's pass, every listed test
+passing for the partial one); traces without a reward (infrastructure failures, cut-short episodes) do not count.
+
+The counts come from the traces the run has already written, so a resumed run rebuilds them from its committed
+steps and picks what an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from hrl.runners.episodes import Episode
+from hrl.runners.trace import is_infra_failure
+
+__all__ = ["SamplerKind", "TaskStats", "entropy", "signal_weight", "weighted_sample"]
+
+SamplerKind = Literal["uniform", "signal"]
+
+
+def signal_weight(p: float, group_size: int) -> float:
+    """The chance that a group of `group_size` episodes of success rate `p` has rewards that are not all equal."""
+    return max(0.0, 1.0 - p**group_size - (1.0 - p) ** group_size)
+
+
+def task_id(task: Any) -> str:
+    """A task's id as episodes and traces carry it (see `Episode.task_id`)."""
+    return Episode(task, 0, 0).task_id
+
+
+class TaskStats:
+    """Per-task episode and success counts from traces; success rates under a Beta(1, 1) prior."""
+
+    def __init__(self, success_reward: float = 1.0) -> None:
+        self.success_reward = success_reward
+        self.episodes: Counter[str] = Counter()
+        self.successes: Counter[str] = Counter()
+
+    def observe(self, traces: Iterable[dict[str, Any]]) -> None:
+        for t in traces:
+            if t.get("reward") is None or is_infra_failure(t) or t.get("task_id") is None:
+                continue
+            self.episodes[str(t["task_id"])] += 1
+            self.successes[str(t["task_id"])] += float(t["reward"]) >= self.success_reward
+
+    def rate(self, tid: str) -> float:
+        return (self.successes[tid] + 1) / (self.episodes[tid] + 2)
+
+    def weights(self, tasks: Sequence[Any], group_size: int) -> list[float]:
+        """Signal weights of `tasks`; all equal when none could carry signal (group_size 1)."""
+        w = [signal_weight(self.rate(task_id(t)), group_size) for t in tasks]
+        return w if any(w) else [1.0] * len(tasks)
+
+
+def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:
+    """k distinct items, each next one drawn with probability ∝ its weight among those left (Efraimidis–Spirakis:
+    the k largest u^(1/w), compared as log(u)/w). Items of weight 0 come only after every positive one."""
+    keys = []
+    for i, w in enumerate(weights):
+        u = rng.random() or 5e-324
+        keys.append((math.log(u) / w if w > 0 else -math.inf, -i))
+    order = sorted(range(len(items)), key=lambda i: keys[i], reverse=True)
+    return [items[i] for i in order[: min(k, len(items))]]
+
+
+def entropy(weights: Sequence[float]) -> float:
+    """Entropy of the normalised weights ÷ log(n): 1 for uniform sampling, towards 0 as few tasks take it all."""
+    total = sum(weights)
+    if len(weights) < 2 or total <= 0:
+        return 1.0
+    ps = [w / total for w in weights if w > 0]
+    return -sum(p * math.log(p) for p in ps) / math.log(len(weights))
