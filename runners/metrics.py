@@ -18,6 +18,7 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/response_tokens`    Σ over calls of sampled tokens.
 - `trace/branches`           root-to-leaf paths of the token tree (= training samples).
 - `trace/merge_ratio`        tokens of the calls on their own ÷ tokens of the merged branches (≥ 1).
+- `trace/tool_parse_errors`  calls whose tool-call markup did not parse (`tool_parse_error`; sent as text).
 
 Per step (`step_metrics`) over the step's traces:
 
@@ -79,6 +80,7 @@ PROMPT_TOKENS = "trace/prompt_tokens"
 RESPONSE_TOKENS = "trace/response_tokens"
 BRANCHES = "trace/branches"
 MERGE_RATIO = "trace/merge_ratio"
+TOOL_PARSE_ERRORS = "trace/tool_parse_errors"
 FAILURES_PREFIX = "trace/failures/"
 
 TRACE_METRICS = (
@@ -95,6 +97,7 @@ TRACE_METRICS = (
     RESPONSE_TOKENS,
     BRANCHES,
     MERGE_RATIO,
+    TOOL_PARSE_ERRORS,
 )
 """Per-trace distribution metrics; each is also a step metric (mean) with `DISTRIBUTION_STATS` suffixes."""
 
@@ -159,6 +162,7 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
         PROMPT_TOKENS: float(s["prompt_tokens"]),
         RESPONSE_TOKENS: float(s["response_tokens"]),
         BRANCHES: float(s["branches"]),
+        TOOL_PARSE_ERRORS: float(sum(1 for c in trace.get("calls") or [] if c.get("tool_parse_error"))),
     }
     optional = {
         REWARD: _number(s["reward"]),
