@@ -92,6 +92,13 @@ def serve(
     require_sessions: Annotated[bool, typer.Option(hidden=True, help="The default now; kept for old scripts.")] = True,
     idle_timeout: Annotated[float, typer.Option(help="End a session after this many idle seconds; 0 = never.")] = 1800,
     served_name: Annotated[str, typer.Option(help="Model name reported to clients (default: --model).")] = "",
+    tool_parser: Annotated[
+        str,
+        typer.Option(
+            help="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
+            "kimi-k2, gpt-oss; auto = detected from its chat template and config.json."
+        ),
+    ] = "auto",
     workers: Annotated[
         int,
         typer.Option(
@@ -106,13 +113,15 @@ def serve(
     from hrl.cli.checks import check_engine, check_model
     from hrl.cli.config import materialize_model
     from hrl.runners.proxy.server import check_port_free
+    from hrl.runners.proxy.toolparsers import check_name
 
     engine = engine or default_engine()
+    check_name(tool_parser)
     check_engine(engine)  # fail on a bad engine name, model path or a taken port before anything loads
     check_port_free(host, port)
     path = materialize_model(model)
     check_model(path)
-    options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout}
+    options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout, "tool_parser": tool_parser}
     token_file = control_token_file or default_control_token_file()
     if workers > 1:
         _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
@@ -150,6 +159,7 @@ def _serve_workers(
                       model_name=name, proxy_options=options, traces=str(traces) if traces else None)  # fmt: skip
     with pool:
         write_control_token(token_file, control)
+        err.print(f"tool calls parsed as {_parser_name(model, options['tool_parser'])}", markup=False)
         err.print(f"control token in {token_file}; register sessions at any worker, each answers with a session "
                   "it owns", markup=False)  # fmt: skip
         err.print(f"serving {name} on {pool.url(0)} … {pool.url(workers - 1)} ({workers} workers; Ctrl-C to stop)",
@@ -186,6 +196,8 @@ async def _serve(
                            traces=TraceWriter(traces) if traces else None,
                            say=lambda line: err.print(line, markup=False)) as stack:  # fmt: skip
             write_control_token(token_file, control)
+            how = "detected from the model" if options["tool_parser"] == "auto" else "--tool-parser"
+            err.print(f"tool calls parsed as {stack.proxy.template.tool_parser.name} ({how})", markup=False)
             err.print(f"control token in {token_file} (send it as `Authorization: Bearer …` to /sessions, "
                       "/s/<token>/end, /publish, /pause)", markup=False)  # fmt: skip
             if options["open_sessions"]:
@@ -200,3 +212,11 @@ async def _serve(
                     err.print(f"wrote {len(flushed)} open session(s) to {traces}", markup=False)
     except asyncio.CancelledError:
         pass
+
+
+def _parser_name(model: str, choice: str) -> str:
+    """The tool-call parser a worker pool's proxies use (they each detect it the same way)."""
+    from hrl.runners.models import split_adapter
+    from hrl.runners.proxy.toolparsers import detect_model
+
+    return f"{detect_model(split_adapter(model)[0])} (detected from the model)" if choice == "auto" else choice

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Check", "run_checks", "vllm_python"]
+__all__ = ["Check", "run_checks", "tool_parser_check", "vllm_python"]
 
 
 @dataclass
@@ -80,3 +80,19 @@ CHECKS: list[tuple[str, Callable[[], tuple[bool, str]], str]] = [
 
 def run_checks() -> list[Check]:
     return [Check(name, *fn(), required_for) for name, fn, required_for in CHECKS]
+
+
+def tool_parser_check(model: str, choice: str = "auto") -> Check:
+    """Which tool-call parser the proxy uses for `model` (a local model dir, or a LoRA checkpoint of one)."""
+    from hrl.runners.errors import HrlError
+    from hrl.runners.models import split_adapter
+    from hrl.runners.proxy.toolparsers import check_name, detect_model
+
+    try:
+        base, _ = split_adapter(model)
+        check_name(choice)
+        name = detect_model(base) if choice == "auto" else choice
+    except HrlError as e:
+        return Check("tool parser", False, str(e), f"tool calls of {model}")
+    how = "detected from its chat template and config.json" if choice == "auto" else "as configured"
+    return Check("tool parser", True, f"{name} ({how})", f"tool calls of {model}")

@@ -18,6 +18,8 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/response_tokens`    Σ over calls of sampled tokens.
 - `trace/branches`           root-to-leaf paths of the token tree (= training samples).
 - `trace/merge_ratio`        tokens of the calls on their own ÷ tokens of the merged branches (≥ 1).
+- `trace/tool_parse_errors`  calls whose tool-call markup did not parse (`tool_parse_error`; sent as text);
+  absent when none did. Per step: the sum over the step's traces, 0 included.
 
 Per step (`step_metrics`) over the step's traces:
 
@@ -79,6 +81,7 @@ PROMPT_TOKENS = "trace/prompt_tokens"
 RESPONSE_TOKENS = "trace/response_tokens"
 BRANCHES = "trace/branches"
 MERGE_RATIO = "trace/merge_ratio"
+TOOL_PARSE_ERRORS = "trace/tool_parse_errors"
 FAILURES_PREFIX = "trace/failures/"
 
 TRACE_METRICS = (
@@ -106,6 +109,7 @@ STEP_ONLY_METRICS = ("trace/count", f"{FAILURES_PREFIX}none", "train/version", "
 CONTRACT = (
     *TRACE_METRICS,
     *(FAILURES_PREFIX + r for r in FAILURE_REASONS),
+    TOOL_PARSE_ERRORS,
     *TRAIN_METRICS,
     *SYSTEM_METRICS,
 )
@@ -170,6 +174,9 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
     if trainer_version is not None and s["versions"]:
         optional[STALENESS] = float(trainer_version - min(s["versions"]))
     out |= {k: v for k, v in optional.items() if v is not None}
+    parse_errors = sum(1 for c in trace.get("calls") or [] if c.get("tool_parse_error"))
+    if parse_errors:
+        out[TOOL_PARSE_ERRORS] = float(parse_errors)
     if s["failure_reason"]:
         out[FAILURES_PREFIX + str(s["failure_reason"])] = 1.0
     return out
@@ -231,6 +238,7 @@ def step_metrics(traces: Iterable[Trace], trainer_version: int | None = None) ->
     if trainer_version is not None:
         out["train/version"] = float(trainer_version)
     out |= failure_counts(traces)
+    out[TOOL_PARSE_ERRORS] = sum(m.get(TOOL_PARSE_ERRORS, 0.0) for m in per)
     for name in TRACE_METRICS:
         out |= distribution(name, [m[name] for m in per if name in m])
     rows = [c for t in traces for c in describe_calls(t)]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from hrl.runners.engines.base import Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
@@ -22,6 +22,7 @@ from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
 from hrl.runners.proxy.workers import owned_token, owner
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
@@ -57,11 +58,21 @@ class ProxyConfig(BaseModel):
     worker_index: int = Field(
         0, description="This worker's index: it serves, and registers, only the session tokens it owns."
     )
+    tool_parser: str = Field(
+        "auto",
+        description="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
+        "kimi-k2, gpt-oss (runners.proxy.toolparsers); auto = from the model's chat template and config.json.",
+    )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
         description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
         "version) or keep the version they started with until they end (pin; needs LoRA publishes).",
     )
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        return check_name(name)  # an UnknownNameError (naming the nearest parser), not a validation error
 
 
 class UnknownSessionError(KeyError):
@@ -73,6 +84,8 @@ class Proxy:
         self, engine: Engine, template: ChatTemplate, config: ProxyConfig, traces: TraceWriter | None = None
     ) -> None:
         self.engine, self.template, self.config, self.traces = engine, template, config, traces
+        if config.tool_parser != "auto":  # else the template's own choice (detected from the model)
+            template.tool_parser = get_tool_parser(config.tool_parser)
         self.sessions: dict[str, Session] = {}
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self._reaper: asyncio.Task[None] | None = None

@@ -311,6 +311,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["trainable"] = False
         if c.error:
             d["error"] = c.error
+        if c.tool_parse_error:
+            d["tool_parse_error"] = c.tool_parse_error
         out.append(d)
     return out
 

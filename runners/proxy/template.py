@@ -2,63 +2,39 @@
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ChatTemplate", "IncrementalDecoder", "ParsedReply", "StreamSplitter", "parse_hermes"]
+from hrl.runners.proxy.toolparsers import ToolParser, detect_model, get_tool_parser
+from hrl.runners.proxy.toolparsers.base import ParsedReply, partial_len
+from hrl.runners.proxy.toolparsers.hermes import HermesParser
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
-
-
-@dataclass
-class ParsedReply:
-    """What the model said, split into reasoning, visible text and tool calls (OpenAI `tool_calls` shape)."""
-
-    content: str
-    reasoning: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+__all__ = ["ChatTemplate", "IncrementalDecoder", "ParsedReply", "StreamSplitter", "parse_hermes", "parser_of"]
 
 
 def parse_hermes(text: str, tool_calls: bool = True) -> ParsedReply:
     """Parse Hermes-style `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks and a leading <think>.
     With `tool_calls` False (the request offered no tools) tool-call markup stays plain text."""
-    reasoning = ""
-    m = _THINK.match(text)
-    if m:
-        reasoning, text = m.group(1).strip(), text[m.end() :]
-    calls = []
-    for raw in _TOOL_CALL.findall(text) if tool_calls else []:
-        try:
-            obj = json.loads(raw)
-            name, args = obj["name"], obj.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            continue  # not a well-formed call: it stays in the visible text
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": str(name), "arguments": args if isinstance(args, str) else json.dumps(args)},
-            }
-        )
-    if calls:
-        text = _TOOL_CALL.sub("", text).strip()
-    return ParsedReply(content=text, reasoning=reasoning, tool_calls=calls)
+    return HermesParser().parse(text, tool_calls=tool_calls)
+
+
+def parser_of(template: Any) -> ToolParser:
+    """The tool-call parser of a template (Hermes for a template that names none)."""
+    parser = getattr(template, "tool_parser", None)
+    return parser if isinstance(parser, ToolParser) else HermesParser()
 
 
 class ChatTemplate:
     """Loads a model's tokenizer once and renders conversations to ids with its chat template."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, tool_parser: str = "auto") -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if not self.tokenizer.chat_template:
             raise ValueError(f"tokenizer of {model_path} has no chat template")
         tok = self.tokenizer
+        name = detect_model(model_path, tok.chat_template) if tool_parser == "auto" else tool_parser
+        self.tool_parser: ToolParser = get_tool_parser(name)  # how this model writes tool calls
         backend = getattr(tok, "backend_tokenizer", None)  # the Rust tokenizer: ~3x faster than tok.decode
         self._raw_decode = backend.decode if backend is not None else tok.decode
         im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -121,15 +97,19 @@ class IncrementalDecoder:
 
 class StreamSplitter:
     """Splits streamed text into reasoning (a leading <think>…</think>) and visible text, holding back tool
-    calls (sent whole at the end) and any tail that might be the start of a tag."""
+    calls (sent whole at the end) and any tail that might be the start of one (`parser` says where they begin)."""
 
-    def __init__(self, tool_calls: bool = True) -> None:
-        self.mode = "start"  # start -> think -> text -> tool
+    def __init__(self, tool_calls: bool = True, parser: ToolParser | None = None, tools: Any = None) -> None:
+        self.parser = parser or HermesParser()
+        self.tools = tools
+        self.mode = "start" if self.parser.think else "text"  # start -> think -> text -> tool
         self.held = ""
-        self.tool_tag = "<tool_call>" if tool_calls else "\x00no tool calls\x00"  # a tag that never occurs
+        self.sent = False  # visible text was sent (a family whose calls open the reply no longer expects one)
+        self.tool_calls = tool_calls
+        self.triggers = {s[0] for s in self.parser.starts} if tool_calls else set()
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
-        if self.mode == "text" and not self.held and "<" not in delta and "\x00" not in delta:
+        if self.mode == "text" and self.sent and not self.held and not any(c in delta for c in self.triggers):
             return [("text", delta)]  # the hot path: plain text, nothing held back
         self.held += delta
         out: list[tuple[str, str]] = []
@@ -142,37 +122,37 @@ class StreamSplitter:
                 if "<think>".startswith(stripped):
                     return out  # could still become <think>
                 self.mode = "text"
-            tag = "</think>" if self.mode == "think" else self.tool_tag
-            kind = "reasoning" if self.mode == "think" else "text"
-            idx = self.held.find(tag)
+            if self.mode == "think":
+                idx = self.held.find("</think>")
+                if idx >= 0:
+                    if idx:
+                        out.append(("reasoning", self.held[:idx]))
+                    self.held, self.mode = self.held[idx + len("</think>") :].lstrip("\n"), "text"
+                    continue
+                keep = partial_len(self.held, "</think>")
+                if len(self.held) > keep:
+                    out.append(("reasoning", self.held[: len(self.held) - keep]))
+                    self.held = self.held[len(self.held) - keep :]
+                return out
+            idx, keep = self.parser.stream_split(self.held, not self.sent) if self.tool_calls else (-1, 0)
             if idx >= 0:
                 if idx:
-                    out.append((kind, self.held[:idx]))
-                self.held = self.held[idx + len(tag) :]
-                self.mode = "text" if self.mode == "think" else "tool"
-                if self.mode == "text":
-                    self.held = self.held.lstrip("\n")
+                    out.append(("text", self.held[:idx]))
+                self.held, self.mode = self.held[idx:], "tool"
                 continue
-            keep = _partial_tag_len(self.held, tag)
             if len(self.held) > keep:
-                out.append((kind, self.held[: len(self.held) - keep]))
+                out.append(("text", self.held[: len(self.held) - keep]))
                 self.held = self.held[len(self.held) - keep :]
+                self.sent = True
             return out
         return out
 
     def flush(self) -> list[tuple[str, str]]:
-        """At the end of a stream: release what was held back (a partial tag, text after a tool call)."""
+        """At the end of a stream: release what was held back (a partial tag, text around a tool call, a call
+        that did not parse)."""
         held, self.held = self.held, ""
         if self.mode == "think":
             return [("reasoning", held)] if held else []
         if self.mode == "tool":
-            held = _TOOL_CALL.sub("", "<tool_call>" + held)
+            return self.parser.rest(held, self.tools)
         return [("text", held)] if held else []
-
-
-def _partial_tag_len(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

@@ -62,6 +62,18 @@ CASES = [
     Case("unknown engine", ("rollout", "-a", "codex", "--recipe", "demo", "--engine", "vlm"), USAGE, "'vllm'"),
     Case("unknown engine", ("train", "--recipe", "demo", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
     Case("unknown engine", ("serve", "--model", "hrl:tiny", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
+    Case(
+        "unknown tool parser",
+        ("serve", "--model", "hrl:tiny", "--tool-parser", "qwen3_coder"),
+        USAGE,
+        "did you mean 'qwen3-coder'",
+    ),
+    Case(
+        "unknown tool parser",
+        ("doctor", "--model", "hrl:tiny", "--tool-parser", "harmony"),
+        USAGE,
+        "unknown tool parser 'harmony'",
+    ),
     Case("unknown sandbox", ("rollout", "-a", "codex", "--recipe", "demo", "--sandbox", "dock"), USAGE, "'docker'"),
     Case("unknown sandbox", ("train", "--recipe", "demo", "--sandbox", "nope"), USAGE, "unknown sandbox 'nope'"),
     Case("unknown sandbox", ("tasks", "validate", "{tmp}/tasks.jsonl", "--sandbox", "nope"), USAGE, "sandbox 'nope'"),
