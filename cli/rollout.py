@@ -111,11 +111,11 @@ def rollout(
     check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", hint="give a file for the traces, e.g. --out traces.jsonl")
+    if roll.get("sandbox", "docker") == "local" and not is_python_agent(roll["agent"]):
+        err.print(local_warning(), markup=False)
     model = materialize_model(model)
     check_model(model)
     say_context(roll["agent"], model, cfg)
-    if roll.get("sandbox", "docker") == "local" and not is_python_agent(roll["agent"]):
-        err.print(local_warning(), markup=False)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     hide_from_sandboxes(cfg, task_file, out)
     rc = asyncio.run(_run(cfg, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))

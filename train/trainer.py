@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
 
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.models import resolve_model
@@ -28,81 +27,10 @@ from hrl.train.device import (
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.samples import Sample
+from hrl.train.trainer_config import TrainerConfig
 from hrl.train.tree import token_ratio, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
-
-_ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class TrainerConfig(BaseModel):
-    model: str = Field(description="HF model id or local dir to train.")
-    mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or all weights.")
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_targets: list[str] = Field(default_factory=lambda: list(_ALL_PROJ))
-    lr: float = Field(1e-5, description="AdamW learning rate.")
-    weight_decay: float = 0.0
-    max_grad_norm: float = Field(1.0, description="Global grad-norm clip; 0 = off.")
-    micro_batch: int = Field(4, description="Samples per forward/backward (gradient accumulation over the rest).")
-    micro_batch_tokens: int = Field(
-        0,
-        description="Token budget per forward/backward instead of a count: samples sorted by length are packed "
-        "while samples × longest ≤ this (a longer one goes alone). 0 = use micro_batch.",
-    )
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto = the GPU when there is one.")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto",
-        description="Weights and compute dtype; auto = bfloat16 on a GPU, float32 on the CPU. With bfloat16, "
-        "optimizer state stays fp32 (LoRA adapters are fp32; full weights get fp32 master copies), as do the loss "
-        "and logprobs.",
-    )
-    nproc: int = Field(
-        1,
-        ge=1,
-        description="Trainer processes (FSDP2 shards, NCCL on GPUs, gloo on the CPU): rank 0 in the loop's process, "
-        "the others spawned with torchrun's environment. On GPUs, one per visible device.",
-    )
-    gpus: list[int] = Field(
-        default_factory=list,
-        description="GPUs of the trainer's ranks (rank r on gpus[r]) in the split layout, apart from the engine's "
-        "(engine_options.gpus). Empty = rank r on cuda:r.",
-    )
-    gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
-    logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
-    tree: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Prefix-shared training: the batch's branches packed into one token tree per forward pass, each "
-        "shared prefix computed once (same logprobs and gradients). auto: when distinct ÷ total tokens < tree_threshold.",
-    )
-    tree_threshold: float = Field(0.75, description="tree=auto packs trees below this distinct ÷ total tokens.")
-    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (its micro-batch).")
-    clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
-    clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
-    correction: Literal["tis", "decoupled", "none"] = Field(
-        "tis",
-        description="none: ratio against the recorded behaviour logprobs. tis: ratio against the trainer's logprobs "
-        "at update start, × min(π_prox/π_behav, tis_cap). decoupled: the same, untruncated (decoupled PPO).",
-    )
-    tis_cap: float = Field(2.0, description="Truncation of the importance weight for 'tis'.")
-    loss_norm: Literal["trace", "constant"] = Field(
-        "trace",
-        description="trace: token mean within each trace, mean over traces. constant: Dr. GRPO (Liu et al. 2025): "
-        "every token counts the same, loss summed ÷ (max_len × traces). `train.advantage: dr_grpo` sets constant.",
-    )
-    max_len: int = Field(4096, description="The constant normaliser of loss_norm=constant (Dr. GRPO), in tokens.")
-    kl_coef: float = Field(
-        0.0,
-        description="Weight of a k3 KL(π || π_ref) penalty on the sampled tokens, π_ref = the starting weights "
-        "(LoRA: the base with adapters off; full: a frozen copy). 0 = off.",
-    )
-    max_update_kl: float = Field(
-        0.0,
-        description="Trust region per step: when the step moves the policy by more than this mean k3 KL on the "
-        "batch's own tokens, the step is scaled back (1/2, 1/4, 1/8, else undone). Keeps one copy of the trainable "
-        "weights. 0 = off.",
-    )
-    seed: int = 0
 
 
 class Trainer:
@@ -132,7 +60,9 @@ class Trainer:
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
-            model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
+            with warnings.catch_warnings():  # peft asks transformers by a name it deprecated; the call is fine
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
         self.model = model.train()
         self.forward = LogprobModel(self.model, config.logprob_chunk)  # the module FSDP2 shards, when sharded
         if self.distributed:

@@ -6,6 +6,7 @@ still reaches the proxy through it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -108,12 +109,17 @@ def test_local_sandbox_cannot_read_task_files_other_sandboxes_or_hrl(tmp_path: P
     assert seen["root"] in seen["out"] and "grading" not in seen["out"].split("tmp=")[0].split(seen["root"])[0]
 
 
-def test_rollout_with_a_local_sandbox_warns() -> None:
+def test_rollout_with_a_local_sandbox_warns(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"  # a valid task file: the warning comes once the names and paths are good
+    tasks.write_text(
+        json.dumps({"instance_id": "t1", "problem_statement": "fix it", "FAIL_TO_PASS": ["t.py::t"]}) + "\n"
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "hrl.cli", "rollout", "--agent", "codex", "--tasks", "none.jsonl", "--sandbox", "local"],
+        [sys.executable, "-m", "hrl.cli", "rollout", "--agent", "codex", "--tasks", str(tasks), "--sandbox", "local",
+         "--model", str(tmp_path / "no-model")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"}, check=False,
     )  # fmt: skip
-    assert out.returncode == 2 and "give --model" in out.stderr  # stops at the usage error, after the warning
+    assert out.returncode == 2 and "model not found" in out.stderr  # stops at the bad model, after the warning
     assert out.stderr.count("Warning: --sandbox local") == 1, out.stderr
     assert "in a bubblewrap namespace" in out.stderr, out.stderr
 
