@@ -77,25 +77,24 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     """The names and paths `hrl rollout` and `hrl train` need before any work: agent, sandbox, engine, verifier and
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
     from hrl.runners.tasks import VERIFIERS
-    from hrl.runners.whitebox.harness import is_python_agent, load_function
+    from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox
     from hrl.sandboxes.registry import require
 
     roll = cfg.get("rollout") or {}
     agent = str(roll.get("agent", "mini-swe-agent"))
-    white = is_python_agent(agent)
-    if white:  # a white-box agent: its module and function load now (AgentLoadError names what is wrong)
+    if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
         load_function(agent, cfg.get("recipe_dir"))
     else:
         check_agent(agent)
     check_sandbox(str(roll.get("sandbox", "docker")))
     verifier = str((cfg.get("verifier") or {}).get("name") or "tests")
-    uses_sandbox = not (white and verifier == "python")  # a white-box agent scored in Python needs no sandbox
-    if uses_sandbox and roll.get("sandbox", "docker") == "docker":  # no daemon: a missing prerequisite, said first
+    # no Docker daemon is a missing prerequisite: said before any header
+    if needs_sandbox(agent, cfg.get("verifier")) and roll.get("sandbox", "docker") == "docker":
         from hrl.sandboxes import get_backend
 
         _ = get_backend("docker").api  # type: ignore[attr-defined]
     check_engine(engine, cfg.get("engine_options"))
-    if white and verifier == "python":  # the white-box harness scores with a Python function: load it now
+    if not needs_sandbox(agent, cfg.get("verifier")):  # a white-box agent scored by a Python function: load it now
         if (function := (cfg.get("verifier") or {}).get("function")) is not None:
             load_function(str(function), cfg.get("recipe_dir"))
     else:

@@ -199,10 +199,10 @@ async def _run(
 
 def _sandbox_of(cfg: dict[str, Any]) -> str:
     """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
-    from hrl.runners.whitebox.harness import is_python_agent
+    from hrl.runners.whitebox.harness import needs_sandbox
 
     sandbox = cfg["rollout"].get("sandbox", "docker")
-    if is_python_agent(cfg["rollout"]["agent"]) and (cfg.get("verifier") or {}).get("name", "tests") == "python":
+    if not needs_sandbox(cfg["rollout"]["agent"], cfg.get("verifier")):
         return (
             "none (in-process agent)" if cfg["rollout"].get("mode", "inprocess") == "inprocess" else "none (subprocess)"
         )

@@ -75,6 +75,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"[{name}] {problem}")
 
 
+def install_agent(name: str, target: str) -> None:
+    """Install an agent CLI for an `agents` test: a failed install fails in CI and skips with the reason elsewhere."""
+    from hrl.runners.agents.install import install
+    from hrl.runners.errors import PrerequisiteError
+
+    try:
+        install(name, target, timeout_s=900)  # type: ignore[arg-type]
+    except PrerequisiteError as e:
+        if in_ci():
+            pytest.fail(f"[agents] install of {name} required in CI: {e} ({e.hint})", pytrace=False)
+        pytest.skip(f"[agents] cannot install {name}: {e}")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Shared fixtures
 # --------------------------------------------------------------------------------------------------------------

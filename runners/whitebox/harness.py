@@ -36,7 +36,7 @@ from hrl.runners.tasks.task import Task
 from hrl.runners.trace import TraceWriter
 from hrl.runners.whitebox.client import WhiteboxSession
 
-__all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "split_spec"]
+__all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "needs_sandbox", "split_spec"]
 
 RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RESULT {"reward": …}
 Event = Callable[[str, dict[str, Any]], None]
@@ -48,6 +48,12 @@ class AgentLoadError(UsageError):
 
 def is_python_agent(agent: str) -> bool:
     return agent.startswith("python:") or agent.partition(":")[0].endswith(".py")
+
+
+def needs_sandbox(agent: str, verifier: dict[str, Any] | None) -> bool:
+    """Whether an episode of `agent` runs in a sandbox: a CLI always does; a white-box agent only when its verifier
+    grades one (a Python-function verifier scores the answer alone)."""
+    return not (is_python_agent(agent) and (verifier or {}).get("name", "tests") == "python")
 
 
 def split_spec(spec: str, base_dir: str | Path | None = None) -> tuple[str | Path, str]:

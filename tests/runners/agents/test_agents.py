@@ -17,13 +17,13 @@ import pytest
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.doctor import PROBE_FILE, PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
-from hrl.runners.agents.install import AgentInstall, _once, _steps, install, installed
+from hrl.runners.agents.install import AgentInstall, _once, _steps, installed
 from hrl.runners.agents.run import classify, run_agent
 from hrl.runners.errors import PrerequisiteError, UnknownNameError
 from hrl.runners.trace import call_prompt_ids
 from hrl.sandboxes import SandboxSpec
 from hrl.sandboxes.local import LocalBackend
-from tests.conftest import in_ci
+from tests.conftest import install_agent
 
 # Measured per CLI: dialect, whether it streams, its shell tool (None: aider edits in text), side calls per episode.
 EXPECTED: dict[str, tuple[str, bool, str | None, int]] = {
@@ -219,15 +219,6 @@ def test_needs_tty_gives_the_cli_a_terminal(tmp_path):
 # ---- every CLI, for real ----------------------------------------------------------------------------------------
 
 
-def _install(name: str, target: str) -> None:
-    try:
-        install(name, target, timeout_s=900)  # type: ignore[arg-type]
-    except PrerequisiteError as e:
-        if in_ci():
-            pytest.fail(f"[agents] install of {name} required in CI: {e} ({e.hint})", pytrace=False)
-        pytest.skip(f"[agents] cannot install {name}: {e}")
-
-
 # A task that starts with dashes, as a problem statement can: every CLI must take it as the task, not an option.
 DASH_TASK = f"--- task ---\nWrite the word {PROBE_TEXT} into the file {PROBE_FILE}."
 
@@ -261,7 +252,7 @@ def _check_episode(name: str, probe: Probe, node: Any, model: str) -> None:
 @pytest.mark.timeout(1800)  # a first install of a Python CLI takes minutes
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
-    _install(name, "docker")
+    install_agent(name, "docker")
     probe = asyncio.run(probe_agent(name, tiny_model, "docker", time_budget_s=300, prompt=DASH_TASK))
     _check_episode(name, probe, request.node, tiny_model)
 
@@ -270,6 +261,6 @@ def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", ["qwen-code", "mini-swe-agent"])  # one npm and one Python CLI
 def test_cli_runs_in_local_sandbox_through_the_proxy(name, tiny_model, request):
-    _install(name, "local")
+    install_agent(name, "local")
     probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300, prompt=DASH_TASK))
     _check_episode(name, probe, request.node, tiny_model)

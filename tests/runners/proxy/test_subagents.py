@@ -11,12 +11,10 @@ import httpx
 import pytest
 
 from hrl.runners.agents.doctor import probe_agent
-from hrl.runners.agents.install import install
-from hrl.runners.errors import PrerequisiteError
 from hrl.runners.stack import serving
 from hrl.runners.trace import branches
 from hrl.train.samples import build_samples
-from tests.conftest import in_ci
+from tests.conftest import install_agent
 
 MAIN_SYSTEM = "x-anthropic-billing-header: cc_version=2.1.197.eac; cc_entrypoint=sdk-cli;\n\nYou are a Claude agent."
 SUB_SYSTEM = (
@@ -91,12 +89,7 @@ DELEGATE = {
 @pytest.mark.parametrize("name", list(DELEGATE))
 def test_a_real_cli_subagent_is_a_child_branch(name, tiny_model):
     tool, kind, child = DELEGATE[name]
-    try:
-        install(name, "local", timeout_s=900)
-    except PrerequisiteError as e:
-        if in_ci():
-            pytest.fail(f"[agents] install of {name} required in CI: {e} ({e.hint})", pytrace=False)
-        pytest.skip(f"[agents] cannot install {name}: {e}")
+    install_agent(name, "local")
     args = {"description": "Say hi", "prompt": "Reply with the word hi.", "subagent_type": kind}
     turns = [{"tool_calls": [{"name": tool, "arguments": args}]}, "hi", "done"]
     probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300, turns=turns,
