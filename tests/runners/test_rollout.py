@@ -107,3 +107,15 @@ def test_faults_each_end_as_one_trace_with_the_right_reason(tiny_model, tmp_path
         results[reason] = trace["failure_reason"]
     print("\n" + json.dumps(results))
     assert results == {r: r for r in cases}
+
+
+def test_a_dataset_image_that_cannot_be_had_is_a_sandbox_error_naming_it(tiny_model, tmp_path, swe_image):
+    """A SWE-bench task's per-instance image, neither here nor pullable (no network): the episode is one
+    sandbox_error trace (an infrastructure failure, never trained on) whose error names the image."""
+    from hrl.runners.trace import INFRA_FAILURES
+
+    image = "swebench/sweb.eval.x86_64.nobody_1776_nothing-1:latest"
+    task = mini_task("docker").model_copy(update={"image": image, "grader": "swebench"})
+    (trace,) = asyncio.run(_rollout(tiny_model, [task], tmp_path / "t.jsonl", FIX))
+    assert trace["failure_reason"] == "sandbox_error" in INFRA_FAILURES and trace["reward"] is None
+    assert image in trace["metadata"]["error"] and "cannot be pulled" in trace["metadata"]["error"]
