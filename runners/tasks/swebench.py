@@ -80,7 +80,8 @@ def image_for(row: dict[str, Any]) -> str:
     for key in IMAGE_KEYS:
         if row.get(key):
             return str(row[key])
-    known = specs_for(row) is not None
+    require_package()
+    known = row.get("repo") in _constants().MAP_REPO_VERSION_TO_SPECS  # a SWE-bench repository, whatever the version
     namespace, sep = (SWEBENCH_NAMESPACE, "_1776_") if known else (SWEGYM_NAMESPACE, "_s_")
     key = f"sweb.eval.x86_64.{row['instance_id']}:latest".lower()
     return f"{namespace}/{key.replace('__', sep)}"

@@ -54,6 +54,8 @@ def test_a_row_names_its_own_image_and_hrl_rows_keep_the_pytest_grader() -> None
         == "namanjain12/aiohttp_final:f0d7"
     )
     assert image_for({"instance_id": "x", "image": "mine:1", "image_name": "theirs:1"}) == "mine:1"
+    unknown_version = {"instance_id": "Django__django-1", "repo": "django/django", "version": "0.1"}
+    assert image_for(unknown_version) == "swebench/sweb.eval.x86_64.django_1776_django-1:latest"
     native = Task.model_validate({"instance_id": "x", "problem_statement": "p", "FAIL_TO_PASS": ["t.py::a"]})
     assert native.grader == "pytest"
     for fields in ({"test_cmd": "make test"}, {"repo_snapshot": {"a.py": ""}}, {"grader": "pytest"}):
