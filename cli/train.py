@@ -26,12 +26,14 @@ EPILOG = """Examples:
   hrl train --run-dir runs/swe-1 --resume                   # continue after a crash, same next version
 
   hrl train --recipe agents-sdk --iterations 2              # a white-box OpenAI Agents SDK agent with a handoff
+
+  hrl train --recipe demo --agent mini-swe-agent,aider      # across two harnesses: curves per harness in the report
 """
 
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
     """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
-    from hrl.cli.checks import check_model, check_run, say_context
+    from hrl.cli.checks import check_model, check_run, harnesses, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
@@ -44,7 +46,8 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     cfg["model"] = materialize_model(cfg["model"])
     check_model(cfg["model"])
-    say_context(str((cfg.get("rollout") or {}).get("agent") or "mini-swe-agent"), cfg["model"], cfg)
+    for agent in harnesses(cfg):
+        say_context(agent, cfg["model"], cfg)
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     return cfg
 
@@ -54,7 +57,10 @@ def train(
     agent: Annotated[
         str,
         typer.Option(
-            "--agent", "-a", help="Agent CLI, or python:MODULE:FUNCTION | FILE.py:FUNCTION (default: the recipe's)."
+            "--agent",
+            "-a",
+            help="Agent CLI, or python:MODULE:FUNCTION | FILE.py:FUNCTION (default: the recipe's). Several, "
+            "comma-separated (A,B), train across harnesses: groups per task and harness.",
         ),
     ] = "",
     model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir (default: the recipe's).")] = "",
@@ -159,7 +165,14 @@ def _line(m: dict[str, Any]) -> str:
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
+        + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )
+
+
+def _per_harness(m: dict[str, Any]) -> dict[str, float]:
+    """{harness: mean reward} of a step that ran several harnesses (harness/<name>/reward)."""
+    return {k[len("harness/") : -len("/reward")]: round(float(v), 3) for k, v in sorted(m.items())
+            if k.startswith("harness/") and k.endswith("/reward")}  # fmt: skip
 
 
 async def _train(cfg: dict[str, Any], run: Any) -> None:
@@ -177,7 +190,7 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
     tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
     loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
     acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
-    white = is_python_agent((cfg.get("rollout") or {}).get("agent", ""))
+    white = any(is_python_agent(a) for a in RolloutConfig(**cfg.get("rollout", {})).harnesses)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":

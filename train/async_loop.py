@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.episodes import guarded_episode
+from hrl.runners.episodes import guarded_episode, harness_for
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.train.loop import (
@@ -91,7 +91,7 @@ class _Producer:
         if cfg.task_sampler == "signal":
             self.stats.observe(run.all_traces())
         self._groups = (
-            [Episode(t, k, n) for k in range(cfg.group_size)]
+            [Episode(t, k, n, harness_for(rollouts, n)) for k in range(cfg.group_size)]
             for n in itertools.count()
             for t in [self._pick(rng)]
             if n >= first

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
-from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
@@ -85,17 +85,23 @@ class Publisher(Protocol):
 
 
 def _batch(
-    tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None
+    tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None, rollouts: Any = None
 ) -> list[Episode]:
     """The iteration's episodes: distinct tasks drawn by (seed, iteration), × the group size. `signal` weighs them
-    by `stats`, the counts of the steps before this one."""
+    by `stats`, the counts of the steps before this one. With several harnesses, each group runs under one of them,
+    in turn (`harness_for`)."""
     rng = random.Random(cfg.seed * 100_003 + iteration)
     n = min(cfg.tasks_per_iteration, len(tasks))
     if cfg.task_sampler == "signal":
         picked = weighted_sample(tasks, (stats or TaskStats()).weights(tasks, cfg.group_size), n, rng)
     else:
         picked = rng.sample(tasks, n)
-    return [Episode(t, k, iteration) for t in picked for k in range(cfg.group_size)]
+    first = iteration * n  # the run's number of the batch's first group
+    return [
+        Episode(t, k, iteration, harness_for(rollouts, first + j))
+        for j, t in enumerate(picked)
+        for k in range(cfg.group_size)
+    ]
 
 
 def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int) -> TaskStats:
@@ -168,7 +174,7 @@ async def _iteration(
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
     """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
     t0 = time.monotonic()
-    episodes = _batch(tasks, cfg, it, stats)
+    episodes = _batch(tasks, cfg, it, stats, rollouts)
     sampled = sampler_metrics(cfg, tasks, stats)
     rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
     done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}

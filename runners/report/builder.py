@@ -40,6 +40,16 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
+def _harness_plots(iters: list[dict[str, Any]], xs: list[float]) -> list[str]:
+    """Reward per step of each harness, when the run trained across several (`rollout.agents`)."""
+    names = sorted({k[len("harness/") : -len("/reward")] for it in iters for k in it["metrics"]
+                    if k.startswith("harness/") and k.endswith("/reward")})  # fmt: skip
+    if len(names) < 2:
+        return []
+    series = [(name, _series(iters, f"harness/{name}/reward")) for name in names]
+    return [line_chart("plot-reward-harness", "Reward per step, per harness", xs, series)]
+
+
 def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
     """Charts over steps: reward, failures, latency percentiles, staleness, versions, trainer numbers."""
     xs = [float(it["iteration"]) for it in iters]
@@ -59,6 +69,7 @@ def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
     ]
     charts = [
         line_chart("plot-reward", "Reward per step", xs, _stats(iters, "trace/reward", "mean", "min", "max")),
+        *_harness_plots(iters, xs),
         stacked_bars("plot-failures", "Failures by reason per step", xs, failures),
         line_chart("plot-latency-steps", "Latency per step (s)", xs, latency),
         line_chart(

@@ -185,3 +185,23 @@ def test_signal_sampler_resumes_to_the_same_tasks_and_both_samplers_log_groups_w
             f"\n{name}: tasks {picked(run)}, groups_with_signal {[m['train/groups_with_signal'] for m in lines(run)]}"
         )
     assert all(m["train/sampler_entropy"] == pytest.approx(1.0) for m in lines(runs["uniform"]))
+
+
+def test_several_harnesses_take_the_groups_in_turn_and_each_group_is_one_task_under_one_harness():
+    from hrl.train.loop import _batch
+
+    class Mix:  # what the loop reads of a HarnessMix: its harnesses, in order
+        harnesses = ("opencode", "codex", "aider")
+
+    cfg = LoopConfig(tasks_per_iteration=2, group_size=3, trainer=TrainerConfig(model="m"))
+    batches = [_batch(TASKS, cfg, it, rollouts=Mix()) for it in range(3)]
+    for episodes in batches:
+        groups: dict[str, set[tuple[str, str]]] = {}
+        for ep in episodes:
+            groups.setdefault(ep.group_id, set()).add((ep.task_id, ep.agent))
+            assert ep.group_id.endswith(f"@{ep.agent}")
+        assert len(groups) == 2 and all(len(members) == 1 for members in groups.values())
+    turns = [ep.agent for episodes in batches for ep in episodes[:: cfg.group_size]]
+    assert turns == ["opencode", "codex", "aider", "opencode", "codex", "aider"]
+    assert {ep.agent for ep in _batch(TASKS, cfg, 0)} == {""}  # one harness: group ids as before
+    assert all("@" not in ep.group_id for ep in _batch(TASKS, cfg, 0))
