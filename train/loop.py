@@ -24,6 +24,7 @@ from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.group import make_trainer
+from hrl.train.heldout import Evaluations
 from hrl.train.sampler import SamplerKind, TaskStats, entropy, weighted_sample
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
@@ -58,7 +59,16 @@ class LoopConfig(BaseModel):
         description="Which tasks a batch takes. uniform: any task alike. signal: weighted by 1 − p^G − (1 − p)^G, "
         "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior).",
     )
-    success_reward: float = Field(1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates.")
+    success_reward: float = Field(
+        1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates and eval/success."
+    )
+    eval_every: int = Field(
+        0,
+        description="With eval_tasks: also evaluate every N steps, on eval_slice of them (the whole set is "
+        "evaluated at step 0 and after the last step either way; sync loop only). 0 = only then.",
+    )
+    eval_slice: int = Field(8, description="Held-out tasks of an evaluation between the first and the last.")
+    eval_episodes: int = Field(1, description="Episodes per held-out task in an evaluation.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
@@ -144,15 +154,19 @@ async def train(
     publisher: Publisher,
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
+    eval_tasks: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) the loop; returns the metrics of the steps this call ran."""
+    """Run (or resume) the loop; returns the metrics of the steps this call ran. `eval_tasks`: held-out tasks,
+    evaluated as `hrl.train.heldout` says."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     version, history = state["version"], []
+    evals = Evaluations(eval_tasks, cfg, run, rollouts)
     stats = sampler_stats(cfg, run, state["iteration"])  # rebuilt from the committed steps on resume
     _cpu_per_token(publisher)  # sets the mark: each step reports its own window
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
+                await evals.at(it, version, sink, on_event)  # the policy this step's rollouts use
                 metrics, path = await _iteration(
                     it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats
                 )
@@ -163,6 +177,7 @@ async def train(
                     stats.observe(run.iteration_traces(it))  # what a resume rebuilds: the committed step's traces
                 history.append(metrics)
                 on_event("step", metrics)
+            await evals.at(cfg.iterations, version, sink, on_event)  # the policy the run ends with
     finally:
         await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history
