@@ -33,7 +33,8 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def run_one(name: str, overrides: list[str], seed: int, iterations: int, work: Path, extra: list[str]) -> dict:
     run = work / f"{name}-s{seed}"
     args = ["train", "--recipe", "demo", "--iterations", str(iterations), "--run-dir", str(run),
-            "-c", f"train.seed={seed}", *[a for o in overrides for a in ("-c", o)], *extra]  # fmt: skip
+            "-c", f"train.seed={seed}", "-c", "eval_tasks=",  # the training curve only: no held-out evaluations
+            *[a for o in overrides for a in ("-c", o)], *extra]  # fmt: skip
     t0 = time.monotonic()
     log = work / f"{name}-s{seed}.log"
     with log.open("w") as f:
