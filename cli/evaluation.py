@@ -147,7 +147,9 @@ async def _run(
     progress = Progress(*columns, console=err, disable=as_json or not err.is_terminal, transient=False)
     traces: list[dict[str, Any]] = []
     with progress:
-        bars = {c["iteration"]: progress.add_task(f"{c['agent']} · {c['role']}", total=per_cell) for c in plan["cells"]}
+        bars = {
+            c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]
+        }
         for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
             cells = [c for c in plan["cells"] if c["model_path"] == path]
             white = any(is_python_agent(c["agent"]) for c in cells)
@@ -172,7 +174,7 @@ async def _run(
                         err.print(f"interrupted: the traces so far are in {run_dir}", markup=False)
                         return 130
                     if progress.disable:
-                        err.print(f"{cell['agent']} · {cell['role']}: {per_cell} episodes done", markup=False)
+                        err.print(f"{cell['agent']} · {cell['model']}: {per_cell} episodes done", markup=False)
     rows = eval_rows(load_run(run_dir)) or []
     emit(rows, as_json=as_json, human=eval_table_text(rows, plan))
     err.print(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table", markup=False)
