@@ -117,8 +117,14 @@ def task_summary(task: Task) -> dict[str, Any]:
         "fail_to_pass": len(task.FAIL_TO_PASS),
         "pass_to_pass": len(task.PASS_TO_PASS),
         "snapshot": "none" if task.repo_snapshot is None else type(task.repo_snapshot).__name__,
-        "image": task.image or DEFAULT_IMAGE,
+        "image": task.image or _harbor_image(task) or DEFAULT_IMAGE,
     }
+
+
+def _harbor_image(task: Task) -> str | None:
+    from hrl.runners.tasks.harbor import HarborTask, image_tag
+
+    return image_tag(task) if isinstance(task, HarborTask) else None
 
 
 # --------------------------------------------------------------------------------------------------------------

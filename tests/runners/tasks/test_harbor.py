@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hrl.runners.tasks import load_tasks, verifier_for
+from hrl.runners.tasks import load_tasks, task_summary, verifier_for
 from hrl.runners.tasks.harbor import HarborTask, image_tag, load_harbor_tasks
 from hrl.runners.tasks.task import TaskFormatError
 from tests.harbor_tasks import write_dataset, write_task
@@ -24,6 +24,7 @@ def test_a_folder_of_task_folders_is_a_dataset(tmp_path: Path):
     assert by["reward-file"].problem_statement.startswith("Task reward-file:")
     assert by["reward-file"].repo == "hrl-tests/reward-file"
     assert verifier_for(tmp_path / "ds") == "harbor" and verifier_for(tmp_path / "x.jsonl") == "tests"
+    assert task_summary(by["reward-file"])["image"] == image_tag(by["reward-file"])  # what `hrl tasks ls` shows
 
 
 def test_one_task_folder_is_a_dataset_of_one(tmp_path: Path):
