@@ -90,6 +90,8 @@ def eval_(
     for name in names:  # every harness's name, sandbox and the tasks, before anything starts
         check_run({**cfg, "rollout": {**roll, "agent": name}}, engine, task_file)
     run_dir = run_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file", hint="give a new folder for the run, or leave --run-dir out")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UsageError(f"--run-dir {run_dir} is not empty", hint="give a new --run-dir (or leave it out)")
     models = [materialize_model(m) for m in ([baseline] if baseline else []) + [model]]

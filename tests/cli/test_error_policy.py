@@ -169,6 +169,12 @@ CASES = [
         "is not empty",
     ),
     Case(
+        "--run-dir a file",
+        ("eval", "--agents", "codex", "--recipe", "demo", "--run-dir", "{tmp}/tasks.jsonl"),
+        USAGE,
+        "is a file",
+    ),
+    Case(
         "Harbor tasks outside docker",
         ("rollout", "-a", "codex", "--tasks", "{tmp}/harbor", "--model", "m", "--sandbox", "local"),
         USAGE,
