@@ -20,6 +20,7 @@ __all__ = [
     "check_sandbox",
     "check_tasks",
     "grade_by_source",
+    "harnesses",
     "say_context",
 ]
 
@@ -82,6 +83,18 @@ def check_model(model: str) -> None:
     resolve_model(base)
 
 
+def harnesses(cfg: dict[str, Any]) -> list[str]:
+    """The run's harnesses: `rollout.agents`, else `rollout.agent`. `--agent A,B` (a comma in rollout.agent)
+    becomes rollout.agents here, in cfg, so the run's config.json says it the one way."""
+    roll = cfg.setdefault("rollout", {})
+    agent = str(roll.get("agent") or "mini-swe-agent")
+    if "," in agent:
+        roll["agents"] = [a.strip() for a in agent.split(",") if a.strip()]
+    names = list(dict.fromkeys(str(a) for a in roll.get("agents") or [])) or [agent]
+    roll["agent"] = names[0]
+    return names
+
+
 def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     """The names and paths `hrl rollout` and `hrl train` need before any work: agent, sandbox, engine, verifier and
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
@@ -90,21 +103,23 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     from hrl.sandboxes.registry import require
 
     grade_by_source(cfg, task_file)
-    roll = cfg.get("rollout") or {}
-    agent = str(roll.get("agent", "mini-swe-agent"))
-    if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
-        load_function(agent, cfg.get("recipe_dir"))
-    else:
-        check_agent(agent)
+    names = harnesses(cfg)
+    roll = cfg["rollout"]
+    for agent in names:
+        if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
+            load_function(agent, cfg.get("recipe_dir"))
+        else:
+            check_agent(agent)
+    sandboxed = any(needs_sandbox(agent, cfg.get("verifier")) for agent in names)
     check_sandbox(str(roll.get("sandbox", "docker")))
     verifier = str((cfg.get("verifier") or {}).get("name") or "tests")
     # no Docker daemon is a missing prerequisite: said before any header
-    if needs_sandbox(agent, cfg.get("verifier")) and roll.get("sandbox", "docker") == "docker":
+    if sandboxed and roll.get("sandbox", "docker") == "docker":
         from hrl.sandboxes import get_backend
 
         _ = get_backend("docker").api  # type: ignore[attr-defined]
     check_engine(engine, cfg.get("engine_options"))
-    if not needs_sandbox(agent, cfg.get("verifier")):  # a white-box agent scored by a Python function: load it now
+    if not sandboxed:  # white-box agents scored by a Python function: load it now
         if (function := (cfg.get("verifier") or {}).get("function")) is not None:
             load_function(str(function), cfg.get("recipe_dir"))
     else:

@@ -87,8 +87,9 @@ def eval_(
     engine = engine or cfg.get("engine") or "embedded"
     task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
     grade_by_source(cfg, task_file)
+    roll.pop("agents", None)  # --agents names the harnesses (a recipe's rollout.agents is for training)
     for name in names:  # every harness's name, sandbox and the tasks, before anything starts
-        check_run({**cfg, "rollout": {**roll, "agent": name}}, engine, task_file)
+        check_run({**cfg, "rollout": {**roll, "agent": name, "agents": []}}, engine, task_file)
     run_dir = run_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} is a file", hint="give a new folder for the run, or leave --run-dir out")
@@ -166,7 +167,7 @@ async def _run(
                         if kind == "episode_end":
                             progress.advance(bar)
 
-                    roll = RolloutConfig(**{**cfg["rollout"], "agent": cell["agent"]})
+                    roll = RolloutConfig(**{**cfg["rollout"], "agent": cell["agent"], "agents": []})
                     rollouts = make_rollouts(stack, roll, on_event, cfg.get("verifier"), cfg.get("recipe_dir"))
                     await asyncio.to_thread(rollouts.prepare)
                     episodes = [Episode(t, k, cell["iteration"]) for t in task_list for k in range(plan["n"])]

@@ -27,13 +27,18 @@ from hrl.runners.tasks.workspace import WorkspaceError
 from hrl.runners.trace import TraceWriter
 from hrl.sandboxes import SandboxError, get_backend
 
-__all__ = ["AgentRollouts", "RolloutConfig", "make_rollouts"]
+__all__ = ["AgentRollouts", "HarnessMix", "RolloutConfig", "make_rollouts"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
 
 class RolloutConfig(BaseModel):
     agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
+    agents: list[str] = Field(
+        default_factory=list,
+        description="Several harnesses in one run (replaces `agent`): episodes are spread over them, each GRPO "
+        "group is one task under one harness, and the metrics are split per harness (harness/<name>/…).",
+    )
     sandbox: str = Field("docker", description="docker | local.")
     time_budget_s: float = Field(600, description="Wall-time budget of one agent run; 0 = none.")
     proxy_port: int = Field(PROXY_PORT, description="Port the proxy appears on inside docker sandboxes.")
@@ -48,6 +53,11 @@ class RolloutConfig(BaseModel):
         "OPENAI_BASE_URL / OPENAI_API_KEY set (for synchronous code).",
     )
 
+    @property
+    def harnesses(self) -> list[str]:
+        """The harnesses of the run, in order: `agents`, else the one `agent`."""
+        return list(dict.fromkeys(self.agents)) or [self.agent]
+
 
 def make_rollouts(
     stack: Stack,
@@ -57,9 +67,13 @@ def make_rollouts(
     base_dir: str | None = None,
 ) -> Any:
     """The rollouts for `config.agent`: a white-box Python agent (`python:MODULE:FUNCTION`, `FILE.py:FUNCTION`;
-    relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox."""
+    relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox. With several
+    `config.agents`, a `HarnessMix` of one such rollouts per harness."""
     from hrl.runners.whitebox.harness import PythonRollouts, is_python_agent
 
+    if len(config.harnesses) > 1:
+        return HarnessMix(stack, config, on_event, verifier, base_dir)
+    config = config.model_copy(update={"agent": config.harnesses[0], "agents": []})
     if is_python_agent(config.agent):
         return PythonRollouts(stack, config, on_event, verifier, base_dir)
     return AgentRollouts(stack, config, on_event, verifier)
@@ -163,3 +177,31 @@ class AgentRollouts:
             trace = self._ended_early(token, extra)
         self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
         return trace
+
+
+class HarnessMix:
+    """Several harnesses behind one `Rollouts`: an episode runs under the harness it names (`Episode.agent`), with
+    the same stack, sandbox backend, verifier settings and run id for all of them."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        config: RolloutConfig,
+        on_event: Event = lambda kind, data: None,
+        verifier: dict[str, Any] | None = None,
+        base_dir: str | None = None,
+    ) -> None:
+        shared = config.model_copy(update={"run_id": config.run_id or f"hrl-{uuid.uuid4().hex[:8]}"})
+        self.harnesses = config.harnesses
+        one = {name: shared.model_copy(update={"agent": name, "agents": []}) for name in self.harnesses}
+        self.by_harness = {name: make_rollouts(stack, c, on_event, verifier, base_dir) for name, c in one.items()}
+
+    def prepare(self) -> None:
+        """Install (or load) every harness before the first episode."""
+        for rollouts in self.by_harness.values():
+            rollouts.prepare()
+
+    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+        if ep.agent not in self.by_harness:
+            raise ValueError(f"episode {ep.key} names harness {ep.agent!r}, not one of {self.harnesses}")
+        return await self.by_harness[ep.agent].episode(ep, trace_file)

@@ -42,8 +42,52 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
-def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
-    """Charts over steps: reward, failures, latency percentiles, staleness, versions, trainer numbers."""
+def _harness_plots(iters: list[dict[str, Any]], xs: list[float]) -> list[str]:
+    """Reward per step of each harness, when the run trained across several (`rollout.agents`)."""
+    names = sorted({k[len("harness/") : -len("/reward")] for it in iters for k in it["metrics"]
+                    if k.startswith("harness/") and k.endswith("/reward")})  # fmt: skip
+    if len(names) < 2:
+        return []
+    series = [(name, _series(iters, f"harness/{name}/reward")) for name in names]
+    return [line_chart("plot-reward-harness", "Reward per step, per harness", xs, series)]
+
+
+def smoothed(values: list[float | None], alpha: float = 0.4) -> list[float | None]:
+    """An exponential moving average (None where the value is missing), debiased at the start like TensorBoard's
+    smoothing, so the first point is the first value and not a pull toward 0."""
+    out: list[float | None] = []
+    avg = weight = 0.0
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        avg, weight = (1 - alpha) * avg + alpha * v, (1 - alpha) * weight + alpha
+        out.append(avg / weight)
+    return out
+
+
+def _reward_plot(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
+    """Training reward per step with its smoothed line and its range, and held-out success where evaluated (the
+    policy of step k: `hrl.train.heldout`), on one step axis."""
+    steps = sorted({float(it["iteration"]) for it in iters} | {float(k) for k in evals})
+    at = {float(it["iteration"]): i for i, it in enumerate(iters)}
+
+    def on_axis(values: list[float | None]) -> list[float | None]:
+        return [values[at[x]] if x in at else None for x in steps]
+
+    mean = _series(iters, "trace/reward")
+    series = [("mean", on_axis(mean)), ("smoothed", on_axis(smoothed(mean)))]
+    series += [(stat, on_axis(v)) for stat, v in _stats(iters, "trace/reward", "min", "max")]
+    if evals:
+        held = [evals[int(x)].get("eval/success") if int(x) in evals and x == int(x) else None for x in steps]
+        series.append(("held-out success", held))
+    return line_chart("plot-reward", "Reward per step", steps, series)
+
+
+def _step_plots(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]] | None = None) -> list[str]:
+    """Charts over steps: reward (and held-out success), failures, latency percentiles, staleness, versions,
+    trainer numbers."""
+    evals = evals or {}
     xs = [float(it["iteration"]) for it in iters]
     reasons = sorted({r for it in iters for r in it["failures"]})
     failures = [(r, [float(it["failures"].get(r, 0)) for it in iters]) for r in reasons]
@@ -60,7 +104,8 @@ def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
         ("env", _series(iters, "trace/env_version")),
     ]
     charts = [
-        line_chart("plot-reward", "Reward per step", xs, _stats(iters, "trace/reward", "mean", "min", "max")),
+        _reward_plot(iters, evals),
+        *_harness_plots(iters, xs),
         stacked_bars("plot-failures", "Failures by reason per step", xs, failures),
         line_chart("plot-latency-steps", "Latency per step (s)", xs, latency),
         line_chart(
@@ -97,8 +142,8 @@ def _distribution_plots(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    step = _step_plots(iters)
+def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
+    step = _step_plots(iters, evals)
     # reading order: outcome (reward, failures), time, tokens, versions, trainer
     return "\n".join([*step[:3], *_distribution_plots(rows), *step[3:]])
 
@@ -225,7 +270,7 @@ def render_report(run: Run) -> str:
         "GENERATED": escape(time.strftime("%Y-%m-%d %H:%M:%S")),
         "HEADLINE": _headline(run, iters, rows),
         "EVAL": eval_table_html(harnesses) if (harnesses := eval_rows(run)) else "",
-        "PLOTS": _plots(iters, rows),
+        "PLOTS": _plots(iters, rows, run.evals),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
         "TABLE": _table(rows),
