@@ -19,6 +19,7 @@ __all__ = [
     "check_run",
     "check_sandbox",
     "check_tasks",
+    "grade_by_source",
     "harnesses",
     "say_context",
 ]
@@ -101,6 +102,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox
     from hrl.sandboxes.registry import require
 
+    grade_by_source(cfg, task_file)
     names = harnesses(cfg)
     roll = cfg["rollout"]
     for agent in names:
@@ -125,9 +127,23 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
             require(VERIFIERS, "verifier", verifier)
         except UnknownNameError as e:
             raise _listed(e, "set -c verifier.name=tests") from None
+    if verifier == "harbor" and roll.get("sandbox", "docker") != "docker":
+        raise UsageError(
+            "Harbor tasks run in Docker sandboxes (their environment is a Dockerfile)", hint="add --sandbox docker"
+        )
     if not task_file:
         raise UsageError("no task file: the recipe names none", hint="give --tasks FILE (SWE-bench JSONL)")
     return check_tasks(task_file)
+
+
+def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
+    """A folder of Harbor tasks is graded by the `harbor` verifier when the recipe names the pytest one (or none):
+    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply."""
+    from hrl.runners.tasks import verifier_for
+
+    section = cfg.get("verifier") or {}
+    if verifier_for(task_file) == "harbor" and section.get("name") in (None, "tests"):
+        cfg["verifier"] = {"name": "harbor", **{k: v for k, v in section.items() if k in ("hide_paths", "run_id")}}
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:

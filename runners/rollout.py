@@ -44,8 +44,8 @@ class RolloutConfig(BaseModel):
     proxy_port: int = Field(PROXY_PORT, description="Port the proxy appears on inside docker sandboxes.")
     verify: bool = Field(True, description="Score episodes with the task's tests.")
     run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
-    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = none.")
-    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = none.")
+    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none.")
+    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
     mode: Literal["inprocess", "subprocess"] = Field(
         "inprocess",
@@ -109,7 +109,7 @@ class AgentRollouts:
             "task_id": task.instance_id,
             "group_id": ep.group_id,
             "agent": {"name": self.runner.name, "version": self.runner.version},
-            "env": {"sandbox": self.config.sandbox, "image": task.image or self.verifier.config.image},
+            "env": {"sandbox": self.config.sandbox, "image": self.verifier.sandbox_spec(task).image},
             "model": {"name": self.stack.proxy.config.model_name},
             "metadata": {"episode": ep.key, "run": self.run_id},
         }
@@ -134,14 +134,17 @@ class AgentRollouts:
 
     async def _run(self, ep: Any, task: Task, inst: AgentInstall, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg = self.config
-        spec = self.verifier.sandbox_spec(task).model_copy(update={"cpus": cfg.cpus, "memory_mb": cfg.memory_mb})
+        await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
+        limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
+        spec = self.verifier.sandbox_spec(task).model_copy(update=limits)
+        budget = getattr(task, "agent_timeout_s", None) or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
         label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options) as session:  # fmt: skip
             await self.verifier.prepare(session.sandbox, task)
-            result = await session.run(cfg.time_budget_s)
+            result = await session.run(budget)
             verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
         calls = self.stack.proxy.sessions[token].calls if token in self.stack.proxy.sessions else []

@@ -13,6 +13,8 @@ run/
   eval/step-0000.jsonl              the traces of the held-out evaluation before step 0 (hrl.train.heldout)
   checkpoints/v0004/                peft adapter (LoRA) or full HF checkpoint + optimizer.pt
   lock                              flock'ed by the process training here (the kernel drops it when that dies)
+  eval.json                         `hrl eval` runs only: which (model, harness) each trace file holds
+                                    (`runners/report/evaluation.py`)
 
 state.json is the commit point: whatever a killed process wrote past it (traces of the unfinished step, a metrics
 line of an uncommitted step) is either kept because it is complete and still valid (traces) or discarded on

@@ -208,6 +208,15 @@ class DockerBackend:
             "host_config": host_config,
         }
 
+    async def remove_image(self, image: str) -> None:
+        """Remove an image (one `DockerSandbox.commit` made); a missing one is no error."""
+        api = await self.connect()
+        with contextlib.suppress(docker.errors.NotFound):
+            try:
+                await self.call(api.remove_image, image, force=True)
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"cannot remove image {image[:19]}: {_explain(exc)}") from exc
+
     async def prune(self, run_id: str | None = None) -> int:
         api = await self.connect()
         labels = ["hrl=1"] + ([f"hrl.run={run_id}"] if run_id is not None else [])
@@ -360,6 +369,22 @@ class DockerSandbox:
             await self.backend.call(self._api().put_archive, self.id, "/", data)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot write {target} in container {self.id[:12]}: {_explain(exc)}") from exc
+
+    async def commit(self, labels: dict[str, str] | None = None) -> str:
+        """Snapshot this container's filesystem as a new untagged image; its id. A container made from it starts
+        where this one stands (files, not processes). The image keeps its parent image's environment: variables
+        this sandbox's spec added (an agent's endpoint and key) stay only as names with empty values."""
+        api = self._api()
+        try:
+            info = await self.backend.call(api.inspect_container, self.id)
+            parent = ((await self.backend.call(api.inspect_image, info["Image"])).get("Config") or {}).get("Env") or []
+            names = {e.split("=", 1)[0] for e in parent}
+            added = {e.split("=", 1)[0] for e in info["Config"].get("Env") or []} - names
+            conf = {"Env": [*parent, *(f"{name}=" for name in sorted(added))], "Labels": {"hrl": "1", **(labels or {})}}
+            made = await self.backend.call(api.commit, self.id, conf=conf)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot commit container {self.id[:12]}: {_explain(exc)}") from exc
+        return str(made["Id"])
 
     async def start_forwarder(self) -> None:
         assert self.spec.proxy_socket

@@ -4,7 +4,8 @@ JS over an embedded JSON blob). Nothing is fetched at view time.
 
 Element ids are stable (tests and users link to them): `plot-reward`, `plot-failures`, `plot-latency-steps`,
 `plot-latency`, `plot-prompt-tokens`, `plot-response-tokens`, `plot-staleness`, `plot-versions`,
-`plot-train-*`; the table is `#traces`, each row `tr.trace[data-trace=ID]`; `#trace=ID` in the URL opens one.
+`plot-train-*`; an `hrl eval` run's harness table is `#eval`; the table of traces is `#traces`, each row
+`tr.trace[data-trace=ID]`; `#trace=ID` in the URL opens one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.metrics import trace_metrics
+from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
 from hrl.runners.summary import describe_calls, summarize_trace
@@ -267,6 +269,7 @@ def render_report(run: Run) -> str:
         "RUN": escape(str(run.path)),
         "GENERATED": escape(time.strftime("%Y-%m-%d %H:%M:%S")),
         "HEADLINE": _headline(run, iters, rows),
+        "EVAL": eval_table_html(harnesses) if (harnesses := eval_rows(run)) else "",
         "PLOTS": _plots(iters, rows, run.evals),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),

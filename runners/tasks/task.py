@@ -126,8 +126,14 @@ def task_summary(task: Task) -> dict[str, Any]:
         "fail_to_pass": len(task.FAIL_TO_PASS),
         "pass_to_pass": len(task.PASS_TO_PASS),
         "snapshot": "none" if task.repo_snapshot is None else type(task.repo_snapshot).__name__,
-        "image": task.image or DEFAULT_IMAGE,
+        "image": task.image or _harbor_image(task) or DEFAULT_IMAGE,
     }
+
+
+def _harbor_image(task: Task) -> str | None:
+    from hrl.runners.tasks.harbor import HarborTask, image_tag
+
+    return image_tag(task) if isinstance(task, HarborTask) else None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -136,11 +142,16 @@ def task_summary(task: Task) -> dict[str, Any]:
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`).
+    """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`); a
+    folder is Harbor task directories (`hrl.runners.tasks.harbor`).
 
     Raises TaskFormatError naming the file and line (row) of the first bad task, and PrerequisiteError for
     Parquet without pyarrow."""
     path = Path(path)
+    if path.is_dir():  # a Harbor task folder, or a dataset of them
+        from hrl.runners.tasks.harbor import load_harbor_tasks
+
+        return list(load_harbor_tasks(path))
     if not path.is_file():
         raise TaskFileNotFoundError(
             f"task file {path} does not exist",

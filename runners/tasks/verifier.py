@@ -58,6 +58,11 @@ class Verdict:
 class Verifier(Protocol):
     name: str
 
+    async def provision(self, task: Task) -> None:
+        """Make what the task's sandboxes start from (a Harbor task's image); before `sandbox_spec`. Raises
+        SandboxError when it cannot be had."""
+        ...
+
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         """Image, workdir and environment for the agent's sandbox."""
         ...
@@ -123,6 +128,9 @@ class TestVerifier:
     def __init__(self, backend: SandboxBackend, config: TestVerifierConfig | None = None, **options: Any) -> None:
         self.backend = backend
         self.config = config or TestVerifierConfig(**options)
+
+    async def provision(self, task: Task) -> None:
+        """Nothing to make: the grading image is built by `ensure_image` (or named by the task)."""
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         cfg = self.config
