@@ -147,8 +147,8 @@ class AgentRollouts:
             result = await session.run(budget)
             verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
-        calls = self.stack.proxy.sessions[token].calls if token in self.stack.proxy.sessions else []
-        if calls and calls[-1].error is not None:
+        last = self.stack.proxy.sessions[token].last_turn() if token in self.stack.proxy.sessions else None
+        if last is not None and last.error is not None:
             outcome.pop("failure_reason", None)  # the engine failed the agent: the trace says engine_error/overflow
         elif result.failure_reason is not None:  # else the agent's own failure explains the episode first
             outcome["failure_reason"] = result.failure_reason

@@ -187,6 +187,13 @@ class Session:
         self.calls.append(call)
 
     # ---- the trace -----------------------------------------------------------------------------------------
+    def last_turn(self) -> CallRecord | None:
+        """The last agent turn: side calls (a title made after the turn that failed) do not count, unless the
+        session made nothing else. How the episode ended is read from it."""
+        agentic = {c.agent for c in self.calls if c.has_tools}
+        turns = [c for c in self.calls if not _is_side(c, agentic)]
+        return (turns or self.calls or [None])[-1]
+
     def to_trace(
         self,
         *,
@@ -198,8 +205,9 @@ class Session:
     ) -> dict[str, Any]:
         ended = time.time()
         agentic = {c.agent for c in self.calls if c.has_tools}  # the agents that use tools (per sub-agent)
-        if failure_reason is None and self.calls and self.calls[-1].error is not None:
-            failure_reason = "context_overflow" if "context" in self.calls[-1].error else "engine_error"
+        last = self.last_turn()
+        if failure_reason is None and last is not None and last.error is not None:
+            failure_reason = "context_overflow" if "context" in last.error else "engine_error"
         if failure_reason is not None:
             status = "failed"
         t0 = self.started_at

@@ -154,6 +154,24 @@ def test_unregistered_tokens_get_401_by_default(tiny_model):
     assert len(trace["calls"]) == 1
 
 
+def test_an_overflow_followed_by_a_side_call_still_ends_the_trace_as_context_overflow(tiny_model, tmp_path):
+    """A harness that makes a title (a call without tools) after its agent turn overflowed: the episode ended on
+    the overflow, and the side call after it does not hide that."""
+    out = tmp_path / "t.jsonl"
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+    with running_proxy(tiny_model, traces=str(out), engine_options={"turns": SCRIPT, "max_model_len": 400}) as p:
+        url = f"{p.url}/s/s1/v1/chat/completions"
+        turn = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 8}
+        assert httpx.post(url, json=turn).status_code == 200
+        long = {"messages": [{"role": "user", "content": "word " * 500}], "tools": tools}
+        assert httpx.post(url, json=long).status_code == 400
+        title = {"messages": [{"role": "system", "content": "Generate a title"}, {"role": "user", "content": "hi"}]}
+        assert httpx.post(url, json={**title, "max_tokens": 4}).status_code == 200
+        p.end("s1")
+    (trace,) = read_traces(out)
+    assert trace["calls"][-1]["side"] and trace["failure_reason"] == "context_overflow"
+
+
 def test_a_session_stopped_mid_call_is_cancelled_and_one_between_calls_is_not(tiny_model, tmp_path):
     """The proxy stopping while a call generates cuts that episode short: `cancelled` (set aside and run again on a
     resume, never trained on). A session whose calls had all ended keeps its own outcome."""
