@@ -34,6 +34,10 @@ class Family:
         return self.special_tokens[0]
 
 
+def _tokens(names: str) -> tuple[str, ...]:
+    return tuple(names.split())
+
+
 # ---- pieces every template uses ---------------------------------------------------------------------------
 _TEXT = """\
 {%- macro text(content) -%}
@@ -398,150 +402,71 @@ _GPT_OSS = (
 )
 
 FAMILIES: dict[str, Family] = {
-    "hermes": Family("hermes", CHATML_TOOLS_TEMPLATE, tuple(SPECIAL_TOKENS), "<|im_end|>", ("<|im_end|>",)),
+    "hermes": Family("hermes", CHATML_TOOLS_TEMPLATE, tuple(SPECIAL_TOKENS), "<|im_end|>", _tokens("<|im_end|>")),
     "qwen3-coder": Family(
         "qwen3-coder",
         _QWEN3_CODER,
-        (
-            "<|endoftext|>",
-            "<|im_start|>",
-            "<|im_end|>",
-            "<tool_call>",
-            "</tool_call>",
-            "<tool_response>",
-            "</tool_response>",
-        ),
+        _tokens("<|endoftext|> <|im_start|> <|im_end|> <tool_call> </tool_call> <tool_response> </tool_response>"),
         "<|im_end|>",
-        ("<|im_end|>", "<|endoftext|>"),
+        _tokens("<|im_end|> <|endoftext|>"),
     ),
     "glm45": Family(
         "glm45",
         _GLM45,
-        (
-            "<|endoftext|>",
-            "[gMASK]",
-            "<sop>",
-            "<|system|>",
-            "<|user|>",
-            "<|assistant|>",
-            "<|observation|>",
-            "<think>",
-            "</think>",
-            "<tool_call>",
-            "</tool_call>",
-            "<arg_key>",
-            "</arg_key>",
-            "<arg_value>",
-            "</arg_value>",
-            "<tool_response>",
-            "</tool_response>",
+        _tokens(
+            "<|endoftext|> [gMASK] <sop> <|system|> <|user|> <|assistant|> <|observation|> <think> </think> <tool_call> </tool_call> <arg_key> </arg_key> <arg_value> </arg_value> <tool_response> </tool_response>"
         ),
         "<|endoftext|>",
-        ("<|endoftext|>", "<|user|>", "<|observation|>"),
+        _tokens("<|endoftext|> <|user|> <|observation|>"),
     ),
     "llama3": Family(
         "llama3",
         _LLAMA3,
-        (
-            "<|finetune_right_pad_id|>",
-            "<|begin_of_text|>",
-            "<|end_of_text|>",
-            "<|start_header_id|>",
-            "<|end_header_id|>",
-            "<|eot_id|>",
-            "<|eom_id|>",
-            "<|python_tag|>",
+        _tokens(
+            "<|finetune_right_pad_id|> <|begin_of_text|> <|end_of_text|> <|start_header_id|> <|end_header_id|> <|eot_id|> <|eom_id|> <|python_tag|>"
         ),
         "<|eot_id|>",
-        ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+        _tokens("<|end_of_text|> <|eom_id|> <|eot_id|>"),
         bos="<|begin_of_text|>",
     ),
     "mistral": Family(
         "mistral",
         _MISTRAL,
-        (
-            "<pad>",
-            "<s>",
-            "</s>",
-            "[INST]",
-            "[/INST]",
-            "[AVAILABLE_TOOLS]",
-            "[/AVAILABLE_TOOLS]",
-            "[TOOL_RESULTS]",
-            "[/TOOL_RESULTS]",
-            "[TOOL_CALLS]",
-            "[ARGS]",
-            "[CALL_ID]",
-            "[SYSTEM_PROMPT]",
-            "[/SYSTEM_PROMPT]",
+        _tokens(
+            "<pad> <s> </s> [INST] [/INST] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] [TOOL_CALLS] [ARGS] [CALL_ID] [SYSTEM_PROMPT] [/SYSTEM_PROMPT]"
         ),
         "</s>",
-        ("</s>",),
+        _tokens("</s>"),
         bos="<s>",
     ),
     "deepseek-v3": Family(
         "deepseek-v3",
         _DEEPSEEK_V3,
-        (
-            "<｜▁pad▁｜>",
-            "<｜begin▁of▁sentence｜>",
-            "<｜end▁of▁sentence｜>",
-            "<｜User｜>",
-            "<｜Assistant｜>",
-            "<think>",
-            "</think>",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            "<｜tool▁call▁begin｜>",
-            "<｜tool▁call▁end｜>",
-            "<｜tool▁sep｜>",
-            "<｜tool▁outputs▁begin｜>",
-            "<｜tool▁outputs▁end｜>",
-            "<｜tool▁output▁begin｜>",
-            "<｜tool▁output▁end｜>",
+        _tokens(
+            "<｜▁pad▁｜> <｜begin▁of▁sentence｜> <｜end▁of▁sentence｜> <｜User｜> <｜Assistant｜> <think> </think> <｜tool▁calls▁begin｜> <｜tool▁calls▁end｜> <｜tool▁call▁begin｜> <｜tool▁call▁end｜> <｜tool▁sep｜> <｜tool▁outputs▁begin｜> <｜tool▁outputs▁end｜> <｜tool▁output▁begin｜> <｜tool▁output▁end｜>"
         ),
         "<｜end▁of▁sentence｜>",
-        ("<｜end▁of▁sentence｜>",),
+        _tokens("<｜end▁of▁sentence｜>"),
         bos="<｜begin▁of▁sentence｜>",
     ),
     "kimi-k2": Family(
         "kimi-k2",
         _KIMI_K2,
-        (
-            "[PAD]",
-            "[BOS]",
-            "[EOS]",
-            "<|im_end|>",
-            "<|im_user|>",
-            "<|im_assistant|>",
-            "<|im_system|>",
-            "<|im_middle|>",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-            "<|tool_call_begin|>",
-            "<|tool_call_argument_begin|>",
-            "<|tool_call_end|>",
+        _tokens(
+            "[PAD] [BOS] [EOS] <|im_end|> <|im_user|> <|im_assistant|> <|im_system|> <|im_middle|> <|tool_calls_section_begin|> <|tool_calls_section_end|> <|tool_call_begin|> <|tool_call_argument_begin|> <|tool_call_end|>"
         ),
         "<|im_end|>",
-        ("<|im_end|>", "[EOS]"),
+        _tokens("<|im_end|> [EOS]"),
         bos="[BOS]",
     ),
     "gpt-oss": Family(
         "gpt-oss",
         _GPT_OSS,
-        (
-            "<|endoftext|>",
-            "<|startoftext|>",
-            "<|start|>",
-            "<|end|>",
-            "<|message|>",
-            "<|channel|>",
-            "<|constrain|>",
-            "<|return|>",
-            "<|call|>",
+        _tokens(
+            "<|endoftext|> <|startoftext|> <|start|> <|end|> <|message|> <|channel|> <|constrain|> <|return|> <|call|>"
         ),
         "<|return|>",
-        ("<|return|>", "<|call|>", "<|endoftext|>"),
+        _tokens("<|return|> <|call|> <|endoftext|>"),
         bos="<|startoftext|>",
     ),
 }
