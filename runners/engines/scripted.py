@@ -3,10 +3,9 @@
 Each turn is rendered the way the model's family writes it (`engines/turns.py`: Hermes `<tool_call>` JSON,
 Qwen3-Coder XML, Harmony channels, …, thinking where the family has it, then its stop token; the family is detected
 from the model like the proxy's `tool_parser: auto`, or set with `family`) and tokenized with the served model's
-tokenizer, then streamed token by token like any engine. It lets users
-check a harness integration without a model, and lets tests drive real agent CLIs deterministically. The turn
-played is chosen by how many assistant turns the prompt already holds, so concurrent sessions each get their
-own script position.
+tokenizer, then streamed token by token like any engine. It lets users check a harness integration without a
+model, and lets tests drive real agent CLIs deterministically through every family. The turn played is chosen by
+how many assistant turns the prompt already holds, so concurrent sessions each get their own script position.
 
 Paced like a GPU engine (`decode_tps`, `max_batch`, `prefill_tps`): sampling costs no CPU, a sequence's i-th token
 is due `prefill + i / decode_tps` seconds after it is admitted, and each wake-up hands over every token due by
@@ -45,8 +44,8 @@ class ScriptedEngineConfig(BaseModel):
     turns: list[ScriptedTurn] = Field(
         default_factory=lambda: ["Done."],
         description="Assistant turns: a string, or {'text': …, 'reasoning': …, 'tool_calls': [{'name': …, "
-        "'arguments': {…}}]}, optionally with 'fail_after': N to die with an engine error after N tokens. Past the end, the last turn "
-        "repeats.",
+        "'arguments': {…}}]}, optionally with 'fail_after': N to die with an engine error after N tokens. Past the "
+        "end, the last turn repeats.",
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(

@@ -160,6 +160,7 @@ CASES = [
     Case("no tasks", ("rollout", "--agent", "codex"), USAGE, "give --recipe or --tasks"),
     Case("no recipe", ("train",), USAGE, "give --recipe"),
     Case("missing argument", ("models", "tiny"), USAGE, "Missing argument"),
+    Case("unknown family", ("models", "tiny", "{tmp}/m", "--family", "gpt-os"), USAGE, "did you mean 'gpt-oss'"),
     Case("bad option value", ("models", "tiny-agent", "{tmp}/m", "--right-op", "lots"), USAGE, "'--right-op'"),
     Case("missing argument", ("tasks", "ls"), USAGE, "Missing argument"),
     Case("missing option", ("tasks", "synth", "--out", "o.jsonl"), USAGE, "--package"),
