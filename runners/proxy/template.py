@@ -143,8 +143,9 @@ class StreamSplitter:
         self.mode = "start" if self.parser.think else "text"  # start -> think -> text -> tool
         self.held = ""
         self.sent = False  # visible text was sent (a family whose calls open the reply no longer expects one)
-        self.tool_calls = tool_calls
-        self.triggers = {s[0] for s in self.parser.starts} if tool_calls else set()
+        self.after_think = False  # the newlines right after </think> are the template's, not the answer's
+        self.tool_calls = tool_calls or self.parser.framed
+        self.triggers = {s[0] for s in self.parser.starts} if self.tool_calls else set()
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
         if self.mode == "text" and self.sent and not self.held and not any(c in delta for c in self.triggers):
@@ -165,13 +166,18 @@ class StreamSplitter:
                 if idx >= 0:
                     if idx:
                         out.append(("reasoning", self.held[:idx]))
-                    self.held, self.mode = self.held[idx + len("</think>") :].lstrip("\n"), "text"
+                    self.held, self.mode, self.after_think = self.held[idx + len("</think>") :], "text", True
                     continue
                 keep = partial_len(self.held, "</think>")
                 if len(self.held) > keep:
                     out.append(("reasoning", self.held[: len(self.held) - keep]))
                     self.held = self.held[len(self.held) - keep :]
                 return out
+            if self.after_think:  # however the deltas fall, the text starts where `parse` starts it
+                self.held = self.held.lstrip("\n")
+                if not self.held:
+                    return out
+                self.after_think = False
             idx, keep = self.parser.stream_split(self.held, not self.sent) if self.tool_calls else (-1, 0)
             if idx >= 0:
                 if idx:

@@ -242,3 +242,17 @@ def test_non_append_only_templates_start_a_new_branch_there(served: Served) -> N
     assert parents[4] == calls[3]["call_id"]
     rewritten = served.family in {"glm45", "gpt-oss", "mistral"}  # reasoning dropped; tools moved
     assert (parents[3] is None) is rewritten, f"{served.family}: call 3 parent {parents[3]}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_answer_to_a_request_without_tools_is_the_same_streamed_or_not(family: str, family_model: Any) -> None:
+    """No tools offered (aider): the family's framing (Harmony's channel headers, GLM's empty think) never reaches
+    the agent as text, streamed or not."""
+    answer = "Done — 完了 ✓"
+    with running_proxy(family_model(family), engine_options={"turns": [answer]}) as p:
+        client = OpenAI(base_url=f"{p.url}/s/no-tools/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "Say done."}]
+        plain = client.chat.completions.create(model="m", messages=msgs).choices[0].message.content
+        chunks = client.chat.completions.create(model="m", messages=msgs, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert plain == streamed == answer
