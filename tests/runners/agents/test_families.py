@@ -37,3 +37,25 @@ def test_every_family_drives_a_cli(family: str, family_model: Any) -> None:
 def test_each_dialect_with_another_family(name: str, family: str, family_model: Any) -> None:
     install_agent(name, "docker")
     _check(name, family_model(family), "docker")
+
+
+def _trace(second_prompt: list[int], parent: bool) -> dict[str, Any]:
+    first = {"call_id": "a", "side": False, "dialect": "chat", "prompt_ids": [1, 2, 3], "response_ids": [4, 5, 9],
+             "finish_reason": "stop"}  # fmt: skip
+    second = {"call_id": "b", "side": False, "dialect": "chat", "prompt_ids": second_prompt, "response_ids": [6],
+              "finish_reason": "stop"} | ({"parent": "a"} if parent else {})  # fmt: skip
+    return {"calls": [first, second]}
+
+
+def test_a_fork_at_a_rewritten_stop_token_is_not_drift() -> None:
+    from hrl.runners.agents.doctor import trace_problems
+
+    assert trace_problems(_trace([1, 2, 3, 4, 5, 9, 7], parent=True), "chat") == []  # extends token-exactly
+    assert trace_problems(_trace([1, 2, 3, 4, 5, 8, 7], parent=False), "chat") == []  # Harmony: <|return|> → <|end|>
+    for drifted in (
+        [1, 2, 3, 4, 6, 8, 7],
+        [1, 2, 3, 4, 5, 8, 7],
+    ):  # a sampled id re-tokenized; a fork claiming a parent
+        assert trace_problems(_trace(drifted, parent=drifted[4] == 5), "chat") == [
+            "call b does not extend call a token-exactly"
+        ]
