@@ -21,6 +21,8 @@ TINY_EPILOG = """Examples:
   hrl models tiny ./tiny-7 --seed 7   # same seed -> byte-identical files
 
   hrl models tiny ./tiny --json       # machine-readable summary
+
+  hrl models tiny ./tiny-oss --family gpt-oss   # Harmony template and special tokens
 """
 
 
@@ -28,16 +30,27 @@ TINY_EPILOG = """Examples:
 def tiny(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into (created if missing).")],
     seed: Annotated[int, typer.Option("--seed", "-s", help="Seed for tokenizer corpus and weights.")] = 0,
+    family: Annotated[
+        str,
+        typer.Option(
+            help="Model family whose chat template and special tokens it gets: hermes, qwen3-coder, glm45, llama3, "
+            "mistral, deepseek-v3, kimi-k2, gpt-oss."
+        ),
+    ] = "hermes",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Build a tiny chat model offline: BPE tokenizer, ChatML + Hermes tool-call template, random Qwen2."""
+    """Build a tiny chat model offline: BPE tokenizer, a family's chat template and special tokens (default: ChatML
+    + Hermes tool calls), random Qwen2. config.json records the family; the proxy picks its tool-call parser."""
     from hrl.train.tiny import build_tiny_model
+    from hrl.train.tiny.families import family_spec
 
+    family_spec(family)  # an unknown family fails before anything is written
     t0 = time.monotonic()
-    err.print(f"building tiny model in {out_dir} (seed {seed})")
-    path = build_tiny_model(out_dir, seed=seed)
+    err.print(f"building tiny model in {out_dir} (seed {seed}, family {family})")
+    path = build_tiny_model(out_dir, seed=seed, family=family)
     files = sorted(p.name for p in path.iterdir())
-    result = {"path": str(path), "seed": seed, "files": files, "seconds": round(time.monotonic() - t0, 2)}
+    result = {"path": str(path), "seed": seed, "family": family, "files": files,
+              "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
     emit(result, as_json=as_json, human=str(path))
 
 

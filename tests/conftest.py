@@ -6,6 +6,7 @@ import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pytest
 
@@ -99,6 +100,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from hrl.train.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """`family_model(NAME)`: the tiny model built as family NAME (hrl models tiny --family), once per session."""
+    from hrl.train.tiny import build_tiny_model
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            out = tmp_path_factory.mktemp("models") / f"tiny-{family}"
+            built[family] = str(build_tiny_model(out, seed=0, family=family))
+        return built[family]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.group import make_trainer
 from hrl.train.heldout import Evaluations
 from hrl.train.sampler import SamplerKind, TaskStats, entropy, weighted_sample
-from hrl.train.samples import build_samples
+from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
 from hrl.train.weight_sync import ipc_update_info
@@ -297,14 +297,18 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
         cfg.advantage,
         drop_zero_variance=cfg.drop_zero_variance,
     )
-    samples = []
+    samples, trained, sampled = [], 0, 0
     for t in traces:
         if t["trace_id"] in adv:
-            for s in build_samples(t, cfg.include_side_calls):
+            mine = build_samples(t, cfg.include_side_calls)
+            kept, total = retained_tokens(t, mine, cfg.include_side_calls)
+            trained, sampled = trained + kept, sampled + total
+            for s in mine:
                 s.advantage = adv[t["trace_id"]]
-                samples.append(s)
+            samples += mine
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
     signal = adv_metrics["adv/groups"] - adv_metrics["adv/zero_variance_groups"]
     return {**adv_metrics, "train/groups_with_signal": signal / max(adv_metrics["adv/groups"], 1.0),
             "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
+            **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}),
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip

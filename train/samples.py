@@ -7,6 +7,9 @@ prompts, so they are still provably sampled), 0 on everything the proxy tokenize
 
 `weight` spreads each trace's unit of loss over its distinct sampled tokens: a token shared by k branches
 gets 1/k of its share in each, so a trace that splits into 5 branches weighs the same as one that does not.
+
+`retained_tokens` checks the result against the trace: of the tokens the engine sampled in calls meant for training,
+how many sit, id for id, at a loss-masked position of some sample (`train/retained_token_ratio`, goal 1.00).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from typing import Any
 
 from hrl.runners.trace import all_prompt_ids, branches, expand_versions
 
-__all__ = ["Sample", "build_samples"]
+__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "retained_tokens"]
+
+RETAINED_TOKEN_RATIO = "train/retained_token_ratio"  # tokens trained ÷ tokens sampled, over the step's traces
 
 _UNUSABLE = {"error", "abort"}  # calls whose tokens never reached the agent whole
 
@@ -90,3 +95,24 @@ def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sam
             for j in range(len(trace["calls"][i]["response_ids"])):
                 s.weight[start + j] = 1.0 / (shared[i] * distinct)
     return samples
+
+
+def retained_tokens(trace: dict[str, Any], samples: list[Sample], include_side: bool = False) -> tuple[int, int]:
+    """(tokens trained, tokens sampled) of one trace. Sampled: the response ids of every call meant for training (a
+    whole response the agent got, of a trainable agent; side calls only with `include_side`). Trained: those found,
+    each at its own offset and id for id, under loss_mask 1 in a sample whose branch holds its call; counted once
+    however many branches share it."""
+    calls, keep = trace["calls"], _keep(include_side)
+    prompts = all_prompt_ids(trace)
+    index = {c["call_id"]: i for i, c in enumerate(calls)}
+    trained: set[tuple[int, int]] = set()
+    for s in samples:
+        for call_id in s.branch:
+            i = index[call_id]
+            start, resp = len(prompts[i]), calls[i]["response_ids"]
+            for j, tok in enumerate(resp):
+                at = start + j
+                if at < len(s.input_ids) and s.input_ids[at] == tok and s.loss_mask[at] == 1:
+                    trained.add((i, j))
+    sampled = sum(len(c["response_ids"]) for c in calls if keep(c))
+    return len(trained), sampled

@@ -1,10 +1,11 @@
 """The scripted engine: plays back assistant turns given as text or tool calls, as real sampled ids.
 
-Each turn is rendered the way the model family writes it (Hermes `<tool_call>` JSON + the end-of-turn token)
-and tokenized with the served model's tokenizer, then streamed token by token like any engine. It lets users
-check a harness integration without a model, and lets tests drive real agent CLIs deterministically. The turn
-played is chosen by how many assistant turns the prompt already holds, so concurrent sessions each get their
-own script position.
+Each turn is rendered the way the model's family writes it (`engines/turns.py`: Hermes `<tool_call>` JSON,
+Qwen3-Coder XML, Harmony channels, …, thinking where the family has it, then its stop token; the family is detected
+from the model like the proxy's `tool_parser: auto`, or set with `family`) and tokenized with the served model's
+tokenizer, then streamed token by token like any engine. It lets users check a harness integration without a
+model, and lets tests drive real agent CLIs deterministically through every family. The turn played is chosen by
+how many assistant turns the prompt already holds, so concurrent sessions each get their own script position.
 
 Paced like a GPU engine (`decode_tps`, `max_batch`, `prefill_tps`): sampling costs no CPU, a sequence's i-th token
 is due `prefill + i / decode_tps` seconds after it is admitted, and each wake-up hands over every token due by
@@ -25,22 +26,26 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from hrl.runners.engines.base import SamplingParams, TokenDelta
+from hrl.runners.engines.turns import completed_turns, hermes_turn, markers, render_family_turn
 from hrl.runners.errors import EngineError
 from hrl.runners.models import resolve_model
 
 __all__ = ["ScriptedEngine", "ScriptedEngineConfig", "ScriptedTurn", "render_turn"]
 
-# One assistant turn to play back: text, or {"text": …, "tool_calls": [{"name": …, "arguments": {…}}]}.
+# One assistant turn to play back: text, or {"text": …, "reasoning": …, "tool_calls": [{"name": …, "arguments": {…}}]}.
 ScriptedTurn = str | dict[str, Any]
 
 
 class ScriptedEngineConfig(BaseModel):
     model: str = Field(description="Model dir or id whose tokenizer renders the turns.")
+    family: str = Field(
+        "auto", description="Model family whose syntax the turns are written in (auto: detected from the model)."
+    )
     turns: list[ScriptedTurn] = Field(
         default_factory=lambda: ["Done."],
-        description="Assistant turns: a string, or {'text': …, 'tool_calls': [{'name': …, 'arguments': {…}}]}, "
-        "optionally with 'fail_after': N to die with an engine error after N tokens. Past the end, the last turn "
-        "repeats.",
+        description="Assistant turns: a string, or {'text': …, 'reasoning': …, 'tool_calls': [{'name': …, "
+        "'arguments': {…}}]}, optionally with 'fail_after': N to die with an engine error after N tokens. Past the "
+        "end, the last turn repeats.",
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(
@@ -63,15 +68,9 @@ class ScriptedEngineConfig(BaseModel):
 
 
 def render_turn(turn: str | dict[str, Any], end_of_turn: str) -> str:
-    """The text a Hermes-style model would sample for a turn, ending with the end-of-turn token."""
-    if isinstance(turn, str):
-        return turn + end_of_turn
-    parts = [turn["text"]] if turn.get("text") else []
-    for call in turn.get("tool_calls", []):
-        parts.append(
-            f"<tool_call>\n{json.dumps({'name': call['name'], 'arguments': call.get('arguments', {})})}\n</tool_call>"
-        )
-    return "\n".join(parts) + end_of_turn
+    """The text a Hermes-style model would sample for a turn (a `<think>` block first when it has reasoning), ending
+    with the end-of-turn token."""
+    return hermes_turn(turn, end_of_turn)
 
 
 class ScriptedEngine:
@@ -104,7 +103,12 @@ class ScriptedEngine:
     async def start(self) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.config.model))
+        from hrl.runners.proxy.toolparsers import detect_model
+
+        path = resolve_model(self.config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        family = self.config.family
+        self.family = detect_model(path, self.tokenizer.chat_template) if family == "auto" else family
         if self.config.script_file:
             self.turns = json.loads(await asyncio.to_thread(Path(self.config.script_file).read_text))
         im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -113,23 +117,22 @@ class ScriptedEngine:
             if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id
             else self.tokenizer.eos_token
         )
-        self._assistant = self.tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)
+        self._markers = markers(self.family, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
         self._turn_ids.clear()
         self._closed = False
 
     def _turn_index(self, prompt_ids: list[int]) -> int:
-        a, n, i = self._assistant, 0, 0
-        with contextlib.suppress(ValueError):
-            while True:  # list.index scans in C: this runs once per call over the whole prompt
-                i = prompt_ids.index(a[0], i)
-                n += prompt_ids[i : i + len(a)] == a
-                i += 1
-        return max(0, n - 1)
+        return completed_turns(prompt_ids, *self._markers)
 
     def _ids(self, index: int) -> list[int]:
         if index not in self._turn_ids:
-            self._turn_ids[index] = self.tokenizer.encode(render_turn(self.turns[index], self._end),
-                                                          add_special_tokens=False)  # fmt: skip
+            turn = self.turns[index]
+            if self.family == "hermes":
+                text = render_turn(turn, self._end)
+            else:
+                before = sum(len(t.get("tool_calls") or []) for t in self.turns[:index] if isinstance(t, dict))
+                text = render_family_turn(self.family, turn, before)
+            self._turn_ids[index] = self.tokenizer.encode(text, add_special_tokens=False)
         return self._turn_ids[index]
 
     @property

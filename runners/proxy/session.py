@@ -136,14 +136,20 @@ class Session:
         upto = template.render(req.messages[: n + 1], req.tools, add_generation_prompt=False)
         if not (upto.startswith(before) and text.startswith(upto)):
             return None  # the template is not append-only for this conversation
-        turn = upto[len(before) :]
+        turn, after = upto[len(before) :], text[len(upto) :]
         sampled_stop = parent.response_ids[-1:] and parent.response_ids[-1] in template.stop_ids
+        if sampled_stop:  # the token the model stopped at, wherever the template writes it
+            stop = template.decode(parent.response_ids[-1:])
+            cut = turn.rfind(stop)
+            if cut >= 0:
+                return turn[cut + len(stop) :] + after
+            if stop and after.startswith(stop):  # the turn ends by opening the next message (GLM's <|observation|>)
+                return after[len(stop) :]
         end = template.end_of_turn
         cut = turn.rfind(end)
         if cut < 0:
             return None
-        bridge = turn[cut + len(end) :] if sampled_stop else turn[cut:]
-        return bridge + text[len(upto) :]
+        return (turn[cut + len(end) :] if sampled_stop else turn[cut:]) + after
 
     # ---- recording -----------------------------------------------------------------------------------------
     def open_call(self, dialect: str, req: ChatRequest, plan: PromptPlan, body_hash: str) -> Call:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.proxy.toolparsers import ToolParser, detect_model, get_tool_parser
@@ -40,9 +42,8 @@ class ChatTemplate:
         im_end = tok.convert_tokens_to_ids("<|im_end|>")
         has_im_end = isinstance(im_end, int) and im_end != tok.unk_token_id
         self.end_of_turn: str = "<|im_end|>" if has_im_end else str(tok.eos_token)
-        self.stop_ids: tuple[int, ...] = tuple(
-            sorted(t for t in {tok.eos_token_id, im_end if has_im_end else None} if isinstance(t, int))
-        )
+        stops = {tok.eos_token_id, im_end if has_im_end else None, *_generation_stops(model_path)}
+        self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stops if isinstance(t, int)))
 
     def render(
         self,
@@ -53,9 +54,10 @@ class ChatTemplate:
     ) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False
+                _mapped_arguments(messages), tools=tools or None, add_generation_prompt=add_generation_prompt,
+                tokenize=False,
             )
-        )
+        )  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -68,6 +70,42 @@ class ChatTemplate:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
         return self.decode(ids)
+
+
+def _generation_stops(model_path: str) -> list[Any]:
+    """The ids generation_config.json stops at (families that end a turn with more than one token: GLM's
+    <|observation|> and <|user|>, gpt-oss's <|call|> and <|return|>, Llama's <|eom_id|>)."""
+    f = Path(model_path) / "generation_config.json"
+    try:
+        eos = json.loads(f.read_text()).get("eos_token_id") if f.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        return []
+    return eos if isinstance(eos, list) else [eos]
+
+
+def _mapped_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose tool-call arguments are JSON strings, with those parsed into objects (as vLLM hands them to
+    a template: several families' templates iterate the arguments); arguments that are not JSON stay strings."""
+    if not any(m.get("tool_calls") for m in messages):
+        return messages
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [_mapped_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _mapped_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}} if isinstance(args, dict) else call
 
 
 class IncrementalDecoder:
@@ -105,8 +143,9 @@ class StreamSplitter:
         self.mode = "start" if self.parser.think else "text"  # start -> think -> text -> tool
         self.held = ""
         self.sent = False  # visible text was sent (a family whose calls open the reply no longer expects one)
-        self.tool_calls = tool_calls
-        self.triggers = {s[0] for s in self.parser.starts} if tool_calls else set()
+        self.after_think = False  # the newlines right after </think> are the template's, not the answer's
+        self.tool_calls = tool_calls or self.parser.framed
+        self.triggers = {s[0] for s in self.parser.starts} if self.tool_calls else set()
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
         if self.mode == "text" and self.sent and not self.held and not any(c in delta for c in self.triggers):
@@ -127,13 +166,18 @@ class StreamSplitter:
                 if idx >= 0:
                     if idx:
                         out.append(("reasoning", self.held[:idx]))
-                    self.held, self.mode = self.held[idx + len("</think>") :].lstrip("\n"), "text"
+                    self.held, self.mode, self.after_think = self.held[idx + len("</think>") :], "text", True
                     continue
                 keep = partial_len(self.held, "</think>")
                 if len(self.held) > keep:
                     out.append(("reasoning", self.held[: len(self.held) - keep]))
                     self.held = self.held[len(self.held) - keep :]
                 return out
+            if self.after_think:  # however the deltas fall, the text starts where `parse` starts it
+                self.held = self.held.lstrip("\n")
+                if not self.held:
+                    return out
+                self.after_think = False
             idx, keep = self.parser.stream_split(self.held, not self.sent) if self.tool_calls else (-1, 0)
             if idx >= 0:
                 if idx:

@@ -183,6 +183,7 @@ CASES = [
     Case("a folder with no Harbor task", ("tasks", "ls", "{tmp}/empty"), FAILURE, "holds no Harbor task"),
     Case("no recipe", ("train",), USAGE, "give --recipe"),
     Case("missing argument", ("models", "tiny"), USAGE, "Missing argument"),
+    Case("unknown family", ("models", "tiny", "{tmp}/m", "--family", "gpt-os"), USAGE, "did you mean 'gpt-oss'"),
     Case("bad option value", ("models", "tiny-agent", "{tmp}/m", "--right-op", "lots"), USAGE, "'--right-op'"),
     Case("missing argument", ("tasks", "ls"), USAGE, "Missing argument"),
     Case("missing option", ("tasks", "synth", "--out", "o.jsonl"), USAGE, "--package"),

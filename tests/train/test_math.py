@@ -10,7 +10,7 @@ import torch
 from hrl.train.advantages import group_advantages
 from hrl.train.loop import LoopConfig
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
-from hrl.train.samples import build_samples
+from hrl.train.samples import build_samples, retained_tokens
 from hrl.train.trainer import TrainerConfig, token_weights
 
 
@@ -103,6 +103,27 @@ def test_a_trace_with_subagents_weighs_one_and_leaves_untrained_agents_out():
     assert sum(sum(s.weight) for s in samples) == pytest.approx(1.0)
     assert all(w in (0.0, pytest.approx(1 / 6)) for s in samples for w in s.weight)
     assert all(s.reward == 1.0 for s in samples)  # one reward (hence one advantage) for the whole agent tree
+
+
+def test_retained_tokens_counts_sampled_ids_found_under_the_mask_once():
+    calls = [
+        _call("a", prompt=[1, 2], resp=[3, 4]),
+        _call("b", ref=("a", 4), suffix=[5], resp=[6], parent="a"),
+        _call("e", ref=("a", 4), suffix=[7], resp=[8, 9], parent="a"),
+        _call("d", prompt=[50], resp=[51], side=True),
+        _call("x", prompt=[1], resp=[2], finish="error"),
+    ]
+    trace = _trace(calls)
+    samples = build_samples(trace)
+    assert retained_tokens(trace, samples) == (5, 5)  # a's 2 tokens shared by two branches count once; d, x left out
+    assert retained_tokens(trace, build_samples(trace, include_side=True), include_side=True) == (6, 6)
+    assert retained_tokens(trace, samples[:1]) == (3, 5)  # a branch lost: e's tokens were sampled, never trained
+    samples[0].input_ids[2] = 99  # a target that is not the sampled id (re-tokenized text) does not count
+    samples[1].input_ids[2] = 99
+    assert retained_tokens(trace, samples) == (4, 5)
+    samples[0].loss_mask[3] = 0  # nor does a sampled id left unmasked
+    samples[1].loss_mask[3] = 0
+    assert retained_tokens(trace, samples) == (3, 5)
 
 
 def test_group_advantages_variants():

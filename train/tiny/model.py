@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from hrl.train.tiny.chatml import CHATML_TOOLS_TEMPLATE, SPECIAL_TOKENS
+from hrl.train.tiny.families import FAMILIES, Family, family_spec
 
 __all__ = ["TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer", "tiny_corpus"]
 
@@ -186,13 +186,15 @@ def tiny_corpus(seed: int, n: int = 3000) -> list[str]:
     return lines
 
 
-def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
-    """A byte-level BPE trained on `tiny_corpus(seed)`, wrapped with the ChatML tool template."""
-    return train_chatml_tokenizer(tiny_corpus(seed), vocab_size)
+def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024, family: str = "hermes"):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE trained on `tiny_corpus(seed)`, with the family's special tokens and chat template (default:
+    ChatML with the Hermes tool template)."""
+    return train_chatml_tokenizer(tiny_corpus(seed), vocab_size, family_spec(family))
 
 
-def train_chatml_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrainedTokenizerFast
-    """A byte-level BPE trained on `corpus`, with ChatML's special tokens and the Hermes tool template."""
+def train_chatml_tokenizer(corpus: list[str], vocab_size: int, family: Family = FAMILIES["hermes"]):
+    """A byte-level BPE trained on `corpus`, with `family`'s special tokens (real special tokens: each one id, never
+    split) and chat template; default ChatML's with the Hermes tool template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -209,31 +211,37 @@ def train_chatml_tokenizer(corpus: list[str], vocab_size: int):  # -> PreTrained
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(family.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
+        eos_token=family.eos,
+        pad_token=family.pad,
+        bos_token=family.bos,
         unk_token=None,
     )
-    fast.chat_template = CHATML_TOOLS_TEMPLATE
+    fast.chat_template = family.template
     return fast
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | None = None) -> Path:
-    """Write tokenizer, chat template, config and random weights (float32 safetensors) to `out_dir`."""
+def build_tiny_model(
+    out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | None = None, family: str = "hermes"
+) -> Path:
+    """Write tokenizer, chat template, config and random weights (float32 safetensors) to `out_dir`. `family`: whose
+    chat template and special tokens the tokenizer gets (`FAMILIES`); config.json records it as `hrl_family`, which
+    the proxy's `tool_parser: auto` reads first."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     cfg = cfg or TinyModelConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size)
+    spec = family_spec(family)
+    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size, family)
+    ids = tokenizer.convert_tokens_to_ids
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -244,10 +252,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | 
         max_position_embeddings=cfg.max_position_embeddings,
         initializer_range=cfg.initializer_range,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=ids(spec.bos or spec.pad),
+        eos_token_id=ids(spec.eos),
+        pad_token_id=ids(spec.pad),
         torch_dtype="float32",
+        hrl_family=spec.name,
     )
     gen = torch.Generator().manual_seed(seed)
     with torch.device("cpu"):
@@ -258,8 +267,9 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | 
                 p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * cfg.initializer_range)
+    stops = [ids(t) for t in spec.stops]
     model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False
+        eos_token_id=stops if len(stops) > 1 else stops[0], pad_token_id=config.pad_token_id, do_sample=False
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -64,8 +64,10 @@ def get_tool_parser(name: str) -> ToolParser:
 
 
 def detect(template: str, config: dict[str, Any] | None = None) -> str:
-    """The family of a model from its chat template text (markers) and config.json (model_type, architectures);
-    `hermes` when nothing gives it away."""
+    """The family of a model from config.json's `hrl_family` (what `hrl models tiny --family` records), its chat
+    template text (markers) and config.json's model_type and architectures; `hermes` when nothing gives it away."""
+    if (config or {}).get("hrl_family") in TOOL_PARSERS:
+        return str(config["hrl_family"])  # type: ignore[index]
     for name, markers in _TEMPLATE_MARKERS:
         if all(m in template for m in markers):
             return name

@@ -92,6 +92,7 @@ class ToolParser:
     name = ""
     starts: tuple[str, ...] = ()
     think = True  # a leading <think>…</think> is reasoning
+    framed = False  # every reply is in the family's headers, tools or not: a stream is split even without tools
 
     def blocks(self, text: str, tools: list[dict[str, Any]] | None) -> list[Block]:
         """The tool-call blocks in `text` (reasoning already removed), in order."""

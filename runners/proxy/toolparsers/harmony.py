@@ -48,6 +48,7 @@ class GptOssParser(ToolParser):
     name = "gpt-oss"
     starts = ("<|channel|>", "<|start|>")
     think = False
+    framed = True
 
     def blocks(self, text: str, tools: list[dict[str, Any]] | None) -> list[Block]:
         return []  # not used: a Harmony reply is split into messages, see `parse`
