@@ -20,6 +20,7 @@ from hrl.runners.engines.base import Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
+from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
@@ -63,6 +64,12 @@ class ProxyConfig(BaseModel):
         description="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
         "kimi-k2, gpt-oss (runners.proxy.toolparsers); auto = from the model's chat template and config.json.",
     )
+    reasoning_parser: str = Field(
+        "auto",
+        description="How the model writes its reasoning: think (a leading <think>…</think>), think-open (the "
+        "template opens <think> in the generation prompt), mistral ([THINK]…[/THINK]), harmony (gpt-oss's analysis "
+        "channel) (runners.proxy.reasoning); auto = from the chat template and the tool parser.",
+    )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
         description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
@@ -73,6 +80,11 @@ class ProxyConfig(BaseModel):
     @classmethod
     def _known_parser(cls, name: str) -> str:
         return check_name(name)  # an UnknownNameError (naming the nearest parser), not a validation error
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning(cls, name: str) -> str:
+        return check_reasoning_name(name)
 
 
 class UnknownSessionError(KeyError):
@@ -86,6 +98,8 @@ class Proxy:
         self.engine, self.template, self.config, self.traces = engine, template, config, traces
         if config.tool_parser != "auto":  # else the template's own choice (detected from the model)
             template.tool_parser = get_tool_parser(config.tool_parser)
+        if config.reasoning_parser != "auto":
+            template.reasoning_parser = get_reasoning_parser(config.reasoning_parser)
         self.sessions: dict[str, Session] = {}
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self._reaper: asyncio.Task[None] | None = None

@@ -69,6 +69,12 @@ CASES = [
         "did you mean 'qwen3-coder'",
     ),
     Case(
+        "unknown reasoning parser",
+        ("serve", "--model", "hrl:tiny", "--reasoning-parser", "think_open"),
+        USAGE,
+        "did you mean 'think-open'",
+    ),
+    Case(
         "unknown tool parser",
         ("doctor", "--model", "hrl:tiny", "--tool-parser", "harmony"),
         USAGE,

@@ -41,8 +41,9 @@ def _message(m: Any) -> dict[str, Any]:
         ]
     if m.get("tool_call_id"):
         out["tool_call_id"] = m["tool_call_id"]
-    if m.get("reasoning_content"):
-        out["reasoning_content"] = m["reasoning_content"]
+    reasoning = m.get("reasoning_content") or m.get("reasoning")  # `reasoning`: the newer name some servers use
+    if reasoning:
+        out["reasoning_content"] = reasoning
     return out
 
 
