@@ -33,7 +33,8 @@ def kv_cache_of(out: Any) -> Any:
 
 
 def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
-    """Sample one id from a (V,) float32 logits row with temperature / top-k / top-p; temperature 0 = greedy."""
+    """Sample one id from a (V,) float32 logits row with temperature / top-k / top-p / min-p; temperature 0 =
+    greedy."""
     import torch
 
     if params.temperature <= 0:
@@ -47,7 +48,10 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
         probs = torch.softmax(sorted_x, -1)
         drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix whose mass reaches top_p
         x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
-    return int(torch.multinomial(torch.softmax(x, -1), 1, generator=generator))
+    probs = torch.softmax(x, -1)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _adapter_context(engine: Any, version: int) -> Any:

@@ -60,6 +60,7 @@ class EmbeddedEngine:
 
     name = "embedded"
     continues_in_place = True  # a publish lands between two decode steps of running requests
+    sampling_knobs = frozenset({"temperature", "top_p", "top_k", "min_p"})  # no penalties: sent as no-ops
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import FinishReason, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.base import NO_OP_SAMPLING, FinishReason, PublishKind, SamplingParams, TokenDelta
 from hrl.runners.engines.vllm_server import (
     EXTENSION_CLS,
     ServerProcess,
@@ -108,6 +108,7 @@ class VLLMEngine:
     # Running requests stay on the LoRA version they started with, so under the `mixed` policy the proxy
     # preempts them at a publish and resumes them from their sampled tokens on the new version.
     continues_in_place = False
+    sampling_knobs = frozenset(NO_OP_SAMPLING)
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config

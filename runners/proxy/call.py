@@ -56,6 +56,7 @@ class CallRecord:
     reply_key: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    sampling: dict[str, Any] | None = None  # {"asked": the agent's sampling knobs, "used": what was sampled with}
     tool_parse_error: str | None = None  # a tool-call block the parser could not read (it reached the agent as text)
     agent: str | None = None  # the sub-agent that made the call (None: the session's own agent)
     trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)

@@ -69,6 +69,12 @@ CASES = [
         "did you mean 'qwen3-coder'",
     ),
     Case(
+        "dishonest sampling",
+        ("train", "--recipe", "demo", "-c", "proxy.sampling=agent"),
+        USAGE,
+        "proxy.sampling=agent cannot be trained on",
+    ),
+    Case(
         "unknown reasoning parser",
         ("serve", "--model", "hrl:tiny", "--reasoning-parser", "think_open"),
         USAGE,
