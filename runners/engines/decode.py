@@ -71,6 +71,17 @@ def _adapter_context(engine: Any, version: int) -> Any:
     return contextlib.nullcontext()
 
 
+def score_ids(engine: Any, prompt_ids: list[int], ids: list[int]) -> list[float]:
+    """Teacher-forced raw logprobs (temperature 1) of `ids` after `prompt_ids` under the live version, in one
+    forward pass without a KV cache: what the logprobs recorded for those ids, when sampled, must equal."""
+    import torch
+
+    with torch.no_grad(), _adapter_context(engine, engine.version):
+        logits = engine.model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), -1)  # (R, V)
+        return [float(x) for x in logprobs.gather(-1, torch.tensor(ids)[:, None])[:, 0]]
+
+
 def run_batch(engine: Any, batch: list[Any]) -> None:
     """Generate for every request in `batch` until each stops, streaming one TokenDelta per token."""
     import torch

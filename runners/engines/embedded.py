@@ -169,6 +169,19 @@ class EmbeddedEngine:
             self._paused = False
             self._cv.notify_all()
 
+    async def score(self, prompt_ids: list[int], ids: list[int]) -> list[float]:
+        """Raw logprobs of `ids` after `prompt_ids` under the live version (one forward pass, between decode
+        steps): `hrl doctor` compares them with the logprobs recorded when the same ids were sampled."""
+        from hrl.runners.engines.decode import score_ids
+
+        was_paused = self._paused
+        await self.pause()
+        try:
+            return await asyncio.to_thread(score_ids, self, list(prompt_ids), list(ids))
+        finally:
+            if not was_paused:
+                await self.resume()
+
     # ---- weights -----------------------------------------------------------------------------------------
     async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:
         was_paused = self._paused

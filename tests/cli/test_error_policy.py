@@ -62,6 +62,7 @@ CASES = [
     Case("unknown engine", ("rollout", "-a", "codex", "--recipe", "demo", "--engine", "vlm"), USAGE, "'vllm'"),
     Case("unknown engine", ("train", "--recipe", "demo", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
     Case("unknown engine", ("serve", "--model", "hrl:tiny", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
+    Case("unknown engine", ("doctor", "--model", "hrl:tiny", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
     Case(
         "unknown tool parser",
         ("serve", "--model", "hrl:tiny", "--tool-parser", "qwen3_coder"),
