@@ -161,6 +161,7 @@ def _line(m: dict[str, Any]) -> str:
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
+        + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
     )
 
 

@@ -75,6 +75,7 @@ CASES = [
         USAGE,
         "proxy.sampling=agent cannot be trained on",
     ),
+    Case("unknown sampling", ("serve", "--model", "hrl:tiny", "--sampling", "raw"), USAGE, "unknown --sampling 'raw'"),
     Case(
         "unknown reasoning parser",
         ("serve", "--model", "hrl:tiny", "--reasoning-parser", "think_open"),
