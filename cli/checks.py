@@ -20,6 +20,8 @@ __all__ = [
     "check_run",
     "check_sandbox",
     "check_tasks",
+    "grade_by_source",
+    "harnesses",
     "say_context",
 ]
 
@@ -95,6 +97,18 @@ def check_honest_sampling(cfg: dict[str, Any]) -> None:
         )
 
 
+def harnesses(cfg: dict[str, Any]) -> list[str]:
+    """The run's harnesses: `rollout.agents`, else `rollout.agent`. `--agent A,B` (a comma in rollout.agent)
+    becomes rollout.agents here, in cfg, so the run's config.json says it the one way."""
+    roll = cfg.setdefault("rollout", {})
+    agent = str(roll.get("agent") or "mini-swe-agent")
+    if "," in agent:
+        roll["agents"] = [a.strip() for a in agent.split(",") if a.strip()]
+    names = list(dict.fromkeys(str(a) for a in roll.get("agents") or [])) or [agent]
+    roll["agent"] = names[0]
+    return names
+
+
 def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     """The names and paths `hrl rollout` and `hrl train` need before any work: agent, sandbox, engine, verifier and
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
@@ -102,21 +116,24 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox
     from hrl.sandboxes.registry import require
 
-    roll = cfg.get("rollout") or {}
-    agent = str(roll.get("agent", "mini-swe-agent"))
-    if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
-        load_function(agent, cfg.get("recipe_dir"))
-    else:
-        check_agent(agent)
+    grade_by_source(cfg, task_file)
+    names = harnesses(cfg)
+    roll = cfg["rollout"]
+    for agent in names:
+        if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
+            load_function(agent, cfg.get("recipe_dir"))
+        else:
+            check_agent(agent)
+    sandboxed = any(needs_sandbox(agent, cfg.get("verifier")) for agent in names)
     check_sandbox(str(roll.get("sandbox", "docker")))
     verifier = str((cfg.get("verifier") or {}).get("name") or "tests")
     # no Docker daemon is a missing prerequisite: said before any header
-    if needs_sandbox(agent, cfg.get("verifier")) and roll.get("sandbox", "docker") == "docker":
+    if sandboxed and roll.get("sandbox", "docker") == "docker":
         from hrl.sandboxes import get_backend
 
         _ = get_backend("docker").api  # type: ignore[attr-defined]
     check_engine(engine, cfg.get("engine_options"))
-    if not needs_sandbox(agent, cfg.get("verifier")):  # a white-box agent scored by a Python function: load it now
+    if not sandboxed:  # white-box agents scored by a Python function: load it now
         if (function := (cfg.get("verifier") or {}).get("function")) is not None:
             load_function(str(function), cfg.get("recipe_dir"))
     else:
@@ -124,9 +141,23 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
             require(VERIFIERS, "verifier", verifier)
         except UnknownNameError as e:
             raise _listed(e, "set -c verifier.name=tests") from None
+    if verifier == "harbor" and roll.get("sandbox", "docker") != "docker":
+        raise UsageError(
+            "Harbor tasks run in Docker sandboxes (their environment is a Dockerfile)", hint="add --sandbox docker"
+        )
     if not task_file:
         raise UsageError("no task file: the recipe names none", hint="give --tasks FILE (SWE-bench JSONL)")
     return check_tasks(task_file)
+
+
+def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
+    """A folder of Harbor tasks is graded by the `harbor` verifier when the recipe names the pytest one (or none):
+    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply."""
+    from hrl.runners.tasks import verifier_for
+
+    section = cfg.get("verifier") or {}
+    if verifier_for(task_file) == "harbor" and section.get("name") in (None, "tests"):
+        cfg["verifier"] = {"name": "harbor", **{k: v for k, v in section.items() if k in ("hide_paths", "run_id")}}
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:

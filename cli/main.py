@@ -82,7 +82,20 @@ def _root(
 
 
 def _register() -> None:
-    from hrl.cli import agents, doctor, inspect, models, recipes, report, rollout, sandbox, serve, tasks, train
+    from hrl.cli import (
+        agents,
+        doctor,
+        evaluation,
+        inspect,
+        models,
+        recipes,
+        report,
+        rollout,
+        sandbox,
+        serve,
+        tasks,
+        train,
+    )
 
     app.add_typer(models.app, name="models")
     app.add_typer(agents.app, name="agents")
@@ -92,6 +105,7 @@ def _register() -> None:
     app.command("serve", epilog=serve.EPILOG)(serve.serve)
     app.command("rollout", epilog=rollout.EPILOG)(rollout.rollout)
     app.command("train", epilog=train.EPILOG)(train.train)
+    app.command("eval", epilog=evaluation.EPILOG)(evaluation.eval_)
     app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
     app.command("report", epilog=report.EPILOG)(report.report)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,6 +22,8 @@ EPILOG = """Examples:
   hrl report runs/demo --out /tmp/demo.html     # somewhere else
 
   hrl report runs/demo --json | jq -r .out      # the path, for scripts
+
+  hrl report runs/eval-20261201-160000          # an `hrl eval` run: its harness table too
 """
 
 
@@ -37,18 +39,27 @@ def report(
         Path | None,
         typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html, or FILE.html)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print {out, traces, steps, bytes} as JSON.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print {out, traces, steps, bytes} (and an eval run's rows) as JSON.")
+    ] = False,
 ) -> None:
     """Render a run, or trace files, as one HTML file that needs no network to view: reward, failures by reason,
     latency and token distributions, staleness and versions over steps (a trace file is one step), and a table of
     traces that opens each trace's calls and tool events (link one with `report.html#trace=ID`)."""
     from hrl.runners.report.builder import write_report
+    from hrl.runners.report.evaluation import eval_rows, eval_table_text, read_plan
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
 
     run = load_source(sources)
     path = write_report(run, out)
-    info = {"out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size}
+    info: dict[str, Any] = {
+        "out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size
+    }  # fmt: skip
+    if (harnesses := eval_rows(run)) is not None:  # an `hrl eval` run: its table, as `hrl eval` printed it
+        info["eval"] = harnesses
+        if not as_json:
+            err.print(eval_table_text(harnesses, read_plan(run.path)), markup=False, highlight=False)
     if not as_json:
         n = info["steps"]
         steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"

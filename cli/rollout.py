@@ -60,7 +60,7 @@ def rollout(
             "--agent",
             "-a",
             help="Agent CLI (see `hrl agents ls`), or a white-box Python agent python:MODULE:FUNCTION | FILE.py:FUNCTION "
-            "(default: the recipe's).",
+            "(default: the recipe's). Several, comma-separated (A,B): every task runs under each.",
         ),
     ] = "",
     recipe: Annotated[str, typer.Option(help="Recipe name or YAML path giving tasks, model and settings.")] = "",
@@ -88,7 +88,7 @@ def rollout(
     ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
-    from hrl.cli.checks import check_model, check_run, say_context
+    from hrl.cli.checks import check_model, check_run, harnesses, say_context
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
     from hrl.runners.whitebox.harness import is_python_agent
 
@@ -115,7 +115,8 @@ def rollout(
         err.print(local_warning(), markup=False)
     model = materialize_model(model)
     check_model(model)
-    say_context(roll["agent"], model, cfg)
+    for name in harnesses(cfg):
+        say_context(name, model, cfg)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     hide_from_sandboxes(cfg, task_file, out)
     rc = asyncio.run(_run(cfg, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
@@ -144,7 +145,9 @@ async def _run(
     from hrl.runners.whitebox.harness import is_python_agent
 
     task_list = load_tasks(task_file)[: limit or None]
-    episodes = [Episode(t, k, 0) for t in task_list for k in range(n)]
+    several = list(cfg["rollout"].get("agents") or [])
+    names = several if len(several) > 1 else [""]  # "": the run's one harness
+    episodes = [Episode(t, k, 0, name) for t in task_list for name in names for k in range(n)]
     counts: Counter[str] = Counter()
     running: set[str] = set()
 
@@ -170,12 +173,18 @@ async def _run(
             highlight=False,
         )
 
+    who = (
+        f" × {len(names)} harnesses), agents {', '.join(names)}"
+        if len(names) > 1
+        else f"), agent {cfg['rollout']['agent']}"
+    )
     err.print(
-        f"{len(episodes)} episodes ({len(task_list)} tasks × {n}), agent {cfg['rollout']['agent']}, "
+        f"{len(episodes)} episodes ({len(task_list)} tasks × {n}{who}, "
         f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
-    white = is_python_agent(cfg["rollout"]["agent"])
+    clis = [a for a in RolloutConfig(**cfg["rollout"]).harnesses if not is_python_agent(a)]
+    white = len(clis) < len(RolloutConfig(**cfg["rollout"]).harnesses)
     async with serving(
         model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
         control_token=secrets.token_urlsafe(32) if white else None,  # white-box agents register their sub-agents
@@ -183,11 +192,12 @@ async def _run(
         rollouts = make_rollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, cfg.get("verifier"),
                                  cfg.get("recipe_dir"))  # fmt: skip
         target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
-        cached = None if white else installed(cfg["rollout"]["agent"], target)
-        if not white and cached is None:  # a cached agent is ready at once: nothing to say, unless asked
-            err.print(f"installing {cfg['rollout']['agent']} for {target} (once; cached after) …", markup=False)
-        elif verbose and cached is not None:
-            err.print(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}", markup=False)
+        for name in clis:
+            cached = installed(name, target)
+            if cached is None:  # a cached agent is ready at once: nothing to say, unless asked
+                err.print(f"installing {name} for {target} (once; cached after) …", markup=False)
+            elif verbose:
+                err.print(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}", markup=False)
         await asyncio.to_thread(rollouts.prepare)
         try:
             traces = await run_episodes(rollouts, episodes, out, concurrency)

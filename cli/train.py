@@ -26,12 +26,14 @@ EPILOG = """Examples:
   hrl train --run-dir runs/swe-1 --resume                   # continue after a crash, same next version
 
   hrl train --recipe agents-sdk --iterations 2              # a white-box OpenAI Agents SDK agent with a handoff
+
+  hrl train --recipe demo --agent mini-swe-agent,aider      # across two harnesses: curves per harness in the report
 """
 
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
     """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
-    from hrl.cli.checks import check_honest_sampling, check_model, check_run, say_context
+    from hrl.cli.checks import check_honest_sampling, check_model, check_run, check_tasks, harnesses, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
@@ -44,9 +46,12 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     check_honest_sampling(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # in the run's config.json: what every call sampled with
     check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
+    if cfg.get("eval_tasks"):  # held-out tasks: read whole now too (`-c eval_tasks=` runs without evaluations)
+        check_tasks(str(cfg["eval_tasks"]))
     cfg["model"] = materialize_model(cfg["model"])
     check_model(cfg["model"])
-    say_context(str((cfg.get("rollout") or {}).get("agent") or "mini-swe-agent"), cfg["model"], cfg)
+    for agent in harnesses(cfg):
+        say_context(agent, cfg["model"], cfg)
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     return cfg
 
@@ -56,7 +61,10 @@ def train(
     agent: Annotated[
         str,
         typer.Option(
-            "--agent", "-a", help="Agent CLI, or python:MODULE:FUNCTION | FILE.py:FUNCTION (default: the recipe's)."
+            "--agent",
+            "-a",
+            help="Agent CLI, or python:MODULE:FUNCTION | FILE.py:FUNCTION (default: the recipe's). Several, "
+            "comma-separated (A,B), train across harnesses: groups per task and harness.",
         ),
     ] = "",
     model: Annotated[str, typer.Option("--model", "-m", help="HF model id or local dir (default: the recipe's).")] = "",
@@ -128,7 +136,8 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
     err.print(f"run dir {run.path}  (resume: hrl train --run-dir {run.path} --resume)", markup=False)
     from hrl.cli.config import hide_from_sandboxes
 
-    hide_from_sandboxes(cfg, cfg["tasks"], run.path)  # no sandbox may read the tasks or the run
+    held = [Path(cfg["eval_tasks"])] if cfg.get("eval_tasks") else []
+    hide_from_sandboxes(cfg, cfg["tasks"], run.path, *held)  # no sandbox may read the tasks or the run
     asyncio.run(_train(cfg, run))
 
 
@@ -162,7 +171,29 @@ def _line(m: dict[str, Any]) -> str:
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
         + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
+        + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )
+
+
+def before_after(rows: dict[int, dict[str, Any]]) -> str:
+    """The held-out table of a run: its first and last evaluation (`eval/…` rows), side by side with the change."""
+    whole = {k: r for k, r in sorted(rows.items()) if r.get("eval/success") is not None}
+    if len(whole) < 2:
+        return ""
+    (s0, start), (s1, end) = next(iter(whole.items())), list(whole.items())[-1]
+    lines = [f"held-out tasks        step {s0:<6} step {s1:<6} change"]
+    for key, label in (("eval/success", "success"), ("eval/reward", "mean reward"), ("eval/turns", "turns")):
+        a, b = float(start[key]), float(end[key])
+        ratio = f"  ({b / a:.1f}×)" if key == "eval/success" and a > 0 else ""
+        lines.append(f"  {label:<19} {a:<11.3f} {b:<11.3f} {b - a:+.3f}{ratio}")
+    lines.append(f"  {'episodes':<19} {start['eval/episodes']:<11.0f} {end['eval/episodes']:<11.0f}")
+    return "\n".join(lines)
+
+
+def _per_harness(m: dict[str, Any]) -> dict[str, float]:
+    """{harness: mean reward} of a step that ran several harnesses (harness/<name>/reward)."""
+    return {k[len("harness/") : -len("/reward")]: round(float(v), 3) for k, v in sorted(m.items())
+            if k.startswith("harness/") and k.endswith("/reward")}  # fmt: skip
 
 
 async def _train(cfg: dict[str, Any], run: Any) -> None:
@@ -178,9 +209,10 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
     from hrl.train.trainer import TrainerConfig
 
     tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
+    heldout = [t.model_dump() for t in load_tasks(cfg["eval_tasks"])] if cfg.get("eval_tasks") else None
     loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
     acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
-    white = is_python_agent((cfg.get("rollout") or {}).get("agent", ""))
+    white = any(is_python_agent(a) for a in RolloutConfig(**cfg.get("rollout", {})).harnesses)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":
@@ -192,6 +224,12 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
                 + (f" ({data['rerun']} cut short by a stop run again)" if data.get("rerun") else ""),
                 markup=False,
             )
+        elif kind == "eval_start":
+            err.print(f"held-out evaluation at step {data['step']} (policy v{data['version']}): {data['tasks']} tasks, "
+                      f"{data['episodes']} episodes", markup=False)  # fmt: skip
+        elif kind == "eval":
+            err.print(f"held-out at step {data['step']}: success {data['eval/success']:.3f} of "
+                      f"{data['eval/episodes']:.0f} episodes, {data['eval/turns']:.1f} turns", markup=False)  # fmt: skip
         elif kind == "resumed":
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
@@ -203,9 +241,17 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
         await asyncio.to_thread(rollouts.prepare)
         if (cfg.get("async") or {}).get("enabled"):
             history = await train_async(
-                tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event
+                tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event, heldout
             )
         else:
-            history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event)
+            history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event, heldout)
     curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)
+    if len(curve) > 2:
+        from hrl.runners.report.builder import smoothed
+
+        err.print(
+            f"smoothed:             {[None if v is None else round(v, 3) for v in smoothed(curve)]}", markup=False
+        )
+    if table := before_after(run.eval_rows()):
+        err.print(table, markup=False, highlight=False)

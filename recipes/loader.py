@@ -1,7 +1,7 @@
 """Find and read recipes: `recipes/<name>/recipe.yaml` (bundled) or any YAML file or folder holding one.
 
 A recipe is plain data. `load_recipe` returns it as a dict with two keys added — `name` (when absent) and
-`recipe_dir` (the folder it came from) — and with relative paths under PATH_KEYS (`tasks`) resolved against
+`recipe_dir` (the folder it came from) — and with relative paths under PATH_KEYS (`tasks`, `eval_tasks`) resolved against
 that folder, so `tasks: tasks.jsonl` works from any working directory. Merging `-c key=value` overrides is the
 caller's job. This module imports nothing from the rest of hrl.
 """
@@ -15,7 +15,7 @@ __all__ = ["RECIPES_DIR", "RecipeError", "list_recipes", "load_recipe", "recipe_
 
 RECIPES_DIR = Path(__file__).resolve().parent
 RECIPE_FILE = "recipe.yaml"
-PATH_KEYS = ("tasks",)  # values that are file paths, relative to the recipe's folder
+PATH_KEYS = ("tasks", "eval_tasks")  # values that are file paths, relative to the recipe's folder
 
 
 class RecipeError(ValueError):

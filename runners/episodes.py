@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from hrl.runners.trace import TraceWriter
 
-__all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "run_episodes"]
+__all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "harness_for", "run_episodes"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Episode:
     task: Any  # a task dict, or a runners.tasks.Task
     index: int  # k within the group
     iteration: int  # the batch (sync) or group number (async) it belongs to
+    agent: str = ""  # the harness it runs under, in a run of several (rollout.agents); "" = the run's one harness
 
     @property
     def task_id(self) -> str:
@@ -32,11 +33,19 @@ class Episode:
 
     @property
     def group_id(self) -> str:
-        return f"it{self.iteration}:{self.task_id}"
+        """One GRPO group: a task in a batch, under one harness when the run has several."""
+        return f"it{self.iteration}:{self.task_id}" + (f"@{self.agent}" if self.agent else "")
 
     @property
     def key(self) -> str:
         return f"{self.group_id}#{self.index}"
+
+
+def harness_for(rollouts: Any, group: int) -> str:
+    """The harness of the run's `group`-th group: round-robin over the rollouts' harnesses when there are several
+    (`HarnessMix`), so each harness gets every n-th group; "" when there is one."""
+    harnesses = list(getattr(rollouts, "harnesses", None) or [])
+    return harnesses[group % len(harnesses)] if len(harnesses) > 1 else ""
 
 
 class Rollouts(Protocol):
@@ -51,7 +60,10 @@ def failed_trace(ep: Episode, reason: str, error: str, started_at: float) -> dic
     the one trace builder (`Session.to_trace`), as the proxy builds every other."""
     from hrl.runners.proxy.session import Session
 
-    session = Session("", {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}})
+    meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
+    if ep.agent:
+        meta["agent"] = {"name": ep.agent}  # counted under its harness like the episodes that ran
+    session = Session("", meta)
     session.started_at = started_at
     return session.to_trace(failure_reason=reason, extra={"error": error[-4000:]})
 

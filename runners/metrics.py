@@ -35,6 +35,9 @@ Per step (`step_metrics`) over the step's traces:
 - `engine/busy_frac`: the fraction of the rollout window (first trace start → last trace end) in which at
   least one call was in flight, measured from the traces' absolute call times.
 - `train/version` = the trainer version the step was computed against, when given.
+- per harness (the trace's `agent.name`; several in a run with `rollout.agents`): `harness/<name>/reward` (mean
+  over its traces with a reward; absent when none has one), `harness/<name>/turns` (mean), `harness/<name>/count`
+  and `harness/<name>/failed` (traces with a failure_reason).
 
 Named here but produced elsewhere: `train/mismatch_kl`, `train/loss`, `train/grad_norm` (the trainer step),
 `proxy/pause_s`, `proxy/queue_depth` (the proxy's stats), `proxy/cpu_us_per_token` (CPU microseconds of the
@@ -57,6 +60,7 @@ __all__ = [
     "DEGENERATE",
     "DISTRIBUTION_STATS",
     "FAILURES_PREFIX",
+    "HARNESS_PREFIX",
     "STEP_ONLY_METRICS",
     "SYSTEM_METRICS",
     "TRACE_METRICS",
@@ -64,6 +68,7 @@ __all__ = [
     "distribution",
     "engine_busy_frac",
     "failure_counts",
+    "harness_metrics",
     "step_metrics",
     "tool_latency_s",
     "trace_metrics",
@@ -87,6 +92,7 @@ MERGE_RATIO = "trace/merge_ratio"
 TOOL_PARSE_ERRORS = "trace/tool_parse_errors"
 DEGENERATE = "trace/degenerate"
 FAILURES_PREFIX = "trace/failures/"
+HARNESS_PREFIX = "harness/"
 
 TRACE_METRICS = (
     LATENCY_S,
@@ -255,4 +261,21 @@ def step_metrics(traces: Iterable[Trace], trainer_version: int | None = None) ->
     busy = engine_busy_frac(traces)
     if busy is not None:
         out["engine/busy_frac"] = busy
+    return out | harness_metrics(traces, per)
+
+
+def harness_metrics(traces: list[Trace], per: list[dict[str, float]]) -> dict[str, float]:
+    """The step split by harness (see the module docstring): `per` are the traces' own `trace_metrics`."""
+    by: dict[str, list[dict[str, float]]] = {}
+    for trace, m in zip(traces, per, strict=True):
+        by.setdefault(str((trace.get("agent") or {}).get("name") or "unknown"), []).append(m)
+    out: dict[str, float] = {}
+    for name, ms in sorted(by.items()):
+        key = f"{HARNESS_PREFIX}{name}/"
+        rewards = [m[REWARD] for m in ms if REWARD in m]
+        out[key + "count"] = float(len(ms))
+        out[key + "failed"] = float(sum(any(k.startswith(FAILURES_PREFIX) for k in m) for m in ms))
+        out[key + "turns"] = sum(m[TURNS] for m in ms) / len(ms)
+        if rewards:
+            out[key + "reward"] = sum(rewards) / len(rewards)
     return out

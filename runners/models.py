@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from hrl.runners.errors import ModelNotFoundError
 
-__all__ = ["resolve_model", "split_adapter"]
+__all__ = ["peft_quietly", "resolve_model", "split_adapter"]
+
+
+@contextlib.contextmanager
+def peft_quietly() -> Iterator[None]:
+    """peft wraps a model by asking transformers a name it deprecated (`is_gradient_checkpointing`); the call is
+    fine, so its FutureWarning stays out of what users read."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def _looks_like_path(name: str) -> bool:

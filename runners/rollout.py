@@ -27,26 +27,36 @@ from hrl.runners.tasks.workspace import WorkspaceError
 from hrl.runners.trace import TraceWriter
 from hrl.sandboxes import SandboxError, get_backend
 
-__all__ = ["AgentRollouts", "RolloutConfig", "make_rollouts"]
+__all__ = ["AgentRollouts", "HarnessMix", "RolloutConfig", "make_rollouts"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
 
 class RolloutConfig(BaseModel):
     agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
+    agents: list[str] = Field(
+        default_factory=list,
+        description="Several harnesses in one run (replaces `agent`): episodes are spread over them, each GRPO "
+        "group is one task under one harness, and the metrics are split per harness (harness/<name>/…).",
+    )
     sandbox: str = Field("docker", description="docker | local.")
     time_budget_s: float = Field(600, description="Wall-time budget of one agent run; 0 = none.")
     proxy_port: int = Field(PROXY_PORT, description="Port the proxy appears on inside docker sandboxes.")
     verify: bool = Field(True, description="Score episodes with the task's tests.")
     run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
-    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = none.")
-    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = none.")
+    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none.")
+    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
     mode: Literal["inprocess", "subprocess"] = Field(
         "inprocess",
         description="White-box (python:) agents only: run on the event loop, or in a subprocess with "
         "OPENAI_BASE_URL / OPENAI_API_KEY set (for synchronous code).",
     )
+
+    @property
+    def harnesses(self) -> list[str]:
+        """The harnesses of the run, in order: `agents`, else the one `agent`."""
+        return list(dict.fromkeys(self.agents)) or [self.agent]
 
 
 def make_rollouts(
@@ -57,9 +67,13 @@ def make_rollouts(
     base_dir: str | None = None,
 ) -> Any:
     """The rollouts for `config.agent`: a white-box Python agent (`python:MODULE:FUNCTION`, `FILE.py:FUNCTION`;
-    relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox."""
+    relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox. With several
+    `config.agents`, a `HarnessMix` of one such rollouts per harness."""
     from hrl.runners.whitebox.harness import PythonRollouts, is_python_agent
 
+    if len(config.harnesses) > 1:
+        return HarnessMix(stack, config, on_event, verifier, base_dir)
+    config = config.model_copy(update={"agent": config.harnesses[0], "agents": []})
     if is_python_agent(config.agent):
         return PythonRollouts(stack, config, on_event, verifier, base_dir)
     return AgentRollouts(stack, config, on_event, verifier)
@@ -95,7 +109,7 @@ class AgentRollouts:
             "task_id": task.instance_id,
             "group_id": ep.group_id,
             "agent": {"name": self.runner.name, "version": self.runner.version},
-            "env": {"sandbox": self.config.sandbox, "image": task.image or self.verifier.config.image},
+            "env": {"sandbox": self.config.sandbox, "image": self.verifier.sandbox_spec(task).image},
             "model": {"name": self.stack.proxy.config.model_name},
             "metadata": {"episode": ep.key, "run": self.run_id},
         }
@@ -120,14 +134,17 @@ class AgentRollouts:
 
     async def _run(self, ep: Any, task: Task, inst: AgentInstall, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg = self.config
-        spec = self.verifier.sandbox_spec(task).model_copy(update={"cpus": cfg.cpus, "memory_mb": cfg.memory_mb})
+        await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
+        limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
+        spec = self.verifier.sandbox_spec(task).model_copy(update=limits)
+        budget = getattr(task, "agent_timeout_s", None) or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
         label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options) as session:  # fmt: skip
             await self.verifier.prepare(session.sandbox, task)
-            result = await session.run(cfg.time_budget_s)
+            result = await session.run(budget)
             verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
         calls = self.stack.proxy.sessions[token].calls if token in self.stack.proxy.sessions else []
@@ -160,3 +177,31 @@ class AgentRollouts:
             trace = self._ended_early(token, extra)
         self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
         return trace
+
+
+class HarnessMix:
+    """Several harnesses behind one `Rollouts`: an episode runs under the harness it names (`Episode.agent`), with
+    the same stack, sandbox backend, verifier settings and run id for all of them."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        config: RolloutConfig,
+        on_event: Event = lambda kind, data: None,
+        verifier: dict[str, Any] | None = None,
+        base_dir: str | None = None,
+    ) -> None:
+        shared = config.model_copy(update={"run_id": config.run_id or f"hrl-{uuid.uuid4().hex[:8]}"})
+        self.harnesses = config.harnesses
+        one = {name: shared.model_copy(update={"agent": name, "agents": []}) for name in self.harnesses}
+        self.by_harness = {name: make_rollouts(stack, c, on_event, verifier, base_dir) for name, c in one.items()}
+
+    def prepare(self) -> None:
+        """Install (or load) every harness before the first episode."""
+        for rollouts in self.by_harness.values():
+            rollouts.prepare()
+
+    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+        if ep.agent not in self.by_harness:
+            raise ValueError(f"episode {ep.key} names harness {ep.agent!r}, not one of {self.harnesses}")
+        return await self.by_harness[ep.agent].episode(ep, trace_file)

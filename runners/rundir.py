@@ -9,9 +9,12 @@ run/
                                     the batch of step 3 (async loop)
   traces/iter-0003.cancelled.jsonl  sync: traces a stop cut short, set aside on resume (those episodes run again)
   traces/rollouts.jsonl             async runs of older hrl: all their traces in one file; read, never written
-  metrics.jsonl                     one line per training step
+  metrics.jsonl                     one line per training step, and one per held-out evaluation (eval/… keys)
+  eval/step-0000.jsonl              the traces of the held-out evaluation before step 0 (hrl.train.heldout)
   checkpoints/v0004/                peft adapter (LoRA) or full HF checkpoint + optimizer.pt
   lock                              flock'ed by the process training here (the kernel drops it when that dies)
+  eval.json                         `hrl eval` runs only: which (model, harness) each trace file holds
+                                    (`runners/report/evaluation.py`)
 
 state.json is the commit point: whatever a killed process wrote past it (traces of the unfinished step, a metrics
 line of an uncommitted step) is either kept because it is complete and still valid (traces) or discarded on
@@ -34,11 +37,17 @@ from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.metrics import POLICY_VERSION_MIN, trace_metrics
 from hrl.runners.trace import read_traces
 
-__all__ = ["LEGACY_TRACES", "NotARunDirError", "RunDir", "RunDirBusyError", "is_run_dir"]
+__all__ = ["EVAL_PREFIX", "LEGACY_TRACES", "NotARunDirError", "RunDir", "RunDirBusyError", "is_eval_row", "is_run_dir"]
 
 Trace = dict[str, Any]
 LEGACY_TRACES = "rollouts.jsonl"
 _ITER = re.compile(r"iter-(\d+)\.jsonl$")
+EVAL_PREFIX = "eval/"
+
+
+def is_eval_row(row: dict[str, Any]) -> bool:
+    """A metrics.jsonl row of a held-out evaluation (not of a training step)."""
+    return any(str(k).startswith(EVAL_PREFIX) for k in row)
 
 
 class RunDirBusyError(HrlError):
@@ -125,6 +134,9 @@ class RunDir:
     def trace_file(self, iteration: int) -> Path:
         return self.traces / f"iter-{iteration:04d}.jsonl"
 
+    def eval_trace_file(self, step: int) -> Path:
+        return self.path / "eval" / f"step-{step:04d}.jsonl"
+
     def trace_files(self) -> dict[int, Path]:
         """Each step's trace file, by step (set-aside `.cancelled.jsonl` files are not among them)."""
         files = sorted(self.traces.glob("iter-*.jsonl"))
@@ -177,7 +189,14 @@ class RunDir:
 
     # ---- metrics ------------------------------------------------------------------------------------------------
     def metric_rows(self) -> dict[int, dict[str, Any]]:
-        """metrics.jsonl by step (a step logged twice, e.g. around a resume, keeps its last line)."""
+        """metrics.jsonl's training steps by step (a step logged twice, e.g. around a resume, keeps its last line)."""
+        return self._rows(evals=False)
+
+    def eval_rows(self) -> dict[int, dict[str, Any]]:
+        """metrics.jsonl's held-out evaluations by the step whose policy they measured."""
+        return self._rows(evals=True)
+
+    def _rows(self, evals: bool) -> dict[int, dict[str, Any]]:
         path, rows = self.path / "metrics.jsonl", {}
         if path.is_file():
             for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -186,7 +205,8 @@ class RunDir:
                         row = json.loads(line)
                     except ValueError as e:
                         raise HrlError(f"{path}:{lineno}: not a JSON object: {e}") from e
-                    rows[int(row.get("step", len(rows)))] = row
+                    if is_eval_row(row) == evals:
+                        rows[int(row.get("step", len(rows)))] = row
         return rows
 
     def discard_uncommitted_metrics(self) -> int:
@@ -196,10 +216,17 @@ class RunDir:
         if not path.is_file():
             return 0
         lines = path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) < committed]
+        # a step's line counts once the step is committed; an evaluation's once the policy it measured is (the
+        # policy of step k exists from the commit of step k - 1 on)
+        kept = [line for line in lines if line.strip() and _committed(json.loads(line), committed)]
         if len(kept) != len(lines):
             write_atomically(path, "".join(kept))
         return len(lines) - len(kept)
+
+
+def _committed(row: dict[str, Any], committed: int) -> bool:
+    step = int(row.get("step", 0))
+    return step <= committed if is_eval_row(row) else step < committed
 
 
 def _json_file(path: Path) -> dict[str, Any]:

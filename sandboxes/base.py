@@ -41,6 +41,14 @@ class SandboxSpec(BaseModel):
         description="none: no network. proxy: only the hrl proxy (proxy_socket), as 127.0.0.1:proxy_port. "
         "host: the host's network (for installs only).",
     )
+    pull: bool = Field(
+        False,
+        description="Pull the image when it is not present (the per-instance images of SWE-bench-family datasets); "
+        "False: a missing image fails the sandbox (hrl's own images are built, never pulled).",
+    )
+    registry: str = Field(
+        "", description="With pull: take a missing image from this registry (HOST:PORT) and tag it with its name."
+    )
     proxy_socket: str | None = Field(None, description="Host path of the proxy's unix socket (network='proxy').")
     proxy_port: int = Field(8000, description="Port the proxy appears on inside the sandbox (network='proxy').")
     cpus: float = Field(0.0, description="CPU limit; 0 = none.")

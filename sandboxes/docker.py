@@ -49,6 +49,10 @@ PROXY_DIR = "/run/hrl"
 EXEC_MARK = "HRL_EXEC"  # set on every exec; KILL_TREE finds a command's whole tree by it
 KILL_GRACE_S = 10.0  # after a timeout kill, how long to wait for the output stream to close
 BUILD_HINT = "build the base image with `hrl sandbox build` (or .ci/setup.sh); there is no registry to pull from"
+PULL_HINT = (
+    "pull or `docker load` it on this machine, or set `verifier.image_registry: HOST:PORT` to take the images "
+    "from a local registry; the task is not trained on until its image is here"
+)
 DAEMON_HINT = "start dockerd (see .ci/setup.sh), or use `--sandbox local` for development"
 
 
@@ -66,8 +70,10 @@ class DockerBackend:
         max_workers: int = 16,
         max_output_bytes: int = 16 << 20,
         pids_limit: int = 0,
+        pull_timeout_s: float = 1800.0,
     ) -> None:
         self.base_url = base_url
+        self.pull_timeout_s = pull_timeout_s
         self.api_timeout_s = api_timeout_s
         self.max_output_bytes = max_output_bytes
         self.pids_limit = pids_limit
@@ -75,6 +81,7 @@ class DockerBackend:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="hrl-docker")
         self._client: docker.DockerClient | None = None
         self._lock = threading.Lock()
+        self._pulls: dict[str, asyncio.Lock] = {}
 
     @property
     def api(self) -> docker.APIClient:
@@ -99,6 +106,8 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> DockerSandbox:
         api = await self.connect()
+        if spec.pull:
+            await self.ensure_image(spec.image, spec.registry)
         config = self._container_config(spec, run_id, episode_id)
         creating = asyncio.ensure_future(self.call(api.create_container, **config))
         try:
@@ -125,6 +134,48 @@ class DockerBackend:
                 raise SandboxError(f"cannot start a container from {spec.image!r}: {_explain(exc)}") from exc
             raise
         return sandbox
+
+    async def ensure_image(self, image: str, registry: str = "") -> None:
+        """Pull `image` (from `registry` when given) unless it is present; one pull per image at a time (episodes
+        of one instance share it). Raises SandboxUnavailableError naming the image when it can be neither found
+        nor pulled."""
+        lock = self._pulls.setdefault(image, asyncio.Lock())
+        async with lock:
+            api = await self.connect()
+            try:
+                await self.call(api.inspect_image, image)
+                return
+            except docker.errors.ImageNotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"cannot inspect the Docker image {image!r}: {_explain(exc)}") from exc
+            try:
+                await self.call(self._pull, image, registry)
+            except docker.errors.DockerException as exc:
+                where = f" from {registry}" if registry else ""
+                raise SandboxUnavailableError(
+                    f"Docker image {image!r} is not here and cannot be pulled{where}: {_explain(exc)}", hint=PULL_HINT
+                ) from exc
+
+    def _pull(self, image: str, registry: str) -> None:
+        """Pull with a client whose calls may last as long as a large image's pull (the backend's own times out in
+        a minute); the daemon reports some failures only inside the stream, so the image is looked up after."""
+        host = {"DOCKER_HOST": self.base_url} if self.base_url else None
+        client = docker.from_env(environment=host, timeout=int(self.pull_timeout_s))
+        try:
+            source = f"{registry.rstrip('/')}/{image}" if registry else image
+            repository, tag = _split_tag(source)
+            last = ""
+            for event in client.api.pull(repository, tag=tag or None, stream=True, decode=True):
+                last = str(event.get("error") or last)
+            if registry:
+                client.api.tag(source, *_split_tag(image))
+            try:
+                client.api.inspect_image(image)
+            except docker.errors.ImageNotFound as exc:
+                raise docker.errors.DockerException(last or "the pull finished without the image") from exc
+        finally:
+            client.close()
 
     def _container_config(self, spec: SandboxSpec, run_id: str, episode_id: str) -> dict[str, Any]:
         mounts = [
@@ -156,6 +207,15 @@ class DockerBackend:
             "working_dir": spec.workdir,
             "host_config": host_config,
         }
+
+    async def remove_image(self, image: str) -> None:
+        """Remove an image (one `DockerSandbox.commit` made); a missing one is no error."""
+        api = await self.connect()
+        with contextlib.suppress(docker.errors.NotFound):
+            try:
+                await self.call(api.remove_image, image, force=True)
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"cannot remove image {image[:19]}: {_explain(exc)}") from exc
 
     async def prune(self, run_id: str | None = None) -> int:
         api = await self.connect()
@@ -310,6 +370,22 @@ class DockerSandbox:
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot write {target} in container {self.id[:12]}: {_explain(exc)}") from exc
 
+    async def commit(self, labels: dict[str, str] | None = None) -> str:
+        """Snapshot this container's filesystem as a new untagged image; its id. A container made from it starts
+        where this one stands (files, not processes). The image keeps its parent image's environment: variables
+        this sandbox's spec added (an agent's endpoint and key) stay only as names with empty values."""
+        api = self._api()
+        try:
+            info = await self.backend.call(api.inspect_container, self.id)
+            parent = ((await self.backend.call(api.inspect_image, info["Image"])).get("Config") or {}).get("Env") or []
+            names = {e.split("=", 1)[0] for e in parent}
+            added = {e.split("=", 1)[0] for e in info["Config"].get("Env") or []} - names
+            conf = {"Env": [*parent, *(f"{name}=" for name in sorted(added))], "Labels": {"hrl": "1", **(labels or {})}}
+            made = await self.backend.call(api.commit, self.id, conf=conf)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot commit container {self.id[:12]}: {_explain(exc)}") from exc
+        return str(made["Id"])
+
     async def start_forwarder(self) -> None:
         assert self.spec.proxy_socket
         await self.write_file(FORWARDER_PATH, FORWARDER.encode())
@@ -413,3 +489,13 @@ def _container_name(run_id: str, episode_id: str) -> str:
 
 def _explain(exc: BaseException) -> str:
     return str(getattr(exc, "explanation", None) or exc)
+
+
+def _split_tag(image: str) -> tuple[str, str]:
+    """'host:5000/name:tag' → ('host:5000/name', 'tag'); no tag → 'latest'; a digest stays in the repository."""
+    if "@" in image:
+        return image, ""
+    name, sep, tag = image.rpartition(":")
+    if sep and "/" not in tag:
+        return name, tag
+    return image, "latest"

@@ -26,9 +26,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.episodes import guarded_episode
+from hrl.runners.episodes import guarded_episode, harness_for
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
+from hrl.train.heldout import Evaluations
 from hrl.train.loop import (
     Episode,
     Event,
@@ -91,7 +92,7 @@ class _Producer:
         if cfg.task_sampler == "signal":
             self.stats.observe(run.all_traces())
         self._groups = (
-            [Episode(t, k, n) for k in range(cfg.group_size)]
+            [Episode(t, k, n, harness_for(rollouts, n)) for k in range(cfg.group_size)]
             for n in itertools.count()
             for t in [self._pick(rng)]
             if n >= first
@@ -184,14 +185,23 @@ async def train_async(
     publish: Any,
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
+    eval_tasks: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run `cfg.iterations` updates asynchronously. `publish(path, kind, version)` must be the proxy's publish."""
+    """Run `cfg.iterations` updates asynchronously. `publish(path, kind, version)` must be the proxy's publish.
+    `eval_tasks`: held-out tasks, evaluated before the first update and after the last (`hrl.train.heldout`; the
+    policy moves under in-flight episodes, so there are no evaluations between)."""
     trainer, state = await start_trainer(cfg, run, publish, on_event)
     version, history, dropped_total = state["version"], [], 0
+    sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
+    evals = Evaluations(eval_tasks, cfg, run, rollouts, periodic=False)
+    try:
+        await evals.at(0, version, sink, on_event)  # before any rollout of the run
+    except BaseException:
+        sink.close()
+        raise
     producer = _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
-    sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     proxy = getattr(publish, "__self__", None)  # the proxy, when publish is its bound method
     _cpu_per_token(proxy)  # sets the mark: each step reports its own window
     try:
@@ -232,6 +242,9 @@ async def train_async(
             run.save_state(step + 1, version, path)
             history.append(metrics)
             on_event("step", metrics)
+        feeder.cancel()
+        await producer.stop()  # no training episode runs while the final policy is evaluated
+        await evals.at(cfg.iterations, version, sink, on_event)
     finally:
         sink.close()
         feeder.cancel()

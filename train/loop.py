@@ -17,13 +17,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
-from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.group import make_trainer
+from hrl.train.heldout import Evaluations
 from hrl.train.sampler import SamplerKind, TaskStats, entropy, weighted_sample
 from hrl.train.samples import build_samples
 from hrl.train.sinks import MetricsSink
@@ -58,7 +59,16 @@ class LoopConfig(BaseModel):
         description="Which tasks a batch takes. uniform: any task alike. signal: weighted by 1 − p^G − (1 − p)^G, "
         "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior).",
     )
-    success_reward: float = Field(1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates.")
+    success_reward: float = Field(
+        1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates and eval/success."
+    )
+    eval_every: int = Field(
+        0,
+        description="With eval_tasks: also evaluate every N steps, on eval_slice of them (the whole set is "
+        "evaluated at step 0 and after the last step either way; sync loop only). 0 = only then.",
+    )
+    eval_slice: int = Field(8, description="Held-out tasks of an evaluation between the first and the last.")
+    eval_episodes: int = Field(1, description="Episodes per held-out task in an evaluation.")
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
@@ -85,17 +95,23 @@ class Publisher(Protocol):
 
 
 def _batch(
-    tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None
+    tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None, rollouts: Any = None
 ) -> list[Episode]:
     """The iteration's episodes: distinct tasks drawn by (seed, iteration), × the group size. `signal` weighs them
-    by `stats`, the counts of the steps before this one."""
+    by `stats`, the counts of the steps before this one. With several harnesses, each group runs under one of them,
+    in turn (`harness_for`)."""
     rng = random.Random(cfg.seed * 100_003 + iteration)
     n = min(cfg.tasks_per_iteration, len(tasks))
     if cfg.task_sampler == "signal":
         picked = weighted_sample(tasks, (stats or TaskStats()).weights(tasks, cfg.group_size), n, rng)
     else:
         picked = rng.sample(tasks, n)
-    return [Episode(t, k, iteration) for t in picked for k in range(cfg.group_size)]
+    first = iteration * n  # the run's number of the batch's first group
+    return [
+        Episode(t, k, iteration, harness_for(rollouts, first + j))
+        for j, t in enumerate(picked)
+        for k in range(cfg.group_size)
+    ]
 
 
 def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int) -> TaskStats:
@@ -138,15 +154,19 @@ async def train(
     publisher: Publisher,
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
+    eval_tasks: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) the loop; returns the metrics of the steps this call ran."""
+    """Run (or resume) the loop; returns the metrics of the steps this call ran. `eval_tasks`: held-out tasks,
+    evaluated as `hrl.train.heldout` says."""
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     version, history = state["version"], []
+    evals = Evaluations(eval_tasks, cfg, run, rollouts)
     stats = sampler_stats(cfg, run, state["iteration"])  # rebuilt from the committed steps on resume
     _cpu_per_token(publisher)  # sets the mark: each step reports its own window
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
+                await evals.at(it, version, sink, on_event)  # the policy this step's rollouts use
                 metrics, path = await _iteration(
                     it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats
                 )
@@ -157,6 +177,7 @@ async def train(
                     stats.observe(run.iteration_traces(it))  # what a resume rebuilds: the committed step's traces
                 history.append(metrics)
                 on_event("step", metrics)
+            await evals.at(cfg.iterations, version, sink, on_event)  # the policy the run ends with
     finally:
         await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
     return history
@@ -168,7 +189,7 @@ async def _iteration(
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
     """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
     t0 = time.monotonic()
-    episodes = _batch(tasks, cfg, it, stats)
+    episodes = _batch(tasks, cfg, it, stats, rollouts)
     sampled = sampler_metrics(cfg, tasks, stats)
     rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
     done = {t.get("metadata", {}).get("episode") for t in run.iteration_traces(it)}

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from hrl.runners.errors import PrerequisiteError
-from hrl.runners.models import resolve_model
+from hrl.runners.models import peft_quietly, resolve_model
 from hrl.train import distributed
 from hrl.train.device import (
     MasterWeights,
@@ -60,8 +59,7 @@ class Trainer:
             from peft import LoraConfig, get_peft_model
 
             lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
-            with warnings.catch_warnings():  # peft asks transformers by a name it deprecated; the call is fine
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            with peft_quietly():
                 model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
         self.model = model.train()
         self.forward = LogprobModel(self.model, config.logprob_chunk)  # the module FSDP2 shards, when sharded

@@ -211,10 +211,13 @@ class EmbeddedEngine:
     def _load_adapter(self, path: str, adapter_name: str) -> None:
         from peft import PeftModel
 
+        from hrl.runners.models import peft_quietly
+
         if isinstance(self.model, PeftModel):
             self.model.load_adapter(path, adapter_name=adapter_name)
         else:
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=adapter_name).eval()
+            with peft_quietly():
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=adapter_name).eval()
 
     def _evict_old_adapters(self) -> None:
         in_use = {r.version for r in [*self._pending, *self._active.values()]}

@@ -390,11 +390,18 @@ class VLLMEngine:
     async def _call(self, method: str, route: str, *, limit_s: float | None = None, **kwargs: Any) -> Any:
         """One control request; returns the decoded JSON body, or the text of a non-JSON one."""
         limit = aiohttp.ClientTimeout(total=limit_s or self.config.request_timeout_s)
-        try:
-            async with self._client().request(method, self.base_url + route, timeout=limit, **kwargs) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    raise http_error(resp.status, text, route)
-                return json.loads(text) if resp.content_type == "application/json" else text
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise EngineError(f"vLLM server at {self.base_url} failed {method} {route}: {e!r}") from e
+        for attempt in (1, 2):
+            try:
+                async with self._client().request(method, self.base_url + route, timeout=limit, **kwargs) as resp:
+                    text = await resp.text()
+                    if resp.status != 200:
+                        raise http_error(resp.status, text, route)
+                    return json.loads(text) if resp.content_type == "application/json" else text
+            except aiohttp.ServerDisconnectedError as e:
+                # the server closed a pooled connection as the request went out on it: no response was read, so
+                # the request is sent once more on a new connection (a server that is really gone refuses that one)
+                if attempt == 2:
+                    raise EngineError(f"vLLM server at {self.base_url} failed {method} {route}: {e!r}") from e
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise EngineError(f"vLLM server at {self.base_url} failed {method} {route}: {e!r}") from e
+        raise AssertionError("unreachable")

@@ -284,9 +284,16 @@ def _kill_leftovers() -> None:
 
 
 # ---- wire format ---------------------------------------------------------------------------------------
+# vLLM's API server (uvicorn) closes a keep-alive connection after 5 s idle. aiohttp keeps one for 15 s by default,
+# so a request sent on a connection the server is closing at that moment failed with "Server disconnected". Dropping
+# idle connections well before the server does closes that race.
+KEEPALIVE_S = 2.0
+
+
 def new_session() -> aiohttp.ClientSession:
     """An HTTP session without a total timeout (streams may be held by a pause) or a connection cap."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
 def score_body(model: str, ids: list[int]) -> dict[str, Any]:

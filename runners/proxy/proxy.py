@@ -211,7 +211,15 @@ class Proxy:
         if self._reaper is not None:
             self._reaper.cancel()
         roots = [t for t, s in self.sessions.items() if s.root is s]
-        return [self.end_session(t, extra={"ended_by": "proxy stop"}) for t in roots]
+        return [self.end_session(t, **self._cut_short(t), extra={"ended_by": "proxy stop"}) for t in roots]
+
+    def _cut_short(self, token: str) -> dict[str, Any]:
+        """A session with a call still generating at the stop, or whose last call the stop cut off (its sub-agents'
+        calls are its own), did not end: `cancelled`, not trained on, and run again on resume. One between calls keeps what its
+        calls say."""
+        session, calls = self.sessions[token], self.sessions[token].calls
+        generating = any(c.session.root is session for c in self._inflight.values())
+        return {"failure_reason": "cancelled"} if generating or (calls and calls[-1].finish_reason == "abort") else {}
 
     def start_reaper(self) -> None:
         if self.config.idle_timeout_s > 0 and self._reaper is None:

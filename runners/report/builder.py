@@ -4,7 +4,8 @@ JS over an embedded JSON blob). Nothing is fetched at view time.
 
 Element ids are stable (tests and users link to them): `plot-reward`, `plot-failures`, `plot-latency-steps`,
 `plot-latency`, `plot-prompt-tokens`, `plot-response-tokens`, `plot-staleness`, `plot-versions`,
-`plot-train-*`; the table is `#traces`, each row `tr.trace[data-trace=ID]`; `#trace=ID` in the URL opens one.
+`plot-train-*`; an `hrl eval` run's harness table is `#eval`; the table of traces is `#traces`, each row
+`tr.trace[data-trace=ID]`; `#trace=ID` in the URL opens one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.metrics import trace_metrics
+from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
 from hrl.runners.summary import describe_calls, summarize_trace
@@ -40,8 +42,52 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
-def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
-    """Charts over steps: reward, failures, latency percentiles, staleness, versions, trainer numbers."""
+def _harness_plots(iters: list[dict[str, Any]], xs: list[float]) -> list[str]:
+    """Reward per step of each harness, when the run trained across several (`rollout.agents`)."""
+    names = sorted({k[len("harness/") : -len("/reward")] for it in iters for k in it["metrics"]
+                    if k.startswith("harness/") and k.endswith("/reward")})  # fmt: skip
+    if len(names) < 2:
+        return []
+    series = [(name, _series(iters, f"harness/{name}/reward")) for name in names]
+    return [line_chart("plot-reward-harness", "Reward per step, per harness", xs, series)]
+
+
+def smoothed(values: list[float | None], alpha: float = 0.4) -> list[float | None]:
+    """An exponential moving average (None where the value is missing), debiased at the start like TensorBoard's
+    smoothing, so the first point is the first value and not a pull toward 0."""
+    out: list[float | None] = []
+    avg = weight = 0.0
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        avg, weight = (1 - alpha) * avg + alpha * v, (1 - alpha) * weight + alpha
+        out.append(avg / weight)
+    return out
+
+
+def _reward_plot(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
+    """Training reward per step with its smoothed line and its range, and held-out success where evaluated (the
+    policy of step k: `hrl.train.heldout`), on one step axis."""
+    steps = sorted({float(it["iteration"]) for it in iters} | {float(k) for k in evals})
+    at = {float(it["iteration"]): i for i, it in enumerate(iters)}
+
+    def on_axis(values: list[float | None]) -> list[float | None]:
+        return [values[at[x]] if x in at else None for x in steps]
+
+    mean = _series(iters, "trace/reward")
+    series = [("mean", on_axis(mean)), ("smoothed", on_axis(smoothed(mean)))]
+    series += [(stat, on_axis(v)) for stat, v in _stats(iters, "trace/reward", "min", "max")]
+    if evals:
+        held = [evals[int(x)].get("eval/success") if int(x) in evals and x == int(x) else None for x in steps]
+        series.append(("held-out success", held))
+    return line_chart("plot-reward", "Reward per step", steps, series)
+
+
+def _step_plots(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]] | None = None) -> list[str]:
+    """Charts over steps: reward (and held-out success), failures, latency percentiles, staleness, versions,
+    trainer numbers."""
+    evals = evals or {}
     xs = [float(it["iteration"]) for it in iters]
     reasons = sorted({r for it in iters for r in it["failures"]})
     failures = [(r, [float(it["failures"].get(r, 0)) for it in iters]) for r in reasons]
@@ -58,7 +104,8 @@ def _step_plots(iters: list[dict[str, Any]]) -> list[str]:
         ("env", _series(iters, "trace/env_version")),
     ]
     charts = [
-        line_chart("plot-reward", "Reward per step", xs, _stats(iters, "trace/reward", "mean", "min", "max")),
+        _reward_plot(iters, evals),
+        *_harness_plots(iters, xs),
         stacked_bars("plot-failures", "Failures by reason per step", xs, failures),
         line_chart("plot-latency-steps", "Latency per step (s)", xs, latency),
         line_chart(
@@ -95,8 +142,8 @@ def _distribution_plots(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    step = _step_plots(iters)
+def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
+    step = _step_plots(iters, evals)
     # reading order: outcome (reward, failures), time, tokens, versions, trainer
     return "\n".join([*step[:3], *_distribution_plots(rows), *step[3:]])
 
@@ -231,7 +278,8 @@ def render_report(run: Run) -> str:
         "RUN": escape(str(run.path)),
         "GENERATED": escape(time.strftime("%Y-%m-%d %H:%M:%S")),
         "HEADLINE": _headline(run, iters, rows),
-        "PLOTS": _plots(iters, rows),
+        "EVAL": eval_table_html(harnesses) if (harnesses := eval_rows(run)) else "",
+        "PLOTS": _plots(iters, rows, run.evals),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
         "TABLE": _table(rows),

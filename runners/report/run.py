@@ -37,6 +37,7 @@ class Run:
     config: dict[str, Any]
     state: dict[str, Any]
     iterations: list[Iteration]
+    evals: dict[int, dict[str, Any]] = field(default_factory=dict)  # held-out evaluations by step (eval/… rows)
 
     @property
     def traces(self) -> list[tuple[int, Trace]]:
@@ -53,7 +54,7 @@ def load_run(path: str | Path) -> Run:
         Iteration(i, files.get(i) or (legacy if i in traces else None), traces.get(i, []), rows.get(i, {}))
         for i in sorted(traces.keys() | rows.keys())
     ]
-    return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations)
+    return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations, run.eval_rows())
 
 
 def load_source(paths: Sequence[str | Path]) -> Run:

@@ -1,4 +1,4 @@
-"""SWE-style tasks: the task format, the test-based verifier, validation, the grading image and task synthesis.
+"""Tasks: the SWE-bench task format, Harbor task folders (`harbor`, `harbor_verifier`), the test-based verifier, validation, the grading image and task synthesis.
 
 `VERIFIERS` maps a verifier name to "module:Class"; modules load only when asked for (synthesis pulls in the
 AST mutator, the image builder the Docker SDK).
@@ -7,6 +7,7 @@ AST mutator, the image builder the Docker SDK).
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, task_summary, write_tasks
@@ -28,10 +29,22 @@ __all__ = [
     "synthesize",
     "task_summary",
     "validate_tasks",
+    "verifier_for",
     "write_tasks",
 ]
 
-VERIFIERS: dict[str, str] = {"tests": "hrl.runners.tasks.verifier:TestVerifier"}
+VERIFIERS: dict[str, str] = {
+    "tests": "hrl.runners.tasks.verifier:TestVerifier",
+    "harbor": "hrl.runners.tasks.harbor_verifier:HarborVerifier",
+}
+
+
+def verifier_for(task_file: str | Path) -> str:
+    """The verifier a task source is graded by when the recipe names none: harbor for a folder of Harbor tasks,
+    else tests."""
+    from hrl.runners.tasks.harbor import is_harbor_source
+
+    return "harbor" if task_file and is_harbor_source(task_file) else "tests"
 
 
 def make_verifier(name: str, backend: SandboxBackend, **options: Any) -> Verifier:

@@ -14,7 +14,10 @@ hrl adds:
   a string — base64 of a gzip-compressed tar whose members are paths relative to the repository root — or a
   dict {relative path: UTF-8 text}. Without a snapshot, the image must already hold the repository at
   `workdir` (SWE-bench instance images do), checked out at `base_commit` when that is given.
-- `image`, `workdir`, `env`, `setup_cmd`, `test_cmd`, `test_timeout_s`: how to grade it (see the fields).
+- `image`, `workdir`, `env`, `setup_cmd`, `test_cmd`, `test_timeout_s`, `grader`: how to grade it (see the fields).
+
+Rows of SWE-bench, SWE-Gym, SWE-smith and R2E-Gym load as they are: `swebench.adapt_row` picks their grader and
+per-instance image (see `runners/tasks/swebench.py`).
 
 Unknown fields are kept (and written back) untouched.
 """
@@ -29,11 +32,12 @@ import posixpath
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
+from hrl.runners.tasks.swebench import adapt_row
 
 __all__ = [
     "Task",
@@ -82,6 +86,11 @@ class Task(BaseModel):
         None, description=f"bash that runs the tests and prints pytest's -rA summary; None = `{PYTEST} <test files>`."
     )
     test_timeout_s: float | None = Field(None, description="Limit for test_cmd in seconds; None = the verifier's.")
+    grader: Literal["pytest", "swebench"] = Field(
+        "pytest",
+        description="pytest: `resolved_test_cmd()` read by its -rA summary. swebench: the official swebench "
+        "package's eval script and log parser for `repo`/`version` (set on loading SWE-bench-family rows).",
+    )
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -117,8 +126,14 @@ def task_summary(task: Task) -> dict[str, Any]:
         "fail_to_pass": len(task.FAIL_TO_PASS),
         "pass_to_pass": len(task.PASS_TO_PASS),
         "snapshot": "none" if task.repo_snapshot is None else type(task.repo_snapshot).__name__,
-        "image": task.image or DEFAULT_IMAGE,
+        "image": task.image or _harbor_image(task) or DEFAULT_IMAGE,
     }
+
+
+def _harbor_image(task: Task) -> str | None:
+    from hrl.runners.tasks.harbor import HarborTask, image_tag
+
+    return image_tag(task) if isinstance(task, HarborTask) else None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -127,11 +142,16 @@ def task_summary(task: Task) -> dict[str, Any]:
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`).
+    """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`); a
+    folder is Harbor task directories (`hrl.runners.tasks.harbor`).
 
     Raises TaskFormatError naming the file and line (row) of the first bad task, and PrerequisiteError for
     Parquet without pyarrow."""
     path = Path(path)
+    if path.is_dir():  # a Harbor task folder, or a dataset of them
+        from hrl.runners.tasks.harbor import load_harbor_tasks
+
+        return list(load_harbor_tasks(path))
     if not path.is_file():
         raise TaskFileNotFoundError(
             f"task file {path} does not exist",
@@ -147,7 +167,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     seen: set[str] = set()
     for lineno, row in rows:
         where = f"{path}:{lineno}"
-        obj = _json_load(where, row) if isinstance(row, str) else row
+        obj = adapt_row(_json_load(where, row) if isinstance(row, str) else row)
         try:
             task = Task.model_validate(obj)
         except ValidationError as exc:

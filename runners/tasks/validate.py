@@ -1,4 +1,5 @@
 """`hrl tasks validate`: every task's gold patch makes all listed tests pass; without a patch, FAIL_TO_PASS fail.
+(Harbor task folders: solution/solve.sh scores 1 and the untouched environment 0; `harbor_verifier.check_harbor_task`.)
 
 Each task is graded twice through the real `TestVerifier` (binary reward): with its gold `patch` and with an
 empty diff. A check also reports static problems (no FAIL_TO_PASS, no gold patch, an undecodable snapshot).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ class TaskCheck:
         def brief(v: Verdict | None) -> dict[str, Any] | None:
             if v is None:
                 return None
-            keys = ("fail_to_pass", "pass_to_pass", "error", "grading_s")
+            keys = ("fail_to_pass", "pass_to_pass", "error", "timeout", "failed", "reward_file", "grading_s")
             info: dict[str, Any] = {k: v.reward_info[k] for k in keys if k in v.reward_info}
             return {"reward": v.reward, "failure_reason": v.failure_reason, **info}
 
@@ -97,16 +98,25 @@ async def validate_tasks_async(
     on_event: Events | None = None,
 ) -> list[TaskCheck]:
     """Check every task (in input order), `concurrency` tasks at a time (each grades two sandboxes at once)."""
-    cfg = (config or TestVerifierConfig()).model_copy(update={"reward": "binary"})
-    verifier = TestVerifier(get_backend(sandbox), cfg)
+    from hrl.runners.tasks.harbor import HarborTask
+
     gate = asyncio.Semaphore(max(1, concurrency))
     emit = on_event or (lambda event: None)
+    if any(isinstance(t, HarborTask) for t in tasks):  # Harbor folders: solution/solve.sh is the gold
+        from hrl.runners.tasks.harbor_verifier import HarborVerifier, check_harbor_task
+
+        harbor = HarborVerifier(get_backend(sandbox), run_id="hrl-validate")
+        check: Callable[[Task], Awaitable[TaskCheck]] = lambda task: check_harbor_task(harbor, task)  # noqa: E731
+    else:
+        cfg = (config or TestVerifierConfig()).model_copy(update={"reward": "binary"})
+        verifier = TestVerifier(get_backend(sandbox), cfg)
+        check = lambda task: check_task(verifier, task)  # noqa: E731
 
     async def one(task: Task) -> TaskCheck:
         async with gate:
-            check = await check_task(verifier, task)
-        emit({"event": "task_checked", **check.to_dict()})
-        return check
+            checked = await check(task)
+        emit({"event": "task_checked", **checked.to_dict()})
+        return checked
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 

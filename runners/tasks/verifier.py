@@ -8,7 +8,9 @@ Lifecycle, per episode:
 2. The agent works.
 3. `verify(sandbox, task)`: take the agent's diff (`git diff` against the base), then `grade` it: a **fresh**
    grading sandbox at the base state; the diff minus its protected parts (see `guards`); the hidden
-   `test_patch` applied after it; the task's test command; per-test outcomes from pytest's `-rA` summary.
+   `test_patch` applied after it; the task's test command; per-test outcomes from pytest's `-rA` summary. A task
+   with `grader: swebench` (SWE-bench-family rows) runs the official package's eval script instead, which applies
+   the test patch itself, and is read by the package's log parser for its repository (`swebench.py`).
 
 Reward: "binary" (default) = 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0; "partial" = the
 fraction of listed tests that pass. An episode failure is data: a diff that does not apply, or reaches into the
@@ -27,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.tasks import swebench as _swebench
 from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
 from hrl.runners.tasks.results import PASSING, outcome, parse_summary
 from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
@@ -54,6 +57,11 @@ class Verdict:
 
 class Verifier(Protocol):
     name: str
+
+    async def provision(self, task: Task) -> None:
+        """Make what the task's sandboxes start from (a Harbor task's image); before `sandbox_spec`. Raises
+        SandboxError when it cannot be had."""
+        ...
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         """Image, workdir and environment for the agent's sandbox."""
@@ -99,6 +107,11 @@ class TestVerifierConfig(BaseModel):
     memory_mb: int = Field(0, description="Memory limit of a grading sandbox in MiB; 0 = none.")
     log_chars: int = Field(3000, description="How much of the test output's tail goes into reward_info['log'].")
     run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
+    image_registry: str = Field(
+        "",
+        description="HOST:PORT of a registry the per-instance images of SWE-bench-family tasks are pulled from when "
+        "missing (tagged with their own names); empty: their own registry (Docker Hub). Present images are used.",
+    )
     keep_image_history: bool = Field(
         False,
         description="Give the agent the image repository's git history (which may hold the fix and the hidden "
@@ -116,12 +129,15 @@ class TestVerifier:
         self.backend = backend
         self.config = config or TestVerifierConfig(**options)
 
+    async def provision(self, task: Task) -> None:
+        """Nothing to make: the grading image is built by `ensure_image` (or named by the task)."""
+
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         cfg = self.config
         return SandboxSpec(
             image=task.image or cfg.image, workdir=task.workdir, env=dict(task.env), network="none",
             cpus=cfg.cpus, memory_mb=cfg.memory_mb, labels={"hrl.task": task.instance_id[:60]},
-            hidden_paths=list(cfg.hide_paths),
+            hidden_paths=list(cfg.hide_paths), pull=task.grader == "swebench", registry=cfg.image_registry,
         )  # fmt: skip
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
@@ -169,26 +185,30 @@ class TestVerifier:
             await apply_patch(sandbox, patch, "agent", cfg.setup_timeout_s)
         except WorkspaceError as exc:
             return Verdict(0.0, {**info, "patch_error": str(exc)})
+        swebench = task.grader == "swebench"  # its eval script applies the test patch itself
         try:
-            await apply_patch(sandbox, task.test_patch, "test-patch", cfg.setup_timeout_s)
+            if not swebench:
+                await apply_patch(sandbox, task.test_patch, "test-patch", cfg.setup_timeout_s)
         except WorkspaceError as exc:
             return Verdict.error(f"the task's test_patch does not apply: {exc}")
         env = dict(task.env)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        if cfg.disable_plugin_autoload:
+        if cfg.disable_plugin_autoload and not swebench:  # SWE-bench repositories' tests rely on their plugins
             env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if task.setup_cmd:
             setup = await sandbox.exec(["bash", "-c", task.setup_cmd], timeout_s=cfg.setup_timeout_s, env=env)
             if setup.exit_code != 0:
                 return Verdict.error(f"setup_cmd failed (exit {setup.exit_code}): {_tail(setup.stdout + setup.stderr)}")
         limit = task.test_timeout_s if task.test_timeout_s is not None else cfg.timeout_s
-        run = await sandbox.exec(["bash", "-c", task.resolved_test_cmd()], timeout_s=limit, env=env)
+        command = _swebench.command(task) if swebench else task.resolved_test_cmd()
+        run = await sandbox.exec(["bash", "-c", command], timeout_s=limit, env=env)
         log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
         if run.timed_out:  # the tests hang on the agent's code: its failure, scored 0 (not a grading error)
             return Verdict(0.0, {**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
-        results = parse_summary(run.stdout)
+        results = _swebench.parse_log(task, run.stdout) if swebench else parse_summary(run.stdout)
         if not results:
-            return Verdict.error(f"the test command printed no pytest -rA summary (exit {run.exit_code})", log=log)
+            what = f"no test results {task.repo}'s log parser can read" if swebench else "no pytest -rA summary"
+            return Verdict.error(f"the test command printed {what} (exit {run.exit_code})", log=log)
         return self._score(task, results, {**info, "exit_code": run.exit_code, "log": log})
 
     def _score(self, task: Task, results: dict[str, str], info: dict[str, Any]) -> Verdict:

@@ -73,7 +73,8 @@ async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120, *, fresh
             await sandbox.copy_in(str(tmp), sandbox.workdir)
         script = f"g init -q .\nprintf '{EXCLUDES}' >> .git/info/exclude\ng add -A -f\n"
     else:
-        checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit else ""
+        # A SWE-bench image's HEAD is its setup commit on top of base_commit, the state its harness grades from.
+        checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit and task.grader != "swebench" else ""
         script = f"g rev-parse --git-dir >/dev/null\n{checkout}" + (FRESH_HISTORY if fresh_history else "")
         script += f"printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
     script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"

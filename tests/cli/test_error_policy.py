@@ -25,6 +25,7 @@ import pytest
 import typer
 
 from hrl.cli.main import app, main
+from tests.harbor_tasks import write_task
 
 USAGE, FAILURE, PREREQ = 2, 1, 4
 
@@ -56,6 +57,8 @@ CASES = [
         USAGE,
         "has no function 'nope'",
     ),
+    Case("unknown agent", ("eval", "--agents", "mini-swe-agent,claude", "--recipe", "demo"), USAGE, "'claude-code'"),
+    Case("agent named twice", ("eval", "--agents", "codex,codex", "--recipe", "demo"), USAGE, "twice"),
     Case("unknown recipe", ("rollout", "--agent", "codex", "--recipe", "nope"), USAGE, "no recipe 'nope'"),
     Case("unknown recipe", ("train", "--recipe", "nope"), USAGE, "no recipe 'nope'"),
     Case("unknown recipe", ("recipes", "show", "nope"), USAGE, "no recipe 'nope'"),
@@ -172,6 +175,26 @@ CASES = [
     ),
     # missing arguments and bad flags
     Case("no tasks", ("rollout", "--agent", "codex"), USAGE, "give --recipe or --tasks"),
+    Case("no tasks", ("eval", "--agents", "codex"), USAGE, "give --recipe or --tasks"),
+    Case(
+        "--run-dir not empty",
+        ("eval", "--agents", "codex", "--recipe", "demo", "--run-dir", "{tmp}/run"),
+        USAGE,
+        "is not empty",
+    ),
+    Case(
+        "--run-dir a file",
+        ("eval", "--agents", "codex", "--recipe", "demo", "--run-dir", "{tmp}/tasks.jsonl"),
+        USAGE,
+        "is a file",
+    ),
+    Case(
+        "Harbor tasks outside docker",
+        ("rollout", "-a", "codex", "--tasks", "{tmp}/harbor", "--model", "m", "--sandbox", "local"),
+        USAGE,
+        "Harbor tasks run in Docker sandboxes",
+    ),
+    Case("a folder with no Harbor task", ("tasks", "ls", "{tmp}/empty"), FAILURE, "holds no Harbor task"),
     Case("no recipe", ("train",), USAGE, "give --recipe"),
     Case("missing argument", ("models", "tiny"), USAGE, "Missing argument"),
     Case("bad option value", ("models", "tiny-agent", "{tmp}/m", "--right-op", "lots"), USAGE, "'--right-op'"),
@@ -234,6 +257,7 @@ def _files(tmp: Path) -> None:
     (tmp / "nofield.jsonl").write_text(json.dumps({"instance_id": "t2"}) + "\n")
     (tmp / "traces.jsonl").write_text(json.dumps(TRACE) + "\n")
     (tmp / "empty").mkdir()
+    write_task(tmp / "harbor", "reward-file")
     (tmp / "run").mkdir()
     (tmp / "run" / "config.json").write_text(json.dumps({"recipe": "demo", "model": "m", "tasks": "t"}))
     (tmp / "run" / "state.json").write_text(json.dumps({"iteration": 1, "version": 1, "checkpoint": None}))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hrl.cli.rollout import _summary
 
 
@@ -32,3 +34,30 @@ def test_too_many_infrastructure_failures_exit_3_saying_which(capsys):
 def test_no_rewarded_episode_says_so(capsys):
     assert _summary([_t(None, "cancelled")], Path("o.jsonl"), max_error_rate=0.25) == 0
     assert "no rewarded episode (1 without a reward)" in capsys.readouterr().err
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+def test_a_real_agent_on_a_harbor_task(tmp_path: Path):
+    """mini-swe-agent in the container built from environment/, instruction.md as its prompt, [agent] timeout_sec
+    as its limit, then tests/test.sh in a fresh container of its committed state: a reward from reward.txt."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hrl.runners.trace import INFRA_FAILURES
+    from tests.harbor_tasks import write_task
+
+    folder = write_task(tmp_path / "harbor", "reward-file")
+    (folder / "task.toml").write_text("[agent]\ntimeout_sec = 45.0\n\n[verifier]\ntimeout_sec = 60.0\n")
+    cmd = [sys.executable, "-m", "hrl.cli", "rollout", "--agent", "mini-swe-agent", "--tasks", str(tmp_path / "harbor"),
+           "--model", "hrl:tiny-agent", "--sandbox", "docker", "--out", str(tmp_path / "t.jsonl"),
+           "-c", "rollout.agent_options.step_limit=3", "-c", "proxy.default_max_tokens=64"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"})
+    assert run.returncode == 0, run.stderr
+    [trace] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert trace["env"]["image"].startswith("hrl/harbor-reward-file:") and trace["calls"]
+    assert trace["failure_reason"] not in INFRA_FAILURES, trace["metadata"]
+    assert trace["reward"] in (0.0, 1.0) and trace["reward_info"]["reward_file"] == "reward.txt"
+    assert trace["metadata"]["agent_s"] < 45 + 15  # task.toml's limit, not the rollout's 600 s

@@ -45,3 +45,29 @@ def test_train_two_iterations_of_the_agents_sdk_recipe(tiny_model, tmp_path):
     assert [m["step"] for m in metrics] == [0, 1] and metrics[-1]["version"] == 2
     traces = [t for f in sorted((tmp_path / "run" / "traces").glob("iter-*.jsonl")) for t in read_traces(f)]
     assert len(traces) == 2 * 2 * 2 and all(t["calls"] and t["failure_reason"] is None for t in traces)
+
+
+def test_training_across_two_harnesses_splits_groups_and_metrics_per_harness(tiny_model, tmp_path):
+    """`--agent A,B` (rollout.agents): each GRPO group is one task under one harness, the harnesses take the groups
+    in turn, every step logs harness/<name>/reward, and the report draws a curve per harness."""
+    sdk = "../agents-sdk/agent.py:run"
+    out = hrl("train", "--recipe", "langgraph-react", "--model", tiny_model, "--agent", f"agent.py:run,{sdk}",
+              "--iterations", "2", "--run-dir", "run", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "per harness" in out.stderr
+    run = RunDir(tmp_path / "run")
+    assert run.config()["rollout"]["agents"] == ["agent.py:run", sdk]
+    names = {"python:agent.py:run", f"python:{sdk}"}
+    for it in range(2):
+        traces = run.iteration_traces(it)
+        by_group: dict[str, set[str]] = {}
+        for t in traces:
+            by_group.setdefault(t["group_id"], set()).add(t["agent"]["name"])
+        assert len(by_group) == 2 and all(len(v) == 1 for v in by_group.values())
+        assert set().union(*by_group.values()) == names  # 2 groups a step, one per harness
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 and all(f"harness/{n}/reward" in m and m[f"harness/{n}/count"] == 2 for m in steps
+                                   for n in names)  # fmt: skip
+    report = hrl("report", "run", "--out", "r.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert 'id="plot-reward-harness"' in (tmp_path / "r.html").read_text()

@@ -287,3 +287,20 @@ def test_sink_degrades_to_jsonl_with_one_warning(tmp_path: Path, monkeypatch: py
     assert "wandb" in events[1][1]["message"]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_a_step_is_split_per_harness():
+    """harness/<name>/… from each trace's agent.name: mean reward over the scored traces, mean turns, counts."""
+    one = [call("c1", [1, 2], [3], (1.0, 1.1, 1.2), versions=[[0, 1]])]
+    traces = [
+        trace("a1", one, 0.0, 2.0, reward=1.0),
+        trace("a2", [*one, call("c2", [1, 2, 3], [4], (1.3, 1.4, 1.5), versions=[[0, 1]])], 0.0, 2.0, reward=0.0),
+        trace("b1", one, 0.0, 2.0, agent={"name": "codex"}, reward=None, failure_reason="sandbox_error"),
+        trace("b2", one, 0.0, 2.0, agent={"name": "codex"}, reward=0.5),
+    ]
+    m = step_metrics(traces)
+    assert m["harness/opencode/reward"] == 0.5 and m["harness/opencode/turns"] == 1.5
+    assert m["harness/opencode/count"] == 2.0 and m["harness/opencode/failed"] == 0.0
+    assert m["harness/codex/reward"] == 0.5 and m["harness/codex/count"] == 2.0 and m["harness/codex/failed"] == 1.0
+    no_reward = step_metrics([trace("c1", one, 0.0, 1.0, agent={"name": "aider"}, reward=None)])
+    assert "harness/aider/reward" not in no_reward and no_reward["harness/aider/count"] == 1.0

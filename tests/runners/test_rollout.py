@@ -107,3 +107,32 @@ def test_faults_each_end_as_one_trace_with_the_right_reason(tiny_model, tmp_path
         results[reason] = trace["failure_reason"]
     print("\n" + json.dumps(results))
     assert results == {r: r for r in cases}
+
+
+def test_a_dataset_image_that_cannot_be_had_is_a_sandbox_error_naming_it(tiny_model, tmp_path, swe_image):
+    """A SWE-bench task's per-instance image, neither here nor pullable (no network): the episode is one
+    sandbox_error trace (an infrastructure failure, never trained on) whose error names the image."""
+    from hrl.runners.trace import INFRA_FAILURES
+
+    image = "swebench/sweb.eval.x86_64.nobody_1776_nothing-1:latest"
+    task = mini_task("docker").model_copy(update={"image": image, "grader": "swebench"})
+    (trace,) = asyncio.run(_rollout(tiny_model, [task], tmp_path / "t.jsonl", FIX))
+    assert trace["failure_reason"] == "sandbox_error" in INFRA_FAILURES and trace["reward"] is None
+    assert image in trace["metadata"]["error"] and "cannot be pulled" in trace["metadata"]["error"]
+
+
+def test_an_agent_fixes_a_swebench_instance_in_its_own_image(tiny_model, tmp_path, swe_image):
+    """The agent works in the instance's image (base state = the image's own, a fresh one-commit history), its diff
+    is graded by the official eval script and the repository's log parser."""
+    from hrl.runners.tasks import load_tasks
+    from tests.runners.tasks.swebench_images import FLASK, ensure_images
+
+    (row,) = ensure_images(tmp_path, (FLASK,))
+    (tmp_path / "t.jsonl").write_text(json.dumps(row) + "\n")
+    (task,) = load_tasks(tmp_path / "t.jsonl")
+    fix = "sed -i 's/text.split()/text.lower().split()/' slugkit/__init__.py"
+    turns = [{"tool_calls": [{"name": "exec_command", "arguments": {"cmd": fix}}]}, "Fixed: slugify lowercases."]
+    (trace,) = asyncio.run(_rollout(tiny_model, [task], tmp_path / "out.jsonl", turns))
+    assert trace["failure_reason"] is None and trace["reward"] == 1.0, trace["reward_info"]
+    assert trace["reward_info"]["fail_to_pass"] == {"passed": 1, "total": 1}
+    assert trace["env"]["image"] == "swebench/sweb.eval.x86_64.pallets_1776_flask-90001:latest"

@@ -54,9 +54,12 @@ class ChatRollouts:
         return self.proxy.end_session(token, reward=self.reward(ep, text))
 
 
-async def _run(model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None, reward=None) -> list[dict]:
+async def _run(
+    model: str, run: RunDir, cfg: LoopConfig, crash_after: int | None = None, reward=None, eval_tasks=None
+) -> list[dict]:
     async with serving(model, engine_options={"dtype": "float32"}) as stack:
-        return await train(TASKS, cfg, run, stack.proxy, ChatRollouts(stack.proxy, stack.url, crash_after, reward))
+        rollouts = ChatRollouts(stack.proxy, stack.url, crash_after, reward)
+        return await train(TASKS, cfg, run, stack.proxy, rollouts, eval_tasks=eval_tasks)
 
 
 def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(tiny_model, tmp_path):
@@ -185,3 +188,54 @@ def test_signal_sampler_resumes_to_the_same_tasks_and_both_samplers_log_groups_w
             f"\n{name}: tasks {picked(run)}, groups_with_signal {[m['train/groups_with_signal'] for m in lines(run)]}"
         )
     assert all(m["train/sampler_entropy"] == pytest.approx(1.0) for m in lines(runs["uniform"]))
+
+
+def test_several_harnesses_take_the_groups_in_turn_and_each_group_is_one_task_under_one_harness():
+    from hrl.train.loop import _batch
+
+    class Mix:  # what the loop reads of a HarnessMix: its harnesses, in order
+        harnesses = ("opencode", "codex", "aider")
+
+    cfg = LoopConfig(tasks_per_iteration=2, group_size=3, trainer=TrainerConfig(model="m"))
+    batches = [_batch(TASKS, cfg, it, rollouts=Mix()) for it in range(3)]
+    for episodes in batches:
+        groups: dict[str, set[tuple[str, str]]] = {}
+        for ep in episodes:
+            groups.setdefault(ep.group_id, set()).add((ep.task_id, ep.agent))
+            assert ep.group_id.endswith(f"@{ep.agent}")
+        assert len(groups) == 2 and all(len(members) == 1 for members in groups.values())
+    turns = [ep.agent for episodes in batches for ep in episodes[:: cfg.group_size]]
+    assert turns == ["opencode", "codex", "aider", "opencode", "codex", "aider"]
+    assert {ep.agent for ep in _batch(TASKS, cfg, 0)} == {""}  # one harness: group ids as before
+    assert all("@" not in ep.group_id for ep in _batch(TASKS, cfg, 0))
+
+
+HELDOUT = [{"instance_id": f"h{i}", "problem_statement": p} for i, p in enumerate(["see", "tree", "free"])]
+
+
+def test_held_out_tasks_are_evaluated_at_both_ends_and_between_apart_from_training(tiny_model, tmp_path):
+    """eval_tasks: all of them at step 0 and after the last step, the slice every eval_every steps; their traces in
+    eval/, never in a training batch; one eval/ row each in metrics.jsonl, kept through an extending resume."""
+    from hrl.train.heldout import eval_steps
+
+    assert eval_steps(4, 0) == {0: True, 4: True} and eval_steps(4, 2) == {2: False, 0: True, 4: True}
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=2, tasks_per_iteration=2, group_size=2, concurrency=4, eval_every=1, eval_slice=2,
+                     eval_episodes=2, success_reward=0.1, trainer=TrainerConfig(model=tiny_model, lr=1e-2))  # fmt: skip
+    run.create(cfg.model_dump())
+    asyncio.run(_run(tiny_model, run, cfg, eval_tasks=HELDOUT))
+    evals = run.eval_rows()
+    assert sorted(evals) == [0, 1, 2] and sorted(run.metric_rows()) == [0, 1]  # the rows apart
+    assert [evals[k]["eval/episodes"] for k in (0, 1, 2)] == [6, 4, 6]  # whole, slice, whole
+    assert [evals[k]["eval/version"] for k in (0, 1, 2)] == [0, 1, 2]  # the policy of that step
+    for k, row in evals.items():
+        traces = list(read_traces(run.eval_trace_file(k)))
+        assert len(traces) == row["eval/episodes"] and all(t["group_id"].startswith(f"eval{k}:h") for t in traces)
+        share = sum(float(t["reward"]) >= 0.1 for t in traces) / len(traces)
+        assert row["eval/success"] == share and row["eval/turns"] > 0
+    assert not any(t["task_id"].startswith("h") for t in run.all_traces())  # never in a training batch
+    cfg3 = cfg.model_copy(update={"iterations": 3})  # extend the run: the evaluations done stay, step 3 is new
+    asyncio.run(_run(tiny_model, run, cfg3, eval_tasks=HELDOUT))
+    lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "eval/success" in m] == [0, 1, 2, 3]
+    assert [m["step"] for m in lines if "eval/success" not in m] == [0, 1, 2]

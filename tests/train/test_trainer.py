@@ -21,9 +21,11 @@ def _reward(text: str) -> float:
     return text.count("e") / max(len(text), 1)
 
 
-async def _episode(client: httpx.AsyncClient, url: str, proxy: Proxy, prompt: str, group: str) -> dict:
+async def _episode(client: httpx.AsyncClient, url: str, proxy: Proxy, prompt: str, group: str, seed: int) -> dict:
     token = proxy.open_session(meta={"task_id": group, "group_id": group}).token
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 1.0}
+    # a seed per request: what each episode samples depends on the weights alone, not on how the engine happened to
+    # batch the concurrent requests (which varies with the machine's load)
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 1.0, "seed": seed}
     r = await client.post(f"{url}/s/{token}/v1/chat/completions", json=body)
     text = r.json()["choices"][0]["message"]["content"] or ""
     return proxy.end_session(token, reward=_reward(text))
@@ -39,7 +41,11 @@ async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) 
         trainer = Trainer(cfg)  # after the engine loads, as before
         for it in range(n_iter):
             traces = await asyncio.gather(
-                *[_episode(client, stack.url, stack.proxy, p, f"{it}-{p}") for p in PROMPTS for _ in range(k)]
+                *[
+                    _episode(client, stack.url, stack.proxy, p, f"{it}-{p}", seed=1000 * it + k * i + j)
+                    for i, p in enumerate(PROMPTS)
+                    for j in range(k)
+                ]
             )
             curve.append(sum(t["reward"] for t in traces) / len(traces))
             adv, _ = group_advantages(

@@ -154,6 +154,35 @@ def test_unregistered_tokens_get_401_by_default(tiny_model):
     assert len(trace["calls"]) == 1
 
 
+def test_a_session_stopped_mid_call_is_cancelled_and_one_between_calls_is_not(tiny_model, tmp_path):
+    """The proxy stopping while a call generates cuts that episode short: `cancelled` (set aside and run again on a
+    resume, never trained on). A session whose calls had all ended keeps its own outcome."""
+    import threading
+
+    out = tmp_path / "t.jsonl"
+    long_turn = " ".join(["word"] * 400)
+    with running_proxy(tiny_model, traces=str(out), engine_options={"turns": [long_turn], "token_delay_s": 0.02}) as p:
+        msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        assert httpx.post(f"{p.url}/s/done/v1/chat/completions", json=msg, timeout=30).status_code == 200
+        started = threading.Event()
+
+        def stream() -> None:
+            body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 400}
+            try:
+                with httpx.stream("POST", f"{p.url}/s/busy/v1/chat/completions", json=body, timeout=30) as r:
+                    for _ in r.iter_bytes():
+                        started.set()
+            except httpx.HTTPError:
+                pass  # the server went away mid-stream
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        assert started.wait(30)
+    t.join(30)
+    by = {tr["session"]: tr for tr in read_traces(out)}
+    assert by["busy"]["failure_reason"] == "cancelled" and by["done"]["failure_reason"] is None
+
+
 def test_stop_flushes_open_sessions(tiny_model, tmp_path):
     out = tmp_path / "t.jsonl"
     with running_proxy(tiny_model, traces=str(out)) as p:

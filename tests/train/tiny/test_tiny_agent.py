@@ -199,14 +199,20 @@ def test_the_profile_matches_what_mini_swe_agent_sends(tiny_model):
 @pytest.mark.timeout(900)
 def test_hrl_train_recipe_demo_runs_end_to_end(tmp_path, small_agent):
     run = tmp_path / "run"
-    args = ["train", "--recipe", "demo", "--model", small_agent, "--run-dir", str(run),
+    heldout = tmp_path / "heldout.jsonl"  # two of the recipe's held-out tasks: evaluated before and after the update
+    heldout.write_text("".join((RECIPE / "heldout.jsonl").read_text().splitlines(keepends=True)[:2]))
+    args = ["train", "--recipe", "demo", "--model", small_agent, "--run-dir", str(run), "-c", f"eval_tasks={heldout}",
             "-c", "train.iterations=1", "-c", "train.tasks_per_iteration=2", "-c", "train.group_size=2"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "hrl.cli", *args], capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/success" in line]
+    assert [(m["step"], m["eval/episodes"], m["eval/version"]) for m in evals] == [(0, 2, 0), (1, 2, 1)]
+    assert len((run / "eval" / "step-0001.jsonl").read_text().splitlines()) == 2
+    assert "held-out tasks" in proc.stderr and "success" in proc.stderr  # the before/after table
     traces = [json.loads(line) for line in (run / "traces" / "iter-0000.jsonl").read_text().splitlines()]
     assert len(traces) == 4 and all(t["reward"] in (0.0, 1.0) for t in traces), [t["failure_reason"] for t in traces]
     assert all(t["agent"]["name"] == "mini-swe-agent" and len(t["calls"]) >= 1 for t in traces)
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/" not in line]
     checkpoint = run / "checkpoints" / "v0001"
     assert metrics[-1]["version"] == 1 and (checkpoint / "adapter_model.safetensors").is_file()  # the recipe's LoRA
     assert "report: hrl report" in proc.stderr

@@ -1,0 +1,197 @@
+"""`hrl eval`: every task under every named harness, one table row per harness; with `--baseline` the same for a
+second model, before and after side by side. A run directory `hrl report` reads (`runners/report/evaluation.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hrl.cli.errors import EXIT_INFRA, say_error
+from hrl.cli.output import emit, err
+from hrl.runners.errors import UsageError
+from hrl.runners.trace import INFRA_FAILURES
+
+__all__ = ["EPILOG", "eval_"]
+
+EPILOG = """Examples:
+
+  hrl eval --agents mini-swe-agent,codex,opencode --recipe demo --model hrl:tiny-agent --limit 4
+
+  hrl eval --agents mini-swe-agent,opencode --recipe demo --model runs/demo/checkpoints/v0010 --baseline hrl:tiny-agent
+
+  hrl eval --agents opencode,codex,claude-code --tasks terminal-bench/ --model Qwen/Qwen3-8B --engine vllm -n 2
+
+  hrl eval --agents mini-swe-agent,aider --tasks my_swebench.jsonl --model M --run-dir runs/eval-aider --json
+
+  hrl report runs/eval-aider          # the same table, in the HTML report
+"""
+
+
+def _agents(text: str) -> list[str]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise UsageError("give --agents A,B,…", hint="`hrl agents ls` lists the agents")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--agents names a harness twice: {text}", hint="name each harness once")
+    return names
+
+
+def eval_(
+    agents: Annotated[str, typer.Option("--agents", "-a", help="Comma-separated harnesses (see `hrl agents ls`).")],
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="HF model id, local dir, hrl:tiny-agent, or a LoRA checkpoint.")
+    ] = "",
+    recipe: Annotated[str, typer.Option(help="Recipe name or YAML path giving tasks, model and settings.")] = "",
+    tasks: Annotated[
+        Path | None, typer.Option(help="SWE-bench-format tasks (JSONL, JSON, Parquet) or a folder of Harbor tasks.")
+    ] = None,
+    baseline: Annotated[
+        str, typer.Option(help="Also run this model on the same episodes: before/after and delta columns.")
+    ] = "",
+    limit: Annotated[int, typer.Option(help="Use only the first N tasks; 0 = all.")] = 0,
+    n: Annotated[int, typer.Option("-n", help="Episodes per task and harness (as in `hrl rollout`).")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Episodes running at once (within one harness).")] = 4,
+    sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
+    engine: Annotated[str, typer.Option(help="embedded | vllm | URL of a running vLLM server.")] = "",
+    time_budget: Annotated[float, typer.Option(help="Seconds per agent run; 0 = the recipe's.")] = 0,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Where the traces and the table go (default: runs/eval-TIME).")
+    ] = None,
+    config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
+) -> None:
+    """Run every task under every harness named in --agents (K episodes per task each), through the recording
+    proxy, and print one row per harness: success rate, mean reward, mean turns, tokens per episode, failures by
+    reason. With --baseline, the baseline model runs the same episodes first, and the row shows both and the delta.
+    The traces go to a run directory (one step per model × harness) that `hrl report` renders with the same table."""
+    from hrl.cli.checks import check_model, check_run, grade_by_source, say_context
+    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
+
+    names = _agents(agents)
+    if not recipe and tasks is None:
+        raise UsageError("give --recipe or --tasks", hint="e.g. `hrl eval --agents mini-swe-agent --recipe demo`")
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
+    roll = cfg.setdefault("rollout", {})
+    if sandbox:
+        roll["sandbox"] = sandbox
+    if time_budget:
+        roll["time_budget_s"] = time_budget
+    model = model or cfg.get("model") or ""
+    if not model:
+        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny-agent")
+    engine = engine or cfg.get("engine") or "embedded"
+    task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
+    grade_by_source(cfg, task_file)
+    roll.pop("agents", None)  # --agents names the harnesses (a recipe's rollout.agents is for training)
+    for name in names:  # every harness's name, sandbox and the tasks, before anything starts
+        check_run({**cfg, "rollout": {**roll, "agent": name, "agents": []}}, engine, task_file)
+    run_dir = run_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file", hint="give a new folder for the run, or leave --run-dir out")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise UsageError(f"--run-dir {run_dir} is not empty", hint="give a new --run-dir (or leave it out)")
+    models = [materialize_model(m) for m in ([baseline] if baseline else []) + [model]]
+    for m in models:
+        check_model(m)
+    for name in names:
+        say_context(name, models[-1], cfg)
+    roll["run_id"] = roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
+    hide_from_sandboxes(cfg, task_file, run_dir)
+    plan = _plan(names, model, baseline, models, task_file, n)
+    rc = asyncio.run(_run(cfg, plan, engine, task_file, limit, concurrency, run_dir, as_json))
+    raise typer.Exit(rc)
+
+
+def _plan(names: list[str], model: str, baseline: str, paths: list[str], task_file: str, n: int) -> dict[str, Any]:
+    """The cells, baseline first: (iteration, agent, model, role); models as named and as resolved."""
+    roles = [("baseline", baseline, paths[0])] if baseline else []
+    roles.append(("model", model, paths[-1]))
+    cells = [
+        {"iteration": i, "agent": agent, "model": named, "model_path": path, "role": role}
+        for i, (role, named, path, agent) in enumerate((r, m, p, a) for r, m, p in roles for a in names)
+    ]
+    return {"model": model, "baseline": baseline or None, "agents": names, "tasks": task_file, "n": n, "cells": cells}
+
+
+async def _run(
+    cfg: dict[str, Any], plan: dict[str, Any], engine: str, task_file: str, limit: int, concurrency: int,
+    run_dir: Path, as_json: bool,
+) -> int:  # fmt: skip
+    import secrets
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hrl.runners.episodes import Episode, run_episodes
+    from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
+    from hrl.runners.report.run import load_run
+    from hrl.runners.rollout import RolloutConfig, make_rollouts
+    from hrl.runners.rundir import RunDir
+    from hrl.runners.stack import serving
+    from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    task_list = load_tasks(task_file)[: limit or None]
+    plan["task_count"] = len(task_list)
+    run = RunDir(run_dir)
+    run.create({**cfg, "model": plan["model"], "eval": {k: v for k, v in plan.items() if k != "cells"}})
+    write_plan(run.path, plan)
+    per_cell = len(task_list) * plan["n"]
+    err.print(
+        f"{len(plan['cells'])} harness runs × {per_cell} episodes ({len(task_list)} tasks × {plan['n']}), engine "
+        f"{engine}, run {cfg['rollout']['run_id']} → {run_dir}",
+        markup=False,
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    progress = Progress(*columns, console=err, disable=as_json or not err.is_terminal, transient=False)
+    traces: list[dict[str, Any]] = []
+    with progress:
+        bars = {
+            c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]
+        }
+        for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
+            cells = [c for c in plan["cells"] if c["model_path"] == path]
+            white = any(is_python_agent(c["agent"]) for c in cells)
+            async with serving(
+                path, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
+                control_token=secrets.token_urlsafe(32) if white else None,
+            ) as stack:  # fmt: skip
+                for cell in cells:
+                    bar = bars[cell["iteration"]]
+
+                    def on_event(kind: str, data: dict[str, Any], bar: Any = bar) -> None:
+                        if kind == "episode_end":
+                            progress.advance(bar)
+
+                    roll = RolloutConfig(**{**cfg["rollout"], "agent": cell["agent"], "agents": []})
+                    rollouts = make_rollouts(stack, roll, on_event, cfg.get("verifier"), cfg.get("recipe_dir"))
+                    await asyncio.to_thread(rollouts.prepare)
+                    episodes = [Episode(t, k, cell["iteration"]) for t in task_list for k in range(plan["n"])]
+                    try:
+                        traces += await run_episodes(rollouts, episodes, run.trace_file(cell["iteration"]), concurrency)
+                    except asyncio.CancelledError:
+                        err.print(f"interrupted: the traces so far are in {run_dir}", markup=False)
+                        return 130
+                    if progress.disable:
+                        err.print(f"{cell['agent']} · {cell['model']}: {per_cell} episodes done", markup=False)
+    rows = eval_rows(load_run(run_dir)) or []
+    emit(rows, as_json=as_json, human=eval_table_text(rows, plan))
+    err.print(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table", markup=False)
+    return _exit_code(traces, float(cfg.get("max_error_rate", 0.25)), run_dir)
+
+
+def _exit_code(traces: list[dict[str, Any]], max_error_rate: float, run_dir: Path) -> int:
+    """3 when infrastructure failures passed `max_error_rate` (as `hrl rollout`), else 0."""
+    infra = [t["failure_reason"] for t in traces if t.get("failure_reason") in INFRA_FAILURES - {"cancelled"}]
+    if len(infra) <= len(traces) * max_error_rate:
+        return 0
+    say_error(
+        f"{len(infra)} of {len(traces)} episodes failed in the infrastructure, more than max_error_rate "
+        f"{max_error_rate:g} allows",
+        f"the traces' metadata say why: `hrl inspect {run_dir} --json`; `hrl doctor` checks docker and the engine",
+    )
+    return EXIT_INFRA

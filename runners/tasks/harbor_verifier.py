@@ -1,0 +1,273 @@
+"""`HarborVerifier`: grades a Harbor task by running its tests/test.sh in a fresh container after the agent.
+
+Per episode:
+
+1. `provision(task)`: the task's image, built from environment/ once per content hash (`harbor.build_image`).
+2. The agent works in a container of that image, at its WORKDIR. Nothing of tests/ or solution/ is ever there.
+3. `verify(sandbox, task)`: the agent's state carries over into a **fresh** grading container (`carry`):
+   `container` (default, as Harbor grades): the agent's container is committed as an image and the tests run in a
+   container of it, so every change the agent made (installed packages, files outside the workdir) is graded, but
+   none of its processes survive; `workdir`: only the workdir is copied into a container of the clean image, so
+   the system the tests run on is the task's own, untouched by the agent. Before test.sh runs, /tests and
+   /logs/verifier are emptied (a reward file the agent planted is gone), tests/ is copied to /tests, and
+   `bash /tests/test.sh` runs at the workdir with [verifier] env, under [verifier] timeout_sec, with no network
+   unless `network: host`.
+4. The reward is /logs/verifier/reward.txt (a number), else reward.json (`{"reward": x}`, or one number).
+
+A test.sh past its limit scores 0 with the reason in `reward_info["timeout"]` (the agent's state hangs the tests:
+its episode), and so does one that exits non-zero without a reward file (`reward_info["failed"]`: `set -e` tests
+that stop at the first failure). A test.sh that exits 0 with no reward file, a reward that is no number, or an
+environment that cannot be built are grading failures: `verifier_error` (never trained on), with the log's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import tarfile
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.errors import UsageError
+from hrl.runners.tasks.harbor import HarborTask, build_image, image_tag
+from hrl.runners.tasks.task import Task
+from hrl.runners.tasks.verifier import Verdict
+from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+__all__ = ["HarborVerifier", "HarborVerifierConfig", "as_harbor"]
+
+REWARD_DIR = "/logs/verifier"
+# As root: no reward file may outlive the agent, and the tests' user may write the new one.
+CLEAN = f"rm -rf /tests {REWARD_DIR} && mkdir -p /tests {REWARD_DIR} /logs/agent && chmod 777 /logs {REWARD_DIR}"
+READ_REWARD = f"""for f in reward.txt reward.json; do
+  if [ -f {REWARD_DIR}/$f ]; then echo "$f"; head -c 65536 {REWARD_DIR}/$f; exit 0; fi
+done; exit 3"""
+
+
+class HarborVerifierConfig(BaseModel):
+    carry: Literal["container", "workdir"] = Field(
+        "container",
+        description="What of the agent's container the tests see: container = its whole filesystem (committed as "
+        "an image; Harbor's semantics); workdir = only its workdir, in a container of the clean image.",
+    )
+    network: Literal["none", "host"] = Field(
+        "none", description="Network of the grading (and solution) containers: none, or host for a test.sh that "
+        "downloads (many Terminal-Bench 2 tests install uv or pytest at test time)."
+    )  # fmt: skip
+    timeout_s: float = Field(0.0, description="Limit for test.sh in seconds; 0 = the task's [verifier] timeout_sec.")
+    setup_timeout_s: float = Field(300.0, description="Limit for each setup step (copies, workdir carry-over), s.")
+    solve_timeout_s: float = Field(0.0, description="Limit for solution/solve.sh; 0 = [agent] timeout_sec or 600.")
+    log_chars: int = Field(3000, description="How much of test.sh's output tail goes into reward_info['log'].")
+    hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (docker: none).")
+    run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
+
+
+def as_harbor(task: Task) -> HarborTask:
+    """The task as a HarborTask (a task that went through a dict keeps its extra fields)."""
+    if isinstance(task, HarborTask):
+        return task
+    if "task_dir" not in (task.model_extra or {}):
+        raise UsageError(
+            f"task {task.instance_id} is no Harbor task (it has no task_dir)",
+            hint="the harbor verifier grades task folders: give --tasks DIR, or set -c verifier.name=tests",
+        )
+    return HarborTask.model_validate(task.model_dump())
+
+
+class HarborVerifier:
+    """Builds Harbor tasks' images, and grades the agent's final state with the task's tests/test.sh."""
+
+    name = "harbor"
+
+    def __init__(self, backend: SandboxBackend, config: HarborVerifierConfig | None = None, **options: Any) -> None:
+        if backend.name != "docker":
+            raise UsageError(
+                "Harbor tasks run in Docker sandboxes (their environment is a Dockerfile)", hint="use --sandbox docker"
+            )
+        self.backend = backend
+        self.config = config or HarborVerifierConfig(**options)
+        self._images: dict[str, tuple[str, str]] = {}  # instance id -> (image, workdir)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def provision(self, task: Task) -> None:
+        h = as_harbor(task)
+        async with self._locks.setdefault(h.instance_id, asyncio.Lock()):
+            if h.instance_id not in self._images:
+                self._images[h.instance_id] = await asyncio.to_thread(build_image, h)
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        h = as_harbor(task)
+        image, workdir = self._images.get(h.instance_id) or (image_tag(h), "/app")
+        return SandboxSpec(
+            image=image, workdir=workdir, network="none", cpus=h.cpus, memory_mb=h.memory_mb,
+            labels={"hrl.task": h.instance_id[:60]}, hidden_paths=list(self.config.hide_paths),
+        )  # fmt: skip
+
+    async def prepare(self, sandbox: Sandbox, task: Task) -> None:
+        """Nothing to lay out: the image is the task's starting state."""
+
+    async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
+        h, cfg, started = as_harbor(task), self.config, time.monotonic()
+        committed: str | None = None
+        try:
+            if cfg.carry == "container":
+                commit = getattr(sandbox, "commit", None)
+                if commit is None:
+                    return Verdict.error("carry: container needs a docker sandbox that can commit")
+                committed = await commit({"hrl.task": h.instance_id[:60]})
+                verdict = await self._test(h, committed, None)
+            else:
+                verdict = await self._test(h, self.sandbox_spec(h).image, await self._pack_workdir(sandbox))
+        except (SandboxError, OSError) as exc:
+            verdict = Verdict.error(f"grading sandbox failed: {exc}")
+        finally:
+            if committed is not None:
+                await _quietly(self.backend, committed)
+        verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
+        return verdict
+
+    async def grade(self, task: Task, patch: str) -> Verdict:
+        """The task's tests on its untouched image (Harbor tasks carry state, not diffs: `patch` must be empty)."""
+        if patch.strip():
+            return Verdict.error("a Harbor task is graded from a sandbox's state, not from a diff")
+        h, started = as_harbor(task), time.monotonic()
+        await self.provision(h)
+        try:
+            verdict = await self._test(h, self.sandbox_spec(h).image, None)
+        except (SandboxError, OSError) as exc:
+            verdict = Verdict.error(f"grading sandbox failed: {exc}")
+        verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
+        return verdict
+
+    async def solve(self, task: Task) -> Verdict:
+        """The gold: solution/solve.sh run in a container of the task's image, then graded as an agent would be."""
+        h = as_harbor(task)
+        if not (h.folder / "solution" / "solve.sh").is_file():
+            return Verdict.error(f"{h.folder} has no solution/solve.sh")
+        await self.provision(h)
+        cfg = self.config
+        limit = cfg.solve_timeout_s or h.agent_timeout_s or 600.0
+        spec = self.sandbox_spec(h).model_copy(update={"network": cfg.network})
+        try:
+            async with await self.backend.create(spec, cfg.run_id, _episode("solve", h)) as sandbox:
+                await _root(sandbox, "rm -rf /solution && mkdir -p /solution", cfg.setup_timeout_s)
+                await sandbox.copy_in(str(h.folder / "solution"), "/solution")
+                run = await sandbox.exec(["bash", "/solution/solve.sh"], timeout_s=limit)
+                await _root(sandbox, "rm -rf /solution", cfg.setup_timeout_s)
+                verdict = await self.verify(sandbox, h)
+        except (SandboxError, OSError) as exc:
+            return Verdict.error(f"solution sandbox failed: {exc}")
+        verdict.reward_info["solve"] = {"exit_code": run.exit_code, "timed_out": run.timed_out, "s": run.duration_s}
+        return verdict
+
+    # ---- grading --------------------------------------------------------------------------------------------
+    async def _test(self, task: HarborTask, image: str, workdir_tar: bytes | None) -> Verdict:
+        cfg = self.config
+        spec = self.sandbox_spec(task).model_copy(update={"image": image, "network": cfg.network})
+        async with await self.backend.create(spec, cfg.run_id, _episode("grade", task)) as sandbox:
+            await _root(sandbox, CLEAN, cfg.setup_timeout_s)
+            await sandbox.copy_in(str(task.folder / "tests"), "/tests")
+            if workdir_tar is not None:
+                await self._unpack_workdir(sandbox, workdir_tar)
+            limit = cfg.timeout_s or task.verifier_timeout_s
+            run = await sandbox.exec(["bash", "/tests/test.sh"], timeout_s=limit, env=dict(task.verifier_env))
+            log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
+            if run.timed_out:  # the agent's state hangs the tests: its episode, scored 0
+                return Verdict(0.0, {"timeout": f"tests/test.sh ran past {limit:g} s", "log": log})
+            found = await sandbox.exec(["bash", "-c", READ_REWARD], timeout_s=cfg.setup_timeout_s, user="0")
+        info = {"exit_code": run.exit_code, "log": log}
+        if found.exit_code != 0 and run.exit_code != 0:  # the tests failed on the agent's state before scoring it
+            return Verdict(0.0, {**info, "failed": f"tests/test.sh exited {run.exit_code} and wrote no reward"})
+        if found.exit_code != 0:  # it passed and said nothing: the test script itself is broken
+            return Verdict.error(f"tests/test.sh exited 0 but wrote no {REWARD_DIR}/reward.txt or reward.json", log=log)
+        name, _, text = found.stdout.partition("\n")
+        return _reward(name, text, info)
+
+    async def _pack_workdir(self, sandbox: Sandbox) -> bytes:
+        path = f"/tmp/hrl-workdir-{uuid.uuid4().hex[:8]}.tar"
+        await _root(sandbox, f"tar -C {sandbox.workdir} -cf {path} .", self.config.setup_timeout_s)
+        data = await sandbox.read_file(path)
+        await _root(sandbox, f"rm -f {path}", self.config.setup_timeout_s)
+        return data
+
+    async def _unpack_workdir(self, sandbox: Sandbox, data: bytes) -> None:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # refuse what could land outside the workdir
+            for member in tar:
+                if member.name.startswith("/") or ".." in member.name.split("/") or member.isdev():
+                    raise SandboxError(f"the agent's workdir holds an unsafe entry {member.name!r}")
+        path = "/tmp/hrl-workdir.tar"
+        await sandbox.write_file(path, data)
+        wd = sandbox.workdir
+        script = f"find {wd} -mindepth 1 -delete && tar -C {wd} -xpf {path} --no-overwrite-dir && rm -f {path}"
+        await _root(sandbox, script, self.config.setup_timeout_s)
+
+
+def _reward(name: str, text: str, info: dict[str, Any]) -> Verdict:
+    """The reward of reward.txt (a number) or reward.json ({"reward": x}, or one number; all kept in rewards)."""
+    try:
+        if name == "reward.txt":
+            value: Any = float(text.strip())
+        else:
+            data = json.loads(text)
+            numbers = {k: v for k, v in data.items() if isinstance(v, int | float)} if isinstance(data, dict) else {}
+            info["rewards"] = numbers
+            value = numbers.get("reward", next(iter(numbers.values())) if len(numbers) == 1 else None)
+            if value is None:
+                raise ValueError(f"no 'reward' key among {sorted(numbers) or 'no numbers'}")
+    except ValueError as exc:
+        return Verdict.error(f"{REWARD_DIR}/{name} holds no reward: {exc}", **info)
+    if not math.isfinite(float(value)):
+        return Verdict.error(f"{REWARD_DIR}/{name} holds {value}, not a finite reward", **info)
+    return Verdict(float(value), {**info, "reward_file": name})
+
+
+async def _root(sandbox: Sandbox, script: str, timeout_s: float) -> None:
+    run = await sandbox.exec(["bash", "-c", script], timeout_s=timeout_s, user="0")  # type: ignore[call-arg]
+    if run.exit_code != 0:
+        raise SandboxError(
+            f"setup step failed (exit {run.exit_code}): {script[:80]}: {(run.stderr or run.stdout)[-500:]}"
+        )
+
+
+async def _quietly(backend: SandboxBackend, image: str) -> None:
+    remove = getattr(backend, "remove_image", None)
+    if remove is not None:
+        try:
+            await remove(image)
+        except SandboxError:
+            pass  # a leftover image costs disk, not correctness
+
+
+def _episode(kind: str, task: HarborTask) -> str:
+    return f"{kind}-{task.instance_id[:40]}-{uuid.uuid4().hex[:8]}"
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+async def check_harbor_task(verifier: HarborVerifier, task: Task) -> Any:
+    """`hrl tasks validate` for a Harbor task: solution/solve.sh scores 1, the untouched environment scores 0."""
+    from hrl.runners.tasks.validate import TaskCheck
+
+    started, problems = time.monotonic(), []
+    try:
+        await verifier.provision(task)
+    except SandboxError as exc:
+        return TaskCheck(task.instance_id, False, [f"environment: {exc}"], seconds=time.monotonic() - started)
+    gold, empty = await asyncio.gather(verifier.solve(task), verifier.grade(task, ""))
+    for what, verdict, want in (("solution/solve.sh", gold, 1.0), ("no change", empty, 0.0)):
+        if verdict.failure_reason:
+            problems.append(f"{what}: {verdict.failure_reason}: {verdict.reward_info.get('error')}")
+        elif verdict.reward != want:
+            info = verdict.reward_info
+            why = (
+                info.get("timeout") or info.get("failed") or (info.get("log") or "").strip()[-200:].replace("\n", " | ")
+            )
+            problems.append(f"{what}: reward {verdict.reward:g}, expected {want:g}" + (f" ({why})" if why else ""))
+    return TaskCheck(task.instance_id, not problems, problems, gold, empty, time.monotonic() - started)

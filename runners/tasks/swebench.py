@@ -1,0 +1,186 @@
+"""SWE-bench-family rows as tasks, graded the way the official `swebench` package grades them.
+
+Rows of SWE-bench (Verified, Lite, Multimodal), SWE-Gym, SWE-smith and R2E-Gym load as they are (`adapt_row`):
+a row without `repo_snapshot` and `test_cmd` that carries a `base_commit` and a `test_patch` gets
+`grader: swebench`, a `version` as text, and the image its dataset names:
+
+- the row's own `image`, `image_name` (SWE-smith, SWE-Gym exports) or `docker_image` (R2E-Gym, SWE-rebench);
+- else, for a repository the package knows: SWE-bench's `swebench/sweb.eval.x86_64.<id>:latest`, `__` written
+  `_1776_`, lower case;
+- else SWE-Gym's `xingyaoww/sweb.eval.x86_64.<id>:latest`, `__` written `_s_`, lower case.
+
+Grading (`eval_script`, `parse_log`) takes everything from the package (`hrl[swebench]`, swebench 4.x, whose
+`MAP_REPO_VERSION_TO_SPECS` still holds the per-repository specs; 5.x moved them into the datasets' own
+`eval_script` column, which a row may carry too): the eval script its test spec builds for the repository and
+version (activate the `testbed` environment, the repository's install step, reset the test files, apply the test
+patch, the repository's test command between the `>>>>> Start/End Test Output` markers), and the log parser of
+`MAP_REPO_TO_PARSER` over the log between the markers. A repository the package does not know (SWE-Gym's) runs the
+package's own pytest command (`pytest -rA`) in the same script shape and is read by its pytest parser.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from typing import Any
+
+from hrl.runners.errors import PrerequisiteError
+
+__all__ = ["adapt_row", "command", "eval_script", "image_for", "parse_log", "require_package", "specs_for"]
+
+ENV_NAME = "testbed"
+REPO_DIR = "/testbed"
+SWEBENCH_NAMESPACE = "swebench"
+SWEGYM_NAMESPACE = "xingyaoww"
+IMAGE_KEYS = ("image", "image_name", "docker_image")
+HINT = "pip install 'hrl[swebench]' (the official swebench package, 4.x)"
+
+
+def require_package() -> None:
+    """Raise PrerequisiteError unless `swebench` (with its per-repository specs) can be imported."""
+    if importlib.util.find_spec("swebench") is None:
+        raise PrerequisiteError("SWE-bench rows need the swebench package, which is not installed", hint=HINT)
+    if not hasattr(_constants(), "MAP_REPO_VERSION_TO_SPECS"):
+        raise PrerequisiteError("the installed swebench has no MAP_REPO_VERSION_TO_SPECS (5.x)", hint=HINT)
+
+
+@functools.cache
+def _constants() -> Any:
+    import swebench.harness.constants as constants  # the package's import takes ~2 s (datasets, docker, …)
+
+    return constants
+
+
+def is_family_row(row: dict[str, Any]) -> bool:
+    """A SWE-bench-family row: no hrl snapshot or test command, a base commit and a test patch to grade with."""
+    if row.get("grader") not in (None, "swebench") or row.get("repo_snapshot") or row.get("test_cmd"):
+        return False
+    return row.get("grader") == "swebench" or bool(row.get("base_commit") and row.get("test_patch"))
+
+
+def adapt_row(row: Any) -> Any:
+    """The row as a task: SWE-bench-family rows get `grader`, a text `version` and their image; others unchanged."""
+    if not isinstance(row, dict):
+        return row
+    if not is_family_row(row):
+        named = next((row[k] for k in IMAGE_KEYS[1:] if row.get(k)), None)
+        return {**row, "image": named} if named and not row.get("image") else row
+    require_package()
+    out = {**row, "grader": "swebench"}
+    if out.get("version") is not None and not isinstance(out["version"], str):
+        out["version"] = str(out["version"])  # a JSON export may write 3.0 as a number
+    if not out.get("image"):
+        out["image"] = image_for(out)
+    return out
+
+
+def image_for(row: dict[str, Any]) -> str:
+    """The per-instance image the row's dataset names (see the module docstring)."""
+    for key in IMAGE_KEYS:
+        if row.get(key):
+            return str(row[key])
+    require_package()
+    known = row.get("repo") in _constants().MAP_REPO_VERSION_TO_SPECS  # a SWE-bench repository, whatever the version
+    namespace, sep = (SWEBENCH_NAMESPACE, "_1776_") if known else (SWEGYM_NAMESPACE, "_s_")
+    key = f"sweb.eval.x86_64.{row['instance_id']}:latest".lower()
+    return f"{namespace}/{key.replace('__', sep)}"
+
+
+def specs_for(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The package's spec for the row's repository and version, None when it has none."""
+    require_package()
+    specs: dict[str, Any] | None = (
+        _constants().MAP_REPO_VERSION_TO_SPECS.get(row.get("repo"), {}).get(str(row.get("version")))
+    )
+    return specs
+
+
+def eval_script(task: Any) -> str:
+    """The bash script that grades `task` in its image (the agent's diff already applied at /testbed)."""
+    row = task.model_dump(mode="json")
+    if row.get("eval_script"):  # swebench 5.x datasets carry their own
+        return str(row["eval_script"])
+    specs = specs_for(row)
+    if specs is not None:
+        from swebench.harness.test_spec.create_scripts import make_eval_script_list
+
+        lines = make_eval_script_list(row, specs, ENV_NAME, REPO_DIR, task.base_commit, task.test_patch)
+    else:
+        lines = _pytest_script(row, task.base_commit, task.test_patch)
+    return "\n".join(["#!/bin/bash", "set -uxo pipefail", *lines]) + "\n"
+
+
+def _pytest_script(row: dict[str, Any], base_commit: str, test_patch: str) -> list[str]:
+    """A repository the package has no spec for: its pytest command on the test patch's files, in its script shape."""
+    from swebench.harness.test_spec.python import get_test_directives
+    from swebench.harness.utils import get_modified_files
+
+    c = _constants()
+    files = " ".join(get_modified_files(test_patch))
+    reset = f"git checkout {base_commit} {files}" if files else "true"
+    apply = f"git apply -v - <<'EOF_114329324912'\n{test_patch}\nEOF_114329324912"
+    activate = ["source /opt/miniconda3/bin/activate", f"conda activate {ENV_NAME}"]
+    test = " ".join(["pytest -rA", *get_test_directives(row)])
+    return [
+        *activate,
+        f"cd {REPO_DIR}",
+        reset,
+        apply,
+        f": '{c.START_TEST_OUTPUT}'",
+        test,
+        f": '{c.END_TEST_OUTPUT}'",
+        reset,
+    ]
+
+
+def command(task: Any) -> str:
+    """`eval_script` with stderr merged into stdout, in order (the markers are `set -x` traces on stderr, and some
+    runners, django's among them, report on stderr), as the official harness reads one stream."""
+    return "exec 2>&1\n" + eval_script(task)
+
+
+def parse_log(task: Any, log: str) -> dict[str, str]:
+    """{test id: PASSED | FAILED | ERROR | SKIPPED | XFAIL} from an eval script's output, read by the package's parser
+    for the repository (its pytest parser for one it does not know), between the test-output markers."""
+    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+
+    c = _constants()
+    row = task.model_dump(mode="json")
+    parser = _named_parser(row.get("log_parser")) or MAP_REPO_TO_PARSER.get(task.repo)
+    if parser is None:
+        from swebench.harness.log_parsers.python import parse_log_pytest as parser
+    if c.START_TEST_OUTPUT in log and c.END_TEST_OUTPUT in log:
+        log = log.split(c.START_TEST_OUTPUT, 1)[1].split(c.END_TEST_OUTPUT, 1)[0]
+    results: dict[str, str] = parser(log, _test_spec(row))
+    return results
+
+
+def _named_parser(name: Any) -> Any:
+    """A parser a row names (swebench 5.x rows carry `log_parser`), looked up in the package's parser modules."""
+    if not name:
+        return None
+    import swebench.harness.log_parsers as parsers
+
+    for module in ("python", "javascript", "c", "go", "java", "php", "ruby", "rust"):
+        found = getattr(importlib.import_module(f"{parsers.__name__}.{module}"), str(name), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _test_spec(row: dict[str, Any]) -> Any:
+    """The package's TestSpec for parsers that read it (only the fields grading needs; no image is built)."""
+    from swebench.harness.test_spec.test_spec import TestSpec
+
+    def tests(key: str) -> list[str]:
+        value = row.get(key) or []
+        return json.loads(value) if isinstance(value, str) else list(value)
+
+    ext = _constants().MAP_REPO_TO_EXT.get(row.get("repo"), "py")
+    return TestSpec(
+        instance_id=row["instance_id"], repo=row.get("repo", ""), version=str(row.get("version")),
+        repo_script_list=[], eval_script_list=[], env_script_list=[], arch="x86_64",
+        FAIL_TO_PASS=tests("FAIL_TO_PASS"), PASS_TO_PASS=tests("PASS_TO_PASS"), language=ext,
+        docker_specs={}, namespace=None,
+    )  # fmt: skip

@@ -1,0 +1,322 @@
+"""SWE-bench-format instances of three repositories with different test runners, and their images built here.
+
+Each image has the layout of an official SWE-bench instance image, built from hrl's base image: the repository at
+/testbed (a base commit, then the install step's `SWE-bench` commit on top), and the environment its eval script
+activates (`source /opt/miniconda3/bin/activate; conda activate testbed`: a venv at /opt/miniconda3/envs/testbed,
+entered by a two-line `conda` stand-in). Packages come from PyPI as wheels downloaded on the host; the venv's pip
+reads only those (no network when grading), so the install step of the eval script runs offline.
+
+- `pallets/flask` 2.3: a small package under pytest (`pytest -rA`, parser `parse_log_flask`).
+- `django/django` 5.0: real Django; `tests/runtests.py` runs the repository's tests with Django's own test runner
+  (`--verbosity 2 --settings=test_sqlite --parallel 1`, parser `parse_log_django`).
+- `sympy/sympy` 1.13: real SymPy; `bin/test` runs the repository's tests with SymPy's own runner
+  (`-C --verbose`, parser `parse_log_sympy`).
+
+Images are tagged with the official names (`swebench/sweb.eval.x86_64.<id>`) and cached by a hash of what goes in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.tasks.patches import file_diff, join_patches
+from hrl.runners.tasks.swebench import image_for
+
+BASE_IMAGE = "hrl/base:bookworm"
+LABEL = "hrl.test.swebench"
+ACTIVATE = """\
+# conda's activate as far as SWE-bench eval scripts use it: `conda activate NAME` enters /opt/miniconda3/envs/NAME
+conda() { if [ "$1" = activate ]; then . "/opt/miniconda3/envs/$2/bin/activate"; else return 1; fi; }
+"""
+DOCKERFILE = """\
+FROM {base}
+COPY wheels /opt/wheels
+COPY activate /opt/miniconda3/bin/activate
+COPY repo /testbed
+RUN python3 -m venv /opt/miniconda3/envs/testbed \\
+ && printf '[global]\\nno-index = true\\nfind-links = /opt/wheels\\nno-build-isolation = false\\n' \\
+    > /opt/miniconda3/envs/testbed/pip.conf \\
+ && /opt/miniconda3/envs/testbed/bin/pip install -q --no-compile {packages} \\
+ && cd /testbed && {chmod}git init -q && git add -A \\
+ && git -c user.name=SWE-bench -c user.email=setup@swebench.config commit -q -m base \\
+ && . /opt/miniconda3/bin/activate && conda activate testbed && {install} \\
+ && git -c user.name=SWE-bench -c user.email=setup@swebench.config commit -q --allow-empty -am SWE-bench
+LABEL {label}="{digest}"
+"""
+
+
+@dataclass
+class Fixture:
+    """One instance: its repository, the fix, the hidden tests, and how its image is made."""
+
+    instance_id: str
+    repo: str
+    version: str
+    files: dict[str, str]  # the base state
+    fixed: dict[str, str]  # files the gold patch changes, as they are after it
+    tests: dict[str, str]  # files the test patch changes, as they are after it
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    packages: list[str]
+    install: str = "python -m pip install -e ."
+    executables: list[str] = field(default_factory=list)
+
+    def patch(self, new: dict[str, str]) -> str:
+        return join_patches([file_diff(p, self.files.get(p), text) for p, text in sorted(new.items())])
+
+    def row(self, base_commit: str) -> dict[str, Any]:
+        """The instance as a SWE-bench dataset row (test lists as JSON strings, as the datasets store them)."""
+        return {
+            "repo": self.repo, "instance_id": self.instance_id, "base_commit": base_commit,
+            "patch": self.patch(self.fixed), "test_patch": self.patch(self.tests),
+            "problem_statement": f"{self.instance_id}: see the failing behaviour described by its tests.",
+            "hints_text": "", "created_at": "2020-01-01T00:00:00Z", "version": self.version,
+            "FAIL_TO_PASS": json.dumps(self.fail_to_pass), "PASS_TO_PASS": json.dumps(self.pass_to_pass),
+            "environment_setup_commit": base_commit,
+        }  # fmt: skip
+
+    def dockerfile(self, digest: str) -> str:
+        return DOCKERFILE.format(
+            base=BASE_IMAGE, packages=" ".join(self.packages), install=self.install, label=LABEL, digest=digest,
+            chmod=f"chmod +x {' '.join(self.executables)} && " if self.executables else "",
+        )  # fmt: skip
+
+    def digest(self) -> str:
+        parts = [BASE_IMAGE, DOCKERFILE, ACTIVATE, self.install, *self.packages, *self.executables]
+        parts += [f"{k}\0{v}" for k, v in sorted(self.files.items())]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+    @property
+    def image(self) -> str:
+        return image_for({"instance_id": self.instance_id, "repo": self.repo, "version": self.version})
+
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{name}"
+version = "0.1"
+
+[tool.setuptools]
+packages = ["{name}"]
+"""
+
+FLASK = Fixture(
+    instance_id="pallets__flask-90001",
+    repo="pallets/flask",
+    version="2.3",
+    files={
+        "pyproject.toml": PYPROJECT.format(name="slugkit"),
+        "slugkit/__init__.py": 'def slugify(text):\n    return "-".join(text.split())\n',
+        "tests/test_slugkit.py": 'from slugkit import slugify\n\n\ndef test_spaces():\n    assert slugify("a b") == "a-b"\n',
+    },
+    fixed={"slugkit/__init__.py": 'def slugify(text):\n    return "-".join(text.lower().split())\n'},
+    tests={
+        "tests/test_slugkit.py": 'from slugkit import slugify\n\n\ndef test_spaces():\n    assert slugify("a b") == "a-b"\n'
+        '\n\ndef test_lower():\n    assert slugify("A B") == "a-b"\n'
+    },
+    fail_to_pass=["tests/test_slugkit.py::test_lower"],
+    pass_to_pass=["tests/test_slugkit.py::test_spaces"],
+    packages=["pytest==8.4.2", "setuptools==80.9.0"],
+)
+
+DJANGO_RUNTESTS = """\
+#!/usr/bin/env python
+import argparse
+import os
+import sys
+
+import django
+from django.conf import settings
+from django.test.utils import get_runner
+
+parser = argparse.ArgumentParser()
+parser.add_argument("labels", nargs="*")
+parser.add_argument("--verbosity", type=int, default=1)
+parser.add_argument("--settings", default="test_sqlite")
+parser.add_argument("--parallel", type=int, default=1)
+args = parser.parse_args()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ["DJANGO_SETTINGS_MODULE"] = args.settings
+django.setup()
+runner = get_runner(settings)(verbosity=args.verbosity, parallel=args.parallel)
+sys.exit(bool(runner.run_tests(args.labels)))
+"""
+DJANGO_TESTS = """\
+from django.test import SimpleTestCase
+
+from textops import initials
+
+
+class InitialsTests(SimpleTestCase):
+    def test_two_words(self):
+        self.assertEqual(initials("ada lovelace"), "AL")
+"""
+DJANGO = Fixture(
+    instance_id="django__django-90001",
+    repo="django/django",
+    version="5.0",
+    files={
+        "pyproject.toml": PYPROJECT.format(name="textops"),
+        "textops/__init__.py": 'def initials(name):\n    return "".join(w[0].upper() for w in name.split(" "))\n',
+        "tests/runtests.py": DJANGO_RUNTESTS,
+        "tests/test_sqlite.py": 'DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3"}}\n'
+        'SECRET_KEY = "django_tests_secret_key"\nUSE_TZ = False\n',
+        "tests/textops_tests/__init__.py": "",
+        "tests/textops_tests/tests.py": DJANGO_TESTS,
+    },
+    fixed={"textops/__init__.py": 'def initials(name):\n    return "".join(w[0].upper() for w in name.split())\n'},
+    tests={
+        "tests/textops_tests/tests.py": DJANGO_TESTS
+        + '\n    def test_extra_spaces(self):\n        self.assertEqual(initials("ada  lovelace"), "AL")\n'
+    },
+    fail_to_pass=["test_extra_spaces (textops_tests.tests.InitialsTests.test_extra_spaces)"],
+    pass_to_pass=["test_two_words (textops_tests.tests.InitialsTests.test_two_words)"],
+    packages=["django==5.0.14", "setuptools==80.9.0"],
+    executables=["tests/runtests.py"],
+)
+
+SYMPY_BIN_TEST = """\
+#!/usr/bin/env python
+\"\"\"The repository's tests under SymPy's own runner (sympy.testing.runtests), as sympy's bin/test runs them.\"\"\"
+import argparse
+import os
+import sys
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, root)
+from sympy.testing.runtests import PyTestReporter, SymPyTests
+
+parser = argparse.ArgumentParser()
+parser.add_argument("paths", nargs="*")
+parser.add_argument("-C", "--no-cache", action="store_true")
+parser.add_argument("-v", "--verbose", action="store_true")
+args = parser.parse_args()
+reporter = PyTestReporter(verbose=args.verbose, colors=False)
+tests = SymPyTests(reporter, seed=0)
+tests._root_dir = root
+reporter.root_dir(root)
+tests._testfiles.extend(os.path.join(root, p) for p in args.paths)
+sys.exit(int(not tests.test(sort=True)))
+"""
+SYMPY_TESTS = """\
+from sympy import Rational
+
+from numkit import mean
+
+
+def test_integers():
+    assert mean([1, 2, 3]) == 2
+{added}
+
+def test_single():
+    assert mean([5]) == 5
+"""
+SYMPY = Fixture(
+    instance_id="sympy__sympy-90001",
+    repo="sympy/sympy",
+    version="1.13",
+    files={
+        "pyproject.toml": PYPROJECT.format(name="numkit"),
+        "numkit/__init__.py": "from sympy import Integer\n\n\ndef mean(xs):\n    return Integer(sum(xs)) // len(xs)\n",
+        "numkit/tests/__init__.py": "",
+        "numkit/tests/test_numkit.py": SYMPY_TESTS.format(added=""),
+        "bin/test": SYMPY_BIN_TEST,
+    },
+    fixed={
+        "numkit/__init__.py": "from sympy import Integer\n\n\ndef mean(xs):\n    return Integer(sum(xs)) / len(xs)\n"
+    },
+    tests={
+        "numkit/tests/test_numkit.py": SYMPY_TESTS.format(
+            added="\n\ndef test_fraction():\n    assert mean([1, 2]) == Rational(3, 2)\n"
+        )
+    },
+    fail_to_pass=["test_fraction"],
+    pass_to_pass=["test_integers"],  # not test_single: the last test of a file shares its line with "[OK]", which
+    # parse_log_sympy does not read; SWE-bench's own lists leave those tests out the same way
+    packages=["sympy==1.13.3", "setuptools==80.9.0"],
+    executables=["bin/test"],
+)
+
+FIXTURES = (FLASK, DJANGO, SYMPY)
+
+
+def _context(fixture: Fixture, digest: str, wheels: Path) -> bytes:
+    """The build context as a tar: Dockerfile, the conda stand-in, the wheels, the repository."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+        add("Dockerfile", fixture.dockerfile(digest).encode())
+        add("activate", ACTIVATE.encode())
+        for path, text in fixture.files.items():
+            add(f"repo/{path}", text.encode())
+        for wheel in sorted(wheels.glob("*.whl")):
+            add(f"wheels/{wheel.name}", wheel.read_bytes())
+    return buf.getvalue()
+
+
+def _wheels(packages: list[str], dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest)]
+    subprocess.run([*cmd, "--python-version", "3.11", "--platform", "any", *packages], check=True, timeout=600)
+    return dest
+
+
+def ensure_images(scratch: Path, fixtures: tuple[Fixture, ...] = FIXTURES) -> list[dict[str, Any]]:
+    """Build (or find, by content) each fixture's image; returns their SWE-bench rows, base commits read from the
+    images."""
+    import docker
+
+    client = docker.from_env(timeout=900)
+    rows = []
+    try:
+        for fixture in fixtures:
+            digest = fixture.digest()
+            try:
+                cached = (client.images.get(fixture.image).labels or {}).get(LABEL) == digest
+            except docker.errors.ImageNotFound:
+                cached = False
+            if not cached:
+                wheels = _wheels(fixture.packages, scratch / f"wheels-{digest}")
+                context = io.BytesIO(_context(fixture, digest, wheels))
+                client.images.build(
+                    fileobj=context, custom_context=True, tag=fixture.image, rm=True, forcerm=True, pull=False
+                )
+            out = client.containers.run(fixture.image, ["git", "-C", "/testbed", "rev-parse", "HEAD~1"], remove=True)
+            rows.append(fixture.row(out.decode().strip()))
+    finally:
+        client.close()
+    return rows
+
+
+def run_eval(task: Any, patch: str = "") -> str:
+    """The eval script's output (one stream) in a fresh container of the task's image, `patch` applied first: how
+    the logs under fixtures/swebench/ were recorded."""
+    import docker
+
+    from hrl.runners.tasks.swebench import command
+
+    script = f"cd /testbed && git apply - <<'HRL_EOF'\n{patch}\nHRL_EOF\n" if patch.strip() else ""
+    client = docker.from_env(timeout=900)
+    try:
+        out = client.containers.run(
+            task.image, ["bash", "-c", script + command(task)], remove=True, network_mode="none"
+        )
+    finally:
+        client.close()
+    return out.decode()

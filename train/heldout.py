@@ -1,0 +1,101 @@
+"""Held-out evaluation inside a training run: the policy of step k on tasks it never trains on.
+
+With `eval_tasks` in the recipe, `hrl train` evaluates them all before the first update (step 0) and after the last
+(step `train.iterations`), and every `train.eval_every` steps on the first `train.eval_slice` of them in between.
+Each evaluation runs `train.eval_episodes` episodes per task through the same harness, sandbox and verifier as
+training, writes their traces to `eval/step-NNNN.jsonl` in the run directory (apart from the training traces: they
+never reach a batch, the task sampler or a resume's bookkeeping), and logs one metrics.jsonl row of its own:
+
+- `eval/success`   share of episodes with reward ≥ `train.success_reward` (a failed episode is no success)
+- `eval/reward`    mean reward, an episode without one counted as 0
+- `eval/turns`     mean agent turns
+- `eval/episodes`, `eval/tasks`, `eval/failed` (episodes with a failure_reason), `eval/version` (the policy)
+
+A step's evaluation happens before that step's rollouts, with the policy those rollouts use, so `eval/success` at
+step k and `trace/reward` at step k describe the same weights. A resume runs again an evaluation whose row was not
+logged (its partial trace file is replaced).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
+from hrl.runners.metrics import TURNS, trace_metrics
+from hrl.runners.rundir import RunDir
+
+__all__ = ["EvalEpisode", "Evaluations", "eval_row", "eval_steps", "evaluate"]
+
+
+class EvalEpisode(Episode):
+    """An episode of an evaluation: its group id says so (`eval<step>:<task>`), so no training group can take it."""
+
+    @property
+    def group_id(self) -> str:
+        return f"eval{self.iteration}:{self.task_id}" + (f"@{self.agent}" if self.agent else "")
+
+
+def eval_steps(iterations: int, every: int) -> dict[int, bool]:
+    """{step: whole set?}: steps 0 and `iterations` on every task, and each `every`-th step between on the slice."""
+    steps = dict.fromkeys(range(every, iterations, every), False) if every > 0 else {}
+    return steps | {0: True, iterations: True}
+
+
+def eval_row(step: int, version: int, traces: list[dict[str, Any]], tasks: int, success_reward: float) -> dict:
+    """The metrics.jsonl row of one evaluation (see the module docstring)."""
+    n = len(traces)
+    rewards = [float(t["reward"]) if t.get("reward") is not None else 0.0 for t in traces]
+    turns = [trace_metrics(t)[TURNS] for t in traces]
+    return {
+        "step": step,
+        "eval/success": sum(r >= success_reward for r in rewards) / n if n else None,
+        "eval/reward": sum(rewards) / n if n else None,
+        "eval/turns": sum(turns) / n if n else None,
+        "eval/episodes": float(n),
+        "eval/tasks": float(tasks),
+        "eval/failed": float(sum(bool(t.get("failure_reason")) for t in traces)),
+        "eval/version": float(version),
+    }
+
+
+async def evaluate(
+    tasks: list[dict[str, Any]], rollouts: Rollouts, run: RunDir, step: int, version: int, cfg: Any, whole: bool
+) -> dict[str, Any]:
+    """Run one evaluation of the live policy (`version`) and return its row; `whole`: every task, else the slice.
+    `cfg` is the loop's config (eval_episodes, eval_slice, concurrency, success_reward, seed)."""
+    picked = tasks if whole else random.Random(cfg.seed).sample(tasks, min(cfg.eval_slice, len(tasks)))
+    episodes = [
+        EvalEpisode(t, k, step, harness_for(rollouts, j))
+        for j, t in enumerate(picked)
+        for k in range(cfg.eval_episodes)
+    ]
+    path = run.eval_trace_file(step)
+    path.unlink(missing_ok=True)  # an evaluation cut short by a stop: its row was never logged; it runs again whole
+    path.parent.mkdir(parents=True, exist_ok=True)
+    traces = await run_episodes(rollouts, episodes, path, cfg.concurrency)
+    return eval_row(step, version, list(traces), len(picked), cfg.success_reward)
+
+
+class Evaluations:
+    """The run's evaluation schedule (`eval_steps`), minus what metrics.jsonl already holds (a resume)."""
+
+    def __init__(
+        self, tasks: list[dict[str, Any]] | None, cfg: Any, run: RunDir, rollouts: Rollouts, periodic: bool = True
+    ) -> None:
+        self.tasks, self.cfg, self.run, self.rollouts = tasks or [], cfg, run, rollouts
+        self.steps = eval_steps(cfg.iterations, cfg.eval_every if periodic else 0) if self.tasks else {}
+        self.done = set(run.eval_rows())
+
+    async def at(self, step: int, version: int, sink: Any, on_event: Any) -> dict[str, Any] | None:
+        """Evaluate the live policy if `step` is due and not logged yet; log and return its row."""
+        if step not in self.steps or step in self.done:
+            return None
+        whole = self.steps[step]
+        n = len(self.tasks) if whole else min(self.cfg.eval_slice, len(self.tasks))
+        on_event("eval_start", {"step": step, "version": version, "tasks": n, "episodes": n * self.cfg.eval_episodes})
+        row = await evaluate(self.tasks, self.rollouts, self.run, step, version, self.cfg, whole)
+        sink.log(row, step=step)
+        self.done.add(step)
+        on_event("eval", row)
+        return row
