@@ -15,6 +15,7 @@ from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
 __all__ = [
     "check_agent",
     "check_engine",
+    "check_honest_sampling",
     "check_model",
     "check_run",
     "check_sandbox",
@@ -81,6 +82,19 @@ def check_model(model: str) -> None:
 
     base, _ = split_adapter(model)
     resolve_model(base)
+
+
+def check_honest_sampling(cfg: dict[str, Any]) -> None:
+    """`hrl train` samples every call honestly (`proxy.sampling: honest`): a config that asks otherwise is refused,
+    since the recorded logprobs would then not be those of the distribution the tokens were drawn from."""
+    asked = (cfg.get("proxy") or {}).get("sampling", "honest")
+    if asked != "honest":
+        raise UsageError(
+            f"proxy.sampling={asked} cannot be trained on: the agent's temperature, top_p, top_k, min_p and "
+            "penalties would reshape the sampled distribution, and the recorded logprobs would not be its own",
+            hint="drop proxy.sampling from the recipe and -c (hrl train always samples with proxy.sampling=honest); "
+            "`hrl rollout -c proxy.sampling=agent` samples with the agent's settings",
+        )
 
 
 def harnesses(cfg: dict[str, Any]) -> list[str]:

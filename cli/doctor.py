@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -14,7 +14,9 @@ EPILOG = """Examples:
 
   hrl doctor
 
-  hrl doctor --model hrl:tiny
+  hrl doctor --model hrl:tiny                     # also probe the model: tool calls parsed? logprobs raw?
+
+  hrl doctor --model Qwen/Qwen3-8B --engine vllm --no-probe
 
   hrl doctor --json | jq '.[] | select(.ok | not)'
 """
@@ -28,9 +30,21 @@ def doctor(
     tool_parser: Annotated[
         str, typer.Option(help="The proxy.tool_parser to check the model with (auto: detect it).")
     ] = "auto",
+    engine: Annotated[
+        str, typer.Option(help="Engine the --model probe serves it on: embedded | vllm | URL (default: as hrl serve).")
+    ] = "",
+    probe: Annotated[
+        bool,
+        typer.Option(
+            help="With --model: serve it and send tool-eliciting requests through the proxy: do its replies parse "
+            "into tool calls, and are the logprobs it records raw (re-scored by the engine)?"
+        ),
+    ] = True,
 ) -> None:
     """Check the pieces hrl uses (torch, transformers, peft, Docker daemon, vLLM) and say what each enables; with
-    --model, also which tool-call parser the proxy would read that model's tool calls with."""
+    --model, also which tool-call parser the proxy reads that model's tool calls with, and (unless --no-probe) what
+    the served model does: tool calls its parser reads, raw logprobs. Exit 4 when a prerequisite is missing or the
+    logprobs are not raw; a model that calls no tool is shown with `!`."""
     from dataclasses import asdict
 
     from hrl.runners.doctor import run_checks, tool_parser_check
@@ -41,8 +55,27 @@ def doctor(
     if model:
         from hrl.cli.config import materialize_model
 
-        checks.append(tool_parser_check(materialize_model(model), tool_parser))
-    human = "\n".join(f"{'✓' if c.ok else '✗'} {c.name:<13} {c.detail}  ({c.required_for})" for c in checks)
+        path = materialize_model(model)
+        checks.append(tool_parser_check(path, tool_parser))
+        if probe:
+            checks += _probe(path, engine, tool_parser)
+    mark = {True: "✓", False: "✗"}
+    human = "\n".join(f"{mark[c.ok] if c.ok or c.blocking else '!'} {c.name:<13} {c.detail}  ({c.required_for})"
+                      for c in checks)  # fmt: skip
     emit([asdict(c) for c in checks], as_json=as_json, human=human)
-    if not all(c.ok for c in checks):
+    if not all(c.ok for c in checks if c.blocking):
         raise typer.Exit(4)
+
+
+def _probe(model: str, engine: str, tool_parser: str) -> list[Any]:
+    """The served-model probe (runners/probe.py), on `engine` (checked first: a bad name is a usage error)."""
+    import asyncio
+
+    from hrl.cli.checks import check_engine, check_model
+    from hrl.cli.serve import default_engine
+    from hrl.runners.probe import probe_model
+
+    engine = engine or default_engine()
+    check_engine(engine)
+    check_model(model)
+    return asyncio.run(probe_model(model, engine, proxy_options={"tool_parser": tool_parser}))

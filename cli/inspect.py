@@ -143,9 +143,10 @@ def _short(trace_id: Any) -> str:
 
 def _outcome(s: dict[str, Any]) -> Text:
     """`ok`, or the failure reason when there is one (the status is then `failed`)."""
+    flag = Text(" degenerate", style="yellow") if s.get("degenerate") else ""
     if s["failure_reason"]:
-        return Text(str(s["failure_reason"]), style="red")
-    return Text(str(s["status"]), style="green" if s["status"] == "ok" else "yellow")
+        return Text.assemble((str(s["failure_reason"]), "red"), flag)
+    return Text.assemble((str(s["status"]), "green" if s["status"] == "ok" else "yellow"), flag)
 
 
 def _table(padding: int = 1) -> Table:
@@ -189,6 +190,9 @@ def _totals(agg: dict[str, Any]) -> Text:
     reward += f" ({unrewarded} without a reward)" if unrewarded else ""
     lat, tok = agg["latency_s"], agg["tokens"]
     first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · {reward}"
+    flags = [f"{agg[k]} {name}" for k, name in (("degenerate", "degenerate"), ("tool_parse_errors",
+             "tool parse errors")) if agg.get(k)]  # fmt: skip
+    first += "".join(f" · {f}" for f in flags)
     second = (
         f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
         f"time p50 {_secs(lat['duration']['p50'])} p95 {_secs(lat['duration']['p95'])} · "
@@ -217,6 +221,8 @@ def _call_label(c: dict[str, Any], first: bool) -> Text:
         label.append("  new root", style="yellow")
     if c["error"]:
         label.append(f"\nerror: {c['error']}", style="red")
+    if c.get("tool_parse_error"):
+        label.append(f"\ntool call not parsed (sent as text): {c['tool_parse_error']}", style="yellow")
     return label
 
 
@@ -261,6 +267,8 @@ def _trace_tree(trace: Trace) -> Tree:
     tree.add(_reward_label(trace))
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
+    if trace.get("degenerate"):
+        tree.add(Text("degenerate: one model call for an agentic task", style="bold yellow"))
     return tree
 
 

@@ -34,6 +34,8 @@ EPILOG = """Examples:
 
   hrl serve --model ./tiny --open-sessions   # any token opens a session (manual use on a trusted machine only)
 
+  hrl serve --model ./tiny --sampling honest   # temperature 1, no-op top_p/top_k/penalties: traces to train on
+
   hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000 --port 8100 --workers 4
       # 4 proxy processes on ports 8100-8103 sharing one vLLM; a session lives in the worker it registered at
 """
@@ -99,6 +101,21 @@ def serve(
             "kimi-k2, gpt-oss; auto = detected from its chat template and config.json."
         ),
     ] = "auto",
+    reasoning_parser: Annotated[
+        str,
+        typer.Option(
+            help="How the model writes its reasoning: think, think-open (the template opens <think>), mistral, "
+            "harmony (gpt-oss); auto = from its chat template."
+        ),
+    ] = "auto",
+    sampling: Annotated[
+        str,
+        typer.Option(
+            help="agent: sample with the agent's temperature, top_p, top_k, min_p and penalties; honest: temperature "
+            "1 and no-op knobs on every call, whatever the agent sends (what hrl train uses; for training on the "
+            "traces with your own trainer). Each call records what was asked and what was used."
+        ),
+    ] = "agent",
     workers: Annotated[
         int,
         typer.Option(
@@ -112,16 +129,23 @@ def serve(
     recorded token-exactly, and each finished session becomes one trace line."""
     from hrl.cli.checks import check_engine, check_model
     from hrl.cli.config import materialize_model
+    from hrl.runners.proxy.reasoning import check_reasoning_name
     from hrl.runners.proxy.server import check_port_free
     from hrl.runners.proxy.toolparsers import check_name
 
     engine = engine or default_engine()
     check_name(tool_parser)
+    check_reasoning_name(reasoning_parser)
+    if sampling not in ("agent", "honest"):
+        from hrl.runners.errors import UsageError
+
+        raise UsageError(f"unknown --sampling {sampling!r}", hint="use --sampling agent or --sampling honest")
     check_engine(engine)  # fail on a bad engine name, model path or a taken port before anything loads
     check_port_free(host, port)
     path = materialize_model(model)
     check_model(path)
-    options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout, "tool_parser": tool_parser}
+    options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout, "tool_parser": tool_parser,
+               "reasoning_parser": reasoning_parser, "sampling": sampling}  # fmt: skip
     token_file = control_token_file or default_control_token_file()
     if workers > 1:
         _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
@@ -198,6 +222,11 @@ async def _serve(
             write_control_token(token_file, control)
             how = "detected from the model" if options["tool_parser"] == "auto" else "--tool-parser"
             err.print(f"tool calls parsed as {stack.proxy.template.tool_parser.name} ({how})", markup=False)
+            how = "detected from the model" if options["reasoning_parser"] == "auto" else "--reasoning-parser"
+            err.print(f"reasoning parsed as {stack.proxy.template.reasoning_parser.name} ({how})", markup=False)
+            if options["sampling"] == "honest":
+                err.print("sampling honest: every call at temperature 1 with no top-p, top-k, min-p or penalties, "
+                          "whatever the agent sends", markup=False)  # fmt: skip
             err.print(f"control token in {token_file} (send it as `Authorization: Bearer …` to /sessions, "
                       "/s/<token>/end, /publish, /pause)", markup=False)  # fmt: skip
             if options["open_sessions"]:

@@ -33,7 +33,7 @@ EPILOG = """Examples:
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
     """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
-    from hrl.cli.checks import check_model, check_run, check_tasks, harnesses, say_context
+    from hrl.cli.checks import check_honest_sampling, check_model, check_run, check_tasks, harnesses, say_context
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
@@ -43,6 +43,8 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
             set_dotted(cfg, key, value)
     if not cfg.get("model"):
         raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
+    check_honest_sampling(cfg)
+    cfg.setdefault("proxy", {})["sampling"] = "honest"  # in the run's config.json: what every call sampled with
     check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     if cfg.get("eval_tasks"):  # held-out tasks: read whole now too (`-c eval_tasks=` runs without evaluations)
         check_tasks(str(cfg["eval_tasks"]))
@@ -168,6 +170,7 @@ def _line(m: dict[str, Any]) -> str:
         f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
+        + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
         + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )
 
@@ -231,7 +234,7 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
     async with serving(cfg["model"], cfg.get("engine", "embedded"), engine_options=cfg.get("engine_options"),
-                       proxy_options=cfg.get("proxy"),  # white-box agents register their sub-agents:
+                       proxy_options={**(cfg.get("proxy") or {}), "sampling": "honest"},  # white-box agents:
                        control_token=secrets.token_urlsafe(32) if white else None) as stack:  # fmt: skip
         rollouts = make_rollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"),
                                  base_dir=cfg.get("recipe_dir"))  # fmt: skip

@@ -19,6 +19,7 @@ class Check:
     ok: bool
     detail: str
     required_for: str
+    blocking: bool = True  # False: a finding to act on (a model that calls no tool), not a missing prerequisite
 
 
 def vllm_python() -> str | None:

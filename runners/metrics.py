@@ -20,6 +20,8 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/merge_ratio`        tokens of the calls on their own ÷ tokens of the merged branches (≥ 1).
 - `trace/tool_parse_errors`  calls whose tool-call markup did not parse (`tool_parse_error`; sent as text);
   absent when none did. Per step: the sum over the step's traces, 0 included.
+- `trace/degenerate`         1 for a trace flagged `degenerate` (one model call for an agentic task: the call
+  offered tools and no second call followed); absent otherwise. Per step: how many, 0 included.
 
 Per step (`step_metrics`) over the step's traces:
 
@@ -55,6 +57,7 @@ from hrl.runners.trace import FAILURE_REASONS
 __all__ = [
     "CALL_METRICS",
     "CONTRACT",
+    "DEGENERATE",
     "DISTRIBUTION_STATS",
     "FAILURES_PREFIX",
     "HARNESS_PREFIX",
@@ -87,6 +90,7 @@ RESPONSE_TOKENS = "trace/response_tokens"
 BRANCHES = "trace/branches"
 MERGE_RATIO = "trace/merge_ratio"
 TOOL_PARSE_ERRORS = "trace/tool_parse_errors"
+DEGENERATE = "trace/degenerate"
 FAILURES_PREFIX = "trace/failures/"
 HARNESS_PREFIX = "harness/"
 
@@ -116,6 +120,7 @@ CONTRACT = (
     *TRACE_METRICS,
     *(FAILURES_PREFIX + r for r in FAILURE_REASONS),
     TOOL_PARSE_ERRORS,
+    DEGENERATE,
     *TRAIN_METRICS,
     *SYSTEM_METRICS,
 )
@@ -183,6 +188,8 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
     parse_errors = sum(1 for c in trace.get("calls") or [] if c.get("tool_parse_error"))
     if parse_errors:
         out[TOOL_PARSE_ERRORS] = float(parse_errors)
+    if trace.get("degenerate"):
+        out[DEGENERATE] = 1.0
     if s["failure_reason"]:
         out[FAILURES_PREFIX + str(s["failure_reason"])] = 1.0
     return out
@@ -245,6 +252,7 @@ def step_metrics(traces: Iterable[Trace], trainer_version: int | None = None) ->
         out["train/version"] = float(trainer_version)
     out |= failure_counts(traces)
     out[TOOL_PARSE_ERRORS] = sum(m.get(TOOL_PARSE_ERRORS, 0.0) for m in per)
+    out[DEGENERATE] = sum(m.get(DEGENERATE, 0.0) for m in per)
     for name in TRACE_METRICS:
         out |= distribution(name, [m[name] for m in per if name in m])
     rows = [c for t in traces for c in describe_calls(t)]

@@ -60,6 +60,7 @@ def describe_calls(trace: Trace) -> list[dict[str, Any]]:
                 "first_token_s": round(_span(c, "started_at", "first_token_at"), 3),
                 "total_s": round(_span(c), 3),
                 "error": c.get("error"),
+                "tool_parse_error": c.get("tool_parse_error"),
                 "agent": c.get("agent"),  # None: the root agent
                 "trainable": c.get("trainable", True),
             }
@@ -117,6 +118,8 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "side_calls": len(calls) - len(main),
         "turns": len(main),
         "call_errors": sum(1 for c in calls if c.get("error")),
+        "tool_parse_errors": sum(1 for c in calls if c.get("tool_parse_error")),
+        "degenerate": bool(trace.get("degenerate")),
         "branches": len(paths),
         "prompt_tokens": sum(prompt_len(c) for c in calls),
         "response_tokens": sum(len(c["response_ids"]) for c in calls),
@@ -175,6 +178,8 @@ def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:
         "traces": len(sums),
         "status": dict(Counter(s["status"] for s in sums)),
         "failures": dict(Counter(s["failure_reason"] for s in sums if s["failure_reason"])),
+        "degenerate": sum(s["degenerate"] for s in sums),
+        "tool_parse_errors": sum(s["tool_parse_errors"] for s in sums),
         "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "rewarded": len(rewards),
         "calls": sum(s["calls"] for s in sums),

@@ -92,6 +92,8 @@ class TraceCall(TypedDict):
     error: NotRequired[str]  # what failed, with finish_reason "error"
     agent: NotRequired[str]  # the sub-agent that made the call (see Trace.agents); absent: the root agent
     trainable: NotRequired[bool]  # False: recorded, never trained on (an untrained critic); absent: True
+    tool_parse_error: NotRequired[str]  # tool-call markup the parser could not read (it reached the agent as text)
+    sampling: NotRequired[dict[str, dict[str, float]]]  # {asked, used}: the agent's sampling knobs, and those used
 
 
 class ToolEvent(TypedDict):
@@ -123,6 +125,7 @@ class Trace(TypedDict):
     metadata: NotRequired[dict[str, Any]]  # rejected_requests: how many requests got a 4xx
     rejected: NotRequired[list[dict[str, Any]]]  # the last 100 of those: {at, dialect, status, error}
     agents: NotRequired[list[AgentNode]]  # the tree of agents, root first; only when there are sub-agents
+    degenerate: NotRequired[bool]  # True: one model call for an agentic task (it offered tools); absent: not
 
 
 class AgentNode(TypedDict):

@@ -13,6 +13,8 @@ from typing import Literal, Protocol, runtime_checkable
 from hrl.runners.trace import add_version
 
 __all__ = [
+    "BASIC_SAMPLING",
+    "NO_OP_SAMPLING",
     "Engine",
     "Generation",
     "PublishKind",
@@ -22,6 +24,18 @@ __all__ = [
 ]
 
 PublishKind = Literal["lora", "full"]
+# the sampling knobs that change the distribution tokens are drawn from, and their no-op values
+NO_OP_SAMPLING: dict[str, float] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+# what an engine honours unless it names its own (`Engine.sampling_knobs`); the others are sent as no-ops
+BASIC_SAMPLING = frozenset({"temperature", "top_p", "top_k"})
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -30,6 +44,9 @@ class SamplingParams:
     """Sampling parameters, in the units the engines understand.
 
     temperature: 0 means greedy. top_k: 0 means no top-k cut. seed: None means nondeterministic.
+    min_p: drop tokens below this share of the most likely one's probability (0 = off). repetition_penalty (1 =
+    off), presence_penalty and frequency_penalty (0 = off): vLLM's meanings. The defaults are the no-op values:
+    the tokens are then sampled from the model's distribution at `temperature`, untruncated.
     stop_token_ids: generation ends after emitting one of these (the stop token is part of the response).
     ignore_eos: neither the model's EOS nor stop_token_ids end generation; only max_tokens does.
     """
@@ -38,6 +55,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # keep generating past the model's end-of-sequence token (benchmarks, tests)

@@ -33,7 +33,8 @@ def kv_cache_of(out: Any) -> Any:
 
 
 def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
-    """Sample one id from a (V,) float32 logits row with temperature / top-k / top-p; temperature 0 = greedy."""
+    """Sample one id from a (V,) float32 logits row with temperature / top-k / top-p / min-p; temperature 0 =
+    greedy."""
     import torch
 
     if params.temperature <= 0:
@@ -47,7 +48,10 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
         probs = torch.softmax(sorted_x, -1)
         drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix whose mass reaches top_p
         x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
-    return int(torch.multinomial(torch.softmax(x, -1), 1, generator=generator))
+    probs = torch.softmax(x, -1)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def _adapter_context(engine: Any, version: int) -> Any:
@@ -65,6 +69,17 @@ def _adapter_context(engine: Any, version: int) -> Any:
         return engine.model.disable_adapter()
     engine.model.set_adapter(adapter)
     return contextlib.nullcontext()
+
+
+def score_ids(engine: Any, prompt_ids: list[int], ids: list[int]) -> list[float]:
+    """Teacher-forced raw logprobs (temperature 1) of `ids` after `prompt_ids` under the live version, in one
+    forward pass without a KV cache: what the logprobs recorded for those ids, when sampled, must equal."""
+    import torch
+
+    with torch.no_grad(), _adapter_context(engine, engine.version):
+        logits = engine.model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), -1)  # (R, V)
+        return [float(x) for x in logprobs.gather(-1, torch.tensor(ids)[:, None])[:, 0]]
 
 
 def run_batch(engine: Any, batch: list[Any]) -> None:

@@ -60,6 +60,7 @@ class EmbeddedEngine:
 
     name = "embedded"
     continues_in_place = True  # a publish lands between two decode steps of running requests
+    sampling_knobs = frozenset({"temperature", "top_p", "top_k", "min_p"})  # no penalties: sent as no-ops
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
@@ -167,6 +168,19 @@ class EmbeddedEngine:
         with self._cv:
             self._paused = False
             self._cv.notify_all()
+
+    async def score(self, prompt_ids: list[int], ids: list[int]) -> list[float]:
+        """Raw logprobs of `ids` after `prompt_ids` under the live version (one forward pass, between decode
+        steps): `hrl doctor` compares them with the logprobs recorded when the same ids were sampled."""
+        from hrl.runners.engines.decode import score_ids
+
+        was_paused = self._paused
+        await self.pause()
+        try:
+            return await asyncio.to_thread(score_ids, self, list(prompt_ids), list(ids))
+        finally:
+            if not was_paused:
+                await self.resume()
 
     # ---- weights -----------------------------------------------------------------------------------------
     async def publish(self, path: str, kind: Literal["lora", "full"], version: int | None = None) -> int:

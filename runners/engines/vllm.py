@@ -24,7 +24,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import FinishReason, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.base import NO_OP_SAMPLING, FinishReason, PublishKind, SamplingParams, TokenDelta
 from hrl.runners.engines.vllm_server import (
     EXTENSION_CLS,
     ServerProcess,
@@ -35,7 +35,10 @@ from hrl.runners.engines.vllm_server import (
     find_vllm_python,
     gpu_flags,
     http_error,
+    logprobs_mode,
     new_session,
+    score_body,
+    scored_logprobs,
     server_env,
     sse_data,
 )
@@ -108,6 +111,7 @@ class VLLMEngine:
     # Running requests stay on the LoRA version they started with, so under the `mixed` policy the proxy
     # preempts them at a publish and resumes them from their sampled tokens on the new version.
     continues_in_place = False
+    sampling_knobs = frozenset(NO_OP_SAMPLING)
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
@@ -242,6 +246,16 @@ class VLLMEngine:
                 del self._requests[request_id]
                 self._pinned.pop(request_id, None)
             task.cancel()
+
+    async def score(self, prompt_ids: list[int], ids: list[int]) -> list[float]:
+        """Raw logprobs of `ids` after `prompt_ids` (live version, vLLM's `prompt_logprobs`), for `hrl doctor`."""
+        out = await self._call("POST", "/v1/completions", json=score_body(self._route(None)[0], prompt_ids + ids))
+        return scored_logprobs(out, len(prompt_ids), ids)
+
+    @property
+    def logprobs_mode(self) -> str:
+        """What the server's sampled logprobs are (vLLM's `--logprobs-mode`)."""
+        return logprobs_mode(self.config.extra_args, attached=bool(self.config.url))
 
     def _route(self, version: int | None) -> tuple[str, int | None]:
         """(model name, fixed token version) for a request; None = tokens follow the live base weights."""

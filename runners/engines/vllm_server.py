@@ -44,7 +44,10 @@ __all__ = [
     "find_vllm_python",
     "gpu_flags",
     "http_error",
+    "logprobs_mode",
     "new_session",
+    "score_body",
+    "scored_logprobs",
     "server_env",
     "sse_data",
 ]
@@ -293,6 +296,28 @@ def new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
+def score_body(model: str, ids: list[int]) -> dict[str, Any]:
+    """A /v1/completions request that scores `ids` (their `prompt_logprobs`) and samples one token."""
+    return {"model": model, "prompt": list(ids), "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
+
+
+def scored_logprobs(out: Any, n_prompt: int, ids: list[int]) -> list[float]:
+    """The logprobs of `ids` (the tokens after the first `n_prompt`) in a `score_body` answer."""
+    rows = (out.get("choices") or [{}])[0].get("prompt_logprobs") if isinstance(out, dict) else None
+    if not isinstance(rows, list) or len(rows) != n_prompt + len(ids):
+        raise EngineError(f"vLLM returned no prompt_logprobs to score with: {str(out)[:200]}")
+    return [float(rows[n_prompt + i][str(t)]["logprob"]) for i, t in enumerate(ids)]
+
+
+def logprobs_mode(extra_args: list[str], attached: bool) -> str:
+    """vLLM's `--logprobs-mode` among the server's flags: `raw_logprobs` (its default) when none is given; unknown
+    for a server attached by URL (its flags are not ours)."""
+    for i, arg in enumerate(extra_args):
+        if arg.startswith("--logprobs-mode"):
+            return arg.partition("=")[2] or (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+    return "unknown (attached by URL)" if attached else "raw_logprobs"
+
+
 def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dict[str, Any]:
     """A streamed /v1/completions request that returns ids and sampled logprobs and leaves ids untouched."""
     body: dict[str, Any] = {
@@ -302,10 +327,10 @@ def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dic
         "temperature": p.temperature,
         "top_p": p.top_p,
         "top_k": p.top_k or -1,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
         "stop_token_ids": [] if p.ignore_eos else list(p.stop_token_ids),
         "ignore_eos": p.ignore_eos,
         "logprobs": 0,

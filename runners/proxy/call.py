@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from hrl.runners.engines.base import TokenDelta
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
-from hrl.runners.proxy.template import ChatTemplate, ParsedReply, parser_of
+from hrl.runners.proxy.template import ChatTemplate, ParsedReply, parse_reply
 from hrl.runners.trace import add_version
 
 if TYPE_CHECKING:  # the session opens its calls: a runtime import would be a cycle
@@ -56,6 +56,7 @@ class CallRecord:
     reply_key: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    sampling: dict[str, Any] | None = None  # {"asked": the agent's sampling knobs, "used": what was sampled with}
     tool_parse_error: str | None = None  # a tool-call block the parser could not read (it reached the agent as text)
     agent: str | None = None  # the sub-agent that made the call (None: the session's own agent)
     trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)
@@ -88,10 +89,8 @@ class Call:
     def finish(self, template: ChatTemplate) -> ChatResult:
         """Parse what the model said, end the call, and return the result the dialect answers with."""
         rec = self.record
-        parser = parser_of(template)
-        reply = parser.parse(
-            template.reply_text(rec.response_ids), tool_calls=bool(self.req.tools), tools=self.req.tools
-        )
+        text = template.reply_text(rec.response_ids)
+        reply = parse_reply(template, text, tool_calls=bool(self.req.tools), tools=self.req.tools)
         rec.tool_parse_error = reply.parse_error
         finish = "tool_calls" if reply.tool_calls else ("length" if rec.finish_reason == "length" else "stop")
         if reply.tool_calls:

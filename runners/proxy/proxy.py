@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from hrl.runners.engines.base import Engine, SamplingParams
+from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
+from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
@@ -63,6 +64,20 @@ class ProxyConfig(BaseModel):
         description="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
         "kimi-k2, gpt-oss (runners.proxy.toolparsers); auto = from the model's chat template and config.json.",
     )
+    reasoning_parser: str = Field(
+        "auto",
+        description="How the model writes its reasoning: think (a leading <think>…</think>), think-open (the "
+        "template opens <think> in the generation prompt), mistral ([THINK]…[/THINK]), harmony (gpt-oss's analysis "
+        "channel) (runners.proxy.reasoning); auto = from the chat template and the tool parser.",
+    )
+    sampling: Literal["agent", "honest"] = Field(
+        "agent",
+        description="agent: sample with the temperature, top_p, top_k, min_p and penalties the agent sends (those "
+        "the engine implements). honest: every call samples at temperature 1 with top_p, top_k, min_p and the "
+        "repetition/presence/frequency penalties at their no-op values, whatever the agent sends, so the recorded "
+        "logprobs (the engines' raw model logprobs) are those of the distribution the tokens were drawn from. "
+        "hrl train always uses honest and refuses agent.",
+    )
     version_policy: Literal["mixed", "pin"] = Field(
         "mixed",
         description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
@@ -73,6 +88,11 @@ class ProxyConfig(BaseModel):
     @classmethod
     def _known_parser(cls, name: str) -> str:
         return check_name(name)  # an UnknownNameError (naming the nearest parser), not a validation error
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning(cls, name: str) -> str:
+        return check_reasoning_name(name)
 
 
 class UnknownSessionError(KeyError):
@@ -86,6 +106,8 @@ class Proxy:
         self.engine, self.template, self.config, self.traces = engine, template, config, traces
         if config.tool_parser != "auto":  # else the template's own choice (detected from the model)
             template.tool_parser = get_tool_parser(config.tool_parser)
+        if config.reasoning_parser != "auto":
+            template.reasoning_parser = get_reasoning_parser(config.reasoning_parser)
         self.sessions: dict[str, Session] = {}
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self._reaper: asyncio.Task[None] | None = None
@@ -225,16 +247,27 @@ class Proxy:
         return call
 
     def params(self, req: ChatRequest) -> SamplingParams:
+        """The engine's sampling parameters for a request: the agent's knobs the engine honours (all at their no-op
+        values under `sampling: honest`), the others at their no-op values."""
         room = self.max_context - 1  # at least one token; the engine ends the call at the window
         return SamplingParams(
             max_tokens=max(1, min(int(req.max_tokens or self.config.default_max_tokens), room)),
-            temperature=1.0 if req.temperature is None else float(req.temperature),
-            top_p=1.0 if req.top_p is None else float(req.top_p),
-            top_k=int(req.top_k or 0),
+            **self.knobs(req)[1],  # type: ignore[arg-type]
             seed=req.seed,
             stop_token_ids=self.template.stop_ids,
             ignore_eos=req.ignore_eos,
         )
+
+    def knobs(self, req: ChatRequest) -> tuple[dict[str, float], dict[str, float]]:
+        """(what the agent asked for, what the engine is sent) of the knobs that shape the sampled distribution."""
+        asked = {k: getattr(req, k) for k in NO_OP_SAMPLING if getattr(req, k) is not None}
+        honoured = getattr(self.engine, "sampling_knobs", BASIC_SAMPLING)
+        used = dict(NO_OP_SAMPLING)
+        if self.config.sampling == "agent":
+            used |= {k: v for k, v in asked.items() if k in honoured}
+        if used["top_k"] < 0:  # -1 and 0 both mean no top-k
+            used["top_k"] = 0
+        return asked, used
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """Generate for a call, yielding text deltas; the call records the tokens as they arrive.
@@ -247,6 +280,9 @@ class Proxy:
         """
         rec, decoder = call.record, IncrementalDecoder(self.template)
         params = self.params(call.req)
+        asked, used = self.knobs(call.req)
+        if asked:  # recorded with the call: what the agent asked for, what the tokens were sampled with
+            rec.sampling = {"asked": asked, "used": used}
         try:
             while True:
                 await self._wait_for_publish()

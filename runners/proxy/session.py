@@ -18,7 +18,7 @@ from typing import Any
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
-from hrl.runners.trace import SCHEMA
+from hrl.runners.trace import INFRA_FAILURES, SCHEMA
 
 __all__ = ["Call", "CallRecord", "ChildSession", "PromptPlan", "Session"]
 
@@ -219,6 +219,8 @@ class Session:
         t0 = self.started_at
         meta = self.meta
         extras = ({"rejected": self.rejected} if self.rejected else {}) | self._agent_tree()
+        if failure_reason not in INFRA_FAILURES and is_degenerate(self.calls, agentic):
+            extras["degenerate"] = True
         return {
             "schema": SCHEMA,
             "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
@@ -295,6 +297,14 @@ def _is_side(call: CallRecord, agentic: set[str | None]) -> bool:
     return (call.agent in agentic and not call.has_tools) or any(s in low for s in _SIDE_MARKERS)
 
 
+def is_degenerate(calls: list[CallRecord], agentic: set[str | None]) -> bool:
+    """One model call (side calls aside) for an agentic task (it offered tools): the agent never saw a tool result,
+    so the trace says little about working with tools (an agent that gave up, or a harness that breaks after one
+    turn)."""
+    main = [c for c in calls if not _is_side(c, agentic)]
+    return len(main) == 1 and main[0].has_tools
+
+
 def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) -> list[dict[str, Any]]:
     out = []
     for i, c in enumerate(calls):
@@ -327,6 +337,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["error"] = c.error
         if c.tool_parse_error:
             d["tool_parse_error"] = c.tool_parse_error
+        if c.sampling:
+            d["sampling"] = c.sampling
         out.append(d)
     return out
 

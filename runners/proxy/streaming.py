@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError
-from hrl.runners.proxy.template import StreamSplitter, parser_of
+from hrl.runners.proxy.template import StreamSplitter, parser_of, reasoning_of
 
 __all__ = ["CoalescingWriter", "write_stream"]
 
@@ -92,8 +92,8 @@ class CoalescingWriter:
 async def write_stream(resp: web.StreamResponse, proxy: Any, dialect: Any, call: Any, rid: str) -> None:
     """Stream one call to its end (or its error) in the dialect's events."""
     cfg = proxy.config
-    parser = parser_of(proxy.template)
-    split = StreamSplitter(tool_calls=bool(call.req.tools), parser=parser, tools=call.req.tools)
+    tmpl = proxy.template
+    split = StreamSplitter(bool(call.req.tools), parser_of(tmpl), call.req.tools, reasoning_of(tmpl))
     enc = dialect.encoder(call.req, rid)
     out = CoalescingWriter(resp, enc, call, cfg.stream_coalesce_ms / 1000, cfg.stream_coalesce_tokens)
     await resp.write(b"".join(enc.start()))

@@ -6,11 +6,27 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.proxy.reasoning import (
+    REASONING_PARSERS,
+    ReasoningParser,
+    detect_reasoning,
+    get_reasoning_parser,
+    reasoning_of,
+)
 from hrl.runners.proxy.toolparsers import ToolParser, detect_model, get_tool_parser
-from hrl.runners.proxy.toolparsers.base import ParsedReply, partial_len
+from hrl.runners.proxy.toolparsers.base import ParsedReply
 from hrl.runners.proxy.toolparsers.hermes import HermesParser
 
-__all__ = ["ChatTemplate", "IncrementalDecoder", "ParsedReply", "StreamSplitter", "parse_hermes", "parser_of"]
+__all__ = [
+    "ChatTemplate",
+    "IncrementalDecoder",
+    "ParsedReply",
+    "StreamSplitter",
+    "parse_hermes",
+    "parse_reply",
+    "parser_of",
+    "reasoning_of",
+]
 
 
 def parse_hermes(text: str, tool_calls: bool = True) -> ParsedReply:
@@ -25,10 +41,19 @@ def parser_of(template: Any) -> ToolParser:
     return parser if isinstance(parser, ToolParser) else HermesParser()
 
 
+def parse_reply(template: Any, text: str, tool_calls: bool, tools: list[dict[str, Any]] | None) -> ParsedReply:
+    """A whole reply: reasoning first (the template's reasoning parser), then tool calls in the rest."""
+    reasoning, rest = reasoning_of(template).split(text)
+    reply = parser_of(template).parse(rest, tool_calls=tool_calls, tools=tools)
+    if reasoning:
+        reply.reasoning = f"{reasoning}\n{reply.reasoning}" if reply.reasoning else reasoning
+    return reply
+
+
 class ChatTemplate:
     """Loads a model's tokenizer once and renders conversations to ids with its chat template."""
 
-    def __init__(self, model_path: str, tool_parser: str = "auto") -> None:
+    def __init__(self, model_path: str, tool_parser: str = "auto", reasoning_parser: str = "auto") -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -37,6 +62,9 @@ class ChatTemplate:
         tok = self.tokenizer
         name = detect_model(model_path, tok.chat_template) if tool_parser == "auto" else tool_parser
         self.tool_parser: ToolParser = get_tool_parser(name)  # how this model writes tool calls
+        if reasoning_parser == "auto":
+            reasoning_parser = detect_reasoning(str(tok.chat_template), self._generation_prompt(), name)
+        self.reasoning_parser: ReasoningParser = get_reasoning_parser(reasoning_parser)  # how it writes reasoning
         backend = getattr(tok, "backend_tokenizer", None)  # the Rust tokenizer: ~3x faster than tok.decode
         self._raw_decode = backend.decode if backend is not None else tok.decode
         im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -44,6 +72,13 @@ class ChatTemplate:
         self.end_of_turn: str = "<|im_end|>" if has_im_end else str(tok.eos_token)
         stops = {tok.eos_token_id, im_end if has_im_end else None, *_generation_stops(model_path)}
         self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stops if isinstance(t, int)))
+
+    def _generation_prompt(self) -> str:
+        """The prompt of a one-message conversation ("" when the template cannot render one)."""
+        try:
+            return self.render([{"role": "user", "content": "hi"}])
+        except Exception:  # a template that needs more than one user message: nothing to learn from it
+            return ""
 
     def render(
         self,
@@ -134,50 +169,46 @@ class IncrementalDecoder:
 
 
 class StreamSplitter:
-    """Splits streamed text into reasoning (a leading <think>…</think>) and visible text, holding back tool
-    calls (sent whole at the end) and any tail that might be the start of one (`parser` says where they begin)."""
+    """Splits streamed text into reasoning (the template's reasoning parser: `<think>…</think>`, a reply that starts
+    inside an opened `<think>`, gpt-oss's analysis channel) and visible text, holding back tool calls (sent whole
+    at the end) and any tail that might be the start of one (`parser` says where they begin)."""
 
-    def __init__(self, tool_calls: bool = True, parser: ToolParser | None = None, tools: Any = None) -> None:
+    def __init__(
+        self,
+        tool_calls: bool = True,
+        parser: ToolParser | None = None,
+        tools: Any = None,
+        reasoning: ReasoningParser | None = None,
+    ) -> None:
         self.parser = parser or HermesParser()
         self.tools = tools
-        self.mode = "start" if self.parser.think else "text"  # start -> think -> text -> tool
+        self.reasoning = (reasoning or REASONING_PARSERS["think"]).stream()
+        self.mode = "text"  # text -> tool
         self.held = ""
         self.sent = False  # visible text was sent (a family whose calls open the reply no longer expects one)
-        self.after_think = False  # the newlines right after </think> are the template's, not the answer's
         self.tool_calls = tool_calls or self.parser.framed
         self.triggers = {s[0] for s in self.parser.starts} if self.tool_calls else set()
 
     def feed(self, delta: str) -> list[tuple[str, str]]:
-        if self.mode == "text" and self.sent and not self.held and not any(c in delta for c in self.triggers):
-            return [("text", delta)]  # the hot path: plain text, nothing held back
+        if self.reasoning.done:
+            if self.mode == "text" and self.sent and not self.held and not any(c in delta for c in self.triggers):
+                return [("text", delta)]  # the hot path: plain text, nothing held back
+            return self._text(delta)
+        return self._pieces(self.reasoning.feed(delta))
+
+    def _pieces(self, pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for kind, text in pieces:
+            if kind == "reasoning":
+                out.append((kind, text))
+            else:
+                out += self._text(text)
+        return out
+
+    def _text(self, delta: str) -> list[tuple[str, str]]:
         self.held += delta
         out: list[tuple[str, str]] = []
         while self.held and self.mode != "tool":
-            if self.mode == "start":
-                stripped = self.held.lstrip()
-                if stripped.startswith("<think>"):
-                    self.held, self.mode = stripped[len("<think>") :], "think"
-                    continue
-                if "<think>".startswith(stripped):
-                    return out  # could still become <think>
-                self.mode = "text"
-            if self.mode == "think":
-                idx = self.held.find("</think>")
-                if idx >= 0:
-                    if idx:
-                        out.append(("reasoning", self.held[:idx]))
-                    self.held, self.mode, self.after_think = self.held[idx + len("</think>") :], "text", True
-                    continue
-                keep = partial_len(self.held, "</think>")
-                if len(self.held) > keep:
-                    out.append(("reasoning", self.held[: len(self.held) - keep]))
-                    self.held = self.held[len(self.held) - keep :]
-                return out
-            if self.after_think:  # however the deltas fall, the text starts where `parse` starts it
-                self.held = self.held.lstrip("\n")
-                if not self.held:
-                    return out
-                self.after_think = False
             idx, keep = self.parser.stream_split(self.held, not self.sent) if self.tool_calls else (-1, 0)
             if idx >= 0:
                 if idx:
@@ -194,9 +225,8 @@ class StreamSplitter:
     def flush(self) -> list[tuple[str, str]]:
         """At the end of a stream: release what was held back (a partial tag, text around a tool call, a call
         that did not parse)."""
+        out = self._pieces(self.reasoning.flush())
         held, self.held = self.held, ""
-        if self.mode == "think":
-            return [("reasoning", held)] if held else []
         if self.mode == "tool":
-            return self.parser.rest(held, self.tools)
-        return [("text", held)] if held else []
+            return out + self.parser.rest(held, self.tools)
+        return out + ([("text", held)] if held else [])

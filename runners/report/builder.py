@@ -161,6 +161,7 @@ def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, A
         "task_id": s["task_id"],
         "agent": (trace.get("agent") or {}).get("name"),
         "outcome": s["failure_reason"] or s["status"],
+        "flags": _flags(s),
         "reward": s["reward"],
         "turns": s["turns"],
         "calls": s["calls"],
@@ -186,6 +187,13 @@ def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, A
     }
 
 
+def _flags(s: dict[str, Any]) -> str | None:
+    """What a trace is flagged for: `degenerate`, tool calls that did not parse; None when nothing."""
+    flags = ["degenerate"] if s["degenerate"] else []
+    flags += [f"{s['tool_parse_errors']} tool parse errors"] if s["tool_parse_errors"] else []
+    return ", ".join(flags) or None
+
+
 def _cell(value: Any, cls: str = "") -> str:
     if value is None:
         text = "–"
@@ -205,6 +213,7 @@ _COLUMNS = (
     ("task", "task_id"),
     ("agent", "agent"),
     ("outcome", "outcome"),
+    ("flags", "flags"),
     ("reward", "reward"),
     ("turns", "turns"),
     ("calls", "calls"),

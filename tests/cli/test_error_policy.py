@@ -65,11 +65,25 @@ CASES = [
     Case("unknown engine", ("rollout", "-a", "codex", "--recipe", "demo", "--engine", "vlm"), USAGE, "'vllm'"),
     Case("unknown engine", ("train", "--recipe", "demo", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
     Case("unknown engine", ("serve", "--model", "hrl:tiny", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
+    Case("unknown engine", ("doctor", "--model", "hrl:tiny", "--engine", "nope"), USAGE, "unknown engine 'nope'"),
     Case(
         "unknown tool parser",
         ("serve", "--model", "hrl:tiny", "--tool-parser", "qwen3_coder"),
         USAGE,
         "did you mean 'qwen3-coder'",
+    ),
+    Case(
+        "dishonest sampling",
+        ("train", "--recipe", "demo", "-c", "proxy.sampling=agent"),
+        USAGE,
+        "proxy.sampling=agent cannot be trained on",
+    ),
+    Case("unknown sampling", ("serve", "--model", "hrl:tiny", "--sampling", "raw"), USAGE, "unknown --sampling 'raw'"),
+    Case(
+        "unknown reasoning parser",
+        ("serve", "--model", "hrl:tiny", "--reasoning-parser", "think_open"),
+        USAGE,
+        "did you mean 'think-open'",
     ),
     Case(
         "unknown tool parser",

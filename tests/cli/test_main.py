@@ -120,13 +120,14 @@ def served(model: str, *extra: str, env: dict[str, str] | None = None):
         shutil.rmtree(state, ignore_errors=True)
 
 
-def test_serve_says_which_tool_parser(tiny_model):
+def test_serve_says_which_tool_and_reasoning_parser(tiny_model):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     state = Path(tempfile.mkdtemp(prefix="hrl-serve-test-"))
     argv = [*HRL, "serve", "--model", tiny_model, "--engine", "scripted", "--port", str(port)]
-    proc = subprocess.Popen([*argv, "--tool-parser", "mistral"], stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([*argv, "--tool-parser", "mistral", "--reasoning-parser", "think-open",
+                             "--sampling", "honest"], stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "HRL_STATE_DIR": str(state)})  # fmt: skip
     lines: list[str] = []
     try:
@@ -139,6 +140,8 @@ def test_serve_says_which_tool_parser(tiny_model):
         proc.wait(30)
         shutil.rmtree(state, ignore_errors=True)
     assert "tool calls parsed as mistral (--tool-parser)\n" in lines, lines
+    assert "reasoning parsed as think-open (--reasoning-parser)\n" in lines, lines
+    assert any(line.startswith("sampling honest: every call at temperature 1") for line in lines), lines
 
 
 def test_serve_openai_sdk_stream_and_not(tiny_model):

@@ -47,8 +47,11 @@ def _assistant(content: Any) -> dict[str, Any]:
         kind = block.get("type")
         if kind == "text":
             texts.append(block.get("text") or "")
-        elif kind == "thinking":
-            thoughts.append(block.get("thinking") or "")
+        elif kind == "thinking":  # its signature is not checked; redacted_thinking blocks are dropped
+            thinking = block.get("thinking") or ""
+            if not isinstance(thinking, str):
+                raise BadRequestError("a thinking block's 'thinking' must be a string")
+            thoughts.append(thinking)
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise BadRequestError("a tool_use block needs 'id' and 'name'")

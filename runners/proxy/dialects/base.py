@@ -43,6 +43,10 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: generate up to max_tokens whatever the model samples
@@ -84,6 +88,10 @@ _LIMITS: dict[str, tuple[bool, float, float, bool]] = {
     "temperature": (False, 0.0, 10.0, True),
     "top_p": (False, 0.0, 1.0, False),
     "top_k": (True, -1, 1 << 20, True),  # -1 and 0: no top-k
+    "min_p": (False, 0.0, 1.0, True),
+    "repetition_penalty": (False, 0.0, 2.0, False),
+    "presence_penalty": (False, -2.0, 2.0, True),
+    "frequency_penalty": (False, -2.0, 2.0, True),
     "seed": (True, -(1 << 63), (1 << 64) - 1, True),
 }
 _ROLES = ("system", "user", "assistant", "tool")
@@ -155,7 +163,7 @@ def check_request(req: ChatRequest) -> None:
         )
         params = fn.get("parameters", {})
         _need(params is None or isinstance(params, dict), f"tools[{k}].function.parameters", "an object", params)
-    for key in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
+    for key in _LIMITS:
         _number(getattr(req, key), key, _LIMITS[key])
 
 

@@ -19,6 +19,10 @@ from hrl.runners.proxy.dialects.base import (
 
 __all__ = ["ChatDialect"]
 
+# the sampling knobs a chat request may carry (top_k, min_p and repetition_penalty: vLLM's extensions)
+_KNOBS = {k: k for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                         "frequency_penalty")}  # fmt: skip
+
 
 def _message(m: Any) -> dict[str, Any]:
     if not isinstance(m, dict) or "role" not in m:
@@ -41,8 +45,9 @@ def _message(m: Any) -> dict[str, Any]:
         ]
     if m.get("tool_call_id"):
         out["tool_call_id"] = m["tool_call_id"]
-    if m.get("reasoning_content"):
-        out["reasoning_content"] = m["reasoning_content"]
+    reasoning = m.get("reasoning_content") or m.get("reasoning")  # `reasoning`: the newer name some servers use
+    if reasoning:
+        out["reasoning_content"] = reasoning
     return out
 
 
@@ -69,7 +74,7 @@ class ChatDialect:
             messages=[_message(m) for m in messages],
             tools=tools,
             stream=bool(body.get("stream")),
-            **sampling(body, max_tokens=limit, temperature="temperature", top_p="top_p", top_k="top_k", seed="seed"),
+            **sampling(body, max_tokens=limit, seed="seed", **_KNOBS),
             include_usage=bool(as_object(body.get("stream_options"), "stream_options").get("include_usage")),
             ignore_eos=bool(body.get("ignore_eos")),
         )

@@ -206,7 +206,14 @@ class GeminiDialect:
             tools=tools if tools and mode != "NONE" else None,
             stream=bool(body.get("stream")),
             **sampling(
-                config, max_tokens="maxOutputTokens", temperature="temperature", top_p="topP", top_k="topK", seed="seed"
+                config,
+                max_tokens="maxOutputTokens",
+                temperature="temperature",
+                top_p="topP",
+                top_k="topK",
+                seed="seed",
+                presence_penalty="presencePenalty",
+                frequency_penalty="frequencyPenalty",
             ),
         )
 

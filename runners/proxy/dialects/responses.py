@@ -61,9 +61,14 @@ def _tool(t: Any) -> dict[str, Any] | None:
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:
-    content = [p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict)]
-    summary = [p.get("text", "") for p in item.get("summary") or [] if isinstance(p, dict)]
-    return "".join(content) if content else "\n\n".join(summary)
+    """A replayed reasoning item's text: its content, else its summary (encrypted_content is dropped)."""
+    content, summary = item.get("content") or [], item.get("summary") or []
+    if not isinstance(content, list) or not isinstance(summary, list):
+        raise BadRequestError("a reasoning item's 'content' and 'summary' must be lists of parts")
+    texts = [[p.get("text") for p in parts if isinstance(p, dict)] for parts in (content, summary)]
+    if not all(isinstance(t, str) for t in texts[0] + texts[1]):
+        raise BadRequestError("a reasoning item's parts need a string 'text'")
+    return "".join(texts[0]) if texts[0] else "\n\n".join(texts[1])
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,104 @@
+"""`hrl doctor --model M`: what the served model does through the real proxy, before any sandbox starts.
+
+- **tool calls**: a tool-eliciting chat request (a coding agent's system prompt, a bash tool, a task that needs
+  it) is sent `tries` times over HTTP through the proxy; how many replies its tool parser read a call from, and
+  why the others did not parse. A model that never calls a tool makes degenerate traces (one call each).
+- **logprobs**: the ids each of those calls sampled (at temperature 0.7, so logprobs taken after temperature would
+  show) are scored again by the engine itself in one teacher-forced pass at temperature 1 (`Engine.score`), and
+  compared with the logprobs recorded while sampling: the trainer needs the raw model logprobs. For vLLM the
+  server's `--logprobs-mode` is said too.
+
+Nothing here raises for what it finds: each finding is a `Check`; an engine that cannot start raises as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from hrl.runners.doctor import Check
+from hrl.runners.stack import serving
+from hrl.runners.trace import call_prompt_ids
+
+__all__ = ["PROBE_REQUEST", "logprobs_check", "probe_model", "tool_calls_check"]
+
+PROBE_REQUEST: dict[str, Any] = {
+    "messages": [
+        {"role": "system", "content": "You are a coding agent working in a repository. You act only by calling "
+                                      "tools: answer every request with a tool call."},
+        {"role": "user", "content": "List the files in the current directory."},
+    ],
+    "tools": [{"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command and return its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}],
+    "temperature": 0.7,
+}  # fmt: skip
+RAW_MEAN_TOLERANCE = 0.02  # mean |Δ logprob| of a raw engine: float32 ~1e-6, bf16 on a GPU ~1e-2
+
+
+async def probe_model(
+    model: str,
+    engine: str = "embedded",
+    *,
+    engine_options: dict[str, Any] | None = None,
+    proxy_options: dict[str, Any] | None = None,
+    tries: int = 3,
+    max_tokens: int = 128,
+) -> list[Check]:
+    """Serve `model` on `engine` and probe it (see the module docstring): the parsers in use, tool calls, logprobs."""
+    async with serving(model, engine, engine_options=engine_options, proxy_options=proxy_options) as stack:
+        tmpl, session = stack.proxy.template, stack.proxy.open_session()
+        body = {**PROBE_REQUEST, "model": "m", "max_tokens": max_tokens}
+        async with aiohttp.ClientSession() as http:
+            for i in range(tries):  # a seed each: identical requests would count as one retried call
+                async with http.post(
+                    f"{stack.url}/s/{session.token}/v1/chat/completions", json=body | {"seed": i}
+                ) as resp:
+                    await resp.read()
+        trace = stack.proxy.end_session(session.token)
+        how = (
+            "detected from its chat template"
+            if (proxy_options or {}).get("reasoning_parser", "auto") == "auto"
+            else "as configured"
+        )
+        reasoning = Check("reasoning", True, f"{tmpl.reasoning_parser.name} ({how})", f"reasoning of {model}")
+        return [reasoning, tool_calls_check(trace, tmpl.tool_parser.name), await logprobs_check(stack.engine, trace)]
+
+
+def tool_calls_check(trace: dict[str, Any], parser: str) -> Check:
+    """How many of the trace's replies the tool parser read a call from (a failed call blocks: the engine broke)."""
+    calls = trace["calls"]
+    parsed = sum(c["finish_reason"] == "tool_calls" for c in calls)
+    errors = [str(c["tool_parse_error"]) for c in calls if c.get("tool_parse_error")]
+    failed = [str(c["error"]) for c in calls if c.get("error")]
+    if failed:
+        detail = f"{len(failed)} of {len(calls)} calls failed: {failed[0][:160]}"
+    elif parsed:
+        detail = f"{parsed} of {len(calls)} replies called a tool, read with {parser}"
+    else:
+        detail = f"none of {len(calls)} replies called a tool (its agent traces would be degenerate)"
+    if errors:
+        detail += f"; {len(errors)} held tool-call markup {parser} could not read: {errors[0][:160]}"
+    return Check("tool calls", parsed > 0 and not failed, detail, "agentic training", blocking=bool(failed))
+
+
+async def logprobs_check(engine: Any, trace: dict[str, Any]) -> Check:
+    """Whether the logprobs recorded in `trace` are the raw model logprobs of its sampled ids (`engine.score`)."""
+    need = "training on the recorded logprobs"
+    score = getattr(engine, "score", None)
+    if score is None:
+        return Check("logprobs", True, f"not checked: the {engine.name} engine samples nothing", need)
+    deltas: list[float] = []
+    for i, c in enumerate(trace["calls"]):
+        if c["response_ids"] and not c.get("error"):
+            rescored = await score(call_prompt_ids(trace, i), c["response_ids"])
+            deltas += [abs(a - b) for a, b in zip(c["response_logprobs"], rescored, strict=True)]
+    if not deltas:
+        return Check("logprobs", False, "not checked: no call sampled a token", need)
+    mean, worst = sum(deltas) / len(deltas), max(deltas)
+    mode = getattr(engine, "logprobs_mode", None)
+    raw = mean < RAW_MEAN_TOLERANCE and (mode is None or not str(mode).startswith("processed"))
+    detail = (f"{'raw' if raw else 'NOT raw'}: mean |Δ| {mean:.1e}, max {worst:.1e} over {len(deltas)} sampled tokens "
+              "re-scored at temperature 1") + (f"; vLLM logprobs mode {mode}" if mode else "")  # fmt: skip
+    return Check("logprobs", raw, detail, need)

