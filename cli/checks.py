@@ -12,7 +12,16 @@ from typing import Any
 from hrl.cli.output import err
 from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
 
-__all__ = ["check_agent", "check_engine", "check_model", "check_run", "check_sandbox", "check_tasks", "say_context"]
+__all__ = [
+    "check_agent",
+    "check_engine",
+    "check_model",
+    "check_placement",
+    "check_run",
+    "check_sandbox",
+    "check_tasks",
+    "say_context",
+]
 
 
 def _listed(exc: UnknownNameError, hint: str) -> UnknownNameError:
@@ -71,6 +80,18 @@ def check_model(model: str) -> None:
 
     base, _ = split_adapter(model)
     resolve_model(base)
+
+
+def check_placement(cfg: dict[str, Any]) -> None:
+    """`--placement local|ray`: a known kind, and Ray installed when it is ray (before anything starts)."""
+    kind = str((cfg.get("placement") or {}).get("kind") or "local")
+    if kind not in ("local", "ray"):
+        raise UsageError(f"unknown placement {kind!r}", hint="give --placement local or --placement ray")
+    if kind == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise PrerequisiteError("--placement ray needs Ray, which is not installed", hint="pip install 'hrl[ray]'")
 
 
 def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:

@@ -9,6 +9,7 @@ engine protocol as it is, in token ids, one JSON line per delta:
        {"error": "…", "context": bool} if it failed
   POST /abort {"request_id"} · POST /pause · POST /resume · POST /publish {"path", "kind", "version"} → {"version"}
   GET  /health → {"ok", "version", "max_model_len", "continues_in_place", "loaded_versions"}
+  GET  /metrics → what the engine's `read_metrics` says (vLLM: KV-cache use, waiting, prefix-cache counters), or {}
 
 A replica that went away (refused connection, a stream cut off) is an `EngineError`, which a `ReplicaSet` tells
 from the call's own failure by probing `/health`.
@@ -81,10 +82,15 @@ def engine_app(engine: Engine) -> web.Application:
             "loaded_versions": list(loaded()) if loaded is not None else [engine.version],
         })  # fmt: skip
 
+    async def metrics(_: web.Request) -> web.Response:
+        read = getattr(engine, "read_metrics", None)  # vLLM's KV-cache use and queue, for admission
+        return web.json_response(await read() if read is not None else {})
+
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/generate", generate)
     app.router.add_post("/{step}", control)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -162,6 +168,13 @@ class RemoteEngine:
             return bool((await self._state())["ok"])
         except EngineError:
             return False
+
+    async def read_metrics(self) -> dict[str, float]:
+        try:
+            async with self._client().get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return {k: float(v) for k, v in (await r.json()).items()}
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            raise EngineError(f"engine replica at {self.url} gave no metrics: {e!r}") from e
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None

@@ -321,7 +321,17 @@ class ReplicaSet:
             async with self._changed:
                 for r, (ok, metrics) in zip(self.replicas.values(), probes, strict=True):
                     r.healthy, r.metrics = ok, metrics or r.metrics
+                    if ok:  # published elsewhere (the driver fans out to the replicas itself)
+                        r.version = max(r.version, r.engine.version)
+                self._fence_laggards()
                 self._changed.notify_all()
+
+    def _fence_laggards(self) -> None:
+        """A healthy replica behind the newest version another one holds serves no new generation until it
+        catches up: a session never moves from v to an older v-1 or mixes what two replicas call one version."""
+        top = max((r.version for r in self.replicas.values() if r.healthy), default=0)
+        for r in self.replicas.values():
+            r.fenced = r.version < top
 
     # ---- control-plane fan-out -----------------------------------------------------------------------------
     async def _fan_out(self, step: str, do: Callable[[Replica], Awaitable[Any]], every: bool = False) -> dict[str, Any]:
@@ -346,6 +356,8 @@ class ReplicaSet:
         if step == "publish":
             for r, ok in zip(targets, oks, strict=True):
                 r.fenced = r.fenced or not ok
+            if acked:
+                self._fence_laggards()
         self.last_fanout = {"step": step, "acked": acked, "failed": dict(failed), "at": time.time()}
         async with self._changed:
             self._changed.notify_all()
