@@ -121,14 +121,18 @@ class NodeAgent:
         self.trace_file: Path | None = None
 
     async def start(self, cfg: dict[str, Any], model: str, replicas: dict[str, str]) -> str:
+        import secrets
+
         from hrl.runners.rollout import RolloutConfig, make_rollouts
         from hrl.runners.scratch import scratch_dir
         from hrl.runners.stack import serving
+        from hrl.runners.whitebox.harness import is_python_agent
 
         self.exit = contextlib.AsyncExitStack()
         stack = await self.exit.enter_async_context(serving(
             model, "replicas", engine_options=_replica_set(replicas, cfg), proxy_options=cfg.get("proxy"),
-            model_name=cfg.get("model_name"), control_token=cfg.get("control_token"),
+            model_name=cfg.get("model_name"),  # white-box agents register their sub-agents on the control routes:
+            control_token=secrets.token_urlsafe(32) if is_python_agent(cfg["rollout"]["agent"]) else None,
         ))  # fmt: skip
         roll = RolloutConfig(**{**cfg["rollout"], "run_id": f"{cfg['rollout']['run_id']}.n{self.index}"})
         self.rollouts = make_rollouts(stack, roll, verifier=cfg.get("verifier"), base_dir=cfg.get("recipe_dir"))

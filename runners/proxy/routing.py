@@ -26,7 +26,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -76,6 +76,11 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
 
 
 class RoutingConfig(BaseModel):
+    policy: Literal["hrw", "round_robin"] = Field(
+        "hrw",
+        description="hrw: a session sticks to its rendezvous-hash replica (its prefix cache stays warm); "
+        "round_robin: each generation goes to the next replica (for comparison; sessions do not stick).",
+    )
     max_inflight: int = Field(0, ge=0, description="Most generations in flight per replica; 0 = no ceiling.")
     max_kv_cache_usage: float = Field(
         0.95, ge=0, le=1, description="vLLM replicas: admit while their KV-cache use (from /metrics) is below this."
@@ -165,6 +170,7 @@ class ReplicaSet:
         self.last_fanout: dict[str, Any] = {}
         self.switches = 0  # generations moved off a dead replica
         self.waits = 0  # generations that waited for their replica's budget
+        self._turn = -1  # round_robin's last pick
 
     # ---- the Engine protocol -------------------------------------------------------------------------------
     @property
@@ -240,12 +246,21 @@ class ReplicaSet:
         ranked = hrw_rank(key, [r.name for r in self.usable()])
         return self.replicas[ranked[0]] if ranked else None
 
+    def _pick(self, key: str) -> Replica | None:
+        if self.config.policy == "round_robin":
+            usable = self.usable()
+            if not usable:
+                return None
+            self._turn = (self._turn + 1) % len(usable)
+            return usable[self._turn]
+        return self.owner(key)
+
     async def _admit(self, key: str) -> Replica:
         """Wait until the session's replica is under budget (or another takes the session over); count it in."""
         waited = False
         async with self._changed:
             while True:
-                replica = self.owner(key)
+                replica = self._pick(key)
                 if replica is not None and not replica.over_budget(self.config):
                     replica.inflight += 1
                     replica.served += 1
