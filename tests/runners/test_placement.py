@@ -75,6 +75,7 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.agents
 def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_model, tmp_path, swe_image):
@@ -136,6 +137,7 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
     assert all(t["calls"][-1]["replica"] == "r1" for t in survivors)  # after the kill, only r1 serves
 
 
+@pytest.mark.slow
 def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_model, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
     write_tasks([mini_task("local", instance_id=f"t{i}", problem_statement="say done") for i in range(2)],
@@ -155,3 +157,27 @@ def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_mode
     assert {t["env"]["replica"] for t in written} <= {"r0", "r1"}
     assert "starting 2 scripted engine replica(s) on Ray" in r.stderr
     assert "done: 4 traces" in r.stderr
+
+
+@pytest.mark.slow
+def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluster, tiny_model, tmp_path):
+    """The trainer in the driver, rollouts on the node agents: step 1's tokens come from the version step 0 published."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    write_tasks([mini_task("local", instance_id=f"t{i}", problem_statement="say done") for i in range(2)],
+                tmp_path / "tasks.jsonl")  # fmt: skip
+    recipe = {"model": tiny_model, "engine": "scripted", "engine_options": {"turns": ["Done."]}, "tasks": "tasks.jsonl",
+              "rollout": {"agent": "agent.py:run"}, "verifier": {"name": "python", "function": "agent.py:score"},
+              "train": {"iterations": 2, "tasks_per_iteration": 2, "group_size": 2, "concurrency": 4},
+              "trainer": {"mode": "lora", "lora_rank": 4, "lora_alpha": 8},
+              "placement": {"address": ray_cluster.address, "engine_replicas": 2}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hrl.cli", "train", "--recipe", str(tmp_path / "recipe.yaml"), "--run-dir", str(run),
+           "--placement", "ray"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in steps] == [1, 2]
+    second = list(read_traces(run / "traces" / "iter-0001.jsonl"))
+    assert len(second) == 4
+    assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
