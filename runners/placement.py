@@ -118,6 +118,7 @@ class NodeAgent:
         self.index, self.sem = index, asyncio.Semaphore(max(1, k))
         self.exit: contextlib.AsyncExitStack | None = None
         self.rollouts: Any = None
+        self.stack: Any = None
         self.trace_file: Path | None = None
 
     async def start(self, cfg: dict[str, Any], model: str, replicas: dict[str, str]) -> str:
@@ -134,6 +135,7 @@ class NodeAgent:
             model_name=cfg.get("model_name"),  # white-box agents register their sub-agents on the control routes:
             control_token=secrets.token_urlsafe(32) if is_python_agent(cfg["rollout"]["agent"]) else None,
         ))  # fmt: skip
+        self.stack = stack
         roll = RolloutConfig(**{**cfg["rollout"], "run_id": f"{cfg['rollout']['run_id']}.n{self.index}"})
         self.rollouts = make_rollouts(stack, roll, verifier=cfg.get("verifier"), base_dir=cfg.get("recipe_dir"))
         await asyncio.to_thread(self.rollouts.prepare)
@@ -147,6 +149,10 @@ class NodeAgent:
         assert self.trace_file is not None
         async with self.sem:
             return await guarded_episode(self.rollouts, ep, self.trace_file)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """This shard's view of the replicas: health, version, generations in flight (runners.proxy.routing)."""
+        return list(self.stack.engine.describe()) if self.stack is not None else []
 
     async def stop(self) -> None:
         if self.exit is not None:

@@ -105,12 +105,19 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
                 if (running(0) and running(1)) or job.done():
                     break
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(3)  # into the agents' first model turn
-            ray.kill(placed.replicas["r0"])
+            victim = None
+            for _ in range(600):  # a generation streaming on node 0's shard: kill the replica serving it
+                state = await placed.rollouts.nodes[0].actor.describe.remote()
+                victim = next((r["name"] for r in state if r["inflight"]), None)
+                if victim or job.done():
+                    break
+                await asyncio.sleep(0.1)
+            assert victim is not None, "no generation reached a replica"
+            ray.kill(placed.replicas[victim])
             await asyncio.sleep(1)
             ray.kill(placed.rollouts.nodes[1].actor)
             traces = await job
-            return {"traces": traces, "lost": dict(placed.rollouts.lost_nodes)}
+            return {"traces": traces, "lost": dict(placed.rollouts.lost_nodes), "victim": victim}
 
     t0 = time.monotonic()
     got = asyncio.run(main())
@@ -122,6 +129,7 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
         by_node[t["metadata"]["node"]].append(t["failure_reason"])
     switches = sum(len(t.get("replica_switches", [])) for t in written)
     figures = {"started": len(episodes), "traces": len(written), "containers_left": len(left), "switches": switches,
+               "killed_replica": got["victim"],
                "by_node": by_node, "seconds": round(time.monotonic() - t0)}  # fmt: skip
     print("\nchaos: " + json.dumps(figures))
     assert len(written) == len(got["traces"]) == 4 == len({t["metadata"]["episode"] for t in written})
@@ -134,7 +142,11 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
     assert all(t["failure_reason"] is None and t["reward"] == 1.0 for t in survivors), [
         (t["failure_reason"], t["metadata"].get("error")) for t in survivors
     ]
-    assert all(t["calls"][-1]["replica"] == "r1" for t in survivors)  # after the kill, only r1 serves
+    live = "r1" if got["victim"] == "r0" else "r0"
+    assert all(t["calls"][-1]["replica"] == live for t in survivors)  # after the kill, only the other one serves
+    moved = [s for t in survivors for s in t.get("replica_switches", [])]
+    assert moved, "the generation on the killed replica was not continued on the other"
+    assert all((s["from"], s["to"]) == (got["victim"], live) for s in moved)
 
 
 @pytest.mark.slow

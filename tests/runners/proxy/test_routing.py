@@ -174,3 +174,12 @@ def test_a_publish_that_every_replica_refuses_is_an_error(tiny_model):
             stop()
             with pytest.raises(Exception, match="publish failed on every engine replica"):
                 p.call_async(p.proxy.publish, "unused", "lora").result(30)
+
+
+def test_round_robin_spreads_one_session_over_the_replicas(tiny_model):
+    """The comparison policy of bench/replicas.py: calls alternate, so a session's prefix is on both replicas."""
+    with running_proxy(tiny_model, engine="replicas", engine_options={**_replicas(2), "policy": "round_robin"}) as p:
+        for turn in range(4):
+            assert _chat(p.url, "rr", f"turn {turn}").status_code == 200
+        trace = p.end("rr")
+    assert [c["replica"] for c in trace["calls"]] == ["r0", "r1", "r0", "r1"]
