@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -79,4 +80,5 @@ if __name__ == "__main__":
         print(f"{r['replicas']:>8} {r['policy']:>12} {r['episodes_per_min']:>13} {r['prefix_hit_rate']:>12} "
               f"{r['failed']:>7}")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+        meta = {"args": vars(args) | {"json": str(args.json), "model": "DIR"}, "load": os.getloadavg()}
+        args.json.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
