@@ -1,5 +1,5 @@
 """Engine replicas behind one proxy: episodes per minute with 1 against 2 replicas, and the prefix-cache hit rate
-of sticky (HRW) against round-robin routing, side by side in one run.
+of sticky (HRW, and HRW with bounded loads) against round-robin routing, side by side in one run.
 
 The engines are the scripted engine paced like a GPU (`decode_tps` per sequence, at most `max_batch` sequences at
 once, `prefill_tps` charged on the prompt tokens past the longest prefix that replica saw before: its prefix
@@ -28,10 +28,11 @@ from hrl.runners.stack import serving
 ANSWER = " ".join(f"word{i}" for i in range(40))
 
 
-async def one(model: str, replicas: int, policy: str, args: argparse.Namespace) -> dict[str, Any]:
+async def one(model: str, replicas: int, policy: str, args: argparse.Namespace, load: float = 0) -> dict[str, Any]:
     opts = {"turns": [ANSWER], "decode_tps": args.decode_tps, "max_batch": args.max_batch,
             "prefill_tps": args.prefill_tps}  # fmt: skip
-    engine_options = {"replicas": [{"engine": "scripted", "options": opts} for _ in range(replicas)], "policy": policy}
+    engine_options = {"replicas": [{"engine": "scripted", "options": opts} for _ in range(replicas)], "policy": policy,
+                      "load_factor": load}  # fmt: skip
     tasks = [
         {"instance_id": f"t{i}", "problem_statement": f"task {i}: " + "context " * 64} for i in range(args.episodes)
     ]
@@ -49,15 +50,15 @@ async def one(model: str, replicas: int, policy: str, args: argparse.Namespace) 
         prompt = sum(e.prompt_tokens for e in engines)
         cached = sum(e.cached_tokens for e in engines)
     failed = sum(t["failure_reason"] is not None for t in traces)
-    return {"replicas": replicas, "policy": policy, "episodes": len(traces), "failed": failed,
+    return {"replicas": replicas, "policy": policy + (f"+bounded {load:g}" if load else ""), "episodes": len(traces), "failed": failed,
             "seconds": round(seconds, 2), "episodes_per_min": round(len(traces) / seconds * 60, 1),
             "prefix_hit_rate": round(cached / max(prompt, 1), 3)}  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for replicas, policy in ((1, "hrw"), (2, "hrw"), (2, "round_robin")):
-        rows.append(await one(args.model, replicas, policy, args))
+    for replicas, policy, load in ((1, "hrw", 0), (2, "hrw", 0), (2, "hrw", 1.25), (2, "round_robin", 0)):
+        rows.append(await one(args.model, replicas, policy, args, load))
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -75,9 +76,9 @@ if __name__ == "__main__":
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     rows = asyncio.run(main(args))
-    print(f"{'replicas':>8} {'routing':>12} {'episodes/min':>13} {'prefix hits':>12} {'failed':>7}")
+    print(f"{'replicas':>8} {'routing':>16} {'episodes/min':>13} {'prefix hits':>12} {'failed':>7}")
     for r in rows:
-        print(f"{r['replicas']:>8} {r['policy']:>12} {r['episodes_per_min']:>13} {r['prefix_hit_rate']:>12} "
+        print(f"{r['replicas']:>8} {r['policy']:>16} {r['episodes_per_min']:>13} {r['prefix_hit_rate']:>12} "
               f"{r['failed']:>7}")  # fmt: skip
     if args.json:
         meta = {"args": vars(args) | {"json": str(args.json), "model": "DIR"}, "load": os.getloadavg()}

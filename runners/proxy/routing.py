@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -80,6 +81,12 @@ class RoutingConfig(BaseModel):
         "hrw",
         description="hrw: a session sticks to its rendezvous-hash replica (its prefix cache stays warm); "
         "round_robin: each generation goes to the next replica (for comparison; sessions do not stick).",
+    )
+    load_factor: float = Field(
+        0.0,
+        ge=0,
+        description="hrw with bounded loads: a generation whose replica already has more than load_factor × the "
+        "mean in-flight count goes to the next replica in its HRW order (e.g. 1.25); 0 = always the owner.",
     )
     max_inflight: int = Field(0, ge=0, description="Most generations in flight per replica; 0 = no ceiling.")
     max_kv_cache_usage: float = Field(
@@ -253,6 +260,12 @@ class ReplicaSet:
                 return None
             self._turn = (self._turn + 1) % len(usable)
             return usable[self._turn]
+        if self.config.load_factor > 0:
+            ranked = [self.replicas[n] for n in hrw_rank(key, [r.name for r in self.usable()])]
+            if len(ranked) > 1:
+                mean = (sum(r.inflight for r in ranked) + 1) / len(ranked)
+                cap = max(1, math.ceil(self.config.load_factor * mean))
+                return next((r for r in ranked if r.inflight < cap), ranked[0])
         return self.owner(key)
 
     async def _admit(self, key: str) -> Replica:

@@ -183,3 +183,22 @@ def test_round_robin_spreads_one_session_over_the_replicas(tiny_model):
             assert _chat(p.url, "rr", f"turn {turn}").status_code == 200
         trace = p.end("rr")
     assert [c["replica"] for c in trace["calls"]] == ["r0", "r1", "r0", "r1"]
+
+
+def test_bounded_loads_send_a_hot_owner_s_overflow_to_the_next_replica(tiny_model):
+    """load_factor 1: with one generation in flight on a session's owner, a second concurrent one goes to the next
+    replica in HRW order; alone, each session is served by its owner."""
+    opts = {**_replicas(2, decode_tps=60), "load_factor": 1.0}
+    same = [t for t in (f"s{i}" for i in range(50)) if hrw_rank(t, ["r0", "r1"])[0] == "r0"][:2]
+    with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
+
+        async def both() -> None:
+            async with httpx.AsyncClient(timeout=60) as c:
+                body = {"messages": [{"role": "user", "content": "go"}]}
+                await asyncio.gather(*(c.post(f"{p.url}/s/{t}/v1/chat/completions", json=body) for t in same))
+
+        asyncio.run(both())
+        together = [p.end(t)["env"]["replica"] for t in same]
+        alone = [(_chat(p.url, f"{t}-b").status_code, p.end(f"{t}-b")["env"]["replica"]) for t in same]
+    assert sorted(together) == ["r0", "r1"]
+    assert [r for _, r in alone] == [hrw_rank(f"{t}-b", ["r0", "r1"])[0] for t in same]
