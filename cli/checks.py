@@ -17,6 +17,7 @@ __all__ = [
     "check_engine",
     "check_honest_sampling",
     "check_model",
+    "check_placement",
     "check_run",
     "check_sandbox",
     "check_tasks",
@@ -107,6 +108,18 @@ def harnesses(cfg: dict[str, Any]) -> list[str]:
     names = list(dict.fromkeys(str(a) for a in roll.get("agents") or [])) or [agent]
     roll["agent"] = names[0]
     return names
+
+
+def check_placement(cfg: dict[str, Any]) -> None:
+    """`--placement local|ray`: a known kind, and Ray installed when it is ray (before anything starts)."""
+    kind = str((cfg.get("placement") or {}).get("kind") or "local")
+    if kind not in ("local", "ray"):
+        raise UsageError(f"unknown placement {kind!r}", hint="give --placement local or --placement ray")
+    if kind == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise PrerequisiteError("--placement ray needs Ray, which is not installed", hint="pip install 'hrl[ray]'")
 
 
 def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:

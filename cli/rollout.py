@@ -32,6 +32,8 @@ EPILOG = """Examples:
   hrl rollout --agent codex --recipe swe --json | jq .reward
 
   hrl rollout --recipe langgraph-react -n 2                 # a white-box LangGraph agent (docs/whitebox.md)
+
+  hrl rollout --recipe demo --placement ray -c placement.engine_replicas=2   # on Ray (docs/ray.md)
 """
 
 
@@ -78,6 +80,13 @@ def rollout(
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also say what is cached and ready.")] = False,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help="local: everything in this process; ray: engine replicas, a node agent and a proxy shard per node "
+            "on a Ray cluster (placement.address, default a local one; placement.engine_replicas). docs/ray.md."
+        ),
+    ] = "",
     run_id: Annotated[
         str,
         typer.Option(
@@ -88,7 +97,7 @@ def rollout(
     ] = "",
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
-    from hrl.cli.checks import check_model, check_run, harnesses, say_context
+    from hrl.cli.checks import check_model, check_placement, check_run, harnesses, say_context
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
     from hrl.runners.whitebox.harness import is_python_agent
 
@@ -96,6 +105,9 @@ def rollout(
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl rollout --agent mini-swe-agent --recipe demo`")
     cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
     roll = cfg.setdefault("rollout", {})
+    if placement:
+        cfg.setdefault("placement", {})["kind"] = placement
+    check_placement(cfg)
     roll["agent"] = agent or roll.get("agent") or ""
     if not roll["agent"]:
         raise UsageError("give --agent (the recipe names none)", hint="`hrl agents ls` lists the agents")
@@ -185,6 +197,17 @@ async def _run(
     )
     clis = [a for a in RolloutConfig(**cfg["rollout"]).harnesses if not is_python_agent(a)]
     white = len(clis) < len(RolloutConfig(**cfg["rollout"]).harnesses)
+    if (cfg.get("placement") or {}).get("kind") == "ray":
+        from hrl.runners.placement import ray_placement
+
+        say = lambda line: err.print(line, markup=False)  # noqa: E731
+        async with ray_placement(cfg, model, engine, concurrency, on_event, say) as placed:
+            try:
+                traces = await run_episodes(placed.rollouts, episodes, out, concurrency)
+            except asyncio.CancelledError:
+                err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
+                return 130
+        return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
     async with serving(
         model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
         control_token=secrets.token_urlsafe(32) if white else None,  # white-box agents register their sub-agents

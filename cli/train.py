@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,12 +30,21 @@ EPILOG = """Examples:
   hrl train --recipe agents-sdk --iterations 2              # a white-box OpenAI Agents SDK agent with a handoff
 
   hrl train --recipe demo --agent mini-swe-agent,aider      # across two harnesses: curves per harness in the report
+  hrl train --recipe demo --placement ray -c placement.engine_replicas=2   # rollouts on Ray (docs/ray.md)
 """
 
 
 def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
     """The run's config: recipe, then `-c`, then flags; names, paths and keys checked before anything starts."""
-    from hrl.cli.checks import check_honest_sampling, check_model, check_run, check_tasks, harnesses, say_context
+    from hrl.cli.checks import (
+        check_honest_sampling,
+        check_model,
+        check_placement,
+        check_run,
+        check_tasks,
+        harnesses,
+        say_context,
+    )
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
@@ -45,6 +56,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
         raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
     check_honest_sampling(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # in the run's config.json: what every call sampled with
+    check_placement(cfg)
     check_run(cfg, str(cfg.get("engine") or "embedded"), str(cfg.get("tasks") or ""))
     if cfg.get("eval_tasks"):  # held-out tasks: read whole now too (`-c eval_tasks=` runs without evaluations)
         check_tasks(str(cfg["eval_tasks"]))
@@ -77,6 +89,13 @@ def train(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
     wandb: Annotated[bool, typer.Option("--wandb", help="Also log metrics to Weights & Biases.")] = False,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help="local (default) | ray: engine replicas, a node agent and a proxy shard per node on a Ray cluster "
+            "(placement.address, default a local one; placement.engine_replicas); the trainer stays here. docs/ray.md."
+        ),
+    ] = "",
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
 ) -> None:
     """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
@@ -89,7 +108,8 @@ def train(
                 hint="`hrl train --run-dir DIR --resume` continues the run in DIR; without --resume a new run starts",
             )
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
-                 "--full": full, "--async": use_async, "--sandbox": sandbox, "-c": config}  # fmt: skip
+                 "--full": full, "--async": use_async, "--sandbox": sandbox, "--placement": placement,
+                 "-c": config}  # fmt: skip
         if given := [name for name, value in fixed.items() if value]:
             raise UsageError(
                 f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
@@ -107,7 +127,7 @@ def train(
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
-            "async.enabled": use_async or None, "train.wandb": wandb or None,
+            "async.enabled": use_async or None, "train.wandb": wandb or None, "placement.kind": placement or None,
         }  # fmt: skip
         cfg = _resolve(recipe, config or [], flags)
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -196,11 +216,34 @@ def _per_harness(m: dict[str, Any]) -> dict[str, float]:
             if k.startswith("harness/") and k.endswith("/reward")}  # fmt: skip
 
 
-async def _train(cfg: dict[str, Any], run: Any) -> None:
+@contextlib.asynccontextmanager
+async def _placed(cfg: dict[str, Any], concurrency: int, white: bool) -> AsyncIterator[tuple[Any, Any]]:
+    """(rollouts, publisher) where the placement puts them: this process (the proxy publishes), or Ray (the
+    driver's replica set fans each publish out to every replica); the trainer and the run dir stay here."""
     import secrets
 
     from hrl.runners.rollout import RolloutConfig, make_rollouts
     from hrl.runners.stack import serving
+
+    engine = cfg.get("engine", "embedded")
+    if (cfg.get("placement") or {}).get("kind") == "ray":
+        from hrl.runners.placement import ray_placement
+
+        async with ray_placement(cfg, cfg["model"], engine, concurrency,
+                                 say=lambda line: err.print(line, markup=False)) as placed:  # fmt: skip
+            yield placed.rollouts, placed.publisher
+        return
+    async with serving(cfg["model"], engine, engine_options=cfg.get("engine_options"),
+                       proxy_options={**(cfg.get("proxy") or {}), "sampling": "honest"},  # white-box agents:
+                       control_token=secrets.token_urlsafe(32) if white else None) as stack:  # fmt: skip
+        rollouts = make_rollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"),
+                                 base_dir=cfg.get("recipe_dir"))  # fmt: skip
+        await asyncio.to_thread(rollouts.prepare)
+        yield rollouts, stack.proxy
+
+
+async def _train(cfg: dict[str, Any], run: Any) -> None:
+    from hrl.runners.rollout import RolloutConfig
     from hrl.runners.tasks.task import load_tasks
     from hrl.runners.whitebox.harness import is_python_agent
     from hrl.train.async_loop import AsyncConfig, train_async
@@ -233,18 +276,12 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
         elif kind == "resumed":
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
-    async with serving(cfg["model"], cfg.get("engine", "embedded"), engine_options=cfg.get("engine_options"),
-                       proxy_options={**(cfg.get("proxy") or {}), "sampling": "honest"},  # white-box agents:
-                       control_token=secrets.token_urlsafe(32) if white else None) as stack:  # fmt: skip
-        rollouts = make_rollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"),
-                                 base_dir=cfg.get("recipe_dir"))  # fmt: skip
-        await asyncio.to_thread(rollouts.prepare)
+    async with _placed(cfg, loop_cfg.concurrency, white) as (rollouts, publisher):
         if (cfg.get("async") or {}).get("enabled"):
-            history = await train_async(
-                tasks, loop_cfg, AsyncConfig(**acfg), run, stack.proxy.publish, rollouts, on_event, heldout
-            )
+            history = await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, publisher.publish, rollouts,
+                                        on_event, heldout)  # fmt: skip
         else:
-            history = await train_sync(tasks, loop_cfg, run, stack.proxy, rollouts, on_event, heldout)
+            history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)
     curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)
     if len(curve) > 2:

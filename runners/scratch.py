@@ -15,7 +15,7 @@ from hrl.sandboxes.local import pid_alive
 
 __all__ = ["scratch", "scratch_dir", "sweep_scratch"]
 
-KINDS = ("proxy", "snapshot", "vllm", "image", "synth-tree", "synth", "px", "doctor")
+KINDS = ("proxy", "snapshot", "vllm", "image", "synth-tree", "synth", "px", "doctor", "node")
 _NAME = re.compile(rf"^hrl-({'|'.join(KINDS)})-(\d+)-[a-z0-9_]+$")  # never a sandbox root (hrl-sbx-…)
 
 

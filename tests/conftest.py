@@ -6,7 +6,10 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +142,45 @@ def swe_image() -> str:
 
     ensure_image()
     return SWE_IMAGE
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """Ray for the tests that need it, shared by all of them: `ray.cluster_utils.Cluster` with two simulated nodes of
+    one CPU each (num_cpus=2 in all: this machine's), the test process its driver. At the end Ray is shut down and
+    no process it started may be left."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    before = _descendants(os.getpid())
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        deadline = time.monotonic() + 30
+        while (left := _descendants(os.getpid()) - before) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"Ray processes left after shutdown: {sorted(left)}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["cli", "train", "runners", "sandboxes"]  # a layer may import those after it, never before
-HEAVY = {"torch", "peft", "vllm"}
+HEAVY = {"torch", "peft", "vllm", "ray"}
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
@@ -68,6 +68,18 @@ def test_rollout_side_has_no_top_level_heavy_imports():
         for f in _files(layer)
         for mod, top in _imports(f)
         if top and mod.split(".")[0] in HEAVY
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_placement_module_imports_ray():
+    """Ray is the `ray` extra: `--placement ray` needs it, nothing else may (runners/placement.py, lazily)."""
+    bad = [
+        f"{f.relative_to(ROOT)} imports {mod}"
+        for layer in [*ORDER, "recipes"]
+        for f in _files(layer)
+        for mod, _ in _imports(f)
+        if mod.split(".")[0] == "ray" and f.relative_to(ROOT).as_posix() != "runners/placement.py"
     ]
     assert not bad, "\n".join(bad)
 

@@ -14,6 +14,8 @@ ENGINES: dict[str, str] = {
     "embedded": "hrl.runners.engines.embedded:EmbeddedEngine",
     "vllm": "hrl.runners.engines.vllm:VLLMEngine",
     "scripted": "hrl.runners.engines.scripted:ScriptedEngine",
+    "remote": "hrl.runners.engines.remote:RemoteEngine",  # any engine served by `engines/remote.py`, over HTTP
+    "replicas": "hrl.runners.proxy.routing:ReplicaSet",  # several of the above behind one proxy (sticky routing)
 }
 
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,9 @@ from hrl.runners.errors import EngineError
 from hrl.runners.models import resolve_model
 
 __all__ = ["ScriptedEngine", "ScriptedEngineConfig", "ScriptedTurn", "render_turn"]
+
+_BLOCK = 16  # prefix-cache block, in tokens (vLLM's default block size)
+_CACHE_BLOCKS = 65536  # blocks the prefix cache holds (about 1M tokens)
 
 # One assistant turn to play back: text, or {"text": …, "reasoning": …, "tool_calls": [{"name": …, "arguments": {…}}]}.
 ScriptedTurn = str | dict[str, Any]
@@ -58,7 +62,7 @@ class ScriptedEngineConfig(BaseModel):
     prefill_tps: float = Field(
         0.0,
         description="Paced: prompt tokens per second of prefill, charged on the tokens past the longest prompt "
-        "prefix this engine saw before (a prefix cache); 0 = free prefill.",
+        "prefix this engine holds in its prefix cache (16-token blocks, like vLLM's); 0 = free prefill.",
     )
     max_model_len: int = Field(32768, description="Context window in tokens.")
     publish_delay_s: float = Field(0.0, description="How long a publish takes (to test waiting through one).")
@@ -90,11 +94,13 @@ class ScriptedEngine:
         self.continues_in_place = config.continues_in_place
         self._turn_ids: dict[int, list[int]] = {}
         self._slots = asyncio.Semaphore(config.max_batch) if config.max_batch > 0 else None
-        self._prefix: dict[tuple[int, ...], list[int]] = {}  # first ids -> the last sequence seen (prefix cache)
+        self._blocks: OrderedDict[int, None] = OrderedDict()  # the prefix cache: block hashes, least recent first
         self.busy_s = 0.0  # time with at least one sequence admitted (see `busy`)
         self.admitted = 0  # sequences decoding now
         self.seq_s = 0.0  # Σ over sequences of the time each was admitted (mean batch = seq_s / busy_s)
         self._busy_since = 0.0
+        self.prompt_tokens = 0  # paced prefill: prompt tokens seen, and those served from the prefix cache
+        self.cached_tokens = 0
 
     @property
     def version(self) -> int:
@@ -160,14 +166,24 @@ class ScriptedEngine:
                 self._slots.release()
 
     def _prefill_s(self, prompt_ids: list[int]) -> float:
+        """Prefill time of the prompt tokens past the cached prefix. The cache works like vLLM's automatic prefix
+        caching: full blocks of `_BLOCK` tokens, each known by the hash of everything up to its end, LRU-evicted;
+        `prompt_tokens` / `cached_tokens` count what it saw and served."""
         if self.config.prefill_tps <= 0:
             return 0.0
-        key = tuple(prompt_ids[:32])
-        seen = self._prefix.get(key, [])
-        cached = len(seen) if len(seen) <= len(prompt_ids) and prompt_ids[: len(seen)] == seen else 0
-        self._prefix[key] = prompt_ids
-        if len(self._prefix) > 4096:
-            self._prefix.pop(next(iter(self._prefix)))
+        h, cached, hit = 0, 0, True
+        for i in range(0, len(prompt_ids) - _BLOCK + 1, _BLOCK):
+            h = hash((h, *prompt_ids[i : i + _BLOCK]))
+            if hit and h in self._blocks:
+                cached += _BLOCK
+                self._blocks.move_to_end(h)
+            else:
+                hit = False
+                self._blocks[h] = None
+        while len(self._blocks) > _CACHE_BLOCKS:
+            self._blocks.popitem(last=False)
+        self.prompt_tokens += len(prompt_ids)
+        self.cached_tokens += cached
         return (len(prompt_ids) - cached) / self.config.prefill_tps
 
     async def generate(

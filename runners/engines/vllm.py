@@ -381,6 +381,20 @@ class VLLMEngine:
             seen = self._chunks
             await asyncio.sleep(quiet_s)
 
+    async def health(self) -> bool:
+        """Whether the server answers `/health` (a replica set skips it while it does not)."""
+        try:
+            await self._call("GET", "/health", limit_s=5)
+        except EngineError:
+            return False
+        return True
+
+    async def read_metrics(self) -> dict[str, float]:
+        """KV-cache use, waiting/running requests and prefix-cache counters from the server's `/metrics`."""
+        from hrl.runners.proxy.routing import parse_vllm_metrics
+
+        return parse_vllm_metrics(str(await self._call("GET", "/metrics", limit_s=5)))
+
     # ---- http --------------------------------------------------------------------------------------------
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:

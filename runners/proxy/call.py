@@ -60,6 +60,7 @@ class CallRecord:
     tool_parse_error: str | None = None  # a tool-call block the parser could not read (it reached the agent as text)
     agent: str | None = None  # the sub-agent that made the call (None: the session's own agent)
     trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)
+    replica: str | None = None  # the engine replica that generated it (behind a ReplicaSet; the last, after a failover)
 
     @property
     def full_ids(self) -> list[int]:

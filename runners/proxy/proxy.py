@@ -1,4 +1,5 @@
-"""The recording proxy: sessions in front of one engine, recording every call token-exactly.
+"""The recording proxy: sessions in front of one engine (or a `ReplicaSet` of several), recording every call
+token-exactly.
 
 `Proxy` is the in-process API (the rollout manager uses it directly); `runners.proxy.server` puts HTTP in front
 of it. Sessions end on `end_session` (or `POST /s/<token>/end`), after an idle timeout, or at `close()`; each
@@ -290,8 +291,9 @@ class Proxy:
                 self._inflight[call.call_id] = call
                 prompt = call.plan.prompt_ids + rec.response_ids
                 version = self._pinned(call.session)
+                routed = {"call": call} if getattr(self.engine, "routes", False) else {}  # a ReplicaSet places it
                 async for delta in self.engine.generate(call.call_id, prompt, replace(params, max_tokens=left),
-                                                        version=version):  # fmt: skip
+                                                        version=version, **routed):  # fmt: skip
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:
                         break  # resumed below, on the new weights
                     call.add(delta)

@@ -79,6 +79,7 @@ class Session:
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
+        self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (routing.py)
 
     def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
         """The sub-agent `key` (a token, or a recognition key), opened on first use; its calls join this trace.
@@ -221,6 +222,12 @@ class Session:
         extras = ({"rejected": self.rejected} if self.rejected else {}) | self._agent_tree()
         if failure_reason not in INFRA_FAILURES and is_degenerate(self.calls, agentic):
             extras["degenerate"] = True
+        if self.replica_switches:
+            extras["replica_switches"] = self.replica_switches
+        env = meta.get("env") or {}
+        replica = next((c.replica for c in reversed(self.calls) if c.replica), None)
+        if replica is not None:  # behind a ReplicaSet: the replica that served the session last
+            env = {**env, "replica": replica}
         return {
             "schema": SCHEMA,
             "trace_id": meta.get("trace_id") or uuid.uuid4().hex,
@@ -228,7 +235,7 @@ class Session:
             "task_id": meta.get("task_id"),
             "group_id": meta.get("group_id"),
             "agent": meta.get("agent") or {},
-            "env": meta.get("env") or {},
+            "env": env,
             "model": meta.get("model") or {},
             "status": status,
             "failure_reason": failure_reason,
@@ -333,6 +340,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["agent"] = c.agent
         if not c.trainable:
             d["trainable"] = False
+        if c.replica is not None:
+            d["replica"] = c.replica
         if c.error:
             d["error"] = c.error
         if c.tool_parse_error:

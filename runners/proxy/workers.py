@@ -1,6 +1,6 @@
 """More than one core: a node's proxy as N worker processes with session affinity.
 
-Worker i of N listens on `port + i` and owns the session tokens that hash to i (`owner`), so a session lives in
+Worker i of N listens on `port + i` and owns the session tokens that hash to i (`owner`: rendezvous hashing), so a session lives in
 exactly one worker from its first call to its trace: its token-reuse state, its calls and its trace never leave
 that process, and the trace is the one a single proxy would write. Registration picks a worker (round-robin) and
 that worker draws a token it owns; the session's base URL names the worker's port. A request that reaches
@@ -18,7 +18,6 @@ Each worker writes its traces to `<traces>.w<i>.jsonl` (one file per process: no
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import multiprocessing
 import secrets
 import signal
@@ -29,15 +28,17 @@ from typing import Any
 import aiohttp
 
 from hrl.runners.errors import EngineStartError
+from hrl.runners.proxy.routing import hrw_rank
 
 __all__ = ["WorkerPool", "owned_token", "owner"]
 
 
 def owner(token: str, workers: int) -> int:
-    """The worker (0 … workers-1) a session token belongs to."""
+    """The worker (0 … workers-1) a session token belongs to: rendezvous hashing, as engine replicas are placed
+    (`runners.proxy.routing`), so a pool that grows by one worker moves about 1/N of the tokens."""
     if workers <= 1:
         return 0
-    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=8).digest(), "big") % workers
+    return int(hrw_rank(token, [str(i) for i in range(workers)])[0])
 
 
 def owned_token(index: int, workers: int) -> str:

@@ -1,0 +1,230 @@
+"""An engine in another process, over HTTP: `engine_app` serves any `Engine`, `RemoteEngine` is its client.
+
+It is how an embedded or scripted engine becomes a replica another machine's proxy can use (the Ray placement
+starts one per `EngineReplica` actor; a vLLM replica is reached at its own server instead). The wire carries the
+engine protocol as it is, in token ids, one JSON line per delta:
+
+  POST /generate {"request_id", "prompt_ids", "params": {…SamplingParams}, "version"} → NDJSON
+       {"ids": [...], "logprobs": [...], "version": V, "finish": null|"stop"|"length"|"abort"} per delta,
+       {"error": "…", "context": bool} if it failed
+  POST /abort {"request_id"} · POST /pause · POST /resume · POST /publish {"path", "kind", "version"} → {"version"}
+  GET  /health → {"ok", "version", "max_model_len", "continues_in_place", "loaded_versions"}
+  GET  /metrics → what the engine's `read_metrics` says (vLLM: KV-cache use, waiting, prefix-cache counters), or {}
+
+A replica that went away (refused connection, a stream cut off) is an `EngineError`, which a `ReplicaSet` tells
+from the call's own failure by probing `/health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError
+
+__all__ = ["RemoteEngine", "RemoteEngineConfig", "engine_app", "serve_engine"]
+
+
+def engine_app(engine: Engine) -> web.Application:
+    """The HTTP face of an engine (no auth: bind it where only the cluster reaches)."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        params = SamplingParams(**{**body.get("params", {}), "stop_token_ids": tuple(body["params"].get(
+            "stop_token_ids", ()))})  # fmt: skip
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        try:
+            async for d in engine.generate(body["request_id"], body["prompt_ids"], params, version=body.get("version")):
+                line = {"ids": d.token_ids, "logprobs": d.logprobs, "version": d.version, "finish": d.finish_reason}
+                await resp.write(json.dumps(line).encode() + b"\n")
+        except EngineError as e:
+            err = {"error": str(e), "context": isinstance(e, ContextLengthError)}
+            await resp.write(json.dumps(err).encode() + b"\n")
+        except (ConnectionResetError, asyncio.CancelledError):  # the proxy went away: stop generating
+            await engine.abort(body["request_id"])
+            raise
+        await resp.write_eof()
+        return resp
+
+    async def control(request: web.Request) -> web.Response:
+        step = request.match_info["step"]
+        body = await request.json() if request.can_read_body else {}
+        if step == "abort":
+            await engine.abort(body["request_id"])
+        elif step == "pause":
+            await engine.pause()
+        elif step == "resume":
+            await engine.resume()
+        elif step == "publish":
+            version = await engine.publish(body["path"], body["kind"], body.get("version"))
+            return web.json_response({"version": version, "tier": getattr(engine, "last_publish_tier", "")})
+        else:
+            return web.json_response({"error": f"no control step {step}"}, status=404)
+        return web.json_response({"ok": True, "version": engine.version})
+
+    async def health(_: web.Request) -> web.Response:
+        loaded = getattr(engine, "loaded_versions", None)
+        return web.json_response({
+            "ok": not getattr(engine, "_closed", False),
+            "version": engine.version,
+            "max_model_len": int(getattr(engine, "max_model_len", 0) or 0),
+            "continues_in_place": bool(getattr(engine, "continues_in_place", False)),
+            "loaded_versions": list(loaded()) if loaded is not None else [engine.version],
+        })  # fmt: skip
+
+    async def metrics(_: web.Request) -> web.Response:
+        read = getattr(engine, "read_metrics", None)  # vLLM's KV-cache use and queue, for admission
+        return web.json_response(await read() if read is not None else {})
+
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/{step}", control)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
+    """Start `engine` and its HTTP face on host:port (0: a free port); returns the runner (`cleanup()` stops it)
+    and the URL. The engine is not closed by the runner: close it after."""
+    await engine.start()
+    runner = web.AppRunner(engine_app(engine), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[union-attr]
+    return runner, f"http://{host}:{bound}"
+
+
+class RemoteEngineConfig(BaseModel):
+    model: str = Field("", description="The served model (informational: the server loaded it).")
+    url: str = Field(description="http://host:port of an `engine_app` server.")
+    startup_timeout_s: float = Field(120, description="Seconds to wait for /health at start().")
+    request_timeout_s: float = Field(600, description="Seconds allowed for a control call (publish, pause).")
+
+
+class RemoteEngine:
+    """Engine protocol over an `engine_app` server."""
+
+    name = "remote"
+
+    def __init__(self, config: RemoteEngineConfig) -> None:
+        self.config = config
+        self.url = config.url.rstrip("/")
+        self._version = 0
+        self._loaded: list[int] = [0]
+        self.max_model_len = 0
+        self.continues_in_place = False
+        self.last_publish_tier = ""
+        self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def loaded_versions(self) -> list[int]:
+        return self._loaded
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self._http
+
+    async def _state(self, limit_s: float = 5) -> dict[str, Any]:
+        try:
+            async with self._client().get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=limit_s)) as r:
+                state: dict[str, Any] = await r.json()
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            raise EngineError(f"engine replica at {self.url} does not answer: {e!r}") from e
+        self._version, self._loaded = int(state["version"]), list(state.get("loaded_versions") or [state["version"]])
+        self.max_model_len = int(state.get("max_model_len") or 0)
+        self.continues_in_place = bool(state.get("continues_in_place"))
+        return state
+
+    async def start(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while True:
+            try:
+                await self._state()
+                return
+            except EngineError as e:
+                if time.monotonic() > deadline:
+                    await self.close()
+                    raise EngineStartError(str(e), hint="is the replica's server up? (`ray status`)") from e
+                await asyncio.sleep(0.2)
+
+    async def health(self) -> bool:
+        try:
+            return bool((await self._state())["ok"])
+        except EngineError:
+            return False
+
+    async def read_metrics(self) -> dict[str, float]:
+        try:
+            async with self._client().get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return {k: float(v) for k, v in (await r.json()).items()}
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            raise EngineError(f"engine replica at {self.url} gave no metrics: {e!r}") from e
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+    ) -> AsyncIterator[TokenDelta]:
+        body = {"request_id": request_id, "prompt_ids": prompt_ids, "params": dataclasses.asdict(params),
+                "version": version}  # fmt: skip
+        finished = False
+        try:
+            async with self._client().post(self.url + "/generate", json=body) as r:
+                if r.status != 200:
+                    raise EngineError(f"engine replica at {self.url} answered {r.status}: {(await r.text())[:300]}")
+                async for raw in r.content:
+                    line = json.loads(raw)
+                    if "error" in line:
+                        raise (ContextLengthError if line.get("context") else EngineError)(line["error"])
+                    finished = line["finish"] is not None
+                    yield TokenDelta(line["ids"], line["logprobs"], int(line["version"]), line["finish"])
+        except (aiohttp.ClientError, ValueError) as e:
+            raise EngineError(f"engine replica at {self.url} failed a generation: {e!r}") from e
+        if not finished:
+            raise EngineError(f"engine replica at {self.url} ended a generation without a finish (it went away)")
+
+    async def _post(self, step: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        limit = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
+        try:
+            async with self._client().post(f"{self.url}/{step}", json=body or {}, timeout=limit) as r:
+                out: dict[str, Any] = await r.json()
+                if r.status != 200:
+                    raise EngineError(f"engine replica at {self.url} refused {step}: {out}")
+                return out
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+            raise EngineError(f"engine replica at {self.url} failed {step}: {e!r}") from e
+
+    async def abort(self, request_id: str) -> None:
+        await self._post("abort", {"request_id": request_id})
+
+    async def pause(self) -> None:
+        await self._post("pause")
+
+    async def resume(self) -> None:
+        await self._post("resume")
+
+    async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
+        out = await self._post("publish", {"path": path, "kind": kind, "version": version})
+        self._version, self.last_publish_tier = int(out["version"]), str(out.get("tier") or "")
+        if self._version not in self._loaded:
+            self._loaded = [*self._loaded, self._version]
+        return self._version
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None

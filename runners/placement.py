@@ -1,0 +1,373 @@
+"""`--placement ray`: engine replicas, a node agent per node and a proxy shard per node, supervised by Ray.
+
+What runs where (docs/ray.md has the diagram):
+
+- **driver** (the `hrl rollout` / `hrl train` process): the task list, the trainer (in process), the run directory
+  (every finished trace comes back here and is written as with `--placement local`), and the control plane: a
+  `ReplicaSet` over every replica that fans pause / publish / resume out, acknowledged and retried.
+- **`EngineReplica` actors** (`placement.engine_replicas`, each in a placement group of `{GPU: tp}` when
+  `placement.replica_gpus` is set): one engine server each. vLLM serves its own HTTP; an embedded or scripted
+  engine is served by `runners.engines.remote`.
+- **`NodeAgent` actors**, one per node (pinned to it): the node's proxy shard (a `ReplicaSet` in front of every
+  replica, sticky by rendezvous hashing, so all shards place a session alike), its Docker daemon, its sandboxes and
+  agent processes; it runs up to K episodes at once (`placement.episodes_per_node`). Agents reach the proxy on
+  their own node: egress stays on the node.
+
+Ray carries only control and finished traces: every token travels over HTTP from a replica to the shard that asked.
+A node agent that dies takes its episodes with it: each becomes an `internal_error` trace at the driver and the
+node's containers of the run (labelled `hrl.run=<run>.n<i>`) are removed by a task on that node. A replica that dies
+is failed over by each shard (`runners.proxy.routing`).
+
+Ray is imported only in this module, and only when the placement is `ray`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.episodes import Episode, failed_trace
+from hrl.runners.errors import PrerequisiteError
+from hrl.runners.trace import TraceWriter
+
+__all__ = ["PlacementConfig", "RayPlacement", "ray_placement"]
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class PlacementConfig(BaseModel):
+    """The recipe's `placement:` section (`--placement` sets `kind`)."""
+
+    kind: Literal["local", "ray"] = Field("local", description="local: one process (today); ray: on a Ray cluster.")
+    address: str = Field(
+        "", description="Ray cluster to join (auto, ray://host:10001, host:6379); empty = start a local one."
+    )
+    engine_replicas: int = Field(1, ge=1, description="Engine servers (EngineReplica actors).")
+    replica_gpus: float = Field(0, ge=0, description="GPUs per replica (its tensor-parallel size); 0 = CPU.")
+    replica_cpus: float = Field(0, ge=0, description="CPUs Ray reserves per replica.")
+    nodes: int = Field(0, ge=0, description="Node agents (one per node); 0 = one on every alive node.")
+    episodes_per_node: int = Field(0, ge=0, description="K episodes at once per node; 0 = --concurrency spread.")
+    num_cpus: int = Field(0, ge=0, description="CPUs of a local Ray started here; 0 = Ray's default.")
+    routing: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Each proxy shard's routing over the replicas (runners.proxy.routing.RoutingConfig: "
+        "max_inflight, max_kv_cache_usage, max_waiting, poll_s, publish_retries).",
+    )
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise PrerequisiteError("--placement ray needs Ray", hint="pip install 'hrl[ray]'") from e
+    return ray
+
+
+class _LoopThread:
+    """An event loop on its own thread (a Ray actor's engine server lives there)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def run(self, coro: Any, timeout: float = 900) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+class EngineReplica:
+    """One engine (a Ray actor) behind `engine_app`: the version authority of its replica. A vLLM replica's server
+    runs beside it, on the same node; the shards reach it through this face (versions, pause, `/metrics`)."""
+
+    def __init__(self, model: str, engine: str, options: dict[str, Any]) -> None:
+        self.model, self.engine_name, self.options = model, engine, options
+        self.thread = _LoopThread()
+        self.engine: Any = None
+        self.runner: Any = None
+
+    def start(self) -> str:
+        from hrl.runners.engines import engine_kind, make_engine
+        from hrl.runners.engines.remote import serve_engine
+
+        host = _ray().util.get_node_ip_address()
+        name, opts = engine_kind(self.engine_name, self.options)
+        if name == "vllm":
+            opts = {"host": host, **opts}  # the server this actor supervises, on its node
+        self.engine = make_engine(name, self.model, **opts)
+        self.runner, url = self.thread.run(serve_engine(self.engine, host=host))
+        return str(url)
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.thread.run(self.runner.cleanup(), 30)
+        if self.engine is not None:
+            self.thread.run(self.engine.close(), 60)
+
+
+class NodeAgent:
+    """A node's proxy shard, Docker and agents (a Ray actor pinned to its node); runs K episodes at once."""
+
+    def __init__(self, index: int, k: int) -> None:
+        self.index, self.sem = index, asyncio.Semaphore(max(1, k))
+        self.exit: contextlib.AsyncExitStack | None = None
+        self.rollouts: Any = None
+        self.stack: Any = None
+        self.trace_file: Path | None = None
+
+    async def start(self, cfg: dict[str, Any], model: str, replicas: dict[str, str]) -> str:
+        import secrets
+
+        from hrl.runners.rollout import RolloutConfig, make_rollouts
+        from hrl.runners.scratch import scratch_dir
+        from hrl.runners.stack import serving
+        from hrl.runners.whitebox.harness import is_python_agent
+
+        self.exit = contextlib.AsyncExitStack()
+        stack = await self.exit.enter_async_context(serving(
+            model, "replicas", engine_options=_replica_set(replicas, cfg), proxy_options=cfg.get("proxy"),
+            model_name=cfg.get("model_name"),  # white-box agents register their sub-agents on the control routes:
+            control_token=secrets.token_urlsafe(32) if is_python_agent(cfg["rollout"]["agent"]) else None,
+        ))  # fmt: skip
+        self.stack = stack
+        roll = RolloutConfig(**{**cfg["rollout"], "run_id": f"{cfg['rollout']['run_id']}.n{self.index}"})
+        self.rollouts = make_rollouts(stack, roll, verifier=cfg.get("verifier"), base_dir=cfg.get("recipe_dir"))
+        await asyncio.to_thread(self.rollouts.prepare)
+        self.trace_file = scratch_dir("node") / "traces.jsonl"  # the node's own copy; the driver writes the run's
+        return str(_ray().get_runtime_context().get_node_id())
+
+    async def episode(self, ep: Episode) -> dict[str, Any]:
+        from hrl.runners.episodes import guarded_episode
+
+        assert self.rollouts is not None, "NodeAgent.start first"
+        assert self.trace_file is not None
+        async with self.sem:
+            return await guarded_episode(self.rollouts, ep, self.trace_file)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """This shard's view of the replicas: health, version, generations in flight (runners.proxy.routing)."""
+        return list(self.stack.engine.describe()) if self.stack is not None else []
+
+    async def stop(self) -> None:
+        if self.exit is not None:
+            await self.exit.aclose()
+            self.exit = None
+        if self.trace_file is not None:
+            import shutil
+
+            shutil.rmtree(self.trace_file.parent, ignore_errors=True)
+
+
+def _replica_set(urls: dict[str, str], cfg: dict[str, Any]) -> dict[str, Any]:
+    """`engine_options` of a ReplicaSet over the replicas' servers (the recipe's `routing:` section applied)."""
+    specs = [{"name": n, "engine": "remote", "options": {"url": u}} for n, u in urls.items()]
+    return {"replicas": specs, **((cfg.get("placement") or {}).get("routing") or {})}
+
+
+def _prune_node(run_id: str) -> int:
+    """Remove the containers of a node's share of a run (a task on that node, after its agent died)."""
+    import docker
+
+    client = docker.from_env()
+    left = client.containers.list(all=True, filters={"label": f"hrl.run={run_id}"}, ignore_removed=True)
+    for c in left:
+        with contextlib.suppress(docker.errors.APIError):
+            c.remove(force=True)
+    return len(left)
+
+
+@dataclass
+class _Node:
+    index: int
+    node_id: str
+    actor: Any
+    k: int
+    running: int = 0
+    dead: str | None = None
+    started: list[str] = field(default_factory=list)
+
+
+class RayRollouts:
+    """The `Rollouts` protocol over the node agents: an episode runs on the least busy live node; its trace comes
+    back and is written here, by the driver. A node agent that dies ends its episodes as `internal_error` traces."""
+
+    def __init__(self, nodes: list[_Node], run_id: str, on_event: Event) -> None:
+        self.nodes, self.run_id, self.on_event = nodes, run_id, on_event
+        self._free = asyncio.Condition()
+        self._writers: dict[Path, TraceWriter] = {}
+        self.lost_nodes: dict[int, str] = {}
+
+    def prepare(self) -> None:  # each node agent prepared its own install at start
+        return None
+
+    async def _take(self) -> _Node | None:
+        async with self._free:
+            while True:
+                live = [n for n in self.nodes if n.dead is None]
+                if not live:
+                    return None
+                node = min(live, key=lambda n: n.running / n.k)
+                if node.running < node.k:
+                    node.running += 1
+                    return node
+                await self._free.wait()
+
+    async def _give(self, node: _Node) -> None:
+        async with self._free:
+            node.running -= 1
+            self._free.notify_all()
+
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
+        ray = _ray()
+        started = time.time()
+        node = await self._take()
+        if node is None:
+            trace = failed_trace(ep, "internal_error", "every node agent of the Ray placement has died", started)
+            return self._write(trace_file, trace)
+        self.on_event("episode_start", {"episode": ep.key, "node": node.index})
+        ref = node.actor.episode.remote(ep)
+        try:
+            trace: dict[str, Any] = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            trace = failed_trace(ep, "cancelled", "cancelled at the driver", started)
+            self._write(trace_file, trace)
+            raise
+        except ray.exceptions.RayError as e:
+            await self._lost(node, e)
+            why = f"the node agent on node {node.index} ({node.node_id[:12]}) died under the episode: {e}"
+            trace = failed_trace(ep, "internal_error", why[:2000], started)
+        finally:
+            await self._give(node)
+        trace.setdefault("metadata", {})["node"] = node.index
+        self._write(trace_file, trace)
+        self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
+        return trace
+
+    def _write(self, trace_file: Path, trace: dict[str, Any]) -> dict[str, Any]:
+        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        return trace
+
+    async def _lost(self, node: _Node, error: Exception) -> None:
+        """Mark a node agent dead (once) and remove its containers with a task on its node."""
+        if node.dead is not None:
+            return
+        node.dead = str(error)[:300]
+        self.lost_nodes[node.index] = node.dead
+        async with self._free:
+            self._free.notify_all()
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        prune = ray.remote(num_cpus=0)(_prune_node).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+        )
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(prune.remote(f"{self.run_id}.n{node.index}"), 120)
+
+
+@dataclass
+class RayPlacement:
+    rollouts: RayRollouts
+    publisher: Any  # the driver's ReplicaSet over every replica: publish / pause / resume fan out from here
+    replicas: dict[str, Any]  # name -> EngineReplica actor handle
+    urls: dict[str, str]
+    agents: list[Any]
+    started_ray: bool
+
+
+def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:
+    """Join the cluster (`address`) or start a local one; True when this process started it."""
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if cfg.address:
+        ray.init(address=cfg.address, **kwargs)
+        return False
+    ray.init(num_cpus=cfg.num_cpus or None, **kwargs)
+    return True
+
+
+@contextlib.asynccontextmanager
+async def ray_placement(
+    cfg: dict[str, Any],
+    model: str,
+    engine: str,
+    concurrency: int,
+    on_event: Event = lambda kind, data: None,
+    say: Callable[[str], object] = lambda _: None,
+) -> AsyncIterator[RayPlacement]:
+    """Start replicas and node agents on Ray; on exit stop them all (and Ray, if started here).
+    `cfg` is the resolved recipe (rollout, proxy, verifier, engine_options, placement)."""
+    ray = _ray()
+    pcfg = PlacementConfig(**(cfg.get("placement") or {}))
+    started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
+    replicas: dict[str, Any] = {}
+    agents: list[Any] = []
+    groups: list[Any] = []
+    try:
+        from hrl.runners.engines import engine_kind
+        from hrl.runners.proxy.routing import ReplicaSet, ReplicaSetConfig
+
+        kind, _ = engine_kind(engine)
+        replica_cls = ray.remote(EngineReplica)
+        for i in range(pcfg.engine_replicas):
+            opts: dict[str, Any] = {"num_cpus": pcfg.replica_cpus}
+            if pcfg.replica_gpus:
+                from ray.util.placement_group import placement_group
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                pg = placement_group([{"GPU": pcfg.replica_gpus, "CPU": max(1.0, pcfg.replica_cpus)}])
+                await pg.ready()
+                groups.append(pg)
+                opts = {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
+            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(cfg.get("engine_options") or {}))
+        say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
+        urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        alive = alive[: pcfg.nodes or None]
+        k = pcfg.episodes_per_node or max(1, -(-concurrency // len(alive)))
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        agent_cls = ray.remote(NodeAgent)
+        nodes = []
+        for i, n in enumerate(alive):
+            strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            actor = agent_cls.options(num_cpus=0, max_concurrency=max(8, 2 * k), max_restarts=0,
+                                      scheduling_strategy=strategy).remote(i, k)  # fmt: skip
+            agents.append(actor)
+            nodes.append(_Node(i, n["NodeID"], actor, k))
+        say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
+        await asyncio.gather(*(n.actor.start.remote(cfg, model, urls) for n in nodes))
+        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, cfg)))
+        await control.start()
+        rollouts = RayRollouts(nodes, cfg["rollout"]["run_id"], on_event)
+        try:
+            yield RayPlacement(rollouts, control, replicas, urls, agents, started)
+        finally:
+            await control.close()
+    finally:
+        await _stop(ray, agents, replicas, groups, started)
+
+
+async def _stop(ray: Any, agents: list[Any], replicas: dict[str, Any], groups: list[Any], started: bool) -> None:
+    """Stop the node agents (their shards end open sessions; sandboxes close), then the replicas, then Ray."""
+    for refs in ([a.stop.remote() for a in agents], [r.stop.remote() for r in replicas.values()]):
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ref, 120)
+    for actor in [*agents, *replicas.values()]:
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+    for pg in groups:
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(pg)
+    if started:
+        await asyncio.to_thread(ray.shutdown)

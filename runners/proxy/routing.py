@@ -1,0 +1,402 @@
+"""Several engine replicas behind one proxy: sticky placement, admission by pressure, failover, control fan-out.
+
+`ReplicaSet` is an `Engine` over N replica engines (each its own server: a vLLM URL, or an engine exposed by
+`runners.engines.remote`). The proxy hands it each generation with the call it serves, and it:
+
+- places the session on a replica by rendezvous (HRW) hashing of the session's root token over the replica
+  names: every proxy shard computes the same owner without talking to the others, adding a replica moves about
+  1/N of the sessions, and sub-agent / compaction sessions (children: `ChildSession.root`) follow their parent;
+- admits a generation only while its replica is under budget (`max_inflight` requests in flight, and, on vLLM,
+  `max_kv_cache_usage` and `max_waiting` read from its `/metrics`); over budget the request waits here, the
+  agent stays blocked on its HTTP call, never a 429;
+- skips unhealthy replicas, and when one dies under a generation, continues it on the next replica in HRW order
+  from the tokens already sampled: the call and the trace record the switch (`replica_switches`), nothing is lost;
+- fans pause, publish and resume out to every replica, each acknowledged and retried; a replica that still
+  fails is fenced (no new generation goes to it) until a later publish brings it to the agreed version, so no
+  trace mixes tokens of replicas that disagree on what a version number means. `last_fanout` reports each step.
+
+Each call records its replica (`replica` in the trace's call), each trace the one that served it (`env.replica`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.errors import ContextLengthError, EngineError
+
+if TYPE_CHECKING:
+    from hrl.runners.proxy.call import Call
+
+__all__ = ["Replica", "ReplicaSet", "ReplicaSetConfig", "RoutingConfig", "hrw_rank", "parse_vllm_metrics"]
+
+
+def _score(key: str, name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{name}\0{key}".encode(), digest_size=8).digest(), "big")
+
+
+def hrw_rank(key: str, names: list[str]) -> list[str]:
+    """The replica names in rendezvous order for `key`: the first owns it, the next takes over if it is gone."""
+    return sorted(names, key=lambda n: _score(key, n), reverse=True)
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """vLLM's Prometheus `/metrics`: the KV-cache use (0–1), running and waiting requests, prefix-cache counters
+    (summed over label sets; names with or without the `vllm:` prefix, old and new spellings)."""
+    want = {
+        "kv_cache_usage_perc": "kv_cache_usage",
+        "gpu_cache_usage_perc": "kv_cache_usage",
+        "cpu_cache_usage_perc": "kv_cache_usage",
+        "num_requests_waiting": "waiting",
+        "num_requests_running": "running",
+        "prefix_cache_queries_total": "prefix_queries",
+        "prefix_cache_hits_total": "prefix_hits",
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition(" ")
+        base = name.split("{", 1)[0].removeprefix("vllm:")
+        key = want.get(base)
+        if key is None:
+            continue
+        with contextlib.suppress(ValueError):
+            value = float(rest.split()[0])
+            out[key] = max(out.get(key, 0.0), value) if key == "kv_cache_usage" else out.get(key, 0.0) + value
+    return out
+
+
+class RoutingConfig(BaseModel):
+    policy: Literal["hrw", "round_robin"] = Field(
+        "hrw",
+        description="hrw: a session sticks to its rendezvous-hash replica (its prefix cache stays warm); "
+        "round_robin: each generation goes to the next replica (for comparison; sessions do not stick).",
+    )
+    load_factor: float = Field(
+        0.0,
+        ge=0,
+        description="hrw with bounded loads: a generation whose replica already has more than load_factor × the "
+        "mean in-flight count goes to the next replica in its HRW order (e.g. 1.25); 0 = always the owner.",
+    )
+    max_inflight: int = Field(0, ge=0, description="Most generations in flight per replica; 0 = no ceiling.")
+    max_kv_cache_usage: float = Field(
+        0.95, ge=0, le=1, description="vLLM replicas: admit while their KV-cache use (from /metrics) is below this."
+    )
+    max_waiting: int = Field(
+        0, ge=0, description="vLLM replicas: admit while fewer requests than this wait in their queue; 0 = any."
+    )
+    poll_s: float = Field(1.0, gt=0, description="How often replicas' health (and vLLM's /metrics) is read.")
+    publish_retries: int = Field(2, ge=0, description="Retries of a replica's failed pause / publish / resume.")
+
+
+class ReplicaSpec(BaseModel):
+    name: str = Field("", description="Its name in routing and traces; default r0, r1, ….")
+    engine: str = Field("scripted", description="embedded | vllm | scripted | remote | an http:// vLLM URL.")
+    options: dict[str, Any] = Field(default_factory=dict, description="That engine's options (e.g. url for remote).")
+
+
+class ReplicaSetConfig(RoutingConfig):
+    """`engine: replicas` (`engine_options` of a recipe): one proxy in front of several engine servers."""
+
+    model: str = Field(description="The served model (each replica serves it).")
+    replicas: list[ReplicaSpec] = Field(default_factory=list, description="The engine replicas, in order.")
+
+
+@dataclass
+class Replica:
+    """One engine server and what the router knows of it."""
+
+    name: str
+    engine: Engine
+    healthy: bool = True
+    fenced: bool = False  # a publish failed on it: no new generation until a publish reaches it
+    version: int = 0
+    inflight: int = 0
+    served: int = 0  # generations admitted
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def over_budget(self, cfg: RoutingConfig) -> bool:
+        if cfg.max_inflight and self.inflight >= cfg.max_inflight:
+            return True
+        if self.metrics.get("kv_cache_usage", 0.0) >= cfg.max_kv_cache_usage and self.inflight > 0:
+            return True
+        return bool(cfg.max_waiting and self.metrics.get("waiting", 0.0) >= cfg.max_waiting and self.inflight > 0)
+
+
+async def _probe(engine: Engine) -> tuple[bool, dict[str, float]]:
+    """Is the replica alive, and its vLLM metrics when it has them."""
+    health = getattr(engine, "health", None)
+    if health is not None:
+        try:
+            ok = bool(await health())
+        except Exception:
+            return False, {}
+    else:
+        ok = not getattr(engine, "_closed", False)
+    metrics: dict[str, float] = {}
+    read = getattr(engine, "read_metrics", None)
+    if ok and read is not None:
+        with contextlib.suppress(Exception):
+            metrics = await read()
+    return ok, metrics
+
+
+class ReplicaSet:
+    """An `Engine` over several replicas (see the module doc). `routes = True` tells the proxy to pass the call."""
+
+    name = "replicas"
+    routes = True
+
+    def __init__(self, config: ReplicaSetConfig, engines: dict[str, Engine] | None = None) -> None:
+        """The replicas are `engines` when given (tests, the Ray placement), else built from `config.replicas`."""
+        if engines is None:
+            from hrl.runners.engines import make_engine
+
+            engines = {
+                spec.name or f"r{i}": make_engine(spec.engine, config.model, **spec.options)
+                for i, spec in enumerate(config.replicas)
+            }
+        if not engines:
+            raise ValueError("a replica set needs at least one replica (engine_options.replicas)")
+        self.replicas = {n: Replica(n, e) for n, e in engines.items()}
+        self.config = config
+        self._changed = asyncio.Condition()
+        self._serving: dict[str, Replica] = {}  # request id -> the replica generating it now
+        self._aborted: set[str] = set()
+        self._watch: asyncio.Task[None] | None = None
+        self.last_fanout: dict[str, Any] = {}
+        self.switches = 0  # generations moved off a dead replica
+        self.waits = 0  # generations that waited for their replica's budget
+        self._turn = -1  # round_robin's last pick
+
+    # ---- the Engine protocol -------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        live = [r.version for r in self.replicas.values() if not r.fenced]
+        return max(live) if live else max(r.version for r in self.replicas.values())
+
+    @property
+    def max_model_len(self) -> int:
+        lens = [int(getattr(r.engine, "max_model_len", 0) or 0) for r in self.replicas.values()]
+        return min((n for n in lens if n), default=0)
+
+    @property
+    def continues_in_place(self) -> bool:
+        return all(getattr(r.engine, "continues_in_place", False) for r in self.replicas.values())
+
+    def loaded_versions(self) -> list[int]:
+        sets = [set(r.engine.loaded_versions()) if hasattr(r.engine, "loaded_versions") else {r.version}
+                for r in self.usable()]  # fmt: skip
+        return sorted(set.intersection(*sets)) if sets else []
+
+    async def start(self) -> None:
+        await asyncio.gather(*(r.engine.start() for r in self.replicas.values()))
+        for r in self.replicas.values():
+            r.version = r.engine.version
+        if len({r.version for r in self.replicas.values()}) > 1:  # e.g. attached to servers of another run
+            top = max(r.version for r in self.replicas.values())
+            for r in self.replicas.values():
+                r.fenced = r.version != top
+        self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        await asyncio.gather(*(r.engine.close() for r in self.replicas.values()), return_exceptions=True)
+
+    async def abort(self, request_id: str) -> None:
+        replica = self._serving.get(request_id)
+        if replica is not None:
+            self._aborted.add(request_id)
+            await replica.engine.abort(request_id)
+
+    async def pause(self) -> None:
+        await self._fan_out("pause", lambda r: r.engine.pause())
+
+    async def resume(self) -> None:
+        await self._fan_out("resume", lambda r: r.engine.resume())
+
+    async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
+        """Publish to every replica as one version number; fence the ones that still fail after the retries."""
+        target = self.version + 1 if version is None else version
+
+        async def one(r: Replica) -> None:
+            got = await r.engine.publish(path, kind, target)
+            r.version, r.fenced = got, got != target
+
+        report = await self._fan_out("publish", one, every=True)
+        self.last_publish_tier = next(
+            (getattr(r.engine, "last_publish_tier", "") for r in self.replicas.values() if r.name in report["acked"]),
+            "",
+        )
+        return target
+
+    # ---- routing -------------------------------------------------------------------------------------------
+    def usable(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.healthy and not r.fenced]
+
+    def owner(self, key: str) -> Replica | None:
+        """The replica a session key is placed on now: the first usable one in HRW order."""
+        ranked = hrw_rank(key, [r.name for r in self.usable()])
+        return self.replicas[ranked[0]] if ranked else None
+
+    def _pick(self, key: str) -> Replica | None:
+        if self.config.policy == "round_robin":
+            usable = self.usable()
+            if not usable:
+                return None
+            self._turn = (self._turn + 1) % len(usable)
+            return usable[self._turn]
+        if self.config.load_factor > 0:
+            ranked = [self.replicas[n] for n in hrw_rank(key, [r.name for r in self.usable()])]
+            if len(ranked) > 1:
+                mean = (sum(r.inflight for r in ranked) + 1) / len(ranked)
+                cap = max(1, math.ceil(self.config.load_factor * mean))
+                return next((r for r in ranked if r.inflight < cap), ranked[0])
+        return self.owner(key)
+
+    async def _admit(self, key: str) -> Replica:
+        """Wait until the session's replica is under budget (or another takes the session over); count it in."""
+        waited = False
+        async with self._changed:
+            while True:
+                replica = self._pick(key)
+                if replica is not None and not replica.over_budget(self.config):
+                    replica.inflight += 1
+                    replica.served += 1
+                    self.waits += waited
+                    return replica
+                waited = True
+                with contextlib.suppress(TimeoutError):  # metrics and health change without a notify
+                    await asyncio.wait_for(self._changed.wait(), self.config.poll_s)
+
+    async def _release(self, replica: Replica) -> None:
+        async with self._changed:
+            replica.inflight -= 1
+            self._changed.notify_all()
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        call: Call | None = None,
+    ) -> AsyncIterator[TokenDelta]:
+        """Generate on the call's replica; if that replica dies mid-way, go on from the sampled tokens on the next."""
+        key = call.session.root.token if call is not None else request_id
+        sampled: list[int] = []
+        while True:
+            replica = await self._admit(key)
+            if call is not None:
+                call.record.replica = replica.name
+            self._serving[request_id] = replica
+            left = params.max_tokens - len(sampled)
+            try:
+                async for delta in replica.engine.generate(request_id, prompt_ids + sampled,
+                                                           replace(params, max_tokens=left), version=version):  # fmt: skip
+                    if delta.finish_reason == "abort" and request_id not in self._aborted:
+                        raise EngineError(f"replica {replica.name} aborted the generation")
+                    sampled += delta.token_ids
+                    yield delta
+                return
+            except ContextLengthError:
+                raise
+            except (EngineError, OSError) as e:
+                if request_id in self._aborted or not await self._lost(replica):
+                    raise  # the call's own failure, on a live replica
+                if self.owner(key) is None:
+                    raise EngineError(f"every engine replica is down (the last, {replica.name}: {e})") from e
+                self.switches += 1
+                if call is not None:
+                    root = call.session.root
+                    switch = {"call_id": call.call_id, "from": replica.name, "to": self.owner(key).name,  # type: ignore[union-attr]
+                              "after_tokens": len(sampled), "at": round(time.time() - root.started_at, 3),
+                              "error": str(e)[:300]}  # fmt: skip
+                    root.replica_switches.append(switch)
+            finally:
+                self._serving.pop(request_id, None)
+                self._aborted.discard(request_id)
+                await self._release(replica)
+
+    async def _lost(self, replica: Replica) -> bool:
+        """After an error: is the replica gone? (probed now; a dead one is skipped until it answers again)"""
+        ok, _ = await _probe(replica.engine)
+        if not ok:
+            async with self._changed:
+                replica.healthy = False
+                self._changed.notify_all()
+        return not ok
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_s)
+            probes = await asyncio.gather(*(_probe(r.engine) for r in self.replicas.values()))
+            async with self._changed:
+                for r, (ok, metrics) in zip(self.replicas.values(), probes, strict=True):
+                    r.healthy, r.metrics = ok, metrics or r.metrics
+                    if ok:  # published elsewhere (the driver fans out to the replicas itself)
+                        r.version = max(r.version, r.engine.version)
+                self._fence_laggards()
+                self._changed.notify_all()
+
+    def _fence_laggards(self) -> None:
+        """A healthy replica behind the newest version another one holds serves no new generation until it
+        catches up: a session never moves from v to an older v-1 or mixes what two replicas call one version."""
+        top = max((r.version for r in self.replicas.values() if r.healthy), default=0)
+        for r in self.replicas.values():
+            r.fenced = r.version < top
+
+    # ---- control-plane fan-out -----------------------------------------------------------------------------
+    async def _fan_out(self, step: str, do: Callable[[Replica], Awaitable[Any]], every: bool = False) -> dict[str, Any]:
+        """Run `do` on every replica at once (on every healthy one, or all with `every`); retry failures; fence
+        what still fails. Raises EngineError when no replica acknowledged."""
+        targets = [r for r in self.replicas.values() if every or r.healthy]
+        failed: dict[str, str] = {}
+
+        async def one(r: Replica) -> bool:
+            for attempt in range(self.config.publish_retries + 1):
+                try:
+                    await do(r)
+                    failed.pop(r.name, None)
+                    return True
+                except Exception as e:
+                    failed[r.name] = f"{type(e).__name__}: {e}"[:300]
+                    await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+            return False
+
+        oks = await asyncio.gather(*(one(r) for r in targets))
+        acked = [r.name for r, ok in zip(targets, oks, strict=True) if ok]
+        if step == "publish":
+            for r, ok in zip(targets, oks, strict=True):
+                r.fenced = r.fenced or not ok
+            if acked:
+                self._fence_laggards()
+        self.last_fanout = {"step": step, "acked": acked, "failed": dict(failed), "at": time.time()}
+        async with self._changed:
+            self._changed.notify_all()
+        if not acked:
+            raise EngineError(f"{step} failed on every engine replica: {failed}")
+        return self.last_fanout
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each replica's state, for logs and tests."""
+        return [
+            {"name": r.name, "healthy": r.healthy, "fenced": r.fenced, "version": r.version, "inflight": r.inflight,
+             "served": r.served, **r.metrics}
+            for r in self.replicas.values()
+        ]  # fmt: skip
