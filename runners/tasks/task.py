@@ -86,11 +86,22 @@ class Task(BaseModel):
         None, description=f"bash that runs the tests and prints pytest's -rA summary; None = `{PYTEST} <test files>`."
     )
     test_timeout_s: float | None = Field(None, description="Limit for test_cmd in seconds; None = the verifier's.")
-    grader: Literal["pytest", "swebench"] = Field(
+    grader: Literal["pytest", "swebench", "swesmith"] = Field(
         "pytest",
         description="pytest: `resolved_test_cmd()` read by its -rA summary. swebench: the official swebench "
-        "package's eval script and log parser for `repo`/`version` (set on loading SWE-bench-family rows).",
+        "package's eval script and log parser for `repo`/`version` (set on loading SWE-bench-family rows). "
+        "swesmith: `patch` is the bug (applied to the image for the base state, the gold is its reverse), graded "
+        "by the swesmith package's profile for `repo` (set on loading SWE-smith rows).",
     )
+
+    @property
+    def gold_patch(self) -> str:
+        """The diff that solves the task: `patch`, or for a SWE-smith task (whose `patch` is the bug) its reverse."""
+        if self.grader == "swesmith":
+            from hrl.runners.tasks.swesmith import reverse_diff
+
+            return reverse_diff(self.patch)
+        return self.patch
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod

@@ -71,7 +71,7 @@ async def check_task(verifier: TestVerifier, task: Task) -> TaskCheck:
     (and every PASS_TO_PASS test passes) without it."""
     started = time.monotonic()
     problems = _static_problems(task)
-    gold, empty = await asyncio.gather(verifier.grade(task, task.patch), verifier.grade(task, ""))
+    gold, empty = await asyncio.gather(verifier.grade(task, task.gold_patch), verifier.grade(task, ""))
     if gold.failure_reason:
         problems.append(f"gold patch: {gold.failure_reason}: {gold.reward_info.get('error')}")
     elif gold.reward != 1.0:

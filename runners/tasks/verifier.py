@@ -11,6 +11,8 @@ Lifecycle, per episode:
    `test_patch` applied after it; the task's test command; per-test outcomes from pytest's `-rA` summary. A task
    with `grader: swebench` (SWE-bench-family rows) runs the official package's eval script instead, which applies
    the test patch itself, and is read by the package's log parser for its repository (`swebench.py`).
+   `grader: swesmith` (SWE-smith rows): the base state is the image with the row's bug applied, and the swesmith
+   package's profile for the repository gives the test command and log parser (`swesmith.py`).
 
 Reward: "binary" (default) = 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0; "partial" = the
 fraction of listed tests that pass. An episode failure is data: a diff that does not apply, or reaches into the
@@ -30,6 +32,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from hrl.runners.tasks import swebench as _swebench
+from hrl.runners.tasks import swesmith as _swesmith
 from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
 from hrl.runners.tasks.results import PASSING, outcome, parse_summary
 from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
@@ -137,12 +140,12 @@ class TestVerifier:
         return SandboxSpec(
             image=task.image or cfg.image, workdir=task.workdir, env=dict(task.env), network="none",
             cpus=cfg.cpus, memory_mb=cfg.memory_mb, labels={"hrl.task": task.instance_id[:60]},
-            hidden_paths=list(cfg.hide_paths), pull=task.grader == "swebench", registry=cfg.image_registry,
+            hidden_paths=list(cfg.hide_paths), pull=task.grader != "pytest", registry=cfg.image_registry,
         )  # fmt: skip
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
         cfg = self.config
-        await lay_out(sandbox, task, cfg.setup_timeout_s, fresh_history=not cfg.keep_image_history)
+        await lay_out(sandbox, task, cfg.setup_timeout_s, fresh_history=not cfg.keep_image_history, for_agent=True)
 
     async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
         try:
@@ -185,7 +188,7 @@ class TestVerifier:
             await apply_patch(sandbox, patch, "agent", cfg.setup_timeout_s)
         except WorkspaceError as exc:
             return Verdict(0.0, {**info, "patch_error": str(exc)})
-        swebench = task.grader == "swebench"  # its eval script applies the test patch itself
+        swebench = task.grader in ("swebench", "swesmith")  # the test patch: in the eval script, or none at all
         try:
             if not swebench:
                 await apply_patch(sandbox, task.test_patch, "test-patch", cfg.setup_timeout_s)
@@ -200,12 +203,13 @@ class TestVerifier:
             if setup.exit_code != 0:
                 return Verdict.error(f"setup_cmd failed (exit {setup.exit_code}): {_tail(setup.stdout + setup.stderr)}")
         limit = task.test_timeout_s if task.test_timeout_s is not None else cfg.timeout_s
-        command = _swebench.command(task) if swebench else task.resolved_test_cmd()
+        family = {"swebench": _swebench, "swesmith": _swesmith}.get(task.grader)
+        command = family.command(task) if family else task.resolved_test_cmd()
         run = await sandbox.exec(["bash", "-c", command], timeout_s=limit, env=env)
         log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
         if run.timed_out:  # the tests hang on the agent's code: its failure, scored 0 (not a grading error)
             return Verdict(0.0, {**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
-        results = _swebench.parse_log(task, run.stdout) if swebench else parse_summary(run.stdout)
+        results = family.parse_log(task, run.stdout) if family else parse_summary(run.stdout)
         if not results:
             what = f"no test results {task.repo}'s log parser can read" if swebench else "no pytest -rA summary"
             return Verdict.error(f"the test command printed {what} (exit {run.exit_code})", log=log)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 from pathlib import Path
 
 from hrl.runners.scratch import scratch
@@ -58,7 +59,9 @@ async def _run(sandbox: Sandbox, script: str, what: str, timeout_s: float) -> st
     return result.stdout
 
 
-async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120, *, fresh_history: bool = False) -> str:
+async def lay_out(
+    sandbox: Sandbox, task: Task, timeout_s: float = 120, *, fresh_history: bool = False, for_agent: bool = False
+) -> str:
     """Put the task's base state at the sandbox's workdir as a git repository; returns the base commit.
 
     With a `repo_snapshot`, its files are copied in and committed. Without one, the image must already hold a
@@ -66,20 +69,37 @@ async def lay_out(sandbox: Sandbox, task: Task, timeout_s: float = 120, *, fresh
     `fresh_history` (for the agent's sandbox): that repository's `.git` is replaced by a new one whose only commit
     is the base (same files, same tracked set), since the image's history may hold later commits — the fix, the
     hidden tests — in branches, tags, reflogs or loose objects. A `.git` that is not a directory (a worktree's
-    gitfile) cannot be replaced safely: that raises WorkspaceError."""
+    gitfile) cannot be replaced safely: that raises WorkspaceError. A SWE-smith task's base state is the image's
+    clean repository with the task's bug (`patch`) applied; `for_agent`, its FAIL_TO_PASS test files are removed
+    too (SWE-smith's instance branches remove them; grading restores them from the image)."""
     if task.repo_snapshot is not None:
         with scratch("snapshot") as tmp:
             await asyncio.to_thread(_unpack, task.repo_snapshot, Path(tmp))
             await sandbox.copy_in(str(tmp), sandbox.workdir)
         script = f"g init -q .\nprintf '{EXCLUDES}' >> .git/info/exclude\ng add -A -f\n"
     else:
-        # A SWE-bench image's HEAD is its setup commit on top of base_commit, the state its harness grades from.
-        checkout = f"g checkout -q -f {task.base_commit}\n" if task.base_commit and task.grader != "swebench" else ""
-        script = f"g rev-parse --git-dir >/dev/null\n{checkout}" + (FRESH_HISTORY if fresh_history else "")
+        # A SWE-bench image's HEAD is its setup commit on top of base_commit, the state its harness grades from;
+        # a SWE-smith image's is the clean repository, and its base_commit names a commit of a mirror it lacks.
+        own = task.base_commit and task.grader == "pytest"
+        checkout = f"g checkout -q -f {task.base_commit}\n" if own else ""
+        script = f"g rev-parse --git-dir >/dev/null\n{checkout}"
+        if task.grader == "swesmith":
+            script += await _smith_bug(sandbox, task, timeout_s, hide_tests=for_agent)
+        script += FRESH_HISTORY if fresh_history else ""
         script += f"printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
     script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"
     out = await _run(sandbox, script, f"laying out {task.instance_id}", timeout_s)
     return out.strip().splitlines()[-1] if out.strip() else ""
+
+
+async def _smith_bug(sandbox: Sandbox, task: Task, timeout_s: float, *, hide_tests: bool) -> str:
+    """SWE-smith: the bug (`patch`) applied to the image's clean repository; for the agent's sandbox also the
+    FAIL_TO_PASS test files removed, as SWE-smith's instance branches remove them. Returns script to run after."""
+    from hrl.runners.tasks import swesmith
+
+    await apply_patch(sandbox, task.patch, "bug", timeout_s)
+    hidden = swesmith.files_under_test(task, f2p_only=True) if hide_tests else []
+    return "".join(f"rm -f -- {shlex.quote(f)}\n" for f in hidden)
 
 
 def _unpack(snapshot: str | dict[str, str], dest: Path) -> None:

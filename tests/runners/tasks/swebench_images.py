@@ -252,6 +252,52 @@ SYMPY = Fixture(
 FIXTURES = (FLASK, DJANGO, SYMPY)
 
 
+@dataclass
+class SmithFixture(Fixture):
+    """A SWE-smith instance: the image holds the clean repository (`files`); the row's `patch` brings in the bug
+    (`buggy`), and the tests are already in the repository. Its profile (by `repo`) is one the swesmith package
+    registers, so its test command and log parser are the package's."""
+
+    buggy: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def image(self) -> str:
+        from hrl.runners.tasks.swesmith import profile_for
+
+        return str(profile_for({"instance_id": self.instance_id, "repo": self.repo}).image_name)
+
+    def row(self, base_commit: str) -> dict[str, Any]:
+        """The instance as a SWE-smith dataset row (test lists as lists, no base_commit or test_patch)."""
+        return {
+            "instance_id": self.instance_id, "repo": self.repo, "patch": self.patch(self.buggy),
+            "FAIL_TO_PASS": self.fail_to_pass, "PASS_TO_PASS": self.pass_to_pass, "image_name": self.image,
+            "problem_statement": "quote() no longer percent-encodes spaces.",
+        }  # fmt: skip
+
+
+OAUTHLIB = SmithFixture(
+    instance_id="oauthlib__oauthlib.1fd52536.func_pm_remove_assign__hrl0001",
+    repo="swesmith/oauthlib__oauthlib.1fd52536",
+    version="",
+    files={
+        "pyproject.toml": PYPROJECT.format(name="oauthlib"),
+        "oauthlib/__init__.py": 'def quote(text):\n    return text.replace(" ", "%20")\n\n\n'
+        'def unquote(text):\n    return text.replace("%20", " ")\n',
+        "tests/test_common.py": "from oauthlib import quote, unquote\n\n\ndef test_quote():\n"
+        '    assert quote("a b") == "a%20b"\n\n\ndef test_unquote():\n    assert unquote("a%20b") == "a b"\n',
+    },
+    fixed={},
+    tests={},
+    buggy={
+        "oauthlib/__init__.py": 'def quote(text):\n    return text.replace(" ", "+")\n\n\n'
+        'def unquote(text):\n    return text.replace("%20", " ")\n'
+    },
+    fail_to_pass=["tests/test_common.py::test_quote"],
+    pass_to_pass=["tests/test_common.py::test_unquote"],
+    packages=["pytest==8.4.2", "setuptools==80.9.0"],
+)
+
+
 def _context(fixture: Fixture, digest: str, wheels: Path) -> bytes:
     """The build context as a tar: Dockerfile, the conda stand-in, the wheels, the repository."""
     buf = io.BytesIO()
