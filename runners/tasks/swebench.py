@@ -1,7 +1,8 @@
 """SWE-bench-family rows as tasks, graded the way the official `swebench` package grades them.
 
 Rows of SWE-bench (Verified, Lite, Multimodal), SWE-Gym, SWE-smith and R2E-Gym load as they are (`adapt_row`).
-A SWE-smith row gets `grader: swesmith` (its `patch` is the bug; see `swesmith.py`). Otherwise a row without `repo_snapshot` and `test_cmd` that carries a `base_commit` and a `test_patch` gets
+A SWE-smith row gets `grader: swesmith` (its `patch` is the bug; see `swesmith.py`), an R2E-Gym row `grader: r2egym`
+(its expected test output; see `r2egym.py`). Otherwise a row without `repo_snapshot` and `test_cmd` that carries a `base_commit` and a `test_patch` gets
 `grader: swebench`, a `version` as text, and the image its dataset names:
 
 - the row's own `image`, `image_name` (SWE-smith, SWE-Gym exports) or `docker_image` (R2E-Gym, SWE-rebench);
@@ -26,6 +27,8 @@ import json
 from typing import Any
 
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.tasks.r2egym import adapt as r2e_adapt
+from hrl.runners.tasks.r2egym import is_r2e_row
 from hrl.runners.tasks.swesmith import is_smith_row
 from hrl.runners.tasks.swesmith import profile_for as _smith_profile
 
@@ -65,6 +68,8 @@ def adapt_row(row: Any) -> Any:
     """The row as a task: SWE-bench-family rows get `grader`, a text `version` and their image; others unchanged."""
     if not isinstance(row, dict):
         return row
+    if is_r2e_row(row):  # graded against its expected test output, by its own test script
+        return r2e_adapt(row)
     if is_smith_row(row):  # its `patch` is the bug, its tests and parser are the swesmith package's
         image = row.get("image") or row.get("image_name") or _smith_profile(row).image_name
         return {**row, "grader": "swesmith", "image": image}

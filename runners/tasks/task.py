@@ -86,12 +86,13 @@ class Task(BaseModel):
         None, description=f"bash that runs the tests and prints pytest's -rA summary; None = `{PYTEST} <test files>`."
     )
     test_timeout_s: float | None = Field(None, description="Limit for test_cmd in seconds; None = the verifier's.")
-    grader: Literal["pytest", "swebench", "swesmith"] = Field(
+    grader: Literal["pytest", "swebench", "swesmith", "r2egym"] = Field(
         "pytest",
         description="pytest: `resolved_test_cmd()` read by its -rA summary. swebench: the official swebench "
         "package's eval script and log parser for `repo`/`version` (set on loading SWE-bench-family rows). "
         "swesmith: `patch` is the bug (applied to the image for the base state, the gold is its reverse), graded "
-        "by the swesmith package's profile for `repo` (set on loading SWE-smith rows).",
+        "by the swesmith package's profile for `repo` (set on loading SWE-smith rows). r2egym: the image's "
+        "run_tests.sh, scored against `expected_output_json` (set on loading R2E-Gym rows).",
     )
 
     @property

@@ -80,6 +80,9 @@ async def check_task(verifier: TestVerifier, task: Task) -> TaskCheck:
         problems.append(f"gold patch: reward {gold.reward}; failing: {', '.join(bad[:5]) or extra}")
     if empty.failure_reason:
         problems.append(f"no patch: {empty.failure_reason}: {empty.reward_info.get('error')}")
+    elif task.grader == "r2egym":  # its expected outcomes include tests that pass before the fix too
+        if empty.reward != 0.0:
+            problems.append(f"no patch: reward {empty.reward}: the expected test output holds at the base state")
     else:
         passing = [t for t in task.FAIL_TO_PASS if empty.reward_info.get("tests", {}).get(t) in PASSING]
         if passing:

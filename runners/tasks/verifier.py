@@ -12,7 +12,9 @@ Lifecycle, per episode:
    with `grader: swebench` (SWE-bench-family rows) runs the official package's eval script instead, which applies
    the test patch itself, and is read by the package's log parser for its repository (`swebench.py`).
    `grader: swesmith` (SWE-smith rows): the base state is the image with the row's bug applied, and the swesmith
-   package's profile for the repository gives the test command and log parser (`swesmith.py`).
+   package's profile for the repository gives the test command and log parser (`swesmith.py`). `grader: r2egym`
+   (R2E-Gym rows): the image's own run_tests.sh, scored 1 when its outcomes are exactly the row's
+   `expected_output_json` (`r2egym.py`).
 
 Reward: "binary" (default) = 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0; "partial" = the
 fraction of listed tests that pass. An episode failure is data: a diff that does not apply, or reaches into the
@@ -31,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.tasks import r2egym as _r2egym
 from hrl.runners.tasks import swebench as _swebench
 from hrl.runners.tasks import swesmith as _swesmith
 from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
@@ -188,7 +191,7 @@ class TestVerifier:
             await apply_patch(sandbox, patch, "agent", cfg.setup_timeout_s)
         except WorkspaceError as exc:
             return Verdict(0.0, {**info, "patch_error": str(exc)})
-        swebench = task.grader in ("swebench", "swesmith")  # the test patch: in the eval script, or none at all
+        swebench = task.grader != "pytest"  # the test patch: in the eval script, or none at all
         try:
             if not swebench:
                 await apply_patch(sandbox, task.test_patch, "test-patch", cfg.setup_timeout_s)
@@ -203,7 +206,7 @@ class TestVerifier:
             if setup.exit_code != 0:
                 return Verdict.error(f"setup_cmd failed (exit {setup.exit_code}): {_tail(setup.stdout + setup.stderr)}")
         limit = task.test_timeout_s if task.test_timeout_s is not None else cfg.timeout_s
-        family = {"swebench": _swebench, "swesmith": _swesmith}.get(task.grader)
+        family = {"swebench": _swebench, "swesmith": _swesmith, "r2egym": _r2egym}.get(task.grader)
         command = family.command(task) if family else task.resolved_test_cmd()
         run = await sandbox.exec(["bash", "-c", command], timeout_s=limit, env=env)
         log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
@@ -216,6 +219,15 @@ class TestVerifier:
         return self._score(task, results, {**info, "exit_code": run.exit_code, "log": log})
 
     def _score(self, task: Task, results: dict[str, str], info: dict[str, Any]) -> Verdict:
+        if task.grader == "r2egym":  # R2E-Gym's rule: exactly the expected outcomes, tests that should fail included
+            exact, matching = _r2egym.score(task, results)
+            reward = (
+                matching / len(task.FAIL_TO_PASS) if self.config.reward == "partial" and task.FAIL_TO_PASS else exact
+            )
+            info["fail_to_pass"] = {"passed": matching, "total": len(task.FAIL_TO_PASS)}
+            info["pass_to_pass"] = {"passed": 0, "total": 0}
+            info["tests"] = {t: results.get(t, "MISSING") for t in task.FAIL_TO_PASS}
+            return Verdict(reward, info)
         tests = {t: outcome(results, t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
         f2p = sum(tests[t] in PASSING for t in task.FAIL_TO_PASS)
         p2p = sum(tests[t] in PASSING for t in task.PASS_TO_PASS)

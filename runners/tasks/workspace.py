@@ -71,7 +71,8 @@ async def lay_out(
     hidden tests — in branches, tags, reflogs or loose objects. A `.git` that is not a directory (a worktree's
     gitfile) cannot be replaced safely: that raises WorkspaceError. A SWE-smith task's base state is the image's
     clean repository with the task's bug (`patch`) applied; `for_agent`, its FAIL_TO_PASS test files are removed
-    too (SWE-smith's instance branches remove them; grading restores them from the image)."""
+    too (SWE-smith's instance branches remove them; grading restores them from the image). An R2E-Gym task's
+    test script, tests and instance files are removed `for_agent`."""
     if task.repo_snapshot is not None:
         with scratch("snapshot") as tmp:
             await asyncio.to_thread(_unpack, task.repo_snapshot, Path(tmp))
@@ -85,6 +86,10 @@ async def lay_out(
         script = f"g rev-parse --git-dir >/dev/null\n{checkout}"
         if task.grader == "swesmith":
             script += await _smith_bug(sandbox, task, timeout_s, hide_tests=for_agent)
+        if task.grader == "r2egym" and for_agent:  # its test script, tests and instance files, as R2E-Gym hides them
+            from hrl.runners.tasks import r2egym
+
+            script += r2egym.hidden_script()
         script += FRESH_HISTORY if fresh_history else ""
         script += f"printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
     script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"

@@ -366,3 +366,117 @@ def run_eval(task: Any, patch: str = "") -> str:
     finally:
         client.close()
     return out.decode()
+
+
+# R2E-Gym's layout: /testbed holds the repository before the commit (git, its .venv), the instance's test script at
+# /testbed/run_tests.sh, its tests at /r2e_tests; the row carries the expected outcomes.
+R2E_IMAGE = "hrl-test/r2e_gym_textkit_final:0123456789ab"
+R2E_DOCKERFILE = """\
+FROM {base}
+COPY wheels /opt/wheels
+COPY repo /testbed
+COPY r2e_tests /r2e_tests
+RUN cd /testbed && python3 -m venv .venv \\
+ && .venv/bin/pip install -q --no-compile --no-index --find-links /opt/wheels {packages} \\
+ && git init -q && git add -A \\
+ && git -c user.name=r2e -c user.email=r2e@example.invalid commit -q -m base
+LABEL {label}="{digest}"
+"""
+R2E_FILES = {
+    ".gitignore": ".venv/\n",
+    "run_tests.sh": ".venv/bin/python -W ignore -m pytest -rA r2e_tests\n",
+    "textkit/__init__.py": "def title(text):\n    return text.capitalize()\n\n\ndef shout(text):\n    return text.upper()\n",
+}
+R2E_FIXED = {
+    "textkit/__init__.py": 'def title(text):\n    return " ".join(w.capitalize() for w in text.split(" "))\n\n\n'
+    "def shout(text):\n    return text.upper()\n"
+}
+R2E_TESTS = {
+    "test_1.py": "from textkit import shout, title\n\n\nclass TestTitle:\n    def test_words(self):\n"
+    '        assert title("ada lovelace") == "Ada Lovelace"\n\n    def test_shout(self):\n'
+    '        assert shout("a") == "A"\n'
+}
+R2E_EXPECTED = {"TestTitle.test_words": "PASSED", "TestTitle.test_shout": "PASSED"}
+
+
+def to_parsed_commit(diff: str) -> dict[str, Any]:
+    """A git diff as R2E-Gym's `ParsedCommit` JSON (its `parse_diff` layout: header, ---/+++ files, hunks)."""
+    import re
+
+    files: list[dict[str, Any]] = []
+    kinds = {" ": "context", "+": "added", "-": "deleted", "\\": "note"}
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            path = line.split(" b/", 1)[1]
+            files.append(
+                {"old_file_content": "", "new_file_content": "", "hunks": [], "header": {"file": {"path": path}}}
+            )
+        elif line.startswith("--- "):
+            files[-1]["minus_file"] = {"path": line[4:]}
+        elif line.startswith("+++ "):
+            files[-1]["plus_file"] = {"path": line[4:]}
+        elif m := re.match(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$", line):
+            old, new = (
+                {"start": int(m[1]), "length": m[2] and int(m[2])},
+                {"start": int(m[3]), "length": m[4] and int(m[4])},
+            )
+            descriptor = {"old_range": old, "new_range": new, "section": m[5]}
+            files[-1]["hunks"].append({"descriptor": descriptor, "line_group": {"all_lines": []}})
+        elif files and files[-1]["hunks"]:
+            content = line[2:] if line.startswith("\\") else line[1:]
+            files[-1]["hunks"][-1]["line_group"]["all_lines"].append({"content": content, "type": kinds[line[:1]]})
+    return {"file_diffs": files, "old_commit_hash": "0" * 40, "new_commit_hash": "1" * 40,
+            "commit_message": "title() capitalizes every word", "commit_date": "2020-01-01T00:00:00"}  # fmt: skip
+
+
+def r2e_row() -> dict[str, Any]:
+    """The instance as an R2E-Gym dataset row (no instance_id, no FAIL_TO_PASS; JSON fields as strings)."""
+    gold = join_patches([file_diff(p, R2E_FILES.get(p), t) for p, t in sorted(R2E_FIXED.items())])
+    return {
+        "repo_name": "textkit", "docker_image": R2E_IMAGE, "commit_hash": "1" * 40,
+        "parsed_commit_content": json.dumps(to_parsed_commit(gold)), "execution_result_content": "{}",
+        "modified_files": sorted(R2E_FIXED), "relevant_files": [], "num_non_test_files": 1,
+        "problem_statement": "title() capitalizes only the first word.", "prompt": "",
+        "expected_output_json": json.dumps(R2E_EXPECTED),
+    }  # fmt: skip
+
+
+def ensure_r2e_image(scratch: Path) -> dict[str, Any]:
+    """Build (or find, by content) the R2E-Gym-layout image; returns its row."""
+    import docker
+
+    packages = ["pytest==8.4.2"]
+    digest = hashlib.sha256(
+        "\0".join([BASE_IMAGE, R2E_DOCKERFILE, *packages, json.dumps([R2E_FILES, R2E_TESTS])]).encode()
+    ).hexdigest()[:16]
+    client = docker.from_env(timeout=900)
+    try:
+        try:
+            cached = (client.images.get(R2E_IMAGE).labels or {}).get(LABEL) == digest
+        except docker.errors.ImageNotFound:
+            cached = False
+        if not cached:
+            wheels = _wheels(packages, scratch / f"wheels-{digest}")
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+
+                def add(name: str, data: bytes) -> None:
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mode = len(data), 0o644
+                    tar.addfile(info, io.BytesIO(data))
+
+                dockerfile = R2E_DOCKERFILE.format(
+                    base=BASE_IMAGE, packages=" ".join(packages), label=LABEL, digest=digest
+                )
+                add("Dockerfile", dockerfile.encode())
+                for path, text in R2E_FILES.items():
+                    add(f"repo/{path}", text.encode())
+                for path, text in R2E_TESTS.items():
+                    add(f"r2e_tests/{path}", text.encode())
+                for wheel in sorted(wheels.glob("*.whl")):
+                    add(f"wheels/{wheel.name}", wheel.read_bytes())
+            buf.seek(0)
+            client.images.build(fileobj=buf, custom_context=True, tag=R2E_IMAGE, rm=True, forcerm=True, pull=False)
+    finally:
+        client.close()
+    return r2e_row()
