@@ -131,7 +131,10 @@ _GLM45 = (
 {%- set ns = namespace(last_user=-1) -%}
 {%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
 {%- for m in messages -%}
-{%- if m.role == 'user' -%}{{- '<|user|>\\n' + text(m.content) -}}
+{%- if m.role == 'user' -%}
+{%- set said = text(m.content) -%}
+{{- '<|user|>\\n' + said -}}
+{%- if enable_thinking is defined and not enable_thinking and not said.endswith('/nothink') -%}{{- '/nothink' -}}{%- endif -%}
 {%- elif m.role == 'system' -%}{{- '<|system|>\\n' + text(m.content) -}}
 {%- elif m.role == 'assistant' -%}
 {%- set content = text(m.content) -%}
@@ -162,7 +165,7 @@ _GLM45 = (
 """
 )
 
-# ---- Llama 3.1: header ids, JSON calls, tools in the first user turn, results from `ipython` ----------------------
+# ---- Llama 3.1: header ids, JSON calls, tools in the first user turn, results from `ipython` as JSON -------------
 _LLAMA3 = (
     _TEXT
     + """\
@@ -200,7 +203,7 @@ _LLAMA3 = (
 {%- endif -%}
 {%- elif m.role == 'tool' or m.role == 'ipython' -%}
 {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' -}}
-{%- if m.content is mapping -%}{{- m.content | tojson -}}{%- else -%}{{- text(m.content) -}}{%- endif -%}
+{%- if m.content is mapping or m.content is iterable -%}{{- m.content | tojson -}}{%- else -%}{{- m.content | string -}}{%- endif -%}
 {{- '<|eot_id|>' -}}
 {%- else -%}
 {{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + (text(m.content) | trim) + '<|eot_id|>' -}}

@@ -97,3 +97,41 @@ def test_an_unknown_family_names_the_nearest() -> None:
 
     with pytest.raises(UnknownNameError, match="did you mean 'gpt-oss'"):
         family_spec("gpt-os")
+
+
+# ---- each family's rendering of one canonical tool conversation, checked against the published format once -------
+GOLDEN = Path(__file__).with_name("families_golden.json")
+CANONICAL = [
+    {"role": "system", "content": "You are careful."},
+    {"role": "user", "content": "List the files."},
+    {"role": "assistant", "content": "", "reasoning_content": "Look first.", "thinking": "Look first.", "tool_calls": [
+        {"id": "functions.bash:0", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+    {"role": "tool", "tool_call_id": "functions.bash:0", "content": "a.txt\nb.txt"},
+    {"role": "assistant", "content": "Two files: a.txt and b.txt."},
+    {"role": "user", "content": "Thanks."},
+]  # fmt: skip
+
+
+def render_canonical(name: str) -> str:
+    """The canonical conversation (system, user, a reasoned tool call, its result, an answer, a user turn) through
+    family `name`'s template with a generation prompt, the date fixed where the family writes one."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    spec = family_spec(name)
+    rendered, _ = render_jinja_template(
+        [CANONICAL], tools=TOOLS, chat_template=spec.template, add_generation_prompt=True,
+        bos_token=spec.bos or "", eos_token=spec.eos, date_string="26 Jul 2024",
+    )  # fmt: skip
+    return rendered[0]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_canonical_conversation_renders_as_the_family_published_format(name: str) -> None:
+    """The goldens were compared, string for string, with each family's published template (gpt-oss: the Harmony
+    format; its dated system line is masked); a template edit that moves a token shows up here."""
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    rendered = render_canonical(name)
+    if name == "gpt-oss":
+        head, _, tail = rendered.partition("Current date: ")
+        rendered = head + "Current date: YYYY-MM-DD" + tail[len("YYYY-MM-DD") :]
+    assert rendered == golden[name]
