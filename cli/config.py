@@ -10,7 +10,7 @@ import yaml
 
 from hrl.runners.errors import UsageError
 
-__all__ = ["apply_overrides", "load_recipe_config", "set_dotted"]
+__all__ = ["apply_overrides", "load_recipe_config", "run_settings", "set_dotted"]
 
 
 def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
@@ -120,3 +120,20 @@ def hide_from_sandboxes(cfg: dict[str, Any], task_file: str, *outputs: Path) -> 
         *verifier.get("hide_paths", []),
         *(h for h in hide if h not in verifier.get("hide_paths", [])),
     ]
+
+
+def run_settings(
+    cfg: dict[str, Any], sandbox: str, time_budget: float, model: str, engine: str, tasks: Path | None, example: str
+) -> tuple[str, str, str]:
+    """What `hrl rollout` and `hrl eval` take from their flags over the recipe: the sandbox and time budget (into
+    cfg's rollout section), and the (model, engine, task file) to run; `example` is the model the hint names."""
+    roll = cfg.setdefault("rollout", {})
+    if sandbox:
+        roll["sandbox"] = sandbox
+    if time_budget:
+        roll["time_budget_s"] = time_budget
+    model = model or cfg.get("model") or ""
+    if not model:
+        raise UsageError("give --model (the recipe names none)", hint=f"e.g. --model {example}")
+    engine = engine or cfg.get("engine") or "embedded"
+    return model, engine, str(tasks) if tasks else str(cfg.get("tasks") or "")

@@ -70,22 +70,14 @@ def eval_(
     reason. With --baseline, the baseline model runs the same episodes first, and the row shows both and the delta.
     The traces go to a run directory (one step per model × harness) that `hrl report` renders with the same table."""
     from hrl.cli.checks import check_model, check_run, grade_by_source, say_context
-    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
+    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model, run_settings
 
     names = _agents(agents)
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl eval --agents mini-swe-agent --recipe demo`")
     cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
-    roll = cfg.setdefault("rollout", {})
-    if sandbox:
-        roll["sandbox"] = sandbox
-    if time_budget:
-        roll["time_budget_s"] = time_budget
-    model = model or cfg.get("model") or ""
-    if not model:
-        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny-agent")
-    engine = engine or cfg.get("engine") or "embedded"
-    task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
+    model, engine, task_file = run_settings(cfg, sandbox, time_budget, model, engine, tasks, "hrl:tiny-agent")
+    roll = cfg["rollout"]
     grade_by_source(cfg, task_file)
     roll.pop("agents", None)  # --agents names the harnesses (a recipe's rollout.agents is for training)
     for name in names:  # every harness's name, sandbox and the tasks, before anything starts

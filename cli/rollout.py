@@ -98,7 +98,7 @@ def rollout(
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
     from hrl.cli.checks import check_model, check_placement, check_run, harnesses, say_context
-    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model
+    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model, run_settings
     from hrl.runners.whitebox.harness import is_python_agent
 
     if not recipe and tasks is None:
@@ -111,15 +111,9 @@ def rollout(
     roll["agent"] = agent or roll.get("agent") or ""
     if not roll["agent"]:
         raise UsageError("give --agent (the recipe names none)", hint="`hrl agents ls` lists the agents")
-    if sandbox:
-        roll["sandbox"] = sandbox
-    if time_budget:
-        roll["time_budget_s"] = time_budget
-    model = model or cfg.get("model") or ""
-    if not model:
-        raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
-    engine = engine or cfg.get("engine") or "embedded"
-    task_file = str(tasks) if tasks else str(cfg.get("tasks") or "")
+    model, engine, task_file = run_settings(
+        cfg, sandbox, time_budget, model, engine, tasks, "hrl:tiny (a tiny local model)"
+    )
     check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", hint="give a file for the traces, e.g. --out traces.jsonl")

@@ -15,6 +15,35 @@ from hrl.runners.trace import TraceWriter
 
 CONTROL_TOKEN = "test-control-token-0123456789abcdef"
 
+# Two tools an agent offers: a shell, and a file writer whose description and arguments stretch the templates
+# (non-ASCII text, a nested object).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Write a file — écrit un fichier (写文件)",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "content": {"type": "string"},
+                    "options": {"type": "object"},
+                },
+                "required": ["path", "content"],
+            },
+        },
+    },
+]
+
 
 class RunningProxy:
     def __init__(self, proxy: Proxy, url: str, loop: asyncio.AbstractEventLoop) -> None:

@@ -29,35 +29,9 @@ from openai import OpenAI
 
 from hrl.runners.engines.scripted import render_turn
 from hrl.runners.trace import call_prompt_ids, read_traces
-from tests.proxy_helpers import RunningProxy, running_proxy
+from tests.proxy_helpers import TOOLS, RunningProxy, running_proxy
 from tests.tokenizers import MissingTokenizerData, build_mistral_model, build_qwen_model, reference_encoder
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Write a file — écrit un fichier (写文件)",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "content": {"type": "string"},
-                    "options": {"type": "object"},
-                },
-                "required": ["path", "content"],
-            },
-        },
-    },
-]
 SYSTEM = "You are a careful coding agent.\nRéponds brièvement — 简洁回答. 🚀"
 USER = "Fix the greeting in src/util.py 🙂 (ユーティリティ)\n\n```\n$ python -c 'import util'  \n```"
 NEW_CODE = (

@@ -26,34 +26,8 @@ from hrl.runners.engines.turns import render_family_turn
 from hrl.runners.trace import all_prompt_ids
 from hrl.train.samples import build_samples, retained_tokens
 from hrl.train.tiny.families import FAMILIES
-from tests.proxy_helpers import RunningProxy, running_proxy
+from tests.proxy_helpers import TOOLS, RunningProxy, running_proxy
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Write a file — écrit un fichier (写文件)",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "content": {"type": "string"},
-                    "options": {"type": "object"},
-                },
-                "required": ["path", "content"],
-            },
-        },
-    },
-]
 THINKING = {"hermes", "glm45", "gpt-oss"}  # the families whose replies carry reasoning
 NEW_CODE = (
     'def greet(name: str) -> str:  \n    """Say hi — 你好."""\n    return f"héllo, {name}! 👋"\n\n\tok = True   \n'
