@@ -93,12 +93,10 @@ class _TagStream(ReasoningStream):
             head = self.held.lstrip()
             if head.startswith(self.open_tag):
                 self.held, self.mode = head[len(self.open_tag) :], "think"
-            elif head and self.open_tag.startswith(head):
-                return out  # may still become the opening tag
-            elif head or self.opened:
-                self.mode = "think" if self.opened else "done"
+            elif not head or self.open_tag.startswith(head):
+                return out  # only whitespace so far, or it may still become the opening tag (opened or not)
             else:
-                return out  # only whitespace so far
+                self.mode = "think" if self.opened else "done"
         if self.mode == "think":
             idx = self.held.find(self.close_tag)
             if idx < 0:

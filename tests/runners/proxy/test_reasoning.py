@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hrl.runners.errors import UnknownNameError
@@ -68,6 +68,7 @@ PIECES = ["<think>", "</think>", "<th", "</thi", "[THINK]", "[/THINK]", "<|chann
     st.lists(st.sampled_from(PIECES), max_size=14),
     st.lists(st.integers(0, 80), max_size=6),
 )
+@example("think-open", ["<think>"], [0])  # an empty first delta does not open the reasoning before its tag
 def test_any_text_in_any_chunks_never_crashes_and_splits_alike(name, pieces, cuts):
     text = "".join(pieces)
     whole = REASONING_PARSERS[name].split(text)
