@@ -17,10 +17,13 @@ from hrl.sandboxes.registry import lookup
 
 LOOKUPS = [
     (lambda: get_backend("nope"), "unknown sandbox 'nope'; valid: docker, local"),
-    (lambda: make_engine("nope", "m"), "unknown engine 'nope'; valid: embedded, scripted, vllm or an http:// URL"),
+    (
+        lambda: make_engine("nope", "m"),
+        "unknown engine 'nope'; valid: embedded, remote, replicas, scripted, vllm or an http:// URL",
+    ),
     (lambda: engine_kind("nope"), "unknown engine 'nope'"),
     (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, claude-code, codex,"),
-    (lambda: make_verifier("nope", get_backend("local")), "unknown verifier 'nope'; valid: tests"),
+    (lambda: make_verifier("nope", get_backend("local")), "unknown verifier 'nope'; valid: harbor, tests"),
     (lambda: get_dialect("nope"), "unknown dialect 'nope'; valid: anthropic, chat, gemini, responses"),
 ]
 
