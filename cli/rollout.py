@@ -189,8 +189,9 @@ async def _run(
         f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
-    clis = [a for a in RolloutConfig(**cfg["rollout"]).harnesses if not is_python_agent(a)]
-    white = len(clis) < len(RolloutConfig(**cfg["rollout"]).harnesses)
+    every = RolloutConfig(**cfg["rollout"]).harnesses
+    clis = [a for a in every if not is_python_agent(a)]
+    white = len(clis) < len(every)
     if (cfg.get("placement") or {}).get("kind") == "ray":
         from hrl.runners.placement import ray_placement
 

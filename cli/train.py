@@ -211,9 +211,10 @@ def before_after(rows: dict[int, dict[str, Any]]) -> str:
 
 
 def _per_harness(m: dict[str, Any]) -> dict[str, float]:
-    """{harness: mean reward} of a step that ran several harnesses (harness/<name>/reward)."""
-    return {k[len("harness/") : -len("/reward")]: round(float(v), 3) for k, v in sorted(m.items())
-            if k.startswith("harness/") and k.endswith("/reward")}  # fmt: skip
+    """{harness: mean reward, rounded} of a step (several harnesses: rollout.agents)."""
+    from hrl.runners.metrics import harness_rewards
+
+    return {name: round(v, 3) for name, v in harness_rewards(m).items()}
 
 
 @contextlib.asynccontextmanager

@@ -69,6 +69,7 @@ __all__ = [
     "engine_busy_frac",
     "failure_counts",
     "harness_metrics",
+    "harness_rewards",
     "step_metrics",
     "tool_latency_s",
     "trace_metrics",
@@ -262,6 +263,13 @@ def step_metrics(traces: Iterable[Trace], trainer_version: int | None = None) ->
     if busy is not None:
         out["engine/busy_frac"] = busy
     return out | harness_metrics(traces, per)
+
+
+def harness_rewards(metrics: dict[str, Any]) -> dict[str, float]:
+    """{harness: mean reward} read back from a step's `harness/<name>/reward` metrics, by name."""
+    suffix = "/reward"
+    return {k[len(HARNESS_PREFIX) : -len(suffix)]: float(v) for k, v in sorted(metrics.items())
+            if k.startswith(HARNESS_PREFIX) and k.endswith(suffix) and isinstance(v, int | float)}  # fmt: skip
 
 
 def harness_metrics(traces: list[Trace], per: list[dict[str, float]]) -> dict[str, float]:

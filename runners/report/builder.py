@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.metrics import trace_metrics
+from hrl.runners.metrics import harness_rewards, trace_metrics
 from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
@@ -44,8 +44,7 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[float]:
 
 def _harness_plots(iters: list[dict[str, Any]], xs: list[float]) -> list[str]:
     """Reward per step of each harness, when the run trained across several (`rollout.agents`)."""
-    names = sorted({k[len("harness/") : -len("/reward")] for it in iters for k in it["metrics"]
-                    if k.startswith("harness/") and k.endswith("/reward")})  # fmt: skip
+    names = sorted({name for it in iters for name in harness_rewards(it["metrics"])})
     if len(names) < 2:
         return []
     series = [(name, _series(iters, f"harness/{name}/reward")) for name in names]
