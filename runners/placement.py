@@ -38,7 +38,7 @@ from hrl.runners.episodes import Episode, failed_trace
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.trace import TraceWriter
 
-__all__ = ["PlacementConfig", "RayPlacement", "ray_placement"]
+__all__ = ["PlacementConfig", "RayPlacement", "ShardedPublisher", "ray_placement"]
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -153,6 +153,11 @@ class NodeAgent:
     def describe(self) -> list[dict[str, Any]]:
         """This shard's view of the replicas: health, version, generations in flight (runners.proxy.routing)."""
         return list(self.stack.engine.describe()) if self.stack is not None else []
+
+    async def sync(self) -> list[dict[str, Any]]:
+        """Re-read every replica now (after the driver published to them): the shard adopts the new version and
+        fences a replica that lags, without waiting for its next poll. Returns the shard's view."""
+        return list(await self.stack.engine.refresh()) if self.stack is not None else []
 
     async def stop(self) -> None:
         if self.exit is not None:
@@ -272,10 +277,46 @@ class RayRollouts:
             await asyncio.wait_for(prune.remote(f"{self.run_id}.n{node.index}"), 120)
 
 
+class ShardedPublisher:
+    """The driver's control plane: pause / publish / resume fan out to every replica (a `ReplicaSet`, acknowledged,
+    retried, fencing what fails), and a publish then waits until every proxy shard has adopted the new version
+    (`NodeAgent.sync`), so no episode of the next step starts on a shard still routing by the old one. A shard that
+    does not answer is reported in `last_fanout["shards"]` (its node's episodes fail on their own); other
+    attributes are the `ReplicaSet`'s."""
+
+    def __init__(self, control: Any, agents: list[Any], sync_timeout_s: float = 60.0) -> None:
+        self.control, self.agents, self.sync_timeout_s = control, agents, sync_timeout_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.control, name)
+
+    async def pause(self) -> None:
+        await self.control.pause()
+
+    async def resume(self) -> None:
+        await self.control.resume()
+
+    async def publish(self, path: str, kind: Any, version: int | None = None) -> int:
+        target = await self.control.publish(path, kind, version)
+        views = await asyncio.gather(
+            *(asyncio.wait_for(a.sync.remote(), self.sync_timeout_s) for a in self.agents), return_exceptions=True
+        )
+        acked, failed = [], {}
+        for i, view in enumerate(views):
+            if isinstance(view, BaseException):
+                failed[i] = f"{type(view).__name__}: {view}"[:300]
+            elif any(r["version"] == target and r["healthy"] and not r["fenced"] for r in view):
+                acked.append(i)
+            else:
+                failed[i] = f"serves no replica at version {target}: {[(r['name'], r['version']) for r in view]}"
+        self.control.last_fanout["shards"] = {"acked": acked, "failed": failed}
+        return target
+
+
 @dataclass
 class RayPlacement:
     rollouts: RayRollouts
-    publisher: Any  # the driver's ReplicaSet over every replica: publish / pause / resume fan out from here
+    publisher: ShardedPublisher  # pause / publish / resume fan out from here, to the replicas and then the shards
     replicas: dict[str, Any]  # name -> EngineReplica actor handle
     urls: dict[str, str]
     agents: list[Any]
@@ -350,7 +391,7 @@ async def ray_placement(
         await control.start()
         rollouts = RayRollouts(nodes, cfg["rollout"]["run_id"], on_event)
         try:
-            yield RayPlacement(rollouts, control, replicas, urls, agents, started)
+            yield RayPlacement(rollouts, ShardedPublisher(control, agents), replicas, urls, agents, started)
         finally:
             await control.close()
     finally:

@@ -345,14 +345,21 @@ class ReplicaSet:
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_s)
-            probes = await asyncio.gather(*(_probe(r.engine) for r in self.replicas.values()))
-            async with self._changed:
-                for r, (ok, metrics) in zip(self.replicas.values(), probes, strict=True):
-                    r.healthy, r.metrics = ok, metrics or r.metrics
-                    if ok:  # published elsewhere (the driver fans out to the replicas itself)
-                        r.version = max(r.version, r.engine.version)
-                self._fence_laggards()
-                self._changed.notify_all()
+            await self.refresh()
+
+    async def refresh(self) -> list[dict[str, Any]]:
+        """Probe every replica now (health, vLLM metrics, the version it serves) and fence laggards; the periodic
+        watch does this every `poll_s`, and a driver that published to the replicas itself calls it on each shard
+        so the new version is adopted before the next step (`runners.placement`). Returns `describe()`."""
+        probes = await asyncio.gather(*(_probe(r.engine) for r in self.replicas.values()))
+        async with self._changed:
+            for r, (ok, metrics) in zip(self.replicas.values(), probes, strict=True):
+                r.healthy, r.metrics = ok, metrics or r.metrics
+                if ok:  # published elsewhere (the driver fans out to the replicas itself)
+                    r.version = max(r.version, r.engine.version)
+            self._fence_laggards()
+            self._changed.notify_all()
+        return self.describe()
 
     def _fence_laggards(self) -> None:
         """A healthy replica behind the newest version another one holds serves no new generation until it

