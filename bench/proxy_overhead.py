@@ -132,8 +132,10 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
 
 
 async def _session_direct(
-    http: aiohttp.ClientSession, url: str, tmpl: ChatTemplate, sid: int, a: argparse.Namespace, vllm: bool
-):
+    http: aiohttp.ClientSession, url: str, tmpl: ChatTemplate, sid: int, a: argparse.Namespace, vllm: bool,
+    start_s: float = 0.0,
+):  # fmt: skip
+    await asyncio.sleep(start_s)
     msgs = [{"role": "user", "content": f"session {sid}: fix the failing test"}]
     prompt = tmpl.encode(tmpl.render(msgs))
     lat = []
@@ -158,7 +160,10 @@ async def _session_direct(
     return lat
 
 
-async def _session_proxy(http: aiohttp.ClientSession, url: str, sid: str, a: argparse.Namespace, case: str):
+async def _session_proxy(
+    http: aiohttp.ClientSession, url: str, sid: str, a: argparse.Namespace, case: str, start_s: float = 0.0
+):
+    await asyncio.sleep(start_s)
     dialect, mode = case.split("/")
     host, _, port = url.rpartition(":")
     base = f"{host}:{int(port) + owner(sid, a.workers)}/s/{sid}"  # the worker that owns the session
@@ -182,12 +187,15 @@ async def _run(a: argparse.Namespace, mode: str, url: str, tmpl: ChatTemplate, v
                pids: list[int]) -> dict[str, float]:  # fmt: skip
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600)) as http:
+        starts = [i * a.stagger / sessions for i in range(sessions)]  # the same schedule on both paths
         t0, cpu0 = time.perf_counter(), sum(map(_cpu_s, pids))
         if mode == "direct":
-            res = await asyncio.gather(*[_session_direct(http, url, tmpl, i, a, vllm) for i in range(sessions)])
+            res = await asyncio.gather(*[_session_direct(http, url, tmpl, i, a, vllm, starts[i])
+                                         for i in range(sessions)])  # fmt: skip
         else:
             tag = uuid.uuid4().hex[:8]  # fresh sessions every run
-            res = await asyncio.gather(*[_session_proxy(http, url, f"b{tag}{i}", a, mode) for i in range(sessions)])
+            res = await asyncio.gather(*[_session_proxy(http, url, f"b{tag}{i}", a, mode, starts[i])
+                                         for i in range(sessions)])  # fmt: skip
         wall, cpu = time.perf_counter() - t0, sum(map(_cpu_s, pids)) - cpu0
     flat = [x for s in res for x in s]
     tokens = sum(n for _, _, n in flat)
@@ -261,7 +269,7 @@ async def main(a: argparse.Namespace) -> None:
     finally:
         child.stdin.close()
         await child.wait()
-    json.dump({"engine": a.engine, "workers": a.workers, "turns": a.turns, "tokens_per_turn": a.tokens, "load": os.getloadavg(),
+    json.dump({"engine": a.engine, "workers": a.workers, "stagger_s": a.stagger, "turns": a.turns, "tokens_per_turn": a.tokens, "load": os.getloadavg(),
                "results": rows}, sys.stdout, indent=2)  # fmt: skip
     print()
     for r in rows:
@@ -318,6 +326,13 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=64, help="tokens generated per turn")
     ap.add_argument("--token-delay", type=float, default=0.02, help="scripted engine: seconds per token per sequence")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        help="seconds over which the sessions start (evenly; the same schedule for direct and proxy); 0 = all at "
+        "once, a burst of N simultaneous requests per turn",
+    )
     ap.add_argument("--port", type=int, default=8750)
     ap.add_argument("--traces", default=None, help="also write traces (measures recording cost)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
