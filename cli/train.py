@@ -202,7 +202,13 @@ def before_after(rows: dict[int, dict[str, Any]]) -> str:
         return ""
     (s0, start), (s1, end) = next(iter(whole.items())), list(whole.items())[-1]
     lines = [f"held-out tasks        step {s0:<6} step {s1:<6} change"]
-    for key, label in (("eval/success", "success"), ("eval/reward", "mean reward"), ("eval/turns", "turns")):
+    rows = [("eval/success", "success"), ("eval/reward", "mean reward"), ("eval/turns", "turns")]
+    for key in sorted(k for k in end if k.startswith(("eval/has/", "eval/success_given/"))):  # train.eval_markers
+        kind, name = key.split("/")[1:]
+        rows.append((key, f"{name}" if kind == "has" else f"success | {name}"))
+    for key, label in rows:
+        if start.get(key) is None or end.get(key) is None:
+            continue
         a, b = float(start[key]), float(end[key])
         ratio = f"  ({b / a:.1f}×)" if key == "eval/success" and a > 0 else ""
         lines.append(f"  {label:<19} {a:<11.3f} {b:<11.3f} {b - a:+.3f}{ratio}")

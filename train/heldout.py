@@ -10,6 +10,8 @@ never reach a batch, the task sampler or a resume's bookkeeping), and logs one m
 - `eval/reward`    mean reward, an episode without one counted as 0
 - `eval/turns`     mean agent turns
 - `eval/episodes`, `eval/tasks`, `eval/failed` (episodes with a failure_reason), `eval/version` (the policy)
+- with `train.eval_markers` ({name: text}): `eval/has/<name>`, the share of episodes whose sampled text (every
+  call's response ids, decoded) contains the text, and `eval/success_given/<name>`, the success rate among them
 
 A step's evaluation happens before that step's rollouts, with the policy those rollouts use, so `eval/success` at
 step k and `trace/reward` at step k describe the same weights. A resume runs again an evaluation whose row was not
@@ -18,7 +20,9 @@ logged (its partial trace file is replaced).
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
 from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
@@ -42,12 +46,39 @@ def eval_steps(iterations: int, every: int) -> dict[int, bool]:
     return steps | {0: True, iterations: True}
 
 
-def eval_row(step: int, version: int, traces: list[dict[str, Any]], tasks: int, success_reward: float) -> dict:
-    """The metrics.jsonl row of one evaluation (see the module docstring)."""
+def _marker_rows(traces: list[dict[str, Any]], rewards: list[float], texts: list[str], markers: dict[str, str],
+                 success_reward: float) -> dict[str, float | None]:  # fmt: skip
+    out: dict[str, float | None] = {}
+    for name, text in markers.items():
+        hits = [r for r, said in zip(rewards, texts, strict=True) if text in said]
+        out[f"eval/has/{name}"] = len(hits) / len(traces) if traces else None
+        out[f"eval/success_given/{name}"] = sum(r >= success_reward for r in hits) / len(hits) if hits else None
+    return out
+
+
+def sampled_text(trace: dict[str, Any], decode: Callable[[list[int]], str]) -> str:
+    """Everything the policy sampled in an episode, decoded call by call."""
+    return "".join(decode(c["response_ids"]) for c in trace.get("calls") or [])
+
+
+def eval_row(
+    step: int,
+    version: int,
+    traces: list[dict[str, Any]],
+    tasks: int,
+    success_reward: float,
+    markers: dict[str, str] | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+) -> dict:
+    """The metrics.jsonl row of one evaluation (see the module docstring); `markers` need `decode`."""
     n = len(traces)
     rewards = [float(t["reward"]) if t.get("reward") is not None else 0.0 for t in traces]
     turns = [trace_metrics(t)[TURNS] for t in traces]
-    return {
+    marks = {}
+    if markers and decode is not None:
+        texts = [sampled_text(t, decode) for t in traces]
+        marks = _marker_rows(traces, rewards, texts, markers, success_reward)
+    return marks | {
         "step": step,
         "eval/success": sum(r >= success_reward for r in rewards) / n if n else None,
         "eval/reward": sum(rewards) / n if n else None,
@@ -74,7 +105,19 @@ async def evaluate(
     path.unlink(missing_ok=True)  # an evaluation cut short by a stop: its row was never logged; it runs again whole
     path.parent.mkdir(parents=True, exist_ok=True)
     traces = await run_episodes(rollouts, episodes, path, cfg.concurrency)
-    return eval_row(step, version, list(traces), len(picked), cfg.success_reward)
+    markers = getattr(cfg, "eval_markers", None) or {}
+    decode = _decoder(cfg.trainer.model) if markers else None
+    return eval_row(step, version, list(traces), len(picked), cfg.success_reward, markers, decode)
+
+
+@functools.cache
+def _decoder(model: str) -> Callable[[list[int]], str]:
+    from transformers import AutoTokenizer
+
+    from hrl.runners.models import split_adapter
+
+    tok = AutoTokenizer.from_pretrained(split_adapter(model)[0])
+    return lambda ids: str(tok.decode(ids, skip_special_tokens=False))
 
 
 class Evaluations:

@@ -69,6 +69,12 @@ class LoopConfig(BaseModel):
     )
     eval_slice: int = Field(8, description="Held-out tasks of an evaluation between the first and the last.")
     eval_episodes: int = Field(1, description="Episodes per held-out task in an evaluation.")
+    eval_markers: dict[str, str] = Field(
+        default_factory=dict,
+        description="With eval_tasks: {name: text}. Each evaluation also logs eval/has/<name>, the share of episodes "
+        "whose sampled text contains the text, and eval/success_given/<name>, the success rate among those "
+        "(the demo: in_place = 'sed -i', the fix written in place; success among them = the right operator).",
+    )
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")

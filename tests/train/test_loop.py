@@ -216,12 +216,17 @@ HELDOUT = [{"instance_id": f"h{i}", "problem_statement": p} for i, p in enumerat
 def test_held_out_tasks_are_evaluated_at_both_ends_and_between_apart_from_training(tiny_model, tmp_path):
     """eval_tasks: all of them at step 0 and after the last step, the slice every eval_every steps; their traces in
     eval/, never in a training batch; one eval/ row each in metrics.jsonl, kept through an extending resume."""
-    from hrl.train.heldout import eval_steps
+    from transformers import AutoTokenizer
+
+    from hrl.train.heldout import eval_steps, sampled_text
+
+    decode = AutoTokenizer.from_pretrained(tiny_model).decode
 
     assert eval_steps(4, 0) == {0: True, 4: True} and eval_steps(4, 2) == {2: False, 0: True, 4: True}
     run = RunDir(tmp_path / "run")
     cfg = LoopConfig(iterations=2, tasks_per_iteration=2, group_size=2, concurrency=4, eval_every=1, eval_slice=2,
-                     eval_episodes=2, success_reward=0.1, trainer=TrainerConfig(model=tiny_model, lr=1e-2))  # fmt: skip
+                     eval_episodes=2, success_reward=0.1, eval_markers={"e": "e", "never": "\x00never"},
+                     trainer=TrainerConfig(model=tiny_model, lr=1e-2))  # fmt: skip
     run.create(cfg.model_dump())
     asyncio.run(_run(tiny_model, run, cfg, eval_tasks=HELDOUT))
     evals = run.eval_rows()
@@ -233,6 +238,11 @@ def test_held_out_tasks_are_evaluated_at_both_ends_and_between_apart_from_traini
         assert len(traces) == row["eval/episodes"] and all(t["group_id"].startswith(f"eval{k}:h") for t in traces)
         share = sum(float(t["reward"]) >= 0.1 for t in traces) / len(traces)
         assert row["eval/success"] == share and row["eval/turns"] > 0
+        texts = [sampled_text(t, decode) for t in traces]
+        with_e = [float(t["reward"]) for t, said in zip(traces, texts, strict=True) if "e" in said]
+        assert row["eval/has/e"] == len(with_e) / len(traces)
+        assert row["eval/success_given/e"] == (sum(r >= 0.1 for r in with_e) / len(with_e) if with_e else None)
+        assert row["eval/has/never"] == 0.0 and row["eval/success_given/never"] is None
     assert not any(t["task_id"].startswith("h") for t in run.all_traces())  # never in a training batch
     cfg3 = cfg.model_copy(update={"iterations": 3})  # extend the run: the evaluations done stay, step 3 is new
     asyncio.run(_run(tiny_model, run, cfg3, eval_tasks=HELDOUT))
