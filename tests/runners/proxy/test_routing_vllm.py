@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -113,47 +112,48 @@ def test_a_publish_reaches_both_vllm_replicas_as_one_version(tiny_model, tiny_lo
     assert all(c["versions"] == [[0, version]] for c in trace["calls"])
 
 
-def _kill_once_generating(server: VLLMEngine, after_s: float = 0.5) -> threading.Thread:
-    """SIGKILL the server's process group `after_s` after its first request starts running (read from /metrics):
-    mid-stream whatever the load, as the generation below needs many seconds."""
+def _cut_after_first_tokens(replica: VLLMEngine, server: VLLMEngine, killed: threading.Event) -> None:
+    """Fault injection at an exact point: when the first sampled tokens reach the proxy, pause the real server with
+    its request held (`/pause?mode=keep`: nothing more is sampled), let what is on the wire drain, then SIGKILL its
+    process group. Done on the proxy's own loop, so no thread of this test can lag behind a fast generation."""
+    generate = replica.generate
 
-    def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            m = parse_vllm_metrics(httpx.get(f"{server.base_url}/metrics", timeout=30).text)
-            if m.get("running", 0) >= 1:
-                time.sleep(after_s)
+    async def cut(*args, **kwargs):
+        async for delta in generate(*args, **kwargs):
+            yield delta
+            if delta.token_ids and not killed.is_set():
+                await replica.pause()
+                await asyncio.sleep(1.0)
                 os.killpg(server.server.pgid, signal.SIGKILL)
-                return
-            time.sleep(0.02)
+                killed.set()
 
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
+    replica.generate = cut  # type: ignore[method-assign]
 
 
 def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny_model, servers):
     """Last in the module: it kills one of the two servers (SIGKILL of its process group)."""
     owner = hrw_rank("victim", ["r0", "r1"])[0]
     other = "r1" if owner == "r0" else "r0"
+    want = 3000
     with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers, poll_s=0.2)) as p:
-        killer = _kill_once_generating(servers[int(owner[1])])
-        body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 1500,
+        killed = threading.Event()
+        p.call(_cut_after_first_tokens, p.proxy.engine.replicas[owner].engine, servers[int(owner[1])], killed)
+        body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": want,
                 "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
         usage = None
         with httpx.stream("POST", f"{p.url}/s/victim/v1/chat/completions", json=body, timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     usage = json.loads(line[6:]).get("usage") or usage
-        killer.join(10)
         trace = p.end("victim")
         state = {s["name"]: s["healthy"] for s in p.call(p.proxy.engine.describe)}
+    assert killed.is_set()
     summary = {k: trace.get(k) for k in ("failure_reason", "error", "env")} | {"usage": usage}
     (switch,) = trace.get("replica_switches") or [summary]
     assert (switch.get("from"), switch.get("to")) == (owner, other), switch
-    assert 0 < switch["after_tokens"] < 1500
+    assert 0 < switch["after_tokens"] < want
     assert trace["env"]["replica"] == other
     (call,) = trace["calls"]
-    assert len(call["response_ids"]) == 1500 == usage["completion_tokens"]  # nothing lost at the switch
-    assert len(call["response_logprobs"]) == 1500
+    assert len(call["response_ids"]) == want == usage["completion_tokens"]  # nothing lost at the switch
+    assert len(call["response_logprobs"]) == want
     assert state == {owner: False, other: True}
