@@ -24,42 +24,41 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
 from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.proxy.routing import parse_vllm_metrics
 from hrl.runners.simagent import SimulatedAgent
 from hrl.runners.stack import serving
 
 ANSWER = " ".join(f"word{i}" for i in range(40))
 
 
-async def _vllm_counters(http: aiohttp.ClientSession, urls: list[str], reset: bool = False) -> tuple[float, float]:
+async def _prefix_counters(servers: list[VLLMEngine], reset: bool = False) -> tuple[float, float]:
     """The summed prefix-cache (queries, hits) of the vLLM servers' /metrics; with `reset`, empty their caches first."""
-    queries = hits = 0.0
-    for url in urls:
-        if reset:
-            async with http.post(f"{url}/reset_prefix_cache") as r:
-                r.raise_for_status()
-        async with http.get(f"{url}/metrics") as r:
-            m = parse_vllm_metrics(await r.text())
-        queries, hits = queries + m.get("prefix_queries", 0.0), hits + m.get("prefix_hits", 0.0)
-    return queries, hits
+    if reset:
+        await asyncio.gather(*(s.reset_prefix_cache() for s in servers))
+    metrics = await asyncio.gather(*(s.read_metrics() for s in servers))
+    return sum(m.get("prefix_queries", 0.0) for m in metrics), sum(m.get("prefix_hits", 0.0) for m in metrics)
 
 
 async def one(
-    model: str, replicas: int, policy: str, args: argparse.Namespace, load: float = 0, urls: list[str] | None = None
+    model: str,
+    replicas: int,
+    policy: str,
+    args: argparse.Namespace,
+    load: float = 0,
+    servers: Sequence[VLLMEngine] = (),
 ) -> dict[str, Any]:
+    """One configuration; on `servers` (vLLM, attached by URL) when given, else on paced scripted replicas."""
     opts = {"turns": [ANSWER], "decode_tps": args.decode_tps, "max_batch": args.max_batch,
             "prefill_tps": args.prefill_tps}  # fmt: skip
-    specs = [{"engine": u} for u in urls[:replicas]] if urls else [{"engine": "scripted", "options": opts}] * replicas
+    used = list(servers[:replicas])
+    specs = [{"engine": s.base_url} for s in used] or [{"engine": "scripted", "options": opts}] * replicas
     engine_options = {"replicas": specs, "policy": policy, "load_factor": load}
-    http = aiohttp.ClientSession()
-    before = await _vllm_counters(http, urls[:replicas], reset=True) if urls else (0.0, 0.0)
+    before = await _prefix_counters(used, reset=True) if used else (0.0, 0.0)
     tasks = [
         {"instance_id": f"t{i}", "problem_statement": f"task {i}: " + "context " * 64} for i in range(args.episodes)
     ]
@@ -74,13 +73,12 @@ async def one(
             seconds = time.monotonic() - t0
         await agent.close()
         engines = [r.engine for r in stack.engine.replicas.values()]  # type: ignore[attr-defined]
-        if urls:
-            after = await _vllm_counters(http, urls[:replicas])
+        if used:
+            after = await _prefix_counters(used)
             prompt, cached = after[0] - before[0], after[1] - before[1]
         else:
             prompt = sum(e.prompt_tokens for e in engines)
             cached = sum(e.cached_tokens for e in engines)
-    await http.close()
     failed = sum(t["failure_reason"] is not None for t in traces)
     return {"replicas": replicas, "policy": policy + (f"+bounded {load:g}" if load else ""), "episodes": len(traces), "failed": failed,
             "seconds": round(seconds, 2), "episodes_per_min": round(len(traces) / seconds * 60, 1),
@@ -98,10 +96,9 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         t0 = time.monotonic()
         await asyncio.gather(*(s.start() for s in servers))
         print(f"2 vLLM servers up in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    urls = [s.base_url for s in servers] or None
     try:
         for replicas, policy, load in ((1, "hrw", 0), (2, "hrw", 0), (2, "hrw", 1.25), (2, "round_robin", 0)):
-            rows.append(await one(args.model, replicas, policy, args, load, urls))
+            rows.append(await one(args.model, replicas, policy, args, load, servers))
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         await asyncio.gather(*(s.close() for s in servers))

@@ -287,14 +287,8 @@ class ShardedPublisher:
     def __init__(self, control: Any, agents: list[Any], sync_timeout_s: float = 60.0) -> None:
         self.control, self.agents, self.sync_timeout_s = control, agents, sync_timeout_s
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # pause, resume, last_fanout, …: the ReplicaSet's
         return getattr(self.control, name)
-
-    async def pause(self) -> None:
-        await self.control.pause()
-
-    async def resume(self) -> None:
-        await self.control.resume()
 
     async def publish(self, path: str, kind: Any, version: int | None = None) -> int:
         target = await self.control.publish(path, kind, version)

@@ -46,12 +46,13 @@ def eval_steps(iterations: int, every: int) -> dict[int, bool]:
     return steps | {0: True, iterations: True}
 
 
-def _marker_rows(traces: list[dict[str, Any]], rewards: list[float], texts: list[str], markers: dict[str, str],
-                 success_reward: float) -> dict[str, float | None]:  # fmt: skip
+def _marker_rows(
+    rewards: list[float], texts: list[str], markers: dict[str, str], success_reward: float
+) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, text in markers.items():
         hits = [r for r, said in zip(rewards, texts, strict=True) if text in said]
-        out[f"eval/has/{name}"] = len(hits) / len(traces) if traces else None
+        out[f"eval/has/{name}"] = len(hits) / len(texts) if texts else None
         out[f"eval/success_given/{name}"] = sum(r >= success_reward for r in hits) / len(hits) if hits else None
     return out
 
@@ -77,7 +78,7 @@ def eval_row(
     marks = {}
     if markers and decode is not None:
         texts = [sampled_text(t, decode) for t in traces]
-        marks = _marker_rows(traces, rewards, texts, markers, success_reward)
+        marks = _marker_rows(rewards, texts, markers, success_reward)
     return marks | {
         "step": step,
         "eval/success": sum(r >= success_reward for r in rewards) / n if n else None,
@@ -94,7 +95,7 @@ async def evaluate(
     tasks: list[dict[str, Any]], rollouts: Rollouts, run: RunDir, step: int, version: int, cfg: Any, whole: bool
 ) -> dict[str, Any]:
     """Run one evaluation of the live policy (`version`) and return its row; `whole`: every task, else the slice.
-    `cfg` is the loop's config (eval_episodes, eval_slice, concurrency, success_reward, seed)."""
+    `cfg` is the loop's config (eval_episodes, eval_slice, eval_markers, concurrency, success_reward, seed)."""
     picked = tasks if whole else random.Random(cfg.seed).sample(tasks, min(cfg.eval_slice, len(tasks)))
     episodes = [
         EvalEpisode(t, k, step, harness_for(rollouts, j))
@@ -105,9 +106,8 @@ async def evaluate(
     path.unlink(missing_ok=True)  # an evaluation cut short by a stop: its row was never logged; it runs again whole
     path.parent.mkdir(parents=True, exist_ok=True)
     traces = await run_episodes(rollouts, episodes, path, cfg.concurrency)
-    markers = getattr(cfg, "eval_markers", None) or {}
-    decode = _decoder(cfg.trainer.model) if markers else None
-    return eval_row(step, version, list(traces), len(picked), cfg.success_reward, markers, decode)
+    decode = _decoder(cfg.trainer.model) if cfg.eval_markers else None
+    return eval_row(step, version, list(traces), len(picked), cfg.success_reward, cfg.eval_markers, decode)
 
 
 @functools.cache

@@ -395,6 +395,10 @@ class VLLMEngine:
 
         return parse_vllm_metrics(str(await self._call("GET", "/metrics", limit_s=5)))
 
+    async def reset_prefix_cache(self) -> None:
+        """Empty the server's prefix cache (a dev-mode route), so a measurement of its hit rate starts cold."""
+        await self._call("POST", "/reset_prefix_cache")
+
     # ---- http --------------------------------------------------------------------------------------------
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:

@@ -9,18 +9,10 @@ import pytest
 from openai import OpenAI
 
 from hrl.runners.trace import call_prompt_ids, read_traces
+from tests.proxy_helpers import TOOLS as BOTH_TOOLS
 from tests.proxy_helpers import running_proxy
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a shell command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-        },
-    }
-]
+TOOLS = BOTH_TOOLS[:1]  # the shell alone
 SCRIPT = [
     {"text": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
     {"tool_calls": [{"name": "bash", "arguments": {"command": "sed -i s/-/+/ m.py"}}]},

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
-from hrl.runners.proxy.routing import hrw_rank, parse_vllm_metrics
+from hrl.runners.proxy.routing import hrw_rank
 from tests.proxy_helpers import running_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -28,7 +28,17 @@ CONTEXT = " ".join(f"line {i} of the task's context." for i in range(60))  # ~40
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VLLMEngine]]:
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The servers' event loop: their control clients (metrics, cache reset) live on it."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_model: str, tmp_path_factory: pytest.TempPathFactory, loop: asyncio.AbstractEventLoop
+) -> Iterator[list[VLLMEngine]]:
     logs = tmp_path_factory.mktemp("vllm-replicas")
     engines = [
         VLLMEngine(VLLMEngineConfig(model=tiny_model, max_model_len=4096, enable_prefix_caching=True,
@@ -42,27 +52,27 @@ def servers(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     async def close() -> None:
         await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
 
-    loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(start())
         yield engines
     finally:
         loop.run_until_complete(close())
-        loop.close()
 
 
 def _options(servers: list[VLLMEngine], **routing) -> dict:
     return {"replicas": [{"name": f"r{i}", "engine": s.base_url} for i, s in enumerate(servers)], **routing}
 
 
-def _prefix_counters(servers: list[VLLMEngine], reset: bool = False) -> tuple[float, float]:
-    queries = hits = 0.0
-    for s in servers:
+def _prefix_counters(
+    servers: list[VLLMEngine], loop: asyncio.AbstractEventLoop, reset: bool = False
+) -> tuple[float, float]:
+    async def read() -> list[dict[str, float]]:
         if reset:
-            httpx.post(f"{s.base_url}/reset_prefix_cache", timeout=30).raise_for_status()
-        m = parse_vllm_metrics(httpx.get(f"{s.base_url}/metrics", timeout=30).text)
-        queries, hits = queries + m.get("prefix_queries", 0.0), hits + m.get("prefix_hits", 0.0)
-    return queries, hits
+            await asyncio.gather(*(s.reset_prefix_cache() for s in servers))
+        return list(await asyncio.gather(*(s.read_metrics() for s in servers)))
+
+    metrics = loop.run_until_complete(read())
+    return sum(m.get("prefix_queries", 0.0) for m in metrics), sum(m.get("prefix_hits", 0.0) for m in metrics)
 
 
 def _conversation(url: str, token: str, turns: int) -> None:
@@ -74,20 +84,22 @@ def _conversation(url: str, token: str, turns: int) -> None:
         msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"Go on ({turn})."}]
 
 
-def _hit_rate(tiny_model: str, servers: list[VLLMEngine], policy: str) -> tuple[float, dict[str, dict]]:
-    before = _prefix_counters(servers, reset=True)
+def _hit_rate(
+    tiny_model: str, servers: list[VLLMEngine], loop: asyncio.AbstractEventLoop, policy: str
+) -> tuple[float, dict[str, dict]]:
+    before = _prefix_counters(servers, loop, reset=True)
     tokens = [f"{policy}-{i}" for i in range(6)]
     with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers, policy=policy)) as p:
         for t in tokens:
             _conversation(p.url, t, turns=3)
         traces = {t: p.end(t) for t in tokens}
-    after = _prefix_counters(servers)
+    after = _prefix_counters(servers, loop)
     return (after[1] - before[1]) / max(after[0] - before[0], 1.0), traces
 
 
-def test_sticky_sessions_keep_vllm_s_prefix_cache_warm_where_round_robin_does_not(tiny_model, servers):
-    sticky, traces = _hit_rate(tiny_model, servers, "hrw")
-    spread, rr_traces = _hit_rate(tiny_model, servers, "round_robin")
+def test_sticky_sessions_keep_vllm_s_prefix_cache_warm_where_round_robin_does_not(tiny_model, servers, loop):
+    sticky, traces = _hit_rate(tiny_model, servers, loop, "hrw")
+    spread, rr_traces = _hit_rate(tiny_model, servers, loop, "round_robin")
     print(f"\nvLLM prefix-cache hit rate over 6 sessions × 3 turns: hrw {sticky:.3f}, round-robin {spread:.3f}")
     for token, trace in traces.items():
         owner = hrw_rank(token, ["r0", "r1"])[0]
