@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,14 @@ def install_agent(name: str, target: str) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Shared fixtures
 # --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for a module whose engines live across its tests (their HTTP sessions are bound to it)."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 
 @pytest.fixture(scope="session")

@@ -36,14 +36,6 @@ TOL = 0.05
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """One event loop for the module: the engine's HTTP session lives on it."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop: asyncio.AbstractEventLoop, tiny_model: str, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     eng = make_engine("vllm", tiny_model, max_model_len=2048, log_file=str(log))  # dtype auto: the checkpoint's fp32

@@ -28,14 +28,6 @@ CONTEXT = " ".join(f"line {i} of the task's context." for i in range(60))  # ~40
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """The servers' event loop: their control clients (metrics, cache reset) live on it."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def servers(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory, loop: asyncio.AbstractEventLoop
 ) -> Iterator[list[VLLMEngine]]:
