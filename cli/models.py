@@ -56,7 +56,9 @@ def tiny(
 
 TINY_AGENT_EPILOG = """Examples:
 
-  hrl models tiny-agent ~/.cache/hrl/models/tiny-agent    # what `make demo` builds (minutes on 2 cores)
+  hrl models tiny-agent ~/.cache/hrl/models/tiny-agent    # what `make demo` uses: the recipe's shipped build, copied
+
+  hrl models tiny-agent ./rebuilt --verify                # build it from scratch (minutes), compare byte for byte
 
   hrl models tiny-agent ./agent-7 --seed 7                # another seed: other SFT data, weights and noise
 
@@ -74,28 +76,57 @@ def tiny_agent(
     in_place: Annotated[
         float, typer.Option(help="Share of SFT fixes whose sed writes the file (-i); the rest only print the fix.")
     ] = -1.0,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if DIR holds this exact build.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Train from scratch even if DIR, or the recipe, holds this exact build.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Train from scratch into DIR and compare every file with the shipped build, byte for "
+            "byte (exit 1 on a difference; the floats match where torch's CPU kernels do).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Build the CPU demo's agent model: a few-million-parameter Qwen2 warm-started on synthetic mini-swe-agent
-    episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not."""
-    from hrl.train.tiny import BUILD_INFO, TinyAgentConfig, build_info
+    episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not. The default
+    config's build ships with the demo recipe and is copied; other seeds and shares are trained (minutes)."""
+    from hrl.runners.errors import UsageError
+    from hrl.train.tiny import BUILD_INFO, TinyAgentConfig, build_info, compare_builds, shipped_model
 
     noise = {k: v for k, v in {"right_op": right_op, "in_place": in_place}.items() if v >= 0}
     cfg = TinyAgentConfig(seed=seed, **noise)
-    if force:
+    reference = shipped_model() if verify else None
+    if verify and (reference is None or (build_info(reference) or {}).get("key") != cfg.key()):
+        raise UsageError("--verify compares with the shipped build, which is the default config's only",
+                         hint="drop --seed/--right-op/--in-place, or --verify")  # fmt: skip
+    if force or verify:
         (out_dir / BUILD_INFO).unlink(missing_ok=True)
-    path = build_tiny_agent_showing_progress(out_dir, cfg, quiet=as_json)
+    path = build_tiny_agent_showing_progress(out_dir, cfg, quiet=as_json, use_shipped=not (force or verify))
 
     info = build_info(path) or {}
     result = {"path": str(path), "seed": seed, "params": info.get("params"), "final_loss": info.get("final_loss"),
               "build_seconds": info.get("seconds"), "agent": info.get("agent")}  # fmt: skip
-    emit(result, as_json=as_json, human=str(path))
+    if reference is None:
+        emit(result, as_json=as_json, human=str(path))
+        return
+    rows = compare_builds(path, reference)
+    result |= {"verified": all(r["same"] for r in rows), "reference": str(reference), "files": rows}
+    human = "\n".join(
+        [f"{'same' if r['same'] else 'DIFFERS'}  {r['file']}  {(r['built'] or 'missing')[:16]}" for r in rows]
+        + [f"{path}: {'byte-identical to' if result['verified'] else 'NOT identical to'} the shipped build {reference}"]
+    )
+    emit(result, as_json=as_json, human=human)
+    if not result["verified"]:
+        raise typer.Exit(1)
 
 
-def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: bool = False) -> Path:
-    """Build (or find built) the tiny agent model, with a progress bar on a terminal and a line per 20 steps
-    elsewhere (CI logs); `quiet` keeps only the start line."""
+def build_tiny_agent_showing_progress(
+    out_dir: Path, cfg: Any = None, quiet: bool = False, use_shipped: bool = True
+) -> Path:
+    """Build (or find built, or copy the shipped build of) the tiny agent model, with a progress bar on a terminal
+    and a line per 20 steps elsewhere (CI logs); `quiet` keeps only the start line."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from hrl.cli.output import want_color
@@ -122,6 +153,10 @@ def build_tiny_agent_showing_progress(out_dir: Path, cfg: Any = None, quiet: boo
                       markup=False)  # fmt: skip
         elif kind == "cached":
             err.print(f"tiny agent model: {out_dir} (already built with this config and harness profile)", markup=False)
+        elif kind == "shipped":
+            err.print(f"tiny agent model: {out_dir}, the build shipped in {data['from']} (sha256 checked; "
+                      "`hrl models tiny-agent DIR --verify` trains it again and compares, byte for byte)",
+                      markup=False)  # fmt: skip
 
     with progress:
-        return build_tiny_agent(out_dir, cfg, on_event)
+        return build_tiny_agent(out_dir, cfg, on_event, use_shipped=use_shipped)

@@ -5,7 +5,23 @@
 chat template. The wing enters `runners` only through public names; the RL core of `train` never imports it.
 """
 
-from hrl.train.tiny.agent import BUILD_INFO, TinyAgentConfig, build_info, build_tiny_agent
+from hrl.train.tiny.agent import (
+    BUILD_INFO,
+    TinyAgentConfig,
+    build_info,
+    build_tiny_agent,
+    compare_builds,
+    shipped_model,
+)
 from hrl.train.tiny.model import TinyModelConfig, build_tiny_model
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "TinyModelConfig", "build_info", "build_tiny_agent", "build_tiny_model"]
+__all__ = [
+    "BUILD_INFO",
+    "TinyAgentConfig",
+    "TinyModelConfig",
+    "build_info",
+    "build_tiny_agent",
+    "build_tiny_model",
+    "compare_builds",
+    "shipped_model",
+]

@@ -1,6 +1,9 @@
 """`hrl models tiny-agent`: a few-million-parameter agent model, warm-started on synthetic mini-swe-agent episodes.
 
-Offline and reproducible (same seed and config → same files on the same machine and torch build):
+Offline and reproducible: the same seed and config give the same files wherever torch's CPU kernels compute the same
+floats (same torch build and instruction set; the thread count is part of the config). No input depends on the machine:
+the uname line of most prompts is the harness profile's capture machine, so the demo recipe ships one build
+(`recipes/demo/model/`, `shipped_model`) that `hrl models tiny-agent DIR --verify` rebuilds and compares byte for byte.
 
 1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
    transcript in mini-swe-agent's own format (`tasks`, `transcripts`): `cat *.py`, `sed` a fix, submit.
@@ -32,13 +35,14 @@ from pydantic import BaseModel, Field
 
 from hrl.runners.engines.decode import kv_cache_of, with_kv_cache
 from hrl.train.tiny.model import train_chatml_tokenizer
-from hrl.train.tiny.profile import HarnessProfile, load_profile, machine_uname
+from hrl.train.tiny.profile import HarnessProfile, load_profile
 from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
 from hrl.train.tiny.transcripts import Noise, episode_messages, render_ids, render_ids_fast, transcript
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent"]
+__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "compare_builds", "shipped_model"]
 
 BUILD_INFO = "tiny_agent.json"
+SHIPPED_DIR = "model"  # beside the demo recipe: the default build, as `hrl models tiny-agent` writes it
 DATA_VERSION = 1  # bump when the generated tasks or transcripts change
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -64,12 +68,13 @@ class TinyAgentConfig(BaseModel):
     right_op: float = Field(Noise.right_op, description="Share of transcripts whose fix uses the right operator.")
     in_place: float = Field(Noise.in_place, description="Share of transcripts whose sed edits in place (-i).")
     foreign_uname: float = Field(0.3, description="Share of prompts with another machine's uname line.")
-    threads: int = Field(0, description="torch threads; 0 = torch's default.")
+    uname: str = Field("", description="The uname line of the other prompts; '' = the harness profile's capture "
+                       "machine's (not this machine's: a kernel update would change the build).")  # fmt: skip
+    threads: int = Field(2, description="torch threads while training; the float sums, so the bytes, depend on it.")
 
     def key(self) -> str:
-        """Identifies a build: the config, the data format version, the harness profile and this machine's uname
-        line (the harness puts it into every prompt)."""
-        raw = {"config": self.model_dump(), "profile": load_profile().__dict__, "uname": machine_uname()}
+        """Identifies a build: the config, the data format version and the harness profile."""
+        raw = {"config": self.model_dump(), "profile": load_profile().__dict__}
         return hashlib.sha256(json.dumps({**raw, "v": DATA_VERSION}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -77,6 +82,48 @@ def build_info(out_dir: str | Path) -> dict[str, Any] | None:
     """The build record of a tiny-agent model dir, or None when the dir holds none."""
     path = Path(out_dir) / BUILD_INFO
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def file_digests(model_dir: str | Path) -> dict[str, str]:
+    """sha256 of every file of a build but its record (which holds the build's wall time)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(model_dir).iterdir()) if p.is_file() and p.name != BUILD_INFO}  # fmt: skip
+
+
+def shipped_model() -> Path | None:
+    """The default build shipped with the demo recipe (a directory), or None where the package has none."""
+    from importlib.resources import files
+
+    path = Path(str(files("hrl.recipes") / "demo" / SHIPPED_DIR))
+    return path if (path / BUILD_INFO).is_file() else None
+
+
+def compare_builds(built: str | Path, reference: str | Path) -> list[dict[str, Any]]:
+    """One row per file of either build: {file, reference, built (sha256 or None), same}."""
+    a, b = file_digests(reference), file_digests(built)
+    return [{"file": f, "reference": a.get(f), "built": b.get(f), "same": a.get(f) == b.get(f)}
+            for f in sorted(a.keys() | b.keys())]  # fmt: skip
+
+
+def _install_shipped(cfg: TinyAgentConfig, out: Path, key: str, on_event: Event) -> bool:
+    """Copy the shipped build into `out` when it is this config's build; refuse one whose files do not match its
+    record (a damaged checkout) rather than serve it."""
+    import shutil
+
+    src = shipped_model()
+    info = build_info(src) if src else None
+    if src is None or info is None or info.get("key") != key:
+        return False
+    if file_digests(src) != info.get("sha256"):
+        raise RuntimeError(f"the shipped tiny agent model in {src} does not match its sha256 record; "
+                           "restore it from git, or build one with `hrl models tiny-agent DIR --force`")  # fmt: skip
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    on_event("shipped", {**info, "from": str(src)})
+    return True
 
 
 def _foreign_uname(rng: random.Random) -> str:
@@ -89,7 +136,7 @@ def sft_episodes(cfg: TinyAgentConfig, profile: HarnessProfile) -> list[tuple[st
     """(task text, turns, uname line) per SFT transcript; tasks disjoint from the recipe's task files."""
     used = {signature(task_bug(t)) for tasks in split_tasks().values() for t in tasks}
     rng = random.Random(cfg.seed * 7919 + 17)
-    noise, here = Noise(cfg.right_op, cfg.in_place), machine_uname()
+    noise, here = Noise(cfg.right_op, cfg.in_place), cfg.uname or profile.uname
     out = []
     for task in demo_tasks(1_000_003 + cfg.seed, cfg.examples, "sft", used):
         uname = _foreign_uname(rng) if rng.random() < cfg.foreign_uname else here
@@ -201,20 +248,38 @@ def sft(model: Any, phases: list[tuple[Data, int, int]], cfg: TinyAgentConfig, o
 
 
 def build_tiny_agent(
-    out_dir: str | Path, cfg: TinyAgentConfig | None = None, on_event: Event = lambda kind, data: None
+    out_dir: str | Path,
+    cfg: TinyAgentConfig | None = None,
+    on_event: Event = lambda kind, data: None,
+    use_shipped: bool = True,
 ) -> Path:
-    """Build (or find already built) the tiny agent model in `out_dir`; see the module docstring."""
+    """Build (or find already built) the tiny agent model in `out_dir`; see the module docstring. With `use_shipped`,
+    the recipe's shipped build of this exact config is copied instead of trained (seconds, not minutes)."""
     import torch
-
-    from hrl.runners.proxy.template import ChatTemplate
 
     cfg, out, t0 = cfg or TinyAgentConfig(), Path(out_dir), time.monotonic()
     key = cfg.key()
     if (info := build_info(out)) is not None and info.get("key") == key:
         on_event("cached", info)
         return out
+    if use_shipped and _install_shipped(cfg, out, key, on_event):
+        return out
+    threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    try:
+        info = _build(cfg, out, key, t0, on_event)
+    finally:
+        torch.set_num_threads(threads)  # the caller's (hrl train builds in-process, then trains)
+    on_event("done", info)
+    return out
+
+
+def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event) -> dict[str, Any]:
+    import torch
+
+    from hrl.runners.proxy.template import ChatTemplate
+
     profile = load_profile()
     episodes = sft_episodes(cfg, profile)
     on_event("data", {"examples": len(episodes)})
@@ -246,7 +311,7 @@ def build_tiny_agent(
     model.save_pretrained(out, safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
     info = {"key": key, "config": cfg.model_dump(), "params": n_params, "final_loss": round(loss, 4),
-            "seconds": round(time.monotonic() - t0, 1), "agent": f"{profile.agent} {profile.version}"}  # fmt: skip
+            "seconds": round(time.monotonic() - t0, 1), "agent": f"{profile.agent} {profile.version}",
+            "torch": torch.__version__, "sha256": file_digests(out)}  # fmt: skip
     (out / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
-    on_event("done", info)
-    return out
+    return info

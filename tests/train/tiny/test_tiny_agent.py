@@ -18,7 +18,7 @@ from hrl.runners.proxy.template import ChatTemplate, parse_hermes
 from hrl.runners.stack import serving
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
-from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent
+from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent, file_digests, shipped_model
 from hrl.train.tiny.profile import SUBMIT, load_profile
 from hrl.train.tiny.tasks import signature, split_tasks, task_bug, wrong_ops
 from hrl.train.tiny.transcripts import Noise, episode_requests, render_ids, render_ids_fast, transcript
@@ -146,6 +146,50 @@ def test_build_is_deterministic_and_cached(tmp_path, small_agent):
     events: list[str] = []
     build_tiny_agent(again, SMALL, lambda kind, data: events.append(kind))
     assert events == ["cached"]
+
+
+def test_the_shipped_model_is_the_default_configs_build_and_matches_its_record():
+    shipped = shipped_model()
+    assert shipped is not None and shipped == RECIPE / "model"
+    info = build_info(shipped)
+    assert info["key"] == TinyAgentConfig().key(), "the generator or config changed: rebuild recipes/demo/model"
+    assert info["sha256"] == file_digests(shipped) and "model.safetensors" in info["sha256"]
+    assert info["config"]["uname"] == "" and info["config"]["threads"] == 2  # no input of the build is the machine's
+
+
+def test_the_default_model_is_the_shipped_build_copied_then_cached(tmp_path):
+    events: list[str] = []
+    out = build_tiny_agent(tmp_path / "m", on_event=lambda kind, data: events.append(kind))
+    assert events == ["shipped"] and file_digests(out) == file_digests(shipped_model())
+    assert not (tmp_path / "m.partial").exists()
+    build_tiny_agent(out, on_event=lambda kind, data: events.append(kind))
+    assert events == ["shipped", "cached"]
+
+
+def test_a_damaged_shipped_build_is_refused_not_served(tmp_path, monkeypatch):
+    import shutil
+
+    copy = tmp_path / "shipped"
+    shutil.copytree(shipped_model(), copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr("hrl.train.tiny.agent.shipped_model", lambda: copy)
+    with pytest.raises(RuntimeError, match="does not match its sha256 record"):
+        build_tiny_agent(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_shipped_model_is_rebuilt_byte_for_byte(tmp_path):
+    """What `hrl models tiny-agent DIR --verify` promises: the default config trained from scratch (minutes on 2
+    cores) gives the shipped files, every byte (torch's CPU kernels here compute the floats the shipped build's did)."""
+    args = [sys.executable, "-m", "hrl.cli", "models", "tiny-agent", str(tmp_path / "m"), "--verify", "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1700)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["file"] for r in result["files"] if not r["same"]] == [], result["files"]
+    assert proc.returncode == 0 and result["verified"] is True, proc.stderr[-2000:]
 
 
 def test_the_model_answers_a_task_prompt_with_a_well_formed_tool_call(small_agent):
