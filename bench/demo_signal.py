@@ -1,7 +1,7 @@
 """Which choice gives the CPU demo's early iterations a gradient? Short `hrl train --recipe demo` runs, one per variant
 and seed, side by side: the share of GRPO groups with signal (rewards that differ) per iteration, and the reward.
 
-  python bench/demo_signal.py                                   # uniform against signal sampling, seed 0, 5 iterations
+  python bench/demo_signal.py                                   # the recipe, signal sampling by operator, groups of 8
   python bench/demo_signal.py --seeds 0 1 2 --iterations 5 --parallel 2
   python bench/demo_signal.py --variant uniform= --variant g8=train.group_size=8,train.tasks_per_iteration=2
 
@@ -20,7 +20,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-DEFAULT_VARIANTS = ["uniform=train.task_sampler=uniform", "signal=train.task_sampler=signal"]
+DEFAULT_VARIANTS = [
+    "uniform=train.task_sampler=uniform",  # the recipe: 4 tasks x 4 episodes
+    "signal-op=train.task_sampler=signal,train.sampler_key=demo.op",  # tasks weighted by their operator's signal
+    "g8=train.group_size=8,train.tasks_per_iteration=2",  # the same 16 episodes as 2 groups of 8
+]
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -75,7 +79,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", action="append", default=None, help="NAME=KEY=VALUE[,…]; repeat (default: "
-                    "uniform and signal task sampling)")  # fmt: skip
+                    "the recipe, signal sampling by operator family, 2 groups of 8)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")

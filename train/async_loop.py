@@ -88,7 +88,7 @@ class _Producer:
         self.cfg, self.acfg, self.rollouts, self.run = cfg, acfg, rollouts, run
         rng = random.Random(cfg.seed)
         first = _next_group(run)  # a resumed run goes on with new groups
-        self.tasks, self.stats = tasks, TaskStats(cfg.success_reward)
+        self.tasks, self.stats = tasks, TaskStats(cfg.success_reward, tasks, cfg.sampler_key)
         if cfg.task_sampler == "signal":
             self.stats.observe(run.all_traces())
         self._groups = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +58,11 @@ class LoopConfig(BaseModel):
         "uniform",
         description="Which tasks a batch takes. uniform: any task alike. signal: weighted by 1 − p^G − (1 − p)^G, "
         "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior).",
+    )
+    sampler_key: str = Field(
+        "",
+        description="For task_sampler=signal: a task field (dotted path, e.g. repo, or demo.op) whose tasks share one "
+        "success count; with many tasks each is drawn too rarely for a count of its own. '' = per task.",
     )
     success_reward: float = Field(
         1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates and eval/success."
@@ -120,9 +125,10 @@ def _batch(
     ]
 
 
-def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int) -> TaskStats:
-    """The success counts of the committed steps before `upto` (only `signal` reads them)."""
-    stats = TaskStats(cfg.success_reward)
+def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int, tasks: Sequence[Any]) -> TaskStats:
+    """The success counts of the committed steps before `upto`, per `cfg.sampler_key` family (only `signal` reads
+    them)."""
+    stats = TaskStats(cfg.success_reward, tasks, cfg.sampler_key)
     if cfg.task_sampler == "signal":
         for it in range(upto):
             stats.observe(run.iteration_traces(it))
@@ -167,7 +173,7 @@ async def train(
     trainer, state = await start_trainer(cfg, run, publisher.publish, on_event)
     version, history = state["version"], []
     evals = Evaluations(eval_tasks, cfg, run, rollouts)
-    stats = sampler_stats(cfg, run, state["iteration"])  # rebuilt from the committed steps on resume
+    stats = sampler_stats(cfg, run, state["iteration"], tasks)  # rebuilt from the committed steps on resume
     _cpu_per_token(publisher)  # sets the mark: each step reports its own window
     try:
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:

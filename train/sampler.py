@@ -11,6 +11,10 @@ reaches 0 or 1, so a task solved (or failed) every time so far keeps a small wei
 moves. A success is a reward ≥ `train.success_reward` (default 1: the binary verifier's pass, every listed test
 passing for the partial one); traces without a reward (infrastructure failures, cut-short episodes) do not count.
 
+With many tasks, each is drawn too rarely for its own count to leave the prior (the CPU demo: 240 tasks, 4 a step).
+`train.sampler_key` names a task field (a dotted path: `repo` for SWE-bench, `demo.op` for the demo's operator
+families) whose tasks share one count: a family's rate is learned within a few steps and steers every task in it.
+
 The counts come from the traces the run has already written, so a resumed run rebuilds them from its committed
 steps and picks what an uninterrupted run would have.
 """
@@ -26,7 +30,7 @@ from typing import Any, Literal
 from hrl.runners.episodes import Episode
 from hrl.runners.trace import is_infra_failure
 
-__all__ = ["SamplerKind", "TaskStats", "entropy", "signal_weight", "weighted_sample"]
+__all__ = ["SamplerKind", "TaskStats", "entropy", "signal_weight", "task_field", "weighted_sample"]
 
 SamplerKind = Literal["uniform", "signal"]
 
@@ -41,23 +45,41 @@ def task_id(task: Any) -> str:
     return Episode(task, 0, 0).task_id
 
 
-class TaskStats:
-    """Per-task episode and success counts from traces; success rates under a Beta(1, 1) prior."""
+def task_field(task: Any, path: str) -> str | None:
+    """The value at a dotted `path` of a task (dict or model), as text; None where the task has none."""
+    value: Any = task if isinstance(task, dict) else task.model_dump()
+    for part in path.split("."):
+        if not isinstance(value, dict) or value.get(part) is None:
+            return None
+        value = value[part]
+    return str(value)
 
-    def __init__(self, success_reward: float = 1.0) -> None:
+
+class TaskStats:
+    """Episode and success counts from traces, per task or per family of tasks (`key`: a task field shared by a
+    family; tasks without it count alone); success rates under a Beta(1, 1) prior."""
+
+    def __init__(self, success_reward: float = 1.0, tasks: Sequence[Any] = (), key: str = "") -> None:
         self.success_reward = success_reward
         self.episodes: Counter[str] = Counter()
         self.successes: Counter[str] = Counter()
+        self.family: dict[str, str] = {}  # task id → the family whose counts it shares
+        if key:
+            for t in tasks:
+                if (value := task_field(t, key)) is not None:
+                    self.family[task_id(t)] = f"{key}={value}"
 
     def observe(self, traces: Iterable[dict[str, Any]]) -> None:
         for t in traces:
             if t.get("reward") is None or is_infra_failure(t) or t.get("task_id") is None:
                 continue
-            self.episodes[str(t["task_id"])] += 1
-            self.successes[str(t["task_id"])] += float(t["reward"]) >= self.success_reward
+            k = self.family.get(str(t["task_id"]), str(t["task_id"]))
+            self.episodes[k] += 1
+            self.successes[k] += float(t["reward"]) >= self.success_reward
 
     def rate(self, tid: str) -> float:
-        return (self.successes[tid] + 1) / (self.episodes[tid] + 2)
+        k = self.family.get(tid, tid)
+        return (self.successes[k] + 1) / (self.episodes[k] + 2)
 
     def weights(self, tasks: Sequence[Any], group_size: int) -> list[float]:
         """Signal weights of `tasks`; all equal when none could carry signal (group_size 1)."""

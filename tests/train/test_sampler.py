@@ -46,6 +46,20 @@ def test_counts_use_a_beta_1_1_prior_and_skip_traces_without_a_reward():
     assert stats.weights(tasks, 1) == [1.0] * 4  # no task can carry signal: all alike
 
 
+def test_a_sampler_key_pools_the_counts_of_a_family_of_tasks():
+    """train.sampler_key=demo.op: a trace of one `+` task moves the rate of every `+` task, and of no other; a task
+    without the field counts alone."""
+    tasks = [{"instance_id": f"p{i}", "demo": {"op": "+"}} for i in range(3)]
+    tasks += [{"instance_id": "m0", "demo": {"op": "min"}}, {"instance_id": "x"}]
+    stats = TaskStats(1.0, tasks, "demo.op")
+    stats.observe([_trace("p0", 1.0), _trace("p1", 0.0), _trace("p1", 0.0), _trace("x", 1.0)])
+    assert [stats.rate(t) for t in ("p0", "p1", "p2")] == [2 / 5] * 3
+    assert stats.rate("m0") == 0.5 and stats.rate("x") == 2 / 3
+    w = stats.weights(tasks, 4)
+    assert w[0] == w[1] == w[2] != w[3]
+    assert TaskStats(1.0, tasks, "").family == {}  # no key: per task, as before
+
+
 def test_weighted_sample_is_distinct_seeded_and_proportional():
     items = list(range(5))
     weights = [1.0, 1.0, 1.0, 1.0, 0.0]
