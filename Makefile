@@ -23,9 +23,9 @@ test: setup
 	$(ENV); python -m pytest -v $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; \
 	  echo "WARNING: pytest collected no tests (exit 5); treating that as success" >&2; }
 
-# The main job on the embedded CPU default: the tiny agent model (built once, a few minutes, progress bar) learns to
-# fix one-line bugs through the real mini-swe-agent CLI, graded by hidden tests; 10 GRPO iterations. Ends with the
-# reward per iteration and where to look (report, traces).
+# The main job on the embedded CPU default: the tiny agent model (shipped with the recipe, sha256-checked) learns to
+# fix one-line bugs through the real mini-swe-agent CLI, graded by hidden tests; 10 GRPO iterations, ~15 min on 2 cores.
+# Ends with the held-out before/after table, the reward per iteration and where to look (report, traces).
 DEMO_ARGS ?= --recipe demo
 demo: setup
 	$(ENV); hrl agents install mini-swe-agent && hrl train $(DEMO_ARGS)

@@ -79,7 +79,8 @@ def load_recipe_config(name_or_path: str) -> dict[str, Any]:
 
 
 def materialize_model(name: str) -> str:
-    """`hrl:tiny` / `hrl:tiny-agent` name hrl's own local models: built once (deterministically) into the cache.
+    """`hrl:tiny` / `hrl:tiny-agent` name hrl's own local models: built once (deterministically) into the cache; the
+    demo recipe ships its tiny-agent build, which is copied instead.
     Anything else is returned as given (an HF id or a path)."""
     if not name.startswith("hrl:"):
         return name

@@ -199,6 +199,12 @@ CASES = [
     Case("missing argument", ("models", "tiny"), USAGE, "Missing argument"),
     Case("unknown family", ("models", "tiny", "{tmp}/m", "--family", "gpt-os"), USAGE, "did you mean 'gpt-oss'"),
     Case("bad option value", ("models", "tiny-agent", "{tmp}/m", "--right-op", "lots"), USAGE, "'--right-op'"),
+    Case(
+        "verify a build never shipped",
+        ("models", "tiny-agent", "{tmp}/m", "--seed", "7", "--verify"),
+        USAGE,
+        "the default config's only",
+    ),
     Case("missing argument", ("tasks", "ls"), USAGE, "Missing argument"),
     Case("missing option", ("tasks", "synth", "--out", "o.jsonl"), USAGE, "--package"),
     Case("no prune target", ("sandbox", "prune"), USAGE, "give --run RUN_ID or --all"),
