@@ -117,11 +117,11 @@ def _install_shipped(cfg: TinyAgentConfig, out: Path, key: str, on_event: Event)
     if file_digests(src) != info.get("sha256"):
         raise RuntimeError(f"the shipped tiny agent model in {src} does not match its sha256 record; "
                            "restore it from git, or build one with `hrl models tiny-agent DIR --force`")  # fmt: skip
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    out.mkdir(parents=True, exist_ok=True)  # a folder of the user's: files of other names stay
+    (out / BUILD_INFO).unlink(missing_ok=True)
+    for name in info["sha256"]:
+        shutil.copyfile(src / name, out / name)
+    shutil.copyfile(src / BUILD_INFO, out / BUILD_INFO)  # last: a copy cut short is not a build
     on_event("shipped", {**info, "from": str(src)})
     return True
 

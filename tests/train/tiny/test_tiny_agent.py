@@ -161,7 +161,6 @@ def test_the_default_model_is_the_shipped_build_copied_then_cached(tmp_path):
     events: list[str] = []
     out = build_tiny_agent(tmp_path / "m", on_event=lambda kind, data: events.append(kind))
     assert events == ["shipped"] and file_digests(out) == file_digests(shipped_model())
-    assert not (tmp_path / "m.partial").exists()
     build_tiny_agent(out, on_event=lambda kind, data: events.append(kind))
     assert events == ["shipped", "cached"]
 
@@ -178,6 +177,14 @@ def test_a_damaged_shipped_build_is_refused_not_served(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="does not match its sha256 record"):
         build_tiny_agent(tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def test_the_shipped_build_lands_beside_files_of_other_names(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    build_tiny_agent(out)
+    assert (out / "notes.txt").read_text() == "mine" and build_info(out)["key"] == TinyAgentConfig().key()
 
 
 @pytest.mark.slow
