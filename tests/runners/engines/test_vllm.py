@@ -164,17 +164,22 @@ def test_pinned_version_context_limit_and_unknown_version(engine, loop, restore_
 def test_publish_mid_stream_versions_each_token(engine, loop, restore_base, tiny_model, tiny_lora, tiny_full):
     """A LoRA publish leaves a running base request alone; a full publish switches it between two tokens."""
     prompt = chat_prompt(tiny_model)
-    # as long as the context allows and past EOS: the request must still run when the full publish lands, even on
-    # a loaded machine (400 tokens once finished first)
+    # as long as the context allows and past EOS; and the server is paused (the request held, mode=keep) across each
+    # publish, so that the publish lands mid-stream however fast the machine samples: on a fast CPU the whole context
+    # was sampled before a disk reload finished
     params = SamplingParams(max_tokens=engine.max_model_len - len(prompt), temperature=1.0, seed=3, ignore_eos=True)
 
     async def go():
         v0 = engine.version
         stream = engine.generate("m-1", prompt, params)
         before = [await anext(stream)]
+        await engine.pause()
         v_lora = await engine.publish(tiny_lora, "lora")
+        await engine.resume()
         before.append(await anext(stream))
+        await engine.pause()
         v_full = await engine.publish(tiny_full, "full")
+        await engine.resume()
         return v0, v_lora, v_full, before, await collect(stream)
 
     v0, v_lora, v_full, before, rest = loop.run_until_complete(go())
