@@ -73,12 +73,15 @@ class TaskStats:
         for t in traces:
             if t.get("reward") is None or is_infra_failure(t) or t.get("task_id") is None:
                 continue
-            k = self.family.get(str(t["task_id"]), str(t["task_id"]))
+            k = self._count_key(str(t["task_id"]))
             self.episodes[k] += 1
             self.successes[k] += float(t["reward"]) >= self.success_reward
 
+    def _count_key(self, tid: str) -> str:
+        return self.family.get(tid, tid)
+
     def rate(self, tid: str) -> float:
-        k = self.family.get(tid, tid)
+        k = self._count_key(tid)
         return (self.successes[k] + 1) / (self.episodes[k] + 2)
 
     def weights(self, tasks: Sequence[Any], group_size: int) -> list[float]:
