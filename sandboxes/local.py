@@ -211,6 +211,9 @@ class LocalSandbox:
                 proc.wait(),
             )
         )
+        # shutdown cancels the readers before this task: the group is then done with their CancelledError, which
+        # nobody would retrieve (asyncio logs one traceback per exec); the result comes from the buffers, not the group
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
         timed_out = False
         try:
             done, _ = await asyncio.wait({waiter}, timeout=timeout_s if timeout_s > 0 else None)

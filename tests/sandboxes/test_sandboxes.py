@@ -174,6 +174,32 @@ def test_local_timeouts_kill_process_trees(local: LocalBackend) -> None:
     run(timeouts(local, SandboxSpec()))
 
 
+def test_local_exec_cut_short_by_shutdown_logs_nothing(local: LocalBackend) -> None:
+    """Ctrl-C or SIGTERM ends `hrl train` by cancelling every task at once, the output readers too: the reader group
+    of an exec is then done, cancelled; nobody may leave it holding an exception that asyncio reports later, one
+    traceback per running episode."""
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        async with await local.create(SandboxSpec(), run_id(), "ep") as sandbox:
+            task = asyncio.ensure_future(sandbox.exec("sleep 30"))
+            await asyncio.sleep(0.5)
+            for t in asyncio.all_tasks():  # what asyncio.run does on the way out: all of them, readers first
+                if t is not asyncio.current_task() and t is not task:
+                    t.cancel()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0)
+
+    run(main())
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))]
+
+
 def test_local_close_kills_leftovers_and_exceptions_clean_up(unisolated: LocalBackend) -> None:
     local = unisolated
     seen: dict[str, Any] = {}
