@@ -10,7 +10,12 @@
 and whether that sed writes the file (`-i`) or only prints it. Success needs both: `-i` and the right operator. The
 skill RL has to learn per task is the operator; the in-place habit is one token, the same on every task.
 
-  python bench/demo_operators.py RUN [RUN ...] [--json]
+`--by-bug` pools the runs' first and last evaluations and splits them by the operator in the code: what the policy
+writes after `s/ BUG /`, for each BUG. A policy that learnt the mapping raises `right` for both operators of a mirror
+pair; one that learnt to prefer a token raises `right` for one and `same` for the other (it writes `+` after `-` and
+after `+`).
+
+  python bench/demo_operators.py RUN [RUN ...] [--json] [--by-bug]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from hrl.runners.tasks import load_tasks
@@ -56,12 +62,32 @@ def step_row(path: Path, bugs: dict, decode) -> dict:
     }
 
 
+def by_bug(runs: list[Path], bugs: dict, decode) -> list[dict]:
+    """Per step (each run's first and last evaluation, pooled) and per buggy operator: the choices' counts."""
+    table: dict[tuple[str, str], Counter] = {}
+    for run in runs:
+        files = sorted((run / "eval").glob("step-*.jsonl"))
+        for when, path in (("first", files[0]), ("last", files[-1])):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    t = json.loads(line)
+                    bug = bugs[t["task_id"]]
+                    choice, _ = classify(sampled_text(t, decode), bug)
+                    table.setdefault((bug.bug, when), Counter())[choice] += 1
+    return [{"bug": b, "eval": w, "episodes": sum(c.values()), **{k: c[k] for k in CHOICES}}
+            for (b, w), c in sorted(table.items(), key=lambda kv: (_PAIRS.index(kv[0][0]), kv[0][1]))]  # fmt: skip
+
+
+_PAIRS = ["+", "-", "==", "!=", "and", "or", "min", "max"]  # mirror pairs side by side
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories of hrl train --recipe demo")
     ap.add_argument("--tasks", type=Path, default=ROOT / "recipes" / "demo" / "heldout.jsonl")
     ap.add_argument("--tokenizer", default="", help="tokenizer dir (default: the shipped tiny agent model)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--by-bug", action="store_true", help="the first and last evaluations, pooled, per buggy operator")
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -75,6 +101,15 @@ def main() -> None:
         if not files:
             sys.exit(f"{run}: no held-out evaluations (eval/step-*.jsonl)")
         out += [{"run": str(run), **step_row(f, bugs, tok.decode)} for f in files]
+    if a.by_bug:
+        rows = by_bug(a.runs, bugs, tok.decode)
+        if a.json:
+            print(json.dumps(rows, indent=1))
+            return
+        print(f"{'bug':<5} {'eval':<5} {'eps':>4} " + " ".join(f"{c:>6}" for c in CHOICES))
+        for r in rows:
+            print(f"{r['bug']:<5} {r['eval']:<5} {r['episodes']:>4} " + " ".join(f"{r[c]:>6}" for c in CHOICES))
+        return
     if a.json:
         print(json.dumps(out, indent=1))
         return

@@ -23,7 +23,10 @@ LOOKUPS = [
     ),
     (lambda: engine_kind("nope"), "unknown engine 'nope'"),
     (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, claude-code, codex,"),
-    (lambda: make_verifier("nope", get_backend("local")), "unknown verifier 'nope'; valid: harbor, tests"),
+    (
+        lambda: make_verifier("nope", get_backend("local")),
+        "unknown verifier 'nope'; valid: harbor, tests or python (a Python agent's answer: white-box recipes)",
+    ),
     (lambda: get_dialect("nope"), "unknown dialect 'nope'; valid: anthropic, chat, gemini, responses"),
 ]
 
