@@ -182,12 +182,14 @@ def _reward(m: dict[str, Any]) -> str:
 
 
 def _line(m: dict[str, Any]) -> str:
+    """A step's line: `mismatch` is the KL between the engine's sampled logprobs and the trainer's on the same tokens
+    (train/mismatch_kl: ~1e-12 when token-exact; a KL to the reference model is train/kl_ref)."""
     fails = {
         k.split("/")[-1]: int(v) for k, v in m.items() if k.startswith("trace/failures/") and k[-4:] != "none" and v
     }
     return (
         f"step {m['step']:>3}  v{m['version']:<3} reward {_reward(m)}  traces {m.get('trace/count', 0)}"
-        f"  loss {m.get('train/loss', 0):+.4f}  kl {m.get('train/mismatch_kl', 0):.1e}"
+        f"  loss {m.get('train/loss', 0):+.4f}  mismatch {m.get('train/mismatch_kl', 0):.1e}"
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
         + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
