@@ -10,8 +10,8 @@
 and whether that sed writes the file (`-i`) or only prints it. Success needs both: `-i` and the right operator. The
 skill RL has to learn per task is the operator; the in-place habit is one token, the same on every task.
 
-`--by-bug` pools the runs' first and last evaluations and splits them by the operator in the code: what the policy
-writes after `s/ BUG /`, for each BUG. A policy that learnt the mapping raises `right` for both operators of a mirror
+`--by-bug` pools the runs' first and last evaluations, and their training episodes, and splits them by the operator
+in the code: what the policy writes after `s/ BUG /`, for each BUG, and how many training episodes were rewarded. A policy that learnt the mapping raises `right` for both operators of a mirror
 pair; one that learnt to prefer a token raises `right` for one and `same` for the other (it writes `+` after `-` and
 after `+`).
 
@@ -62,20 +62,26 @@ def step_row(path: Path, bugs: dict, decode) -> dict:
     }
 
 
-def by_bug(runs: list[Path], bugs: dict, decode) -> list[dict]:
-    """Per step (each run's first and last evaluation, pooled) and per buggy operator: the choices' counts."""
+def by_bug(runs: list[Path], bugs: dict, train_bugs: dict, decode) -> list[dict]:
+    """Per buggy operator, pooled over `runs`: the choices of each run's first and last held-out evaluation, and the
+    training episodes (RUN/traces) of that operator, with how many were rewarded: the operator's whole signal."""
     table: dict[tuple[str, str], Counter] = {}
     for run in runs:
         files = sorted((run / "eval").glob("step-*.jsonl"))
-        for when, path in (("first", files[0]), ("last", files[-1])):
+        sources = [("first", files[0], bugs), ("last", files[-1], bugs)]
+        sources += [("train", f, train_bugs) for f in sorted((run / "traces").glob("iter-*.jsonl"))]
+        for when, path, known in sources:
             for line in path.read_text().splitlines():
-                if line.strip():
-                    t = json.loads(line)
-                    bug = bugs[t["task_id"]]
-                    choice, _ = classify(sampled_text(t, decode), bug)
-                    table.setdefault((bug.bug, when), Counter())[choice] += 1
-    return [{"bug": b, "eval": w, "episodes": sum(c.values()), **{k: c[k] for k in CHOICES}}
-            for (b, w), c in sorted(table.items(), key=lambda kv: (_PAIRS.index(kv[0][0]), kv[0][1]))]  # fmt: skip
+                t = json.loads(line) if line.strip() else {}
+                if (bug := known.get(t.get("task_id"))) is None:
+                    continue
+                choice, _ = classify(sampled_text(t, decode), bug)
+                counts = table.setdefault((bug.bug, when), Counter())
+                counts[choice] += 1
+                counts["rewarded"] += float(t.get("reward") or 0.0) >= 1.0
+    order = {"first": 0, "last": 1, "train": 2}
+    return [{"bug": b, "eval": w, "episodes": sum(c[k] for k in CHOICES), **{k: c[k] for k in (*CHOICES, "rewarded")}}
+            for (b, w), c in sorted(table.items(), key=lambda kv: (_PAIRS.index(kv[0][0]), order[kv[0][1]]))]  # fmt: skip
 
 
 _PAIRS = ["+", "-", "==", "!=", "and", "or", "min", "max"]  # mirror pairs side by side
@@ -85,6 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories of hrl train --recipe demo")
     ap.add_argument("--tasks", type=Path, default=ROOT / "recipes" / "demo" / "heldout.jsonl")
+    ap.add_argument("--train-tasks", type=Path, default=ROOT / "recipes" / "demo" / "tasks.jsonl")
     ap.add_argument("--tokenizer", default="", help="tokenizer dir (default: the shipped tiny agent model)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--by-bug", action="store_true", help="the first and last evaluations, pooled, per buggy operator")
@@ -102,13 +109,15 @@ def main() -> None:
             sys.exit(f"{run}: no held-out evaluations (eval/step-*.jsonl)")
         out += [{"run": str(run), **step_row(f, bugs, tok.decode)} for f in files]
     if a.by_bug:
-        rows = by_bug(a.runs, bugs, tok.decode)
+        train_bugs = {t.instance_id: task_bug(t) for t in load_tasks(a.train_tasks)}
+        rows = by_bug(a.runs, bugs, train_bugs, tok.decode)
         if a.json:
             print(json.dumps(rows, indent=1))
             return
-        print(f"{'bug':<5} {'eval':<5} {'eps':>4} " + " ".join(f"{c:>6}" for c in CHOICES))
+        print(f"{'bug':<5} {'what':<5} {'eps':>4} " + " ".join(f"{c:>6}" for c in (*CHOICES, "rewarded")))
         for r in rows:
-            print(f"{r['bug']:<5} {r['eval']:<5} {r['episodes']:>4} " + " ".join(f"{r[c]:>6}" for c in CHOICES))
+            print(f"{r['bug']:<5} {r['eval']:<5} {r['episodes']:>4} "
+                  + " ".join(f"{r[c]:>6}" for c in (*CHOICES, "rewarded")))  # fmt: skip
         return
     if a.json:
         print(json.dumps(out, indent=1))

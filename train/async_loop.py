@@ -12,6 +12,7 @@ GRPO groups only), updates and publishes while rollouts go on.
   are left untrained.
 - `train.task_sampler=signal` draws each new group's task by the signal weights of the traces finished so far
   (rebuilt from the run's traces on resume); groups are drawn one at a time, so a task may recur within a batch.
+  `balanced` takes the strata of `train.sampler_key` in turn, by group number, as the sync loop does.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from hrl.train.loop import (
     start_trainer,
     update_from_traces,
 )
-from hrl.train.sampler import TaskStats
+from hrl.train.sampler import Strata, TaskStats
 from hrl.train.sinks import MetricsSink
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
@@ -91,10 +92,11 @@ class _Producer:
         self.tasks, self.stats = tasks, TaskStats(cfg.success_reward, tasks, cfg.sampler_key)
         if cfg.task_sampler == "signal":
             self.stats.observe(run.all_traces())
+        self.strata = Strata(tasks, cfg.sampler_key) if cfg.task_sampler == "balanced" else None
         self._groups = (
             [Episode(t, k, n, harness_for(rollouts, n)) for k in range(cfg.group_size)]
             for n in itertools.count()
-            for t in [self._pick(rng)]
+            for t in [self._pick(rng, n)]
             if n >= first
         )
         self.running: set[asyncio.Task[dict[str, Any]]] = set()
@@ -108,7 +110,9 @@ class _Producer:
         self.started = self.finished = 0
         self.step = run.state()["iteration"]  # the step whose batch is being gathered: new episodes trace there
 
-    def _pick(self, rng: random.Random) -> Any:
+    def _pick(self, rng: random.Random, group: int) -> Any:
+        if self.strata is not None:  # by (seed, group number) alone: a resumed run draws the same
+            return self.strata.pick(self.cfg.seed, group)
         if self.cfg.task_sampler == "signal":
             return rng.choices(self.tasks, self.stats.weights(self.tasks, self.cfg.group_size))[0]
         return rng.choice(self.tasks)

@@ -25,7 +25,7 @@ from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import AdvantageKind, group_advantages
 from hrl.train.group import make_trainer
 from hrl.train.heldout import Evaluations
-from hrl.train.sampler import SamplerKind, TaskStats, entropy, weighted_sample
+from hrl.train.sampler import SamplerKind, Strata, TaskStats, entropy, task_id, weighted_sample
 from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -57,12 +57,14 @@ class LoopConfig(BaseModel):
     task_sampler: SamplerKind = Field(
         "uniform",
         description="Which tasks a batch takes. uniform: any task alike. signal: weighted by 1 − p^G − (1 − p)^G, "
-        "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior).",
+        "the chance that a group of G carries a gradient, p = the task's success rate so far (Beta(1, 1) prior). "
+        "balanced: the values of sampler_key in turn, each an equal share of the groups.",
     )
     sampler_key: str = Field(
         "",
-        description="For task_sampler=signal: a task field (dotted path, e.g. repo, or demo.op) whose tasks share one "
-        "success count; with many tasks each is drawn too rarely for a count of its own. '' = per task.",
+        description="A task field (dotted path, e.g. repo, or demo.op). signal: its tasks share one success count; "
+        "with many tasks each is drawn too rarely for a count of its own ('' = per task). balanced: the families "
+        "taken in turn (required).",
     )
     success_reward: float = Field(
         1.0, description="A reward ≥ this is a success, for task_sampler=signal's rates and eval/success."
@@ -84,6 +86,12 @@ class LoopConfig(BaseModel):
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig
+
+    @model_validator(mode="after")
+    def _balanced_needs_a_key(self) -> LoopConfig:
+        if self.task_sampler == "balanced" and not self.sampler_key:
+            raise ValueError("train.task_sampler=balanced takes turns over a task field: set train.sampler_key")
+        return self
 
     @model_validator(mode="after")
     def _dr_grpo_normalises_by_a_constant(self) -> LoopConfig:
@@ -109,15 +117,19 @@ def _batch(
     tasks: list[dict[str, Any]], cfg: LoopConfig, iteration: int, stats: TaskStats | None = None, rollouts: Any = None
 ) -> list[Episode]:
     """The iteration's episodes: distinct tasks drawn by (seed, iteration), × the group size. `signal` weighs them
-    by `stats`, the counts of the steps before this one. With several harnesses, each group runs under one of them,
-    in turn (`harness_for`)."""
+    by `stats`, the counts of the steps before this one; `balanced` takes `sampler_key`'s strata in turn. With
+    several harnesses, each group runs under one of them, in turn (`harness_for`)."""
     rng = random.Random(cfg.seed * 100_003 + iteration)
     n = min(cfg.tasks_per_iteration, len(tasks))
+    first = iteration * n  # the run's number of the batch's first group
     if cfg.task_sampler == "signal":
         picked = weighted_sample(tasks, (stats or TaskStats()).weights(tasks, cfg.group_size), n, rng)
+    elif cfg.task_sampler == "balanced":
+        strata, picked = Strata(tasks, cfg.sampler_key), []
+        for g in range(first, first + n):
+            picked.append(strata.pick(cfg.seed, g, [task_id(t) for t in picked]))
     else:
         picked = rng.sample(tasks, n)
-    first = iteration * n  # the run's number of the batch's first group
     return [
         Episode(t, k, iteration, harness_for(rollouts, first + j))
         for j, t in enumerate(picked)

@@ -1,5 +1,5 @@
-"""Which tasks a batch trains on: `uniform`, or `signal` — tasks weighted by the chance that their group carries a
-gradient.
+"""Which tasks a batch trains on: `uniform`; `signal` — tasks weighted by the chance that their group carries a
+gradient; or `balanced` — the families of `train.sampler_key` taken in turn, so each gets the same share.
 
 A GRPO group of G episodes teaches nothing when its rewards all agree. With p the task's success rate, the chance
 that a group of G independent episodes holds both a success and a failure is 1 − p^G − (1 − p)^G: 0 for a task
@@ -17,6 +17,15 @@ families) whose tasks share one count: a family's rate is learned within a few s
 
 The counts come from the traces the run has already written, so a resumed run rebuilds them from its committed
 steps and picks what an uninterrupted run would have.
+
+`balanced` needs a key. It walks the key's values (its strata) in rounds: each round is a fresh shuffle of all of
+them, and each group takes the next stratum and one of its tasks at random. A stratum's share of groups is then
+1 / strata whatever its size; a batch holds different strata where their number is a multiple of the batch's
+groups (the demo: 8 operators, 4 groups), else a round's end may meet the next round's start in one batch. Uniform sampling lets one
+batch's luck decide which family is trained. Where what a policy learns from one family spills into another, that
+matters: the demo's policy learnt "write `+`" from a run whose rewards came mostly from `-` bugs, and then wrote `+`
+back over `+` bugs too. Tasks without the field form one stratum. Picks depend only on (seed, group number), so a
+resumed run, sync or async, draws what an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -30,9 +39,9 @@ from typing import Any, Literal
 from hrl.runners.episodes import Episode
 from hrl.runners.trace import is_infra_failure
 
-__all__ = ["SamplerKind", "TaskStats", "entropy", "signal_weight", "task_field", "weighted_sample"]
+__all__ = ["SamplerKind", "Strata", "TaskStats", "entropy", "signal_weight", "task_field", "weighted_sample"]
 
-SamplerKind = Literal["uniform", "signal"]
+SamplerKind = Literal["uniform", "signal", "balanced"]
 
 
 def signal_weight(p: float, group_size: int) -> float:
@@ -88,6 +97,27 @@ class TaskStats:
         """Signal weights of `tasks`; all equal when none could carry signal (group_size 1)."""
         w = [signal_weight(self.rate(task_id(t)), group_size) for t in tasks]
         return w if any(w) else [1.0] * len(tasks)
+
+
+class Strata:
+    """Tasks grouped by the value of a task field (`key`), for `balanced` sampling."""
+
+    def __init__(self, tasks: Sequence[Any], key: str) -> None:
+        self.members: dict[str, list[Any]] = {}
+        for t in tasks:
+            self.members.setdefault(task_field(t, key) or "", []).append(t)
+        self.values = sorted(self.members)
+
+    def pick(self, seed: int, group: int, taken: Iterable[str] = ()) -> Any:
+        """The task of the run's group number `group`: the next stratum of its round, then one of the stratum's tasks
+        not in `taken` (task ids) where there is one."""
+        rnd, i = divmod(group, len(self.values))
+        order = list(self.values)
+        random.Random(f"{seed}:round:{rnd}").shuffle(order)
+        members = self.members[order[i]]
+        taken = set(taken)
+        free = [t for t in members if task_id(t) not in taken] or members
+        return random.Random(f"{seed}:group:{group}").choice(free)
 
 
 def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:

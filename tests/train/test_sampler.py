@@ -1,5 +1,5 @@
 """Task sampling by signal: the weight formula, the success counts and their prior, the weighted draw without
-replacement, and `train.task_sampler` as a checked config key."""
+replacement; balanced sampling over a task field's strata; and `train.task_sampler` as a checked config key."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from hrl.cli.keys import check_key
 from hrl.runners.errors import UsageError
 from hrl.train.loop import LoopConfig, _batch
-from hrl.train.sampler import TaskStats, entropy, signal_weight, weighted_sample
+from hrl.train.sampler import Strata, TaskStats, entropy, signal_weight, weighted_sample
 from hrl.train.trainer import TrainerConfig
 
 
@@ -103,10 +103,53 @@ def test_entropy_is_one_for_uniform_weights_and_lower_when_concentrated():
 
 def test_task_sampler_is_a_checked_config_key():
     assert LoopConfig(task_sampler="signal", trainer=TrainerConfig(model="m")).task_sampler == "signal"
-    with pytest.raises(ValidationError, match="'uniform' or 'signal'"):
+    with pytest.raises(ValidationError, match="'uniform', 'signal' or 'balanced'"):
         LoopConfig(task_sampler="greedy", trainer=TrainerConfig(model="m"))
     check_key("train.task_sampler", "signal", {})  # what `-c train.task_sampler=signal` checks
     check_key("train.success_reward", 0.5, {})
     with pytest.raises(UsageError, match=r"train\.task_sampler='greedy'") as info:
         check_key("train.task_sampler", "greedy", {})
     assert "signal" in info.value.hint
+
+
+def _families(sizes: dict[str, int]) -> list[dict]:
+    return [{"instance_id": f"{fam}-{i}", "demo": {"bug": fam}} for fam, n in sizes.items() for i in range(n)]
+
+
+def test_balanced_batches_give_every_family_the_same_share_whatever_its_size():
+    """Families of 1, 3, 10 and 60 tasks and 2 without the field: uniform sampling gives the big one 79 % of the
+    groups; balanced gives each of the 5 strata a fifth, every batch of 5 holds all 5, and a family of one is trained
+    as often as the rest."""
+    tasks = [*_families({"a": 1, "b": 3, "c": 10, "d": 60}), {"instance_id": "x-0"}, {"instance_id": "x-1"}]
+    cfg = LoopConfig(tasks_per_iteration=5, group_size=2, task_sampler="balanced", sampler_key="demo.bug",
+                     trainer=TrainerConfig(model="m"))  # fmt: skip
+    share: Counter[str] = Counter()
+    for it in range(50):
+        firsts = [e for e in _batch(tasks, cfg, it) if e.index == 0]
+        fams = [e.task.get("demo", {}).get("bug", "") for e in firsts]
+        assert len({e.task_id for e in firsts}) == len(set(fams)) == 5
+        share.update(fams)
+    assert share == {"a": 50, "b": 50, "c": 50, "d": 50, "": 50}  # tasks without the field are one stratum
+    again = [e.task_id for it in range(50) for e in _batch(tasks, cfg, it)]
+    assert again == [e.task_id for it in range(50) for e in _batch(tasks, cfg, it)]  # by (seed, iteration) alone
+    other = cfg.model_copy(update={"seed": 1})
+    assert again != [e.task_id for it in range(50) for e in _batch(tasks, other, it)]
+
+
+def test_balanced_picks_depend_on_the_group_number_alone():
+    """What a resumed run (sync or async: groups numbered past the committed ones) relies on; a batch's own picks
+    avoid a task already taken where its stratum has another."""
+    tasks = _families({"a": 2, "b": 2})
+    strata = Strata(tasks, "demo.bug")
+    assert strata.values == ["a", "b"]
+    picks = [strata.pick(0, g)["instance_id"] for g in range(40)]
+    assert picks == [strata.pick(0, g)["instance_id"] for g in range(40)]
+    assert all({picks[i][0], picks[i + 1][0]} == {"a", "b"} for i in range(0, 40, 2))  # each round: both strata
+    first = strata.pick(0, 0)
+    assert strata.pick(0, 0, [first["instance_id"]]) != first  # its stratum's other task
+    assert strata.pick(0, 0, ["a-0", "a-1", "b-0", "b-1"])["instance_id"][0] == first["instance_id"][0]
+
+
+def test_balanced_needs_a_key():
+    with pytest.raises(ValidationError, match=r"set train\.sampler_key"):
+        LoopConfig(task_sampler="balanced", trainer=TrainerConfig(model="m"))
