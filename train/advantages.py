@@ -8,7 +8,13 @@ Group = the traces of one task (`group_id`) in one batch. Variants:
              length — Liu et al. 2025, "Understanding R1-Zero-Like Training" (Dr. GRPO), which removes both
              biases. The advantages are those of "mean"; `LoopConfig` sets `trainer.loss_norm: constant` for it
              and rejects an explicit `loss_norm: trace`.
-Groups whose rewards all agree carry no signal: they are reported, and dropped when asked.
+- "batch":   (r - mean_batch) / (std_batch + eps), one baseline over every trace of the batch — the global
+             normalisation of REINFORCE++ (Hu 2025). A group whose episodes all failed is pushed down whenever another
+             group of the batch succeeded; under a group baseline it teaches nothing. The CPU demo needs that: its
+             policy learnt from rewarded `-` bugs to write `+`, wrote `+` back over `+` bugs, and those groups all
+             failed, so GRPO never saw the mistake. Noisier than a group baseline (the task's difficulty is in it).
+Groups whose rewards all agree carry no signal under a group baseline: they are reported, and dropped when asked
+(for "batch" too, if asked).
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ from typing import Literal
 
 __all__ = ["AdvantageKind", "group_advantages"]
 
-AdvantageKind = Literal["grpo", "mean", "dr_grpo"]
+AdvantageKind = Literal["grpo", "mean", "dr_grpo", "batch"]
+
+
+def _mean_std(rs: list[float]) -> tuple[float, float]:
+    mean = sum(rs) / max(len(rs), 1)
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in rs) / max(len(rs), 1))  # population std, as in GRPO
 
 
 def group_advantages(
@@ -38,16 +49,18 @@ def group_advantages(
         members[groups[tid]].append(tid)
     adv: dict[str, float] = {}
     zero_var = 0
+    whole = _mean_std(list(rewards.values())) if kind == "batch" else (0.0, 0.0)
     for tids in members.values():
         rs = [rewards[t] for t in tids]
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))  # population std, as in GRPO
+        mean, std = _mean_std(rs)
         if std < eps:
             zero_var += 1
             if drop_zero_variance:
                 continue
+        if kind == "batch":
+            mean, std = whole
         for t, r in zip(tids, rs, strict=True):
-            adv[t] = (r - mean) / (std + eps) if kind == "grpo" else r - mean
+            adv[t] = (r - mean) / (std + eps) if kind in ("grpo", "batch") else r - mean
     n_groups = max(len(members), 1)
     metrics = {
         "adv/groups": float(len(members)),

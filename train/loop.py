@@ -44,7 +44,8 @@ class LoopConfig(BaseModel):
     advantage: AdvantageKind = Field(
         "grpo",
         description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
-        "(Dr. GRPO); sets trainer.loss_norm=constant.",
+        "(Dr. GRPO); sets trainer.loss_norm=constant. batch: (r − mean) / std over the whole batch (REINFORCE++): "
+        "a group that all failed is pushed down when another succeeded.",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs); > 1 reuses the rollouts.")
     mini_batches: int = Field(

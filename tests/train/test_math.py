@@ -142,6 +142,22 @@ def test_group_advantages_variants():
     assert m["adv/dropped_traces"] == 2.0
 
 
+def test_batch_advantages_push_down_a_group_that_all_failed_when_another_succeeded():
+    """One baseline over the batch: the failed group (c, d) gets the same negative advantage as the failure b beside
+    the success a, where a group baseline gives it none; the advantages sum to 0, so a token every episode shares
+    is not moved; a batch that all agrees teaches nothing."""
+    rewards, groups = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0}, {"a": "g1", "b": "g1", "c": "g2", "d": "g2"}
+    std = (0.25 * 0.75) ** 0.5  # population std of [1, 0, 0, 0]
+    adv, m = group_advantages(rewards, groups, "batch")
+    assert adv["a"] == pytest.approx(0.75 / (std + 1e-6))
+    assert adv["b"] == adv["c"] == adv["d"] == pytest.approx(-0.25 / (std + 1e-6))
+    assert sum(adv.values()) == pytest.approx(0.0, abs=1e-9)
+    assert group_advantages(rewards, groups, "grpo")[0]["c"] == 0.0
+    assert m["adv/zero_variance_groups"] == 1.0  # still reported: g2 agrees within itself
+    assert set(group_advantages(rewards, groups, "batch", drop_zero_variance=True)[0]) == {"a", "b"}
+    assert set(group_advantages(dict.fromkeys(rewards, 0.0), groups, "batch")[0].values()) == {0.0}
+
+
 def test_dr_grpo_is_mean_advantages_and_the_constant_normaliser():
     """Dr. GRPO (Liu et al. 2025) = no std scaling + loss ÷ a constant. One group: a short right answer (2 tokens,
     r=1) and a long wrong one (4 tokens, r=0), so advantages ±0.5; ratio 1, so the loss is −Σ weight · advantage.
