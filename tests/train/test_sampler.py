@@ -153,3 +153,20 @@ def test_balanced_picks_depend_on_the_group_number_alone():
 def test_balanced_needs_a_key():
     with pytest.raises(ValidationError, match=r"set train\.sampler_key"):
         LoopConfig(task_sampler="balanced", trainer=TrainerConfig(model="m"))
+
+
+def test_async_groups_take_the_strata_in_turn_by_group_number(tmp_path):
+    """The async loop draws one group at a time, numbered run-wide: balanced picks its task by that number, so
+    groups 0–7 cover the 8 strata once and a resumed producer (new groups numbered on) draws what one run would."""
+    from hrl.runners.rundir import RunDir
+    from hrl.train.async_loop import AsyncConfig, _Producer
+
+    tasks = _families({f"op{i}": i + 1 for i in range(8)})
+    cfg = LoopConfig(group_size=2, task_sampler="balanced", sampler_key="demo.bug", trainer=TrainerConfig(model="m"))
+    producer = _Producer(tasks, cfg, AsyncConfig(), None, RunDir(tmp_path / "run"))
+    groups = [next(producer._groups) for _ in range(16)]
+    assert [len(g) for g in groups] == [2] * 16 and all(g[0].task_id == g[1].task_id for g in groups)
+    fams = [g[0].task["demo"]["bug"] for g in groups]
+    assert sorted(fams[:8]) == sorted(fams[8:]) == [f"op{i}" for i in range(8)]
+    strata = Strata(tasks, "demo.bug")
+    assert [g[0].task_id for g in groups] == [strata.pick(0, n)["instance_id"] for n in range(16)]
