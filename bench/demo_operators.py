@@ -11,9 +11,9 @@ and whether that sed writes the file (`-i`) or only prints it. Success needs bot
 skill RL has to learn per task is the operator; the in-place habit is one token, the same on every task.
 
 `--by-bug` pools the runs' first and last evaluations, and their training episodes, and splits them by the operator
-in the code: what the policy writes after `s/ BUG /`, for each BUG, and how many training episodes were rewarded. A policy that learnt the mapping raises `right` for both operators of a mirror
-pair; one that learnt to prefer a token raises `right` for one and `same` for the other (it writes `+` after `-` and
-after `+`).
+in the code: what the policy writes after `s/ BUG /`, for each BUG, and how many training episodes were rewarded.
+A policy that learnt the mapping raises `right` for both operators of a mirror pair; one that learnt to prefer a
+token raises `right` for one and `same` for the other (it writes `+` after `-` and after `+`).
 
   python bench/demo_operators.py RUN [RUN ...] [--json] [--by-bug]
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hrl.runners.tasks import load_tasks
 from hrl.train.heldout import sampled_text
-from hrl.train.tiny.tasks import task_bug
+from hrl.train.tiny.tasks import MIRROR, task_bug
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOICES = ("right", "same", "other", "miss", "none")
@@ -84,7 +84,7 @@ def by_bug(runs: list[Path], bugs: dict, train_bugs: dict, decode) -> list[dict]
             for (b, w), c in sorted(table.items(), key=lambda kv: (_PAIRS.index(kv[0][0]), order[kv[0][1]]))]  # fmt: skip
 
 
-_PAIRS = ["+", "-", "==", "!=", "and", "or", "min", "max"]  # mirror pairs side by side
+_PAIRS = list(MIRROR)  # mirror pairs side by side
 
 
 def main() -> None:
@@ -102,12 +102,9 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(a.tokenizer or str(shipped_model()))
     bugs = {t.instance_id: task_bug(t) for t in load_tasks(a.tasks)}
-    out = []
     for run in a.runs:
-        files = sorted((run / "eval").glob("step-*.jsonl"))
-        if not files:
+        if not any((run / "eval").glob("step-*.jsonl")):
             sys.exit(f"{run}: no held-out evaluations (eval/step-*.jsonl)")
-        out += [{"run": str(run), **step_row(f, bugs, tok.decode)} for f in files]
     if a.by_bug:
         train_bugs = {t.instance_id: task_bug(t) for t in load_tasks(a.train_tasks)}
         rows = by_bug(a.runs, bugs, train_bugs, tok.decode)
@@ -119,6 +116,8 @@ def main() -> None:
             print(f"{r['bug']:<5} {r['eval']:<5} {r['episodes']:>4} "
                   + " ".join(f"{r[c]:>6}" for c in (*CHOICES, "rewarded")))  # fmt: skip
         return
+    out = [{"run": str(run), **step_row(f, bugs, tok.decode)} for run in a.runs
+           for f in sorted((run / "eval").glob("step-*.jsonl"))]  # fmt: skip
     if a.json:
         print(json.dumps(out, indent=1))
         return

@@ -30,20 +30,21 @@ OPS = list(MIRROR)
 
 
 def load(model_dir: str):
-    """(model, tokenizer): a full model dir, or a LoRA checkpoint over the shipped tiny agent."""
+    """(model, tokenizer): a model dir, or a LoRA checkpoint over the base its adapter config names
+    (`split_adapter`, as `hrl rollout -m` takes one); '' = the shipped tiny agent."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hrl.runners.models import peft_quietly, split_adapter
     from hrl.train.tiny import shipped_model
 
-    base = str(shipped_model())
-    tok = AutoTokenizer.from_pretrained(base)
-    if model_dir and (Path(model_dir) / "adapter_config.json").exists():
+    base, adapter = split_adapter(model_dir or str(shipped_model()))
+    model = AutoModelForCausalLM.from_pretrained(base)
+    if adapter:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), model_dir)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir or base)
-    return model.eval(), tok
+        with peft_quietly():
+            model = PeftModel.from_pretrained(model, adapter)
+    return model.eval(), AutoTokenizer.from_pretrained(base)
 
 
 @torch.no_grad()

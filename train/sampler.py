@@ -21,8 +21,8 @@ steps and picks what an uninterrupted run would have.
 `balanced` needs a key. It walks the key's values (its strata) in rounds: each round is a fresh shuffle of all of
 them, and each group takes the next stratum and one of its tasks at random. A stratum's share of groups is then
 1 / strata whatever its size; a batch holds different strata where their number is a multiple of the batch's
-groups (the demo: 8 operators, 4 groups), else a round's end may meet the next round's start in one batch. Uniform sampling lets one
-batch's luck decide which family is trained. Where what a policy learns from one family spills into another, that
+groups (8 operators, 2 or 4 groups), else a round's end may meet the next round's start in one batch. Uniform
+sampling lets one batch's luck decide which family is trained. Where what a policy learns from one family spills into another, that
 matters: the demo's policy learnt "write `+`" from a run whose rewards came mostly from `-` bugs, and then wrote `+`
 back over `+` bugs too. Tasks without the field form one stratum. Picks depend only on (seed, group number), so a
 resumed run, sync or async, draws what an uninterrupted one would have.

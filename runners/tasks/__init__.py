@@ -50,7 +50,7 @@ def verifier_for(task_file: str | Path) -> str:
 def make_verifier(name: str, backend: SandboxBackend, **options: Any) -> Verifier:
     """A verifier by registry name, grading in sandboxes of `backend`; options go to its config."""
     # `python` scores a Python agent's answer in its own process (runners/whitebox); a CLI's episode has no answer
-    also = "python (a Python agent's answer: white-box recipes)"
+    also = "python, with a Python agent only (white-box recipes)"
     verifier: Verifier = lookup(VERIFIERS, "verifier", name, also=also)(backend, **options)
     return verifier
 
