@@ -10,10 +10,10 @@ from hrl.train.tiny.agent import (
     TinyAgentConfig,
     build_info,
     build_tiny_agent,
-    compare_builds,
     shipped_model,
 )
 from hrl.train.tiny.model import TinyModelConfig, build_tiny_model
+from hrl.train.tiny.verify import verify_build
 
 __all__ = [
     "BUILD_INFO",
@@ -22,6 +22,6 @@ __all__ = [
     "build_info",
     "build_tiny_agent",
     "build_tiny_model",
-    "compare_builds",
     "shipped_model",
+    "verify_build",
 ]

@@ -1,9 +1,10 @@
 """`hrl models tiny-agent`: a few-million-parameter agent model, warm-started on synthetic mini-swe-agent episodes.
 
 Offline and reproducible: the same seed and config give the same files wherever torch's CPU kernels compute the same
-floats (same torch build and instruction set; the thread count is part of the config). No input depends on the machine:
-the uname line of most prompts is the harness profile's capture machine, so the demo recipe ships one build
-(`recipes/demo/model/`, `shipped_model`) that `hrl models tiny-agent DIR --verify` rebuilds and compares byte for byte.
+floats (same torch build and instruction set, recorded as the build's `machine`; the thread count is part of the
+config). No input depends on the machine: the uname line of most prompts is the harness profile's capture machine, so
+the demo recipe ships one build (`recipes/demo/model/`, `shipped_model`) that `hrl models tiny-agent DIR --verify`
+rebuilds and compares: byte for byte on a machine like the builder's, within a tolerance elsewhere (`verify`).
 
 1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
    transcript in mini-swe-agent's own format (`tasks`, `transcripts`): `cat *.py`, `sed` a fix, submit.
@@ -39,7 +40,7 @@ from hrl.train.tiny.profile import HarnessProfile, load_profile
 from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
 from hrl.train.tiny.transcripts import Noise, episode_messages, render_ids, render_ids_fast, transcript
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "compare_builds", "shipped_model"]
+__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "shipped_model"]
 
 BUILD_INFO = "tiny_agent.json"
 SHIPPED_DIR = "model"  # beside the demo recipe: the default build, as `hrl models tiny-agent` writes it
@@ -96,14 +97,6 @@ def shipped_model() -> Path | None:
 
     path = Path(str(files("hrl.recipes") / "demo" / SHIPPED_DIR))
     return path if (path / BUILD_INFO).is_file() else None
-
-
-def compare_builds(built: str | Path, reference: str | Path) -> list[dict[str, Any]]:
-    """One row per file of either build: {file, reference, built (sha256 or None), same}; the reference's digests are
-    its record's (what a copy of it is checked against), not hashed again."""
-    a, b = (build_info(reference) or {}).get("sha256") or {}, file_digests(built)
-    return [{"file": f, "reference": a.get(f), "built": b.get(f), "same": a.get(f) == b.get(f)}
-            for f in sorted(a.keys() | b.keys())]  # fmt: skip
 
 
 def _install_shipped(cfg: TinyAgentConfig, out: Path, key: str, on_event: Event) -> bool:
@@ -280,6 +273,7 @@ def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event
     import torch
 
     from hrl.runners.proxy.template import ChatTemplate
+    from hrl.train.tiny.verify import machine
 
     profile = load_profile()
     episodes = sft_episodes(cfg, profile)
@@ -313,6 +307,6 @@ def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event
     n_params = sum(p.numel() for p in model.parameters())
     info = {"key": key, "config": cfg.model_dump(), "params": n_params, "final_loss": round(loss, 4),
             "seconds": round(time.monotonic() - t0, 1), "agent": f"{profile.agent} {profile.version}",
-            "torch": torch.__version__, "sha256": file_digests(out)}  # fmt: skip
+            "torch": torch.__version__, "machine": machine(), "sha256": file_digests(out)}  # fmt: skip
     (out / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
     return info

@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -76,7 +77,7 @@ def test_noise_sets_how_often_a_transcript_is_right():
     bug, rng = task_bug(split_tasks()["tasks"][0]), random.Random(0)
     turns = [transcript(bug, rng, Noise(right_op=0.3, in_place=0.6)) for _ in range(2000)]
     right = sum(t[1][0]["tool_calls"][0]["arguments"]["command"] == bug.sed(bug.op) for t in turns) / len(turns)
-    assert 0.14 < right < 0.22  # 0.3 * 0.6
+    assert 0.14 < right < 0.22  # 0.3 * 0.6 (seeded; and ±4.6σ of a binomial over 2000)
     assert all(t[0][0]["tool_calls"][0]["arguments"]["command"] == "cat *.py" for t in turns)
     assert all(t[2][0]["tool_calls"][0]["arguments"]["command"] == SUBMIT for t in turns)
 
@@ -189,14 +190,92 @@ def test_the_shipped_build_lands_beside_files_of_other_names(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_the_shipped_model_is_rebuilt_byte_for_byte(tmp_path):
+def test_the_shipped_model_is_rebuilt(tmp_path):
     """What `hrl models tiny-agent DIR --verify` promises: the default config trained from scratch (minutes on 2
-    cores) gives the shipped files, every byte (torch's CPU kernels here compute the floats the shipped build's did)."""
+    cores) gives the shipped files byte for byte on the builder's kind of CPU, and the same model elsewhere."""
     args = [sys.executable, "-m", "hrl.cli", "models", "tiny-agent", str(tmp_path / "m"), "--verify", "--json"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1700)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["file"] for r in result["files"] if not r["same"]] == [], result["files"]
+    if result["mode"] == "bytes":
+        assert [r["file"] for r in result["files"] if not r["same"]] == [], result["files"]
+    else:
+        assert all(result["checks"].values()), {k: v for k, v in result.items() if k != "files"}
     assert proc.returncode == 0 and result["verified"] is True, proc.stderr[-2000:]
+
+
+def _edited_copy(tmp_path: Path, name: str, edit: Callable[[Path], None], record: bool = False) -> Path:
+    """A copy of the shipped build with one file edited; `record` rewrites its sha256 record to match."""
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(shipped_model(), copy)
+    edit(copy)
+    if record:
+        info = build_info(copy)
+        (copy / "tiny_agent.json").write_text(json.dumps({**info, "sha256": file_digests(copy)}, indent=1))
+    return copy
+
+
+def _one_weight_changed(model: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(model / "model.safetensors"))
+    weights["model.norm.weight"][0] += 1.0
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("mode", ["bytes", "behaviour"])
+def test_verify_fails_when_one_weight_of_the_shipped_model_is_changed(tmp_path, monkeypatch, mode):
+    """On the builder's machine (bytes) and on any other (behaviour): the shipped build must match its record, so a
+    changed weight fails there whatever the rebuild gives; the rebuild itself is the unchanged build here."""
+    from hrl.train.tiny import verify
+
+    shipped = build_info(shipped_model())
+    here = shipped["machine"] if mode == "bytes" else {**shipped["machine"], "vendor": "elsewhere"}
+    monkeypatch.setattr(verify, "machine", lambda: here)
+    rebuilt = _edited_copy(tmp_path, "rebuilt", lambda m: None)
+    changed = _edited_copy(tmp_path, "changed", _one_weight_changed)
+    good = verify.verify_build(rebuilt, shipped_model(), tasks=2)
+    bad = verify.verify_build(rebuilt, changed, tasks=2)
+    assert (good["mode"], good["verified"]) == (mode, True), good
+    assert (bad["mode"], bad["reference_intact"], bad["verified"]) == (mode, False, False), bad
+    if mode == "bytes":  # a rebuild that differs in one weight is not the builder's build
+        assert not verify.verify_build(changed, shipped_model())["verified"]
+
+
+def test_verify_elsewhere_fails_a_build_of_other_data_or_a_model_that_learnt_less(tmp_path, monkeypatch):
+    """Off the builder's machine: another tokenizer (the generated data changed), another architecture, or weights
+    that have not learnt the fixed turns each fail, even with a record that matches their files."""
+    from safetensors.torch import load_file, save_file
+
+    from hrl.train.tiny import verify
+
+    monkeypatch.setattr(verify, "machine", lambda: {"vendor": "elsewhere"})
+
+    def other_tokenizer(m: Path) -> None:
+        (m / "tokenizer.json").write_text((m / "tokenizer.json").read_text().replace('"ChatML"', '"ChatmL"', 1) + " ")
+
+    def untrained(m: Path) -> None:
+        weights = load_file(str(m / "model.safetensors"))
+        save_file({k: v * 0.5 for k, v in weights.items()}, str(m / "model.safetensors"), metadata={"format": "pt"})
+
+    def dropped_tensor(m: Path) -> None:
+        weights = load_file(str(m / "model.safetensors"))
+        save_file({k: v for k, v in weights.items() if k != "model.norm.weight"}, str(m / "model.safetensors"))
+
+    for name, edit, failed in [("tokenizer", other_tokenizer, "other_files_same"),
+                               ("untrained", untrained, "loss_within"),
+                               ("tensor", dropped_tensor, "tensors_same")]:  # fmt: skip
+        result = verify.verify_build(_edited_copy(tmp_path, name, edit, record=True), shipped_model(), tasks=2)
+        assert result["mode"] == "behaviour" and not result["checks"][failed] and not result["verified"], name
+
+
+def test_a_build_records_the_machine_its_floats_depend_on():
+    from hrl.train.tiny.verify import FLOAT_FLAGS, machine
+
+    here, shipped = machine(), build_info(shipped_model())["machine"]
+    assert set(here) == set(shipped) == {"torch", "vendor", "capability", "flags"}
+    assert set(here["flags"]) <= set(FLOAT_FLAGS) and here["torch"] == shipped["torch"]
 
 
 def test_the_model_answers_a_task_prompt_with_a_well_formed_tool_call(small_agent):
