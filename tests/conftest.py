@@ -80,6 +80,43 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"[{name}] {problem}")
 
 
+SHARED_SESSION_FIXTURES = {"ray_cluster": "ray"}  # one Ray cluster per machine: its tests run in one worker
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order and group the tests for `pytest -n N --dist loadgroup`.
+
+    - A test that uses a module-scoped fixture (a vLLM server, an engine on a shared loop) runs in the same worker
+      as the rest of its module, so the fixture starts once; so do the tests of a session-wide resource (Ray).
+      Every other test is scheduled on its own.
+    - Modules with a `slow` test go first (whole, in their own order: a module fixture must not start twice), so
+      that the longest tests do not start last and run alone.
+    """
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for fdefs in (defs.name2fixturedefs.values() if defs else ()) for d in fdefs}
+        group = next((g for name, g in SHARED_SESSION_FIXTURES.items() if name in item.fixturenames), None)
+        if group is None and scopes & {"module", "class", "package"}:
+            group = item.nodeid.split("::", 1)[0]
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the set-up phases of this run (`.ci/setup.sh` writes them; `make test` names the file in
+    HRL_SETUP_PHASES) beside pytest's `--durations`, so that a run that grows shows where."""
+    path = os.environ.get("HRL_SETUP_PHASES")
+    if not path or not Path(path).is_file():
+        return
+    terminalreporter.write_sep("=", "set-up phases (.ci/setup.sh, seconds)")
+    for line in Path(path).read_text().splitlines():
+        name, seconds, status = [*line.split("\t"), "", ""][:3]
+        terminalreporter.write_line(f"{seconds:>6}s  {name:<12} {status}")
+
+
 def install_agent(name: str, target: str) -> None:
     """Install an agent CLI for an `agents` test: a failed install fails in CI and skips with the reason elsewhere."""
     from hrl.runners.agents.install import install

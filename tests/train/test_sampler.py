@@ -69,7 +69,7 @@ def test_weighted_sample_is_distinct_seeded_and_proportional():
         assert got == weighted_sample(items, weights, 3, random.Random(seed))
     assert sorted(weighted_sample(items, weights, 9, random.Random(0))) == items
     firsts = Counter(weighted_sample([0, 1], [3.0, 1.0], 1, random.Random(s))[0] for s in range(4000))
-    assert firsts[0] / 4000 == pytest.approx(0.75, abs=0.03)
+    assert firsts[0] / 4000 == pytest.approx(0.75, abs=0.03)  # seeded; and ±4.4σ of a binomial over 4000
 
 
 def test_signal_batches_favour_tasks_of_middling_success():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 
 import httpx
 import pytest
@@ -31,8 +33,11 @@ async def _episode(client: httpx.AsyncClient, url: str, proxy: Proxy, prompt: st
     return proxy.end_session(token, reward=_reward(text))
 
 
-async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) -> tuple[list[float], list[float]]:
-    curve, mismatch = [], []
+async def _iterations(
+    model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp
+) -> tuple[list[list[float]], list[float]]:
+    """The episodes' rewards per iteration, and the mismatch KL of each step."""
+    rewards, mismatch = [], []
     opts = {"dtype": "float32"}
     async with (
         serving(model, model_name="tiny", engine_options=opts) as stack,
@@ -47,7 +52,7 @@ async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) 
                     for j in range(k)
                 ]
             )
-            curve.append(sum(t["reward"] for t in traces) / len(traces))
+            rewards.append([t["reward"] for t in traces])
             adv, _ = group_advantages(
                 {t["trace_id"]: t["reward"] for t in traces}, {t["trace_id"]: t["group_id"] for t in traces}
             )
@@ -58,22 +63,26 @@ async def _iterations(model: str, n_iter: int, k: int, cfg: TrainerConfig, tmp) 
             mismatch.append(metrics["train/mismatch_kl"])
             path = await asyncio.to_thread(trainer.save, tmp / f"v{it + 1}")
             await stack.engine.publish(str(path), cfg.mode)
-    return curve, mismatch
+    return rewards, mismatch
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_reward_rises_through_real_proxy_and_engine(tiny_model, tmp_path, mode):
     lr = 5e-2 if mode == "lora" else 2e-2
     cfg = TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=16, lora_rank=8)
-    curve, mismatch = asyncio.run(_iterations(tiny_model, 8, 8, cfg, tmp_path))
-    print(f"\n{mode}: reward per iteration {[round(x, 3) for x in curve]}; max mismatch KL {max(mismatch):.2e}")
+    rewards, mismatch = asyncio.run(_iterations(tiny_model, 8, 8, cfg, tmp_path))
+    curve = [statistics.mean(r) for r in rewards]
+    sem = [statistics.stdev(r) / math.sqrt(len(r)) for r in rewards]
+    # each trained iteration against the untrained one, in standard errors of the two means
+    z = [(curve[i] - curve[0]) / max(math.hypot(sem[i], sem[0]), 1e-12) for i in range(1, len(curve))]
+    print(f"\n{mode}: reward per iteration {[round(x, 3) for x in curve]}; z {[round(x, 1) for x in z]}; "
+          f"max mismatch KL {max(mismatch):.2e}")  # fmt: skip
+    # k3 KL ≈ Δ²/2: fp32 rounding (|Δlogp| ~1e-5) gives ~1e-10; 1e-3 is a logprob off by ~0.045 on every token
     assert max(mismatch) <= 1e-3  # trainer vs engine logprobs on the same weights, fp32
-    # the least-squares line through all iterations (less noisy than comparing end points) rises by 30% or more
-    n = len(curve)
-    x_mean, y_mean = (n - 1) / 2, sum(curve) / n
-    slope = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(curve)) / sum((i - x_mean) ** 2 for i in range(n))
-    fit_start, fit_end = y_mean - slope * x_mean, y_mean + slope * x_mean
-    assert fit_end > 1.3 * fit_start, (curve, fit_start, fit_end)
+    # Seeded, but a rounding difference (another CPU's kernels) can flip a sampled token and send the run down another
+    # trajectory, which may rise and then collapse; so the bound is statistical: the best of the 7 trained iterations
+    # beats the untrained one by 3.5 standard errors (with no learning: p < 7 × 1e-3; learning runs reach 13 or more)
+    assert max(z) > 3.5, (curve, z)
 
 
 def _batch(advantages: list[float], distinct: bool = False) -> list:

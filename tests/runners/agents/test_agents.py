@@ -188,17 +188,17 @@ def test_lifecycle_writes_config_into_a_fresh_home_and_cleans_it_up(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("script", "reason", "code"),
-    [
-        ("echo bye >&2; exit 3", "agent_exit", {3}),
-        ("kill -9 $$", "agent_crash", {-9, 137}),
-        ("sleep 60", "agent_timeout", {-1}),
+    ("script", "budget", "reason", "code"),
+    [  # a budget of 30 s where the script ends at once (a loaded machine may take a second to start it)
+        ("echo bye >&2; exit 3", 30, "agent_exit", {3}),
+        ("kill -9 $$", 30, "agent_crash", {-9, 137}),
+        ("sleep 60", 2, "agent_timeout", {-1}),
     ],
 )
-def test_lifecycle_classifies_how_the_cli_ended(tmp_path, script, reason, code):
-    outcome, _ = asyncio.run(_run_fake(tmp_path, ShellRunner(script), budget=2))
+def test_lifecycle_classifies_how_the_cli_ended(tmp_path, script, budget, reason, code):
+    outcome, _ = asyncio.run(_run_fake(tmp_path, ShellRunner(script), budget=budget))
     assert outcome.failure_reason == reason and outcome.exit_code in code, outcome
-    assert outcome.duration_s < 30
+    assert outcome.duration_s < 30  # the sleep: half its 60 s, so the 2 s budget cut it (15× that budget)
     if reason == "agent_exit":
         assert outcome.stderr_tail == "bye\n"
 

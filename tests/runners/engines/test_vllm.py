@@ -169,26 +169,24 @@ def test_publish_mid_stream_versions_each_token(engine, loop, restore_base, tiny
     # was sampled before a disk reload finished
     params = SamplingParams(max_tokens=engine.max_model_len - len(prompt), temperature=1.0, seed=3, ignore_eos=True)
 
+    # One pause across both publishes: the server samples a tiny model's whole context in a few seconds, and a
+    # loaded machine once let it finish in the window between a resume and the next pause.
     async def go():
         v0 = engine.version
         stream = engine.generate("m-1", prompt, params)
-        before = [await anext(stream)]
+        before = await anext(stream)
         await engine.pause()
         v_lora = await engine.publish(tiny_lora, "lora")
-        await engine.resume()
-        before.append(await anext(stream))
-        await engine.pause()
         v_full = await engine.publish(tiny_full, "full")
         await engine.resume()
         return v0, v_lora, v_full, before, await collect(stream)
 
     v0, v_lora, v_full, before, rest = loop.run_until_complete(go())
-    n_before = sum(len(d.token_ids) for d in before)
-    print(f"\nfull publish mid-stream: {n_before} token(s) at v{v0} first, then spans {rest.versions} (v{v_full} new)")
-    assert [d.version for d in before] == [v0, v0]
+    print(f"\nfull publish mid-stream: {len(before.token_ids)} token(s) at v{v0} first, then spans {rest.versions}")
+    assert before.version == v0
     assert v_full == v_lora + 1
     assert rest.versions[-1][1] == v_full
-    assert [v for _, v in rest.versions] in ([v_full], [v0, v_full])
+    assert [v for _, v in rest.versions] in ([v_full], [v0, v_full])  # never the LoRA's: a base request stays base
 
 
 def test_sampling_params_are_honoured(engine, loop, tiny_model):
@@ -264,9 +262,10 @@ def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
         await engine.pause()
         reader = asyncio.create_task(_drain(stream, inflight))
         queued = asyncio.create_task(collect(engine.generate("h-new", prompt, GREEDY)))
-        # tokens already on the wire may still arrive: wait until the stream is quiet for a second
+        # tokens already on the wire may still arrive: wait until the stream is quiet for 3 s, so that a delivery a
+        # loaded machine held back is not taken for a token sampled while paused
         n_paused, quiet_since = len(inflight), time.monotonic()
-        while time.monotonic() - quiet_since < 1.0 and not reader.done():
+        while time.monotonic() - quiet_since < 3.0 and not reader.done():
             await asyncio.sleep(0.1)
             if len(inflight) != n_paused:
                 n_paused, quiet_since = len(inflight), time.monotonic()
@@ -357,7 +356,7 @@ def test_garbage_config_fails_fast_and_leaves_nothing(tiny_model, tmp_path):
     print(f"\nbad config: EngineStartError after {took:.1f} s:\n{message}")
     assert "exited with code" in message
     assert message.count("\n") <= 21
-    assert took < 120
+    assert took < eng.config.startup_timeout_s  # it failed on the exit, not on the health wait running out
     assert eng.server is not None
     assert not _group_alive(eng.server.pgid)
 

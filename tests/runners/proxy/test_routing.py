@@ -34,9 +34,9 @@ def test_hrw_moves_about_one_nth_of_the_keys_and_only_to_the_new_replica():
     after = {k: hrw_rank(k, ["r0", "r1", "r2", "r3"])[0] for k in keys}
     moved = [k for k in keys if before[k] != after[k]]
     assert all(after[k] == "r3" for k in moved)  # nothing reshuffles between the old replicas
-    assert 0.2 < len(moved) / len(keys) < 0.3  # about 1/4
+    assert 0.2 < len(moved) / len(keys) < 0.3  # about 1/4 (blake2b: deterministic; and ±6σ of a binomial over 3000)
     assert set(Counter(before.values())) == {"r0", "r1", "r2"}
-    assert min(Counter(before.values()).values()) > 850  # balanced
+    assert min(Counter(before.values()).values()) > 850  # balanced (1000 ± 26 each: 850 is -5.8σ)
     assert hrw_rank("x", ["r1", "r0"]) == hrw_rank("x", ["r0", "r1"])  # the order given does not matter
 
 

@@ -43,8 +43,11 @@ def test_honest_sampling_ignores_the_agents_knobs_and_records_them(tiny_model):
     sampling, prompt, response, logprobs = _call(tiny_model, "honest")
     assert sampling == {"asked": ASKED, "used": NO_OP_SAMPLING}
     model = load_hf(tiny_model)
+    # fp32 rounding alone stays under 2·256·2^-24·max|logit| ≈ 3e-4 (see the embedded engine's parity test); a knob
+    # applied to the recorded logprobs (temperature 0.05, top_p 0.05) moves them by far more
     assert max(abs(a - b) for a, b in zip(logprobs, recompute_logprobs(model, prompt, response), strict=True)) < 1e-3
     # top_k 1 (or temperature 0.05, or min_p 0.9) would have made every token the argmax; at temperature 1 not
+    # (33 of 40 are not; seeded, and at ~80 % a token, 4 or fewer would be a binomial tail under 1e-20)
     assert sum(a != b for a, b in zip(response, _argmax(model, prompt, response), strict=True)) >= 5
 
 

@@ -26,7 +26,9 @@ def test_soak_60s_256_sessions(tiny_model):
     print(f"\nsoak: {result}")
     assert result["errors"] == 0, result["error_samples"]
     assert result["bad_5xx"] == 0 and result["bad_4xx"] == result["bad"] > 0
+    # throughput floors: a loaded core serves ~100 requests/s here (~40 of them ending a session), so 60 s gives
+    # ~6000 and ~2400; the floors ask for every one of the 256 sessions to have ended once, and 2 requests each
     assert result["traces_written"] == result["ended"] > 256
-    assert result["hangups"] > 0 and result["ok"] > 1000
+    assert result["hangups"] > 0 and result["ok"] > 2 * 256  # 5 % hang up: none in 512 has odds 0.95^512 ≈ 4e-12
     assert "Error handling request" not in out.stderr, out.stderr[-3000:]
     assert out.returncode == 0

@@ -179,11 +179,12 @@ def test_report_and_inspect_take_what_rollout_writes(run_dir: Path, tmp_path: Pa
 
 def test_a_few_hundred_traces_render_quickly(tmp_path: Path):
     make_run(tmp_path, per_iteration=100, seed=1)
-    t0 = time.monotonic()
+    t0 = time.thread_time()  # this thread's CPU time: waiting for a busy core does not count
     html = render_report(load_run(tmp_path))
-    elapsed = time.monotonic() - t0
+    elapsed = time.thread_time() - t0
     assert html.count('<tr class="trace"') == ITERATIONS * 100 + 2
-    assert elapsed < 10, f"report of {ITERATIONS * 100} traces took {elapsed:.1f} s"
+    # ~0.2 s of CPU on a current core: 50× for a slower or shared one
+    assert elapsed < 10, f"report of {ITERATIONS * 100} traces took {elapsed:.1f} s of CPU"
 
 
 # ---- hrl inspect RUN_DIR -----------------------------------------------------------------------------------
