@@ -6,6 +6,11 @@ export HRL_CACHE ?= $(HOME)/.cache/hrl
 ENV := . "$(HRL_CACHE)/env.sh"
 LINT := ruff check . && ruff format --check .
 PYTEST_ARGS ?=
+# pytest-xdist workers: tests spend much of their time waiting on subprocesses, containers and servers, so two
+# processes per core keep both cores busy. Tests that share a server, a cluster or a global resource carry
+# @pytest.mark.xdist_group and run in one worker (--dist loadgroup).
+TEST_WORKERS ?= 4
+TEST_STEPS := venv vllm docker agents images
 
 .PHONY: setup venv lint test demo clean
 
@@ -18,9 +23,11 @@ venv: ## only the main venv: enough for lint and the tests without markers
 lint: venv
 	$(ENV); $(LINT)
 
-test: setup
+test: ## lint, then the whole suite in parallel; prepares what the tests need first (cached), prints the slowest
+	.ci/setup.sh $(TEST_STEPS)
 	$(ENV); $(LINT)
-	$(ENV); python -m pytest -v $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; \
+	$(ENV); HRL_SETUP_PHASES="$$HRL_CACHE/setup-phases.tsv" python -m pytest -v -n $(TEST_WORKERS) --dist loadgroup \
+	  --durations=30 $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; \
 	  echo "WARNING: pytest collected no tests (exit 5); treating that as success" >&2; }
 
 # The main job on the embedded CPU default: the tiny agent model (shipped with the recipe, sha256-checked) learns to

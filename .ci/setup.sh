@@ -5,8 +5,11 @@
 # skipped on re-runs. Progress goes to stderr; tool output goes to log files in $HRL_CACHE.
 #
 #   .ci/setup.sh                 # everything
-#   .ci/setup.sh venv            # only some steps: venv, vllm, docker (daemon + base image)
+#   .ci/setup.sh venv            # only some steps: venv, vllm, docker (daemon + base image), and for the tests
+#                                #   agents (every agent CLI the tests run) and images (the grading image)
 #   . "$HRL_CACHE/env.sh"        # afterwards: HRL_CACHE, HRL_VLLM_PYTHON, HRL_BASE_IMAGE, PATH
+#
+# Each step's wall time goes to $HRL_CACHE/setup-phases.tsv (name, seconds), which the test run prints at its end.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -26,6 +29,11 @@ BASE_TAR=base-$BASE_SUITE.tar
 DOCKER_STORAGE_DRIVERS=${HRL_DOCKER_STORAGE_DRIVER:-overlay2 vfs}
 WAIT_FOR_OTHERS_S=${HRL_SETUP_WAIT_S:-3600} # how long to wait for another process building a venv
 
+# The agent CLIs the tests run, installed here so that the first test of each does not pay for it, and alongside
+# the other steps: npm CLIs serve both sandboxes from one install; a Python CLI needs a venv per sandbox.
+TEST_AGENTS_DOCKER=(opencode codex claude-code qwen-code gemini-cli mini-swe-agent aider)
+TEST_AGENTS_LOCAL=(mini-swe-agent)
+
 VENV=$HRL_CACHE/venv
 VLLM_VENV=$HRL_CACHE/vllm-venv
 SUDO=
@@ -37,6 +45,16 @@ die() {
   exit 1
 }
 has_step() { [[ $STEPS == *" $1 "* ]]; }
+
+# timed NAME CMD...: run CMD and record its wall time as phase NAME (steps in the background record theirs too).
+timed() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$((SECONDS - t0))" "$([ "$rc" -eq 0 ] && echo ok || echo "failed ($rc)")" \
+    >>"$HRL_CACHE/setup-phases.tsv.tmp"
+  return "$rc"
+}
 
 # run_logged LOG CMD...: run CMD with its output appended to LOG; on failure show the end of LOG.
 run_logged() {
@@ -273,6 +291,19 @@ setup_base_image() {
   [ "$out" = 1 ] || die "base image: python3 in $HRL_BASE_IMAGE printed '$out', expected '1'"
 }
 
+# The test agents, for both sandboxes (a no-op once installed; `hrl agents install` locks each install).
+setup_agents() {
+  local logfile=$HRL_CACHE/agents-install.log
+  log "agents: installing ${TEST_AGENTS_DOCKER[*]} (docker) and ${TEST_AGENTS_LOCAL[*]} (local) (log: $logfile)"
+  run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_DOCKER[@]}" --target docker &&
+    run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_LOCAL[@]}" --target local
+}
+
+# The grading image (base image + pytest venv), built once and cached by tag.
+setup_images() {
+  run_logged "$HRL_CACHE/images.log" "$VENV/bin/hrl" sandbox build
+}
+
 write_env() {
   local file=$HRL_CACHE/env.sh
   {
@@ -311,7 +342,7 @@ summary() {
 }
 
 main() {
-  local vllm_pid=
+  local vllm_pid= agents_pid=
   case "$HRL_CACHE/" in "$ROOT"/*) die "HRL_CACHE=$HRL_CACHE lies inside the checkout; put it elsewhere" ;; esac
   mkdir -p "$HRL_CACHE"
 
@@ -321,20 +352,32 @@ main() {
     flock -w "$WAIT_FOR_OTHERS_S" 9 || die "timed out waiting for $HRL_CACHE/setup.lock"
   fi
 
-  setup_apt_packages
+  : >"$HRL_CACHE/setup-phases.tsv.tmp"
+  timed apt setup_apt_packages
   # The vLLM venv is the slowest step and mostly waits on downloads: build it alongside the others.
   if has_step vllm; then
-    setup_vllm_venv &
+    timed vllm-venv setup_vllm_venv &
     vllm_pid=$!
   fi
-  if has_step venv; then setup_main_venv; fi
+  if has_step venv; then timed main-venv setup_main_venv; fi
   if has_step docker; then
-    start_dockerd
-    setup_base_image
+    timed dockerd start_dockerd
+    timed base-image setup_base_image
+  fi
+  # Agents download while the grading image builds (both need the main venv and the daemon).
+  if has_step agents; then
+    timed agents setup_agents &
+    agents_pid=$!
+  fi
+  if has_step images; then timed images setup_images || die "images: the grading image did not build"; fi
+  if [ -n "$agents_pid" ]; then
+    wait "$agents_pid" || die "agents: an install failed (see above)"
   fi
   if [ -n "$vllm_pid" ]; then
     wait "$vllm_pid" || die "vLLM venv: setup failed (see above)"
   fi
+  printf 'total\t%s\tok\n' "$SECONDS" >>"$HRL_CACHE/setup-phases.tsv.tmp"
+  mv "$HRL_CACHE/setup-phases.tsv.tmp" "$HRL_CACHE/setup-phases.tsv"
   write_env
   summary
   log "done; use: . $HRL_CACHE/env.sh"

@@ -84,7 +84,7 @@ SHARED_SESSION_FIXTURES = {"ray_cluster": "ray"}  # one Ray cluster per machine:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order and group the tests for `pytest -n N --dist loadgroup`.
 
     - A test that uses a module-scoped fixture (a vLLM server, an engine on a shared loop) runs in the same worker
@@ -99,7 +99,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = next((g for name, g in SHARED_SESSION_FIXTURES.items() if name in item.fixturenames), None)
         if group is None and scopes & {"module", "class", "package"}:
             group = item.nodeid.split("::", 1)[0]
-        if group is not None and item.get_closest_marker("xdist_group") is None:
+        if group is not None and config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
     slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
