@@ -301,6 +301,7 @@ setup_agents() {
 
 # The grading image (base image + pytest venv), built once and cached by tag.
 setup_images() {
+  log "images: the grading image (hrl sandbox build; log: $HRL_CACHE/images.log)"
   run_logged "$HRL_CACHE/images.log" "$VENV/bin/hrl" sandbox build
 }
 

@@ -80,7 +80,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"[{name}] {problem}")
 
 
-SHARED_SESSION_FIXTURES = {"ray_cluster": "ray"}  # one Ray cluster per machine: its tests run in one worker
+SHARED_FIXTURES = {"ray_cluster": "ray"}  # one Ray cluster at a time on the machine: its tests run in one worker
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
@@ -88,21 +88,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Order and group the tests for `pytest -n N --dist loadgroup`.
 
     - A test that uses a module-scoped fixture (a vLLM server, an engine on a shared loop) runs in the same worker
-      as the rest of its module, so the fixture starts once; so do the tests of a session-wide resource (Ray).
-      Every other test is scheduled on its own.
-    - Modules with a `slow` test go first (whole, in their own order: a module fixture must not start twice), so
-      that the longest tests do not start last and run alone.
+      as the rest of its module, so the fixture starts once; so do the tests of a shared resource (Ray). Every
+      other test is scheduled on its own.
+    - The longest tests start first, so that none starts last and runs alone: `slow` tests that share no module
+      fixture, by their timeout (the longest allowed first), then the modules with a `slow` test, whole (a module
+      fixture must not start twice), then the rest, each in collection order.
     """
+    grouped = set()
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         scopes = {d.scope for fdefs in (defs.name2fixturedefs.values() if defs else ()) for d in fdefs}
-        group = next((g for name, g in SHARED_SESSION_FIXTURES.items() if name in item.fixturenames), None)
+        group = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames), None)
         if group is None and scopes & {"module", "class", "package"}:
             group = item.nodeid.split("::", 1)[0]
-        if group is not None and config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
+        if group is not None:
+            grouped.add(item.nodeid)
+            if config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+    def timeout(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("timeout")
+        return float(mark.args[0]) if mark and mark.args else 0.0
+
+    first = sorted(
+        (i for i in items if i.get_closest_marker("slow") and i.nodeid not in grouped), key=lambda i: -timeout(i)
+    )
     slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+    rest = sorted((i for i in items if i not in first), key=lambda i: i.nodeid.split("::", 1)[0] not in slow_modules)
+    items[:] = first + rest
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -208,9 +221,10 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Any:
-    """Ray for the tests that need it, shared by all of them: `ray.cluster_utils.Cluster` with two simulated nodes of
+    """Ray for the tests of a module that need it, shared by them (down at the module's end: its idle daemons would
+    take CPU from every test after): `ray.cluster_utils.Cluster` with two simulated nodes of
     one CPU each (num_cpus=2 in all: this machine's), the test process its driver. At the end Ray is shut down and
     no process it started may be left."""
     import ray

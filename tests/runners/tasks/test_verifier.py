@@ -276,15 +276,19 @@ def make_sdist(path: Path) -> Path:
 
 @pytest.mark.docker
 def test_synthesis_from_a_local_sdist_is_valid_and_deterministic(swe_image: str, tmp_path: Path) -> None:
-    from hrl.runners.tasks.synth import synthesize
+    from hrl.runners.tasks.synth import SynthConfig, synthesize
 
     sdist = make_sdist(tmp_path / "tiny-0.1.tar.gz")
-    tasks = synthesize("tiny", n=3, seed=1, out=tmp_path / "a.jsonl", sdist=sdist)
+    # The time budgets pick test files by their measured wall time (under a second each here when idle); on a
+    # loaded machine the default 8 s a task dropped every file and synthesis found nothing. Determinism is claimed
+    # for a given seed and timing, so the budgets are set far above any load.
+    config = SynthConfig(max_test_file_s=600, max_task_test_s=600)
+    tasks = synthesize("tiny", n=3, seed=1, out=tmp_path / "a.jsonl", sdist=sdist, config=config)
     assert len(tasks) == 3
     assert load_tasks(tmp_path / "a.jsonl") == tasks
     for task in tasks:
         assert "tests/test_tiny.py" not in snapshot_files(task.repo_snapshot or "")
         assert patch_paths(task.test_patch) == ["tests/test_tiny.py"]
         assert task.FAIL_TO_PASS and task.FAIL_TO_PASS[0] in task.problem_statement
-    again = synthesize("tiny", n=3, seed=1, sdist=sdist, config=None)
+    again = synthesize("tiny", n=3, seed=1, sdist=sdist, config=config)
     assert [t.instance_id for t in again] == [t.instance_id for t in tasks]
