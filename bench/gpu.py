@@ -41,6 +41,11 @@ SPEC_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0}  # de
 GIB = 2**30
 
 
+def sig(x: float, digits: int = 3) -> float:
+    """`x` to `digits` significant figures: a rate on a slow CPU stays above 0, one on an H200 keeps no noise."""
+    return float(f"{x:.{digits}g}")
+
+
 def _load(name: str) -> Any:
     """A module of train/ by its file: it imports only torch, so it runs without hrl's other dependencies."""
     spec = importlib.util.spec_from_file_location(f"hrl_bench_{name}", ROOT / "train" / f"{name}.py")
@@ -150,7 +155,7 @@ class Bench:
         self.sync()
         self.gemm_tflops = 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
         return out | {"gemm_n": n, "gemm_dtype": str(self.dtype).removeprefix("torch."),
-                      "gemm_tflops": round(self.gemm_tflops, 3)}  # fmt: skip
+                      "gemm_tflops": sig(self.gemm_tflops)}  # fmt: skip
 
     def _train_step(self, model: Any, optimizer: Any, params: list[torch.nn.Parameter]) -> None:
         """One optimizer step: the trainer's chunked logprobs, a policy-gradient surrogate, accumulation."""
@@ -273,7 +278,7 @@ class Bench:
         dt = time.perf_counter() - t0
         proc.join(60)
         assert sent == nbytes, (sent, nbytes)
-        return {"ipc_bucket_mib": bucket // 2**20, "ipc_s": round(dt, 2), "ipc_gib_per_s": round(nbytes / GIB / dt, 2)}
+        return {"ipc_bucket_mib": bucket // 2**20, "ipc_s": round(dt, 2), "ipc_gib_per_s": sig(nbytes / GIB / dt)}
 
     def _adapter(self, model: Any) -> dict[str, Any]:
         from peft import LoraConfig, get_peft_model

@@ -24,13 +24,12 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
     assert list(rows) == ["probe", "lora_step", "full_step", "sync", "tree"]
     assert all(r["ok"] for r in rows.values()), rows
-    # the bench rounds to 3 decimals: a slow or loaded CPU's bf16 GEMM (under 0.5 GFLOP/s) prints 0.0
-    assert rows["probe"]["gemm_tflops"] >= 0 and rows["probe"]["device"] == "cpu"
+    assert rows["probe"]["gemm_tflops"] > 0 and rows["probe"]["device"] == "cpu"  # 3 significant figures: never 0.0
     for phase in ("lora_step", "full_step"):
         assert rows[phase]["tokens"] == 2 * 128 and rows[phase]["tokens_per_s"] > 0 and rows[phase]["peak_gib"] > 0
     assert rows["lora_step"]["trainable_m"] < rows["full_step"]["trainable_m"]
     assert rows["sync"]["adapter_tensors"] == 2 * 7 * 2  # A and B of 7 projections in 2 layers
-    assert rows["sync"]["ipc_gib_per_s"] >= 0  # 2 decimals: the tiny model's copy on a loaded CPU can print 0.0
+    assert rows["sync"]["ipc_gib_per_s"] > 0
     tree = rows["tree"]  # one packed pass computes the shared prompt once, and gives the per-branch logprobs
     assert tree["tree_tokens"] == 96 + 8 * 32 and tree["branch_tokens"] == 8 * (96 + 32)
     # bf16 logits under 1 in size (init std 0.02): a rounding moves one by at most 2^-8 and a logprob by twice that,
