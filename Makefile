@@ -7,8 +7,8 @@ ENV := . "$(HRL_CACHE)/env.sh"
 LINT := ruff check . && ruff format --check .
 PYTEST_ARGS ?=
 # pytest-xdist workers: tests spend much of their time waiting on subprocesses, containers and servers, so two
-# processes per core keep both cores busy. Tests that share a server, a cluster or a global resource carry
-# @pytest.mark.xdist_group and run in one worker (--dist loadgroup).
+# processes per core keep both cores busy. --dist loadfile keeps a file's tests in one worker, so a module fixture (a
+# vLLM server, the Ray cluster) starts once; tests/conftest.py hands out the files with the longest tests first.
 TEST_WORKERS ?= 4
 TEST_STEPS := venv vllm docker agents images
 
@@ -26,7 +26,7 @@ lint: venv
 test: ## lint, then the whole suite in parallel; prepares what the tests need first (cached), prints the slowest
 	.ci/setup.sh $(TEST_STEPS)
 	$(ENV); $(LINT)
-	$(ENV); HRL_SETUP_PHASES="$$HRL_CACHE/setup-phases.tsv" python -m pytest -v -n $(TEST_WORKERS) --dist loadgroup \
+	$(ENV); HRL_SETUP_PHASES="$$HRL_CACHE/setup-phases.tsv" python -m pytest -v -n $(TEST_WORKERS) --dist loadfile \
 	  --durations=30 $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; \
 	  echo "WARNING: pytest collected no tests (exit 5); treating that as success" >&2; }
 

@@ -80,42 +80,37 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"[{name}] {problem}")
 
 
-SHARED_FIXTURES = {"ray_cluster": "ray"}  # one Ray cluster at a time on the machine: its tests run in one worker
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    defs = getattr(item, "_fixtureinfo", None)
+    scopes = {d.scope for fdefs in (defs.name2fixturedefs.values() if defs else ()) for d in fdefs}
+    return bool(scopes & {"module", "class", "package"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order and group the tests for `pytest -n N --dist loadgroup`.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests start first, so that none starts last and runs alone. `make test` runs the suite with
+    `pytest -n N --dist loadfile` (a file's tests in one worker, so its module fixtures start once, and the files
+    handed out in this order): the modules with a `slow` test first, the one whose slow test may take longest
+    first; within a module its `slow` tests that share no module fixture lead, by their timeout. A module's tests
+    stay together (a module fixture must not start twice); the rest keep their order."""
 
-    - A test that uses a module-scoped fixture (a vLLM server, an engine on a shared loop) runs in the same worker
-      as the rest of its module, so the fixture starts once; so do the tests of a shared resource (Ray). Every
-      other test is scheduled on its own.
-    - The longest tests start first, so that none starts last and runs alone: `slow` tests that share no module
-      fixture, by their timeout (the longest allowed first), then the modules with a `slow` test, whole (a module
-      fixture must not start twice), then the rest, each in collection order.
-    """
-    grouped = set()
-    for item in items:
-        defs = getattr(item, "_fixtureinfo", None)
-        scopes = {d.scope for fdefs in (defs.name2fixturedefs.values() if defs else ()) for d in fdefs}
-        group = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames), None)
-        if group is None and scopes & {"module", "class", "package"}:
-            group = item.nodeid.split("::", 1)[0]
-        if group is not None:
-            grouped.add(item.nodeid)
-            if config.pluginmanager.hasplugin("xdist") and not item.get_closest_marker("xdist_group"):
-                item.add_marker(pytest.mark.xdist_group(group))
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
 
     def timeout(item: pytest.Item) -> float:
         mark = item.get_closest_marker("timeout")
         return float(mark.args[0]) if mark and mark.args else 0.0
 
-    first = sorted(
-        (i for i in items if i.get_closest_marker("slow") and i.nodeid not in grouped), key=lambda i: -timeout(i)
-    )
-    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-    rest = sorted((i for i in items if i not in first), key=lambda i: i.nodeid.split("::", 1)[0] not in slow_modules)
-    items[:] = first + rest
+    longest: dict[str, float] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            longest[module(item)] = max(longest.get(module(item), 0.0), timeout(item))
+    order = {m: k for k, m in enumerate(dict.fromkeys(module(i) for i in items))}
+
+    def key(item: pytest.Item) -> tuple[float, int, float]:
+        lead = item.get_closest_marker("slow") is not None and not _shares_a_module_fixture(item)
+        return (-longest.get(module(item), -1.0), order[module(item)], -timeout(item) if lead else 0.0)
+
+    items.sort(key=key)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
