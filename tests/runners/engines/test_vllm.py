@@ -252,8 +252,9 @@ async def _requests_running(eng: VLLMEngine) -> float:
 
 def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
     prompt = chat_prompt(tiny_model)
-    # long enough that it cannot finish between the first token and the pause, even on a fast machine
-    params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+    # as long as the context allows, so that it cannot finish between the first token and the pause, even on a fast
+    # machine or with the server slow to take the pause on a loaded one
+    params = SamplingParams(max_tokens=engine.max_model_len - len(prompt), temperature=0.0, ignore_eos=True)
 
     async def go():
         inflight: list = []

@@ -194,9 +194,7 @@ def test_the_shipped_model_is_rebuilt(tmp_path):
     """What `hrl models tiny-agent DIR --verify` promises: the default config trained from scratch (minutes on 2
     cores) gives the shipped files byte for byte on the builder's kind of CPU, and the same model elsewhere."""
     args = [sys.executable, "-m", "hrl.cli", "models", "tiny-agent", str(tmp_path / "m"), "--verify", "--json"]
-    # The suite's longest test (minutes of 2-thread training) runs beside the other workers' tests: ahead of them
-    # where the user may raise a priority (GNU nice runs it unchanged, with a warning, where not).
-    proc = subprocess.run(["nice", "-n", "-10", *args], capture_output=True, text=True, timeout=1700)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1700)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     if result["mode"] == "bytes":
         assert [r["file"] for r in result["files"] if not r["same"]] == [], result["files"]
