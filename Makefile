@@ -6,10 +6,10 @@ export HRL_CACHE ?= $(HOME)/.cache/hrl
 ENV := . "$(HRL_CACHE)/env.sh"
 LINT := ruff check . && ruff format --check .
 PYTEST_ARGS ?=
-# pytest-xdist workers: tests spend much of their time waiting on subprocesses, containers and servers, so two
-# processes per core keep both cores busy. --dist loadfile keeps a file's tests in one worker, so a module fixture (a
+# pytest-xdist workers: tests spend much of their time waiting on subprocesses, containers and servers. One per core:
+# at 4 on 2 cores, tests with time limits inside them (a harbor test.sh's 3 s, a vLLM pause racing its stream) failed. --dist loadfile keeps a file's tests in one worker, so a module fixture (a
 # vLLM server, the Ray cluster) starts once; tests/conftest.py hands out the files with the longest tests first.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 2
 TEST_STEPS := venv vllm docker agents images
 
 .PHONY: setup venv lint test demo clean
