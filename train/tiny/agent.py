@@ -4,7 +4,7 @@ Offline and reproducible: the same seed and config give the same files wherever 
 floats (same torch build and instruction set, recorded as the build's `machine`; the thread count is part of the
 config). No input depends on the machine: the uname line of most prompts is the harness profile's capture machine, so
 the demo recipe ships one build (`recipes/demo/model/`, `shipped_model`) that `hrl models tiny-agent DIR --verify`
-rebuilds and compares: byte for byte on a machine like the builder's, within a tolerance elsewhere (`verify`).
+rebuilds and compares: byte for byte on a machine like the builder's, as the same model elsewhere (`verify`).
 
 1. Generate SFT tasks (demo bugs disjoint from the recipe's training and held-out tasks) and, for each, one
    transcript in mini-swe-agent's own format (`tasks`, `transcripts`): `cat *.py`, `sed` a fix, submit.

@@ -24,7 +24,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FLOAT_FLAGS", "LOSS_RATIO", "greedy_answers", "heldout_loss", "machine", "verify_build"]
+__all__ = ["FLOAT_FLAGS", "LOSS_RATIO", "behaviour", "machine", "verify_build"]
 
 # The x86 features that choose which float kernels MKL and oneDNN run (AMX tiles and bf16 dot products change the
 # order, hence the rounding, of float32 sums too). The shipped build was made on a CPU with all six.
@@ -103,34 +103,26 @@ def _load(model_dir: str | Path) -> tuple[Any, Any]:
     return ChatTemplate(str(model_dir)), model
 
 
-def heldout_loss(model_dir: str | Path, tasks: int = 48) -> float:
-    """Mean loss (nats a token) of the model on the sampled tokens of the held-out gold transcripts."""
+def behaviour(model_dir: str | Path, tasks: int = 48, max_new_tokens: int = 64) -> tuple[list[str], float]:
+    """The model's greedy replies and its held-out loss, from one load and one rendering of the gold transcripts of
+    the first `tasks` held-out tasks (read the module, fix it, submit).
+
+    Replies: the text up to the end of turn at each of the three turns of each task. Loss: mean nats a token on
+    the sampled tokens of those transcripts."""
     import torch
 
     template, model = _load(model_dir)
-    losses = []
+    answers, losses = [], []
     for ids, mask in _heldout_episodes(template, tasks):
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, :-1].float()  # (T-1, V)
-        nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")  # (T-1,)
-        losses.append(float(nll[torch.tensor(mask[1:]).bool()].mean()))
-    return sum(losses) / len(losses)
-
-
-def greedy_answers(model_dir: str | Path, tasks: int = 48, max_new_tokens: int = 64) -> list[str]:
-    """The model's greedy reply, as text up to its end of turn, at each turn of the gold transcript of the first
-    `tasks` held-out tasks: read the module, fix it, submit. Three prompts a task."""
-    import torch
-
-    template, model = _load(model_dir)
-    answers = []
-    for ids, mask in _heldout_episodes(template, tasks):
-        for start in [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]:
-            with torch.no_grad():
+            for start in [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]:
                 out = model.generate(torch.tensor([ids[:start]]), max_new_tokens=max_new_tokens, do_sample=False,
                                      eos_token_id=list(template.stop_ids))  # fmt: skip
-            answers.append(template.decode(out[0, start:].tolist()))
-    return answers
+                answers.append(template.decode(out[0, start:].tolist()))
+        nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")  # (T-1,)
+        losses.append(float(nll[torch.tensor(mask[1:]).bool()].mean()))
+    return answers, sum(losses) / len(losses)
 
 
 def _is_a_sed_fix(answer: str) -> bool:
@@ -163,10 +155,10 @@ def verify_build(built: str | Path, reference: str | Path, tasks: int = 48) -> d
     if here == there:
         return result | {"mode": "bytes", "verified": result["reference_intact"] and all(r["same"] for r in files)}
     tensors = compare_tensors(built, reference)
-    mine, theirs = greedy_answers(built, tasks), greedy_answers(reference, tasks)
+    (mine, loss_mine), (theirs, loss_theirs) = behaviour(built, tasks), behaviour(reference, tasks)
     differ = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if i % 3 in FIXED_TURNS and a != b]
     bad_fixes = [i for i in range(1, len(mine), 3) if not _is_a_sed_fix(mine[i])]
-    losses = heldout_loss(built, tasks), heldout_loss(reference, tasks)
+    losses = loss_mine, loss_theirs
     ratio = max(losses) / min(losses)
     checks = {
         "other_files_same": all(r["same"] for r in files if r["file"] != WEIGHTS),
