@@ -44,9 +44,8 @@ __all__ = ["HarborVerifier", "HarborVerifierConfig", "as_harbor"]
 REWARD_DIR = "/logs/verifier"
 # As root: no reward file may outlive the agent, and the tests' user may write the new one.
 CLEAN = f"rm -rf /tests {REWARD_DIR} && mkdir -p /tests {REWARD_DIR} /logs/agent && chmod 777 /logs {REWARD_DIR}"
-READ_REWARD = f"""for f in reward.txt reward.json; do
-  if [ -f {REWARD_DIR}/$f ]; then echo "$f"; head -c 65536 {REWARD_DIR}/$f; exit 0; fi
-done; exit 3"""
+REWARD_FILES = ("reward.txt", "reward.json")
+REWARD_BYTES = 65536  # a reward file is a number or a small JSON object: what lies past this is no reward
 
 
 class HarborVerifierConfig(BaseModel):
@@ -179,14 +178,14 @@ class HarborVerifier:
             log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
             if run.timed_out:  # the agent's state hangs the tests: its episode, scored 0
                 return Verdict(0.0, {"timeout": f"tests/test.sh ran past {limit:g} s", "log": log})
-            found = await sandbox.exec(["bash", "-c", READ_REWARD], timeout_s=cfg.setup_timeout_s, user="0")
+            found = await _read_reward(sandbox)
         info = {"exit_code": run.exit_code, "log": log}
-        if found.exit_code != 0 and run.exit_code != 0:  # the tests failed on the agent's state before scoring it
+        if found is None and run.exit_code != 0:  # the tests failed on the agent's state before scoring it
             return Verdict(0.0, {**info, "failed": f"tests/test.sh exited {run.exit_code} and wrote no reward"})
-        if found.exit_code != 0:  # it passed and said nothing: the test script itself is broken
+        if found is None:  # it passed and said nothing: the test script itself is broken
             return Verdict.error(f"tests/test.sh exited 0 but wrote no {REWARD_DIR}/reward.txt or reward.json", log=log)
-        name, _, text = found.stdout.partition("\n")
-        return _reward(name, text, info)
+        name, data = found
+        return _reward(name, data[:REWARD_BYTES].decode("utf-8", "replace"), info)
 
     async def _pack_workdir(self, sandbox: Sandbox) -> bytes:
         path = f"/tmp/hrl-workdir-{uuid.uuid4().hex[:8]}.tar"
@@ -205,6 +204,18 @@ class HarborVerifier:
         wd = sandbox.workdir
         script = f"find {wd} -mindepth 1 -delete && tar -C {wd} -xpf {path} --no-overwrite-dir && rm -f {path}"
         await _root(sandbox, script, self.config.setup_timeout_s)
+
+
+async def _read_reward(sandbox: Sandbox) -> tuple[str, bytes] | None:
+    """The first reward file test.sh wrote, and its bytes. Read through the sandbox's file API, not an exec's
+    output: a loaded Docker daemon can close an exec's stream before the last of its output, and a reward read
+    that way came back empty."""
+    for name in REWARD_FILES:
+        try:
+            return name, await sandbox.read_file(f"{REWARD_DIR}/{name}")
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+    return None
 
 
 def _reward(name: str, text: str, info: dict[str, Any]) -> Verdict:
