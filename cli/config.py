@@ -66,16 +66,20 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str], *, engine: str = 
 
 def load_recipe_config(name_or_path: str) -> dict[str, Any]:
     """A recipe by name (shipped in hrl.recipes) or a path to a recipe YAML; relative paths inside it are resolved
-    against the recipe's own folder. An unknown name is a usage error listing the bundled recipes."""
+    against the recipe's own folder. An unknown name is a usage error listing the bundled recipes; so is an
+    unknown key or a value out of bounds at any depth (checked as `-c` is)."""
+    from hrl.cli.keys import check_recipe
     from hrl.recipes.loader import RecipeError, load_recipe, recipe_path
 
     try:
-        recipe_path(name_or_path)
+        path = recipe_path(name_or_path)
+        recipe = dict(load_recipe(name_or_path))
     except RecipeError as e:
         raise UsageError(
             str(e), hint="`hrl recipes ls` lists the bundled recipes; or give a recipe YAML file"
         ) from None
-    return dict(load_recipe(name_or_path))
+    check_recipe(recipe, str(path))
+    return recipe
 
 
 def materialize_model(name: str) -> str:

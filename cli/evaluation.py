@@ -53,12 +53,12 @@ def eval_(
     baseline: Annotated[
         str, typer.Option(help="Also run this model on the same episodes: before/after and delta columns.")
     ] = "",
-    limit: Annotated[int, typer.Option(help="Use only the first N tasks; 0 = all.")] = 0,
-    n: Annotated[int, typer.Option("-n", help="Episodes per task and harness (as in `hrl rollout`).")] = 1,
-    concurrency: Annotated[int, typer.Option(help="Episodes running at once (within one harness).")] = 4,
+    limit: Annotated[int, typer.Option(min=0, help="Use only the first N tasks; 0 = all.")] = 0,
+    n: Annotated[int, typer.Option("-n", min=1, help="Episodes per task and harness (as in `hrl rollout`).")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes running at once (within one harness).")] = 4,
     sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
     engine: Annotated[str, typer.Option(help="embedded | vllm | URL of a running vLLM server.")] = "",
-    time_budget: Annotated[float, typer.Option(help="Seconds per agent run; 0 = the recipe's.")] = 0,
+    time_budget: Annotated[float, typer.Option(min=0, help="Seconds per agent run; 0 = the recipe's.")] = 0,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="Where the traces and the table go (default: runs/eval-TIME).")
     ] = None,

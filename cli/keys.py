@@ -10,13 +10,13 @@ A field added to any of these models is a valid key at once; nothing here lists 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from hrl.runners.errors import UsageError
 
-__all__ = ["RecipeKeys", "check_key", "check_overrides"]
+__all__ = ["RecipeKeys", "check_key", "check_overrides", "check_recipe"]
 
 
 def _section(ref: str, description: str, **extra: str) -> Any:
@@ -66,6 +66,8 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
         from hrl.sandboxes.registry import require
 
         name = str((cfg.get("verifier") or {}).get("name") or "tests")
+        if name == "python":  # a white-box agent's scoring function: no verifier class, only its options
+            return load("hrl.runners.tasks.verifier:PythonVerifierConfig")  # type: ignore[no-any-return]
         return load(require(VERIFIERS, "verifier", name) + "Config")  # type: ignore[no-any-return]
     return load(ref)  # type: ignore[no-any-return]
 
@@ -79,39 +81,58 @@ def _fields(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def _unknown(key: str, prefix: str, valid: list[str]) -> UsageError:
-    near = difflib.get_close_matches(key, [prefix + v for v in valid], n=1, cutoff=0.6)
-    guess = f"; did you mean {near[0]!r}?" if near else ""
-    shown = ", ".join(sorted(valid))
+def _unknown(key: str, prefix: str, part: str, valid: list[str], source: str) -> UsageError:
+    """The key is unknown from `prefix + part` on: that is what is named, and matched against the valid keys."""
+    wrong = prefix + part
+    near = difflib.get_close_matches(wrong, [prefix + v for v in valid], n=2, cutoff=0.6)
+    near = [n for n in near if _likeness(wrong, n) >= _likeness(wrong, near[0]) - 0.05]  # a tie: name both
+    guess = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+    shown, within = ", ".join(sorted(valid)), f" (in {key!r})" if key != wrong else ""
     return UsageError(
-        f"unknown -c key {key!r}{guess}",
+        f"unknown {_said(source)} key {wrong!r}{within}{_where(source)}{guess}",
         hint=f"valid keys{' under ' + prefix.rstrip('.') if prefix else ''}: {shown}",
     )
 
 
-def check_key(key: str, value: Any, cfg: dict[str, Any]) -> None:
-    """Raise UsageError unless `key` (dotted) names a config field and `value` is valid for it."""
+def _likeness(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _said(source: str) -> str:
+    """How a message names the key's origin: `-c`, or `recipe` for a recipe file (named by `_where`)."""
+    return "-c" if source == "-c" else "recipe"
+
+
+def _where(source: str) -> str:
+    return "" if source == "-c" else f" in {source}"
+
+
+def check_key(key: str, value: Any, cfg: dict[str, Any], source: str = "-c") -> None:
+    """Raise UsageError unless `key` (dotted) names a config field and `value` is valid for it (bounds included).
+    `source` is where the key was given: `-c`, or the path of a recipe file."""
     parts, model, prefix = key.split("."), RecipeKeys, ""
     while parts:
         part, rest = parts[0], parts[1:]
         fields = _fields(model)
         if part not in fields:
-            raise _unknown(key, prefix, list(fields))
+            raise _unknown(key, prefix, part, list(fields), source)
         field, prefix, parts = fields[part], prefix + part + ".", rest
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         own: dict[str, str] = extra.get("extra") or {}  # type: ignore[assignment]
         if "model" in extra:  # a section: the component's model, plus keys the CLI itself reads there
             if len(rest) == 1 and rest[0] in own:
-                _check_value(key, value, {"bool": bool, "str": str}[own[rest[0]]], "")
+                _check_value(key, value, {"bool": bool, "str": str}[own[rest[0]]], "", source)
                 return
             model = _model_of(str(extra["model"]), cfg)
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # a nested model
             model = field.annotation
-        elif not rest:
-            _check_value(key, value, field.annotation, field.description or "")
+        elif not rest:  # the field's bounds (ge=1, …) too: a value the component would refuse is refused here
+            bounded = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            _check_value(key, value, bounded, field.description or "", source)
         elif not _is_dict(field.annotation):
             raise UsageError(
-                f"-c key {key!r}: {prefix[:-1]} is a value, not a section", hint=f"use -c {prefix[:-1]}=VALUE"
+                f"{_said(source)} key {key!r}{_where(source)}: {prefix[:-1]} is a value, not a section",
+                hint=f"use -c {prefix[:-1]}=VALUE" if source == "-c" else f"give {prefix[:-1]} one value",
             )
         else:
             return  # a free-form dict field (rollout.agent_options, …): any sub-key; the component checks it
@@ -121,13 +142,13 @@ def _is_dict(annotation: Any) -> bool:
     return annotation is dict or getattr(annotation, "__origin__", None) is dict
 
 
-def _check_value(key: str, value: Any, annotation: Any, description: str) -> None:
+def _check_value(key: str, value: Any, annotation: Any, description: str, source: str) -> None:
     try:
         TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:
         problem = exc.errors()[0]["msg"]
         raise UsageError(
-            f"bad -c {key}={value!r}: {problem}",
+            f"bad {_said(source)} {key}={value!r}{_where(source)}: {problem}",
             hint=f"{key}: {description}" if description else f"{key} takes a {annotation}",
         ) from None
 
@@ -142,11 +163,17 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def check_overrides(pairs: list[tuple[str, Any]], cfg: dict[str, Any]) -> None:
+def check_overrides(pairs: list[tuple[str, Any]], cfg: dict[str, Any], source: str = "-c") -> None:
     """Check every `-c` key and value (a YAML file's too, flattened) against the models; `cfg` is the merged config
     (it says which engine and verifier the keys under engine_options / verifier belong to)."""
     for key, value in pairs:
         if isinstance(value, dict) and value:
-            check_overrides(_flatten(value, key + "."), cfg)
+            check_overrides(_flatten(value, key + "."), cfg, source)
         else:
-            check_key(key, value, cfg)
+            check_key(key, value, cfg, source)
+
+
+def check_recipe(recipe: dict[str, Any], path: str) -> None:
+    """A recipe file is checked as `-c` is: every key at any depth and its value, against its own engine and
+    verifier. A misspelt key would otherwise be ignored, and the run would fall back to the default."""
+    check_overrides(list(recipe.items()), recipe, source=path)

@@ -71,10 +71,18 @@ def tiny_agent(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into (created if missing).")],
     seed: Annotated[int, typer.Option("--seed", "-s", help="Seed for SFT data, noise, tokenizer and weights.")] = 0,
     right_op: Annotated[
-        float, typer.Option(help="Share of SFT fixes that use the right operator (the warm start's skill).")
+        float,
+        typer.Option(
+            max=1.0,
+            help="Share of SFT fixes that use the right operator (the warm start's skill); below 0 = the recipe's.",
+        ),
     ] = -1.0,
     in_place: Annotated[
-        float, typer.Option(help="Share of SFT fixes whose sed writes the file (-i); the rest only print the fix.")
+        float,
+        typer.Option(
+            max=1.0,
+            help="Share of SFT fixes whose sed writes the file (-i), the rest only print the fix; below 0 = the recipe's.",
+        ),
     ] = -1.0,
     force: Annotated[
         bool, typer.Option("--force", help="Train from scratch even if DIR, or the recipe, holds this exact build.")

@@ -74,7 +74,9 @@ def serve(
         str, typer.Option("--engine", "-e", help="embedded | vllm | URL of a running vLLM server (default: auto).")
     ] = "",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = 8000,
+    port: Annotated[
+        int, typer.Option("--port", "-p", min=0, max=65535, help="Port to listen on; 0 = a free one.")
+    ] = 8000,
     traces: Annotated[Path | None, typer.Option(help="Append one hrl.trace/1 line per finished session here.")] = None,
     control_token_file: Annotated[
         Path | None,
@@ -92,7 +94,9 @@ def serve(
         ),
     ] = False,
     require_sessions: Annotated[bool, typer.Option(hidden=True, help="The default now; kept for old scripts.")] = True,
-    idle_timeout: Annotated[float, typer.Option(help="End a session after this many idle seconds; 0 = never.")] = 1800,
+    idle_timeout: Annotated[
+        float, typer.Option(min=0, help="End a session after this many idle seconds; 0 = never.")
+    ] = 1800,
     served_name: Annotated[str, typer.Option(help="Model name reported to clients (default: --model).")] = "",
     tool_parser: Annotated[
         str,

@@ -64,7 +64,7 @@ app.command("list", hidden=True)(ls)
 def validate(
     file: Annotated[Path, typer.Argument(help="Task file to check.")],
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
-    concurrency: Annotated[int, typer.Option(help="Tasks graded at once.")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1, help="Tasks graded at once.")] = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print per-task results as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each grading event.")] = False,
 ) -> None:
@@ -91,7 +91,7 @@ def validate(
 def synth(
     package: Annotated[str, typer.Option(help="A pure-Python PyPI package whose sdist carries its tests.")],
     out: Annotated[Path, typer.Option(help="Write the validated tasks here (JSONL).")],
-    n: Annotated[int, typer.Option("--n", help="Tasks wanted.")] = 10,
+    n: Annotated[int, typer.Option("--n", min=1, help="Tasks wanted.")] = 10,
     version: Annotated[str | None, typer.Option(help="Package version (default: latest).")] = None,
     seed: Annotated[int, typer.Option(help="Same seed, same tasks.")] = 0,
     sdist: Annotated[Path | None, typer.Option(help="Use this sdist file instead of downloading.")] = None,

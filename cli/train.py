@@ -84,7 +84,7 @@ def train(
     lora: Annotated[bool, typer.Option("--lora", help="Train LoRA adapters (default).")] = False,
     full: Annotated[bool, typer.Option("--full", help="Train all weights.")] = False,
     use_async: Annotated[bool, typer.Option("--async", help="Asynchronous rollouts and updates.")] = False,
-    iterations: Annotated[int, typer.Option(help="Training steps (default: the recipe's).")] = 0,
+    iterations: Annotated[int, typer.Option(min=0, help="Training steps; 0 = the recipe's.")] = 0,
     sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,

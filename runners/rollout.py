@@ -40,12 +40,16 @@ class RolloutConfig(BaseModel):
         "group is one task under one harness, and the metrics are split per harness (harness/<name>/…).",
     )
     sandbox: str = Field("docker", description="docker | local.")
-    time_budget_s: float = Field(600, description="Wall-time budget of one agent run; 0 = none.")
-    proxy_port: int = Field(PROXY_PORT, description="Port the proxy appears on inside docker sandboxes.")
+    time_budget_s: float = Field(600, ge=0, description="Wall-time budget of one agent run; 0 = none.")
+    proxy_port: int = Field(
+        PROXY_PORT, ge=1, le=65535, description="Port the proxy appears on inside docker sandboxes."
+    )
     verify: bool = Field(True, description="Score episodes with the task's tests.")
     run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
-    cpus: float = Field(0.0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none.")
-    memory_mb: int = Field(0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
+    cpus: float = Field(
+        0.0, ge=0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none."
+    )
+    memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
     mode: Literal["inprocess", "subprocess"] = Field(
         "inprocess",

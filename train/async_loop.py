@@ -51,12 +51,13 @@ __all__ = ["AsyncConfig", "oldest_version", "train_async"]
 
 
 class AsyncConfig(BaseModel):
-    max_in_flight: int = Field(8, description="Episodes kept running at all times (M).")
-    batch_traces: int = Field(8, description="Finished traces per update (N), rounded up to whole groups.")
-    max_staleness: int = Field(1, description="Drop traces whose oldest token is more versions old than this.")
-    max_buffered: int = Field(32, description="Most finished-but-untrained traces before new episodes wait.")
+    max_in_flight: int = Field(8, ge=1, description="Episodes kept running at all times (M).")
+    batch_traces: int = Field(8, ge=1, description="Finished traces per update (N), rounded up to whole groups.")
+    max_staleness: int = Field(1, ge=0, description="Drop traces whose oldest token is more versions old than this.")
+    max_buffered: int = Field(32, ge=1, description="Most finished-but-untrained traces before new episodes wait.")
     max_failed_groups: int = Field(
         16,
+        ge=0,
         description="Stop with an error once more groups than this could not complete (an episode left no trace "
         "at all); each such group is dropped and counted (`async/dropped_groups`).",
     )

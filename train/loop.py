@@ -37,10 +37,10 @@ Event = Callable[[str, dict[str, Any]], None]
 
 
 class LoopConfig(BaseModel):
-    iterations: int = Field(10, description="Training steps (one batch of rollouts each).")
-    tasks_per_iteration: int = Field(4, description="Distinct tasks per batch.")
-    group_size: int = Field(4, description="Episodes per task per batch (the GRPO group).")
-    concurrency: int = Field(4, description="Episodes running at once.")
+    iterations: int = Field(10, ge=1, description="Training steps (one batch of rollouts each).")
+    tasks_per_iteration: int = Field(4, ge=1, description="Distinct tasks per batch.")
+    group_size: int = Field(4, ge=1, description="Episodes per task per batch (the GRPO group).")
+    concurrency: int = Field(4, ge=1, description="Episodes running at once.")
     advantage: AdvantageKind = Field(
         "grpo",
         description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
@@ -72,11 +72,12 @@ class LoopConfig(BaseModel):
     )
     eval_every: int = Field(
         0,
+        ge=0,
         description="With eval_tasks: also evaluate every N steps, on eval_slice of them (the whole set is "
         "evaluated at step 0 and after the last step either way; sync loop only). 0 = only then.",
     )
-    eval_slice: int = Field(8, description="Held-out tasks of an evaluation between the first and the last.")
-    eval_episodes: int = Field(1, description="Episodes per held-out task in an evaluation.")
+    eval_slice: int = Field(8, ge=1, description="Held-out tasks of an evaluation between the first and the last.")
+    eval_episodes: int = Field(1, ge=1, description="Episodes per held-out task in an evaluation.")
     eval_markers: dict[str, str] = Field(
         default_factory=dict,
         description="With eval_tasks: {name: text}. Each evaluation also logs eval/has/<name>, the share of episodes "

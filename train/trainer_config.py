@@ -15,15 +15,16 @@ _ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 class TrainerConfig(BaseModel):
     model: str = Field(description="HF model id or local dir to train.")
     mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or all weights.")
-    lora_rank: int = 8
-    lora_alpha: int = 16
+    lora_rank: int = Field(8, ge=1, description="LoRA rank r of every adapted projection.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA scale numerator: the update is (alpha / r) · B A.")
     lora_targets: list[str] = Field(default_factory=lambda: list(_ALL_PROJ))
-    lr: float = Field(1e-5, description="AdamW learning rate.")
-    weight_decay: float = 0.0
-    max_grad_norm: float = Field(1.0, description="Global grad-norm clip; 0 = off.")
-    micro_batch: int = Field(4, description="Samples per forward/backward (gradient accumulation over the rest).")
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Global grad-norm clip; 0 = off.")
+    micro_batch: int = Field(4, ge=1, description="Samples per forward/backward (gradient accumulation over the rest).")
     micro_batch_tokens: int = Field(
         0,
+        ge=0,
         description="Token budget per forward/backward instead of a count: samples sorted by length are packed "
         "while samples × longest ≤ this (a longer one goes alone). 0 = use micro_batch.",
     )
@@ -46,35 +47,39 @@ class TrainerConfig(BaseModel):
         "(engine_options.gpus). Empty = rank r on cuda:r.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
-    logprob_chunk: int = Field(512, description="Positions per vocabulary-projection chunk.")
+    logprob_chunk: int = Field(512, ge=1, description="Positions per vocabulary-projection chunk.")
     tree: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Prefix-shared training: the batch's branches packed into one token tree per forward pass, each "
         "shared prefix computed once (same logprobs and gradients). auto: when distinct ÷ total tokens < tree_threshold.",
     )
-    tree_threshold: float = Field(0.75, description="tree=auto packs trees below this distinct ÷ total tokens.")
-    tree_max_tokens: int = Field(16384, description="Distinct tokens per tree forward pass (its micro-batch).")
-    clip_low: float = Field(0.2, description="PPO clip below 1 (ε_low).")
-    clip_high: float = Field(0.2, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
+    tree_threshold: float = Field(
+        0.75, ge=0, le=1, description="tree=auto packs trees below this distinct ÷ total tokens."
+    )
+    tree_max_tokens: int = Field(16384, ge=1, description="Distinct tokens per tree forward pass (its micro-batch).")
+    clip_low: float = Field(0.2, ge=0, le=1, description="PPO clip below 1 (ε_low).")
+    clip_high: float = Field(0.2, ge=0, description="PPO clip above 1 (ε_high); > clip_low is DAPO clip-higher.")
     correction: Literal["tis", "decoupled", "none"] = Field(
         "tis",
         description="none: ratio against the recorded behaviour logprobs. tis: ratio against the trainer's logprobs "
         "at update start, × min(π_prox/π_behav, tis_cap). decoupled: the same, untruncated (decoupled PPO).",
     )
-    tis_cap: float = Field(2.0, description="Truncation of the importance weight for 'tis'.")
+    tis_cap: float = Field(2.0, gt=0, description="Truncation of the importance weight for 'tis'.")
     loss_norm: Literal["trace", "constant"] = Field(
         "trace",
         description="trace: token mean within each trace, mean over traces. constant: Dr. GRPO (Liu et al. 2025): "
         "every token counts the same, loss summed ÷ (max_len × traces). `train.advantage: dr_grpo` sets constant.",
     )
-    max_len: int = Field(4096, description="The constant normaliser of loss_norm=constant (Dr. GRPO), in tokens.")
+    max_len: int = Field(4096, ge=1, description="The constant normaliser of loss_norm=constant (Dr. GRPO), in tokens.")
     kl_coef: float = Field(
         0.0,
+        ge=0,
         description="Weight of a k3 KL(π || π_ref) penalty on the sampled tokens, π_ref = the starting weights "
         "(LoRA: the base with adapters off; full: a frozen copy). 0 = off.",
     )
     max_update_kl: float = Field(
         0.0,
+        ge=0,
         description="Trust region per step: when the step moves the policy by more than this mean k3 KL on the "
         "batch's own tokens, the step is scaled back (1/2, 1/4, 1/8, else undone). Keeps one copy of the trainable "
         "weights. 0 = off.",

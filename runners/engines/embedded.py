@@ -31,10 +31,12 @@ class EmbeddedEngineConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = the checkpoint's dtype."
     )
-    max_batch_size: int = Field(16, description="Most sequences decoded together in one batch.")
-    max_model_len: int = Field(0, description="Context window in tokens; 0 = the model's max_position_embeddings.")
-    threads: int = Field(0, description="torch intra-op threads; 0 = torch's default.")
-    max_loaded_versions: int = Field(4, description="LoRA policy versions kept loaded for pinned traces.")
+    max_batch_size: int = Field(16, ge=1, description="Most sequences decoded together in one batch.")
+    max_model_len: int = Field(
+        0, ge=0, description="Context window in tokens; 0 = the model's max_position_embeddings."
+    )
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default.")
+    max_loaded_versions: int = Field(4, ge=1, description="LoRA policy versions kept loaded for pinned traces.")
 
 
 @dataclass

@@ -109,8 +109,8 @@ async def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -
 class RemoteEngineConfig(BaseModel):
     model: str = Field("", description="The served model (informational: the server loaded it).")
     url: str = Field(description="http://host:port of an `engine_app` server.")
-    startup_timeout_s: float = Field(120, description="Seconds to wait for /health at start().")
-    request_timeout_s: float = Field(600, description="Seconds allowed for a control call (publish, pause).")
+    startup_timeout_s: float = Field(120, gt=0, description="Seconds to wait for /health at start().")
+    request_timeout_s: float = Field(600, gt=0, description="Seconds allowed for a control call (publish, pause).")
 
 
 class RemoteEngine:

@@ -53,19 +53,22 @@ class ScriptedEngineConfig(BaseModel):
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(
-        0.0, description="Pause between streamed tokens, one token per delta (ignored when decode_tps is set)."
+        0.0, ge=0, description="Pause between streamed tokens, one token per delta (ignored when decode_tps is set)."
     )
     decode_tps: float = Field(
-        0.0, description="Paced decoding: tokens per second per sequence, due on the clock; 0 = not paced."
+        0.0, ge=0, description="Paced decoding: tokens per second per sequence, due on the clock; 0 = not paced."
     )
-    max_batch: int = Field(0, description="Paced: most sequences decoding at once (others queue); 0 = no ceiling.")
+    max_batch: int = Field(
+        0, ge=0, description="Paced: most sequences decoding at once (others queue); 0 = no ceiling."
+    )
     prefill_tps: float = Field(
         0.0,
+        ge=0,
         description="Paced: prompt tokens per second of prefill, charged on the tokens past the longest prompt "
         "prefix this engine holds in its prefix cache (16-token blocks, like vLLM's); 0 = free prefill.",
     )
-    max_model_len: int = Field(32768, description="Context window in tokens.")
-    publish_delay_s: float = Field(0.0, description="How long a publish takes (to test waiting through one).")
+    max_model_len: int = Field(32768, ge=1, description="Context window in tokens.")
+    publish_delay_s: float = Field(0.0, ge=0, description="How long a publish takes (to test waiting through one).")
     continues_in_place: bool = Field(
         True, description="Publishes apply to running requests (False: like vLLM LoRA, the proxy must resubmit)."
     )

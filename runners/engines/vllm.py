@@ -58,15 +58,17 @@ class VLLMEngineConfig(BaseModel):
     )
     python: str | None = Field(None, description="Python of a venv with vllm; None = $HRL_VLLM_PYTHON, then this one.")
     host: str = Field("127.0.0.1", description="Interface the server listens on.")
-    port: int = Field(0, description="TCP port of the server; 0 = pick a free one.")
+    port: int = Field(0, ge=0, le=65535, description="TCP port of the server; 0 = pick a free one.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto",
         description="Weights/activations dtype; auto = the checkpoint's (vLLM's own auto runs float32 as bfloat16 on CPU).",
     )
-    max_model_len: int = Field(0, description="Context window in tokens; 0 = the model's own.")
+    max_model_len: int = Field(0, ge=0, description="Context window in tokens; 0 = the model's own.")
     enable_lora: bool = Field(True, description="Allow LoRA publishes (runtime adapter loading).")
-    max_lora_rank: int = Field(16, description="Largest LoRA rank a publish may load.")
-    max_loras: int = Field(4, description="LoRA versions kept loaded (older ones are unloaded); also vLLM --max-loras.")
+    max_lora_rank: int = Field(16, ge=1, description="Largest LoRA rank a publish may load.")
+    max_loras: int = Field(
+        4, ge=1, description="LoRA versions kept loaded (older ones are unloaded); also vLLM --max-loras."
+    )
     kv_cache_gib: int = Field(1, ge=1, description="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (vLLM --tensor-parallel-size).")
     gpu_memory_utilization: float = Field(
@@ -98,8 +100,8 @@ class VLLMEngineConfig(BaseModel):
         "falls back to disk when the trainer attached no weights.",
     )
     enforce_eager: bool = Field(True, description="Skip torch.compile and graph capture: starts faster on CPU.")
-    startup_timeout_s: float = Field(300, description="Seconds to wait for /health before giving up.")
-    request_timeout_s: float = Field(600, description="Seconds allowed for a control call (pause, load, reload).")
+    startup_timeout_s: float = Field(300, gt=0, description="Seconds to wait for /health before giving up.")
+    request_timeout_s: float = Field(600, gt=0, description="Seconds allowed for a control call (pause, load, reload).")
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags, passed as given.")
     log_file: str | None = Field(None, description="Append the server log here; None = keep only its last lines.")
 

@@ -39,10 +39,10 @@ class ProxyConfig(BaseModel):
         description="Open a session for any token a request names (quick manual use only: anyone who can reach "
         "the port can then write traces). Default: only registered sessions are served, others get a 401.",
     )
-    idle_timeout_s: float = Field(1800, description="End a session after this long without a request; 0 = never.")
-    max_body_bytes: int = Field(32 * 1024 * 1024, description="Larger request bodies get a 413.")
-    default_max_tokens: int = Field(1024, description="max_tokens when the agent sends none.")
-    max_context: int = Field(0, description="Context window in tokens; 0 = the engine's / model's.")
+    idle_timeout_s: float = Field(1800, ge=0, description="End a session after this long without a request; 0 = never.")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1, description="Larger request bodies get a 413.")
+    default_max_tokens: int = Field(1024, ge=1, description="max_tokens when the agent sends none.")
+    max_context: int = Field(0, ge=0, description="Context window in tokens; 0 = the engine's / model's.")
     redact: bool = Field(
         True,
         description="Replace host secrets (values of secret-named variables, known key formats) in the request "
@@ -50,15 +50,16 @@ class ProxyConfig(BaseModel):
     )
     stream_coalesce_ms: float = Field(
         2.0,
+        ge=0,
         description="Streaming: text that arrives within this many ms of the last write is held and sent as one "
         "event (one write); nothing waits longer. 0 = one event per engine delta. The trace is the same either way.",
     )
     stream_coalesce_tokens: int = Field(
-        16, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
+        16, ge=0, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
     )
-    workers: int = Field(1, description="Proxy worker processes on this node (runners.proxy.workers); 1 = one.")
+    workers: int = Field(1, ge=1, description="Proxy worker processes on this node (runners.proxy.workers); 1 = one.")
     worker_index: int = Field(
-        0, description="This worker's index: it serves, and registers, only the session tokens it owns."
+        0, ge=0, description="This worker's index: it serves, and registers, only the session tokens it owns."
     )
     tool_parser: str = Field(
         "auto",

@@ -58,10 +58,16 @@ class HarborVerifierConfig(BaseModel):
         "none", description="Network of the grading (and solution) containers: none, or host for a test.sh that "
         "downloads (many Terminal-Bench 2 tests install uv or pytest at test time)."
     )  # fmt: skip
-    timeout_s: float = Field(0.0, description="Limit for test.sh in seconds; 0 = the task's [verifier] timeout_sec.")
-    setup_timeout_s: float = Field(300.0, description="Limit for each setup step (copies, workdir carry-over), s.")
-    solve_timeout_s: float = Field(0.0, description="Limit for solution/solve.sh; 0 = [agent] timeout_sec or 600.")
-    log_chars: int = Field(3000, description="How much of test.sh's output tail goes into reward_info['log'].")
+    timeout_s: float = Field(
+        0.0, ge=0, description="Limit for test.sh in seconds; 0 = the task's [verifier] timeout_sec."
+    )
+    setup_timeout_s: float = Field(
+        300.0, gt=0, description="Limit for each setup step (copies, workdir carry-over), s."
+    )
+    solve_timeout_s: float = Field(
+        0.0, ge=0, description="Limit for solution/solve.sh; 0 = [agent] timeout_sec or 600."
+    )
+    log_chars: int = Field(3000, ge=0, description="How much of test.sh's output tail goes into reward_info['log'].")
     hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (docker: none).")
     run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
 

@@ -42,7 +42,7 @@ from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
 from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
-__all__ = ["TestVerifier", "TestVerifierConfig", "Verdict", "Verifier"]
+__all__ = ["PythonVerifierConfig", "TestVerifier", "TestVerifierConfig", "Verdict", "Verifier"]
 
 
 @dataclass
@@ -86,6 +86,15 @@ class Verifier(Protocol):
         ...
 
 
+class PythonVerifierConfig(BaseModel):
+    """`verifier: {name: python}`: a white-box agent's answer scored by a Python function, with no sandbox."""
+
+    function: str = Field(
+        "", description="score(task, answer) -> reward | (reward, info), as MODULE:FUNCTION or FILE.py:FUNCTION."
+    )
+    hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (set by hrl).")
+
+
 class TestVerifierConfig(BaseModel):
     __test__ = False  # not a pytest class
     image: str = Field(DEFAULT_IMAGE, description="Grading (and agent) image for tasks that name none.")
@@ -94,8 +103,10 @@ class TestVerifierConfig(BaseModel):
         description="Host paths no agent or grading sandbox may see: the task files (hidden tests, gold patches) "
         "and the run's outputs. `hrl rollout` and `hrl train` fill it in; local sandboxes enforce it.",
     )
-    timeout_s: float = Field(300.0, description="Limit for a task's test command in seconds; 0 = none.")
-    setup_timeout_s: float = Field(120.0, description="Limit for each setup step (layout, patches, setup_cmd), s.")
+    timeout_s: float = Field(300.0, ge=0, description="Limit for a task's test command in seconds; 0 = none.")
+    setup_timeout_s: float = Field(
+        120.0, gt=0, description="Limit for each setup step (layout, patches, setup_cmd), s."
+    )
     reward: Literal["binary", "partial"] = Field(
         "binary", description="binary: 1 iff all listed tests pass. partial: fraction of listed tests passing."
     )
@@ -108,10 +119,10 @@ class TestVerifierConfig(BaseModel):
         True, description="Drop new top-level modules that shadow the stdlib or the test runner (see guards)."
     )
     disable_plugin_autoload: bool = Field(True, description="PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 for the tests.")
-    max_diff_bytes: int = Field(5_000_000, description="A larger agent diff scores 0 without grading.")
-    cpus: float = Field(0.0, description="CPU limit of a grading sandbox; 0 = none.")
-    memory_mb: int = Field(0, description="Memory limit of a grading sandbox in MiB; 0 = none.")
-    log_chars: int = Field(3000, description="How much of the test output's tail goes into reward_info['log'].")
+    max_diff_bytes: int = Field(5_000_000, ge=1, description="A larger agent diff scores 0 without grading.")
+    cpus: float = Field(0.0, ge=0, description="CPU limit of a grading sandbox; 0 = none.")
+    memory_mb: int = Field(0, ge=0, description="Memory limit of a grading sandbox in MiB; 0 = none.")
+    log_chars: int = Field(3000, ge=0, description="How much of the test output's tail goes into reward_info['log'].")
     run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
     image_registry: str = Field(
         "",

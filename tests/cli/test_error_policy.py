@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import typer
 
+import hrl.recipes
 from hrl.cli.main import app, main
 from tests.harbor_tasks import write_task
 
@@ -160,6 +161,27 @@ CASES = [
         "'mixed' or 'pin'",
     ),
     Case("bad -c form", ("train", "--recipe", "demo", "-c", "{tmp}/none.yaml"), USAGE, "expected key=value"),
+    # values past a field's or a flag's bound, and recipe files checked as -c is
+    Case("bounded -c value", ("train", "--recipe", "demo", "-c", "train.group_size=0"), USAGE, "train.group_size=0"),
+    Case("bounded -c value", ("train", "--recipe", "demo", "-c", "trainer.lr=-1"), USAGE, "trainer.lr=-1"),
+    Case(
+        "bounded -c value",
+        ("eval", "-a", "codex", "--recipe", "demo", "-c", "train.eval_episodes=0"),
+        USAGE,
+        "train.eval_episodes=0",
+    ),
+    Case("bounded flag", ("train", "--recipe", "demo", "--iterations", "-1"), USAGE, "'--iterations'"),
+    Case("bounded flag", ("rollout", "-a", "codex", "--recipe", "demo", "--limit", "-1"), USAGE, "'--limit'"),
+    Case("bounded flag", ("rollout", "-a", "codex", "--recipe", "demo", "-n", "0"), USAGE, "'-n'"),
+    Case("bounded flag", ("serve", "--model", "hrl:tiny", "--port", "99999"), USAGE, "'--port'"),
+    Case("bounded flag", ("tasks", "validate", "{tmp}/tasks.jsonl", "--concurrency", "0"), USAGE, "'--concurrency'"),
+    Case("misspelt recipe key", ("train", "--recipe", "{tmp}/typo-top"), USAGE, "did you mean 'trainer' or 'train'"),
+    Case(
+        "misspelt recipe key",
+        ("rollout", "-a", "codex", "--recipe", "{tmp}/typo-nested"),
+        USAGE,
+        "did you mean 'train.group_size'",
+    ),
     # flags that cannot change on --resume
     Case(
         "--resume with --model",
@@ -266,6 +288,11 @@ def _files(tmp: Path) -> None:
     (tmp / "empty").mkdir()
     write_task(tmp / "harbor", "reward-file")
     (tmp / "run").mkdir()
+    demo = (Path(hrl.recipes.__path__[0]) / "demo" / "recipe.yaml").read_text()
+    for name, text in (("typo-top", demo.replace("\ntrain:", "\ntrainr:")),
+                       ("typo-nested", demo.replace("  group_size: 8", "  group_sise: 8"))):  # fmt: skip
+        (tmp / name).mkdir()
+        (tmp / name / "recipe.yaml").write_text(text)
     (tmp / "run" / "config.json").write_text(json.dumps({"recipe": "demo", "model": "m", "tasks": "t"}))
     (tmp / "run" / "state.json").write_text(json.dumps({"iteration": 1, "version": 1, "checkpoint": None}))
 
@@ -386,6 +413,17 @@ def _check_hint(hint: str, argv: list[str], monkeypatch, capsys) -> None:
         known |= _options(cmd)
     bare = _named_options(re.sub(r"`[^`]*`", "", hint))
     assert bare <= known, f"hint {hint!r} names options {sorted(bare - known)} that no command it names has"
+
+
+def test_a_refused_config_starts_nothing(tmp_path: Path, monkeypatch, capsys):
+    """A bounded value, a bounded flag and a misspelt recipe key are refused before the run directory is made."""
+    _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["train", "--recipe", "demo", "-c", "train.group_size=0"], ["train", "--recipe", "demo",
+                 "--iterations", "-1"], ["train", "--recipe", str(tmp_path / "typo-nested"), "--run-dir", "r"]):  # fmt: skip
+        code, _out, err = run_hrl(argv, {}, monkeypatch, capsys)
+        assert code == USAGE, err
+        assert not (tmp_path / "runs").exists() and not (tmp_path / "r").exists(), argv
 
 
 def test_a_traceback_only_with_hrl_debug(tmp_path: Path, monkeypatch, capsys):

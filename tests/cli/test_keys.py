@@ -94,3 +94,61 @@ def test_every_key_of_a_bundled_recipe_is_known(name):
 
     cfg = load_recipe_config(name)
     check_overrides(list(cfg.items()), cfg)
+
+
+def _bounded_fields():
+    """(key, value just past the bound) for every field with a lower or upper bound, in every section's model."""
+    from annotated_types import Ge, Gt, Le
+
+    from hrl.runners.engines.embedded import EmbeddedEngineConfig
+    from hrl.runners.engines.scripted import ScriptedEngineConfig
+    from hrl.runners.engines.vllm import VLLMEngineConfig
+    from hrl.runners.placement import PlacementConfig
+    from hrl.runners.tasks.harbor_verifier import HarborVerifierConfig
+    from hrl.train.async_loop import AsyncConfig
+    from hrl.train.loop import LoopConfig
+    from hrl.train.trainer import TrainerConfig
+
+    models = [
+        ("train", LoopConfig, {}), ("trainer", TrainerConfig, {}), ("async", AsyncConfig, {}),
+        ("rollout", RolloutConfig, {}), ("proxy", ProxyConfig, {}), ("placement", PlacementConfig, {}),
+        ("verifier", TestVerifierConfig, {}), ("verifier", HarborVerifierConfig, {"verifier": {"name": "harbor"}}),
+        ("engine_options", EmbeddedEngineConfig, {}), ("engine_options", VLLMEngineConfig, {"engine": "vllm"}),
+        ("engine_options", ScriptedEngineConfig, {"engine": "scripted"}),
+    ]  # fmt: skip
+    for section, model, cfg in models:
+        for name, field in model.model_fields.items():
+            for bound in field.metadata:
+                if isinstance(bound, Ge):
+                    yield f"{section}.{name}", bound.ge - 1, cfg
+                elif isinstance(bound, Gt):
+                    yield f"{section}.{name}", bound.gt, cfg
+                elif isinstance(bound, Le):
+                    yield f"{section}.{name}", bound.le + 1, cfg
+
+
+def test_every_bounded_field_refuses_a_value_past_its_bound():
+    """Counts, sizes, limits and rates that cannot be 0 or negative carry bounds on their model's field, and `-c`
+    checks them: one value just past each bound is refused naming the key."""
+    tried = list(_bounded_fields())
+    assert len(tried) >= 80, len(tried)  # the sections' models together: a field that lost its bound shows here
+    for key, value, cfg in tried:
+        with pytest.raises(UsageError, match=rf"bad -c {key}="):
+            check_key(key, value, cfg)
+
+
+def test_a_recipe_file_is_checked_as_c_is(tmp_path):
+    """A misspelt key at the top or nested, or a value past a bound, in a recipe file is refused naming the key, the
+    nearest valid one and the file; before, it was ignored and the run took the default."""
+    from hrl.recipes.loader import recipe_path
+
+    text = recipe_path("demo").read_text()
+    for wrong, message in [
+        (text.replace("\ntrain:", "\ntrainr:"), r"unknown recipe key 'trainr' .*did you mean 'trainer' or 'train'"),
+        (text.replace("  group_size: 8", "  group_sise: 8"), r"unknown recipe key 'train\.group_sise' in .*"
+         r"recipe\.yaml; did you mean 'train\.group_size'"),
+        (text.replace("  group_size: 8", "  group_size: 0"), r"bad recipe train\.group_size=0 in .*recipe\.yaml"),
+    ]:  # fmt: skip
+        (tmp_path / "recipe.yaml").write_text(wrong)
+        with pytest.raises(UsageError, match=message):
+            load_recipe_config(str(tmp_path))
