@@ -1,6 +1,8 @@
 """README "First ten minutes" stays true: every `$ hrl …` line of its console blocks is run, in order, in one
 scratch folder, and each line shown under it must appear in what the command printed (stdout and stderr), in
 that order; `…` matches anything. The rollout step runs a real agent CLI (mini-swe-agent), hence the marker.
+The README stays short, and the docs stay reachable: docs/README.md lists every page, and no relative link is
+broken.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 def steps() -> list[tuple[str, list[str]]]:
@@ -61,3 +65,29 @@ def test_first_ten_minutes_prints_what_the_readme_shows(tmp_path: Path):
             hits = [i for i in range(at, len(printed)) if pattern.fullmatch(printed[i].rstrip())]
             assert hits, f"`hrl {command}` did not print {line!r} (after line {at}):\n" + "\n".join(printed)
             at = hits[0] + 1
+
+
+def test_the_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; details belong in docs/"
+
+
+def _relative_links(page: Path) -> list[str]:
+    """Targets of the page's markdown links outside code, less web addresses and `#anchors`."""
+    text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+    targets = [t.split("#", 1)[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)]
+    return [t for t in targets if t and not re.match(r"[a-z][a-z+.-]*:", t)]
+
+
+def test_docs_index_lists_every_page_and_every_relative_link_resolves():
+    index = DOCS / "README.md"
+    listed = {(DOCS / t).resolve() for t in _relative_links(index)}
+    unlisted = [p.name for p in sorted(DOCS.glob("*.md")) if p != index and p.resolve() not in listed]
+    assert not unlisted, f"docs/README.md does not link {unlisted}"
+    broken = [
+        f"{page.relative_to(ROOT)} → {target}"
+        for page in [README, *sorted(DOCS.glob("*.md"))]
+        for target in _relative_links(page)
+        if not (page.parent / target).exists()
+    ]
+    assert not broken, broken
