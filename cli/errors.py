@@ -18,7 +18,7 @@ from rich.text import Text
 
 from hrl.cli.output import err
 
-__all__ = ["EXIT_INFRA", "EXIT_INTERRUPTED", "EXIT_USAGE", "hint_for", "report", "say_error"]
+__all__ = ["EXIT_INFRA", "EXIT_INTERRUPTED", "EXIT_USAGE", "hint_for", "infra_exit", "report", "say_error"]
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_INFRA, EXIT_PREREQ, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 
@@ -104,3 +104,24 @@ def report(exc: BaseException) -> int:
     code, hint = hint_for(exc)
     say_error(str(exc) or type(exc).__name__, hint)
     return code
+
+
+def infra_exit(traces: list[dict[str, Any]], max_error_rate: float, where: str) -> int:
+    """The exit code of a finished run of episodes: EXIT_INFRA, with the error and its reasons, when more than
+    `max_error_rate` of them failed in the infrastructure (a cancelled episode is no such failure), else 0.
+    `where` is the trace source the hint names (`hrl rollout`'s --out, `hrl eval`'s run directory)."""
+    from collections import Counter
+
+    from hrl.runners.trace import INFRA_FAILURES
+
+    infra = Counter(str(t["failure_reason"]) for t in traces if t.get("failure_reason") in INFRA_FAILURES)
+    infra.pop("cancelled", None)
+    if sum(infra.values()) <= len(traces) * max_error_rate:
+        return 0
+    which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
+    say_error(
+        f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
+        f"max_error_rate {max_error_rate:g} allows",
+        f"the traces' metadata say why: `hrl inspect {where} --json`; `hrl doctor` checks docker and the engine",
+    )
+    return EXIT_INFRA

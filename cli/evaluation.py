@@ -11,10 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from hrl.cli.errors import EXIT_INFRA, say_error
+from hrl.cli.errors import infra_exit
 from hrl.cli.output import emit, err
 from hrl.runners.errors import UsageError
-from hrl.runners.trace import INFRA_FAILURES
 
 __all__ = ["EPILOG", "eval_"]
 
@@ -114,18 +113,14 @@ async def _run(
     cfg: dict[str, Any], plan: dict[str, Any], engine: str, task_file: str, limit: int, concurrency: int,
     run_dir: Path, as_json: bool,
 ) -> int:  # fmt: skip
-    import secrets
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hrl.runners.episodes import Episode, run_episodes
+    from hrl.runners.placement import Episode, local_placement
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
     from hrl.runners.report.run import load_run
-    from hrl.runners.rollout import RolloutConfig, make_rollouts
+    from hrl.runners.rollout import RolloutConfig
     from hrl.runners.rundir import RunDir
-    from hrl.runners.stack import serving
     from hrl.runners.tasks.task import load_tasks
-    from hrl.runners.whitebox.harness import is_python_agent
 
     task_list = load_tasks(task_file)[: limit or None]
     plan["task_count"] = len(task_list)
@@ -147,11 +142,7 @@ async def _run(
         }
         for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
             cells = [c for c in plan["cells"] if c["model_path"] == path]
-            white = any(is_python_agent(c["agent"]) for c in cells)
-            async with serving(
-                path, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
-                control_token=secrets.token_urlsafe(32) if white else None,
-            ) as stack:  # fmt: skip
+            async with local_placement(cfg, path, engine, harnesses=[c["agent"] for c in cells]) as here:
                 for cell in cells:
                     bar = bars[cell["iteration"]]
 
@@ -160,11 +151,10 @@ async def _run(
                             progress.advance(bar)
 
                     roll = RolloutConfig(**{**cfg["rollout"], "agent": cell["agent"], "agents": []})
-                    rollouts = make_rollouts(stack, roll, on_event, cfg.get("verifier"), cfg.get("recipe_dir"))
-                    await asyncio.to_thread(rollouts.prepare)
+                    await here.prepare(on_event, roll)
                     episodes = [Episode(t, k, cell["iteration"]) for t in task_list for k in range(plan["n"])]
                     try:
-                        traces += await run_episodes(rollouts, episodes, run.trace_file(cell["iteration"]), concurrency)
+                        traces += await here.run(episodes, run.trace_file(cell["iteration"]), concurrency)
                     except asyncio.CancelledError:
                         err.print(f"interrupted: the traces so far are in {run_dir}", markup=False)
                         return 130
@@ -173,17 +163,4 @@ async def _run(
     rows = eval_rows(load_run(run_dir)) or []
     emit(rows, as_json=as_json, human=eval_table_text(rows, plan))
     err.print(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table", markup=False)
-    return _exit_code(traces, float(cfg.get("max_error_rate", 0.25)), run_dir)
-
-
-def _exit_code(traces: list[dict[str, Any]], max_error_rate: float, run_dir: Path) -> int:
-    """3 when infrastructure failures passed `max_error_rate` (as `hrl rollout`), else 0."""
-    infra = [t["failure_reason"] for t in traces if t.get("failure_reason") in INFRA_FAILURES - {"cancelled"}]
-    if len(infra) <= len(traces) * max_error_rate:
-        return 0
-    say_error(
-        f"{len(infra)} of {len(traces)} episodes failed in the infrastructure, more than max_error_rate "
-        f"{max_error_rate:g} allows",
-        f"the traces' metadata say why: `hrl inspect {run_dir} --json`; `hrl doctor` checks docker and the engine",
-    )
-    return EXIT_INFRA
+    return infra_exit(traces, float(cfg.get("max_error_rate", 0.25)), str(run_dir))

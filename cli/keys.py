@@ -48,7 +48,9 @@ class RecipeKeys(BaseModel):
         description="The asynchronous loop (`enabled` turns it on).",
         json_schema_extra={"model": "hrl.train.async_loop:AsyncConfig", "extra": {"enabled": "bool"}},
     )
-    placement: dict[str, Any] = _section("hrl.runners.placement:PlacementConfig", "Where it runs: local, or Ray.")
+    placement: dict[str, Any] = _section(
+        "hrl.runners.placement.config:PlacementConfig", "Where it runs: local, or Ray."
+    )
     verifier: dict[str, Any] = _section("verifier", "The verifier (`name`) and its config.", name="str")
 
 

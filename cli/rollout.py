@@ -12,10 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from hrl.cli.errors import EXIT_INFRA, say_error
+from hrl.cli.errors import infra_exit
 from hrl.cli.output import err
 from hrl.runners.errors import UsageError
-from hrl.runners.trace import INFRA_FAILURES
 
 __all__ = ["EPILOG", "LOCAL_WARNING", "rollout"]
 
@@ -141,14 +140,8 @@ async def _run(
     as_json: bool,
     verbose: bool,
 ) -> int:
-    import secrets
-
-    from hrl.runners.agents.install import installed
-    from hrl.runners.episodes import Episode, run_episodes
-    from hrl.runners.rollout import RolloutConfig, make_rollouts
-    from hrl.runners.stack import serving
+    from hrl.runners.placement import Episode, placed
     from hrl.runners.tasks.task import load_tasks
-    from hrl.runners.whitebox.harness import is_python_agent
 
     task_list = load_tasks(task_file)[: limit or None]
     several = list(cfg["rollout"].get("agents") or [])
@@ -189,36 +182,10 @@ async def _run(
         f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
         markup=False,
     )
-    every = RolloutConfig(**cfg["rollout"]).harnesses
-    clis = [a for a in every if not is_python_agent(a)]
-    white = len(clis) < len(every)
-    if (cfg.get("placement") or {}).get("kind") == "ray":
-        from hrl.runners.placement import ray_placement
-
-        say = lambda line: err.print(line, markup=False)  # noqa: E731
-        async with ray_placement(cfg, model, engine, concurrency, on_event, say) as placed:
-            try:
-                traces = await run_episodes(placed.rollouts, episodes, out, concurrency)
-            except asyncio.CancelledError:
-                err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
-                return 130
-        return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
-    async with serving(
-        model, engine, engine_options=cfg.get("engine_options"), proxy_options=cfg.get("proxy"),
-        control_token=secrets.token_urlsafe(32) if white else None,  # white-box agents register their sub-agents
-    ) as stack:  # fmt: skip
-        rollouts = make_rollouts(stack, RolloutConfig(**cfg["rollout"]), on_event, cfg.get("verifier"),
-                                 cfg.get("recipe_dir"))  # fmt: skip
-        target = "docker" if cfg["rollout"].get("sandbox", "docker") == "docker" else "local"
-        for name in clis:
-            cached = installed(name, target)
-            if cached is None:  # a cached agent is ready at once: nothing to say, unless asked
-                err.print(f"installing {name} for {target} (once; cached after) …", markup=False)
-            elif verbose:
-                err.print(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}", markup=False)
-        await asyncio.to_thread(rollouts.prepare)
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    async with placed(cfg, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as run:
         try:
-            traces = await run_episodes(rollouts, episodes, out, concurrency)
+            traces = await run.run(episodes, out, concurrency)
         except asyncio.CancelledError:
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
@@ -244,16 +211,7 @@ def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> 
     mean = f"mean reward {sum(rewards) / len(rewards):.3f} over {len(rewards)}" if rewards else "no rewarded episode"
     unrewarded = len(traces) - len(rewards)
     reasons = Counter(str(t["failure_reason"]) for t in traces if t["failure_reason"])
-    infra = {k: v for k, v in reasons.items() if k in INFRA_FAILURES and k != "cancelled"}
     failed = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "none"
     err.print(f"done: {len(traces)} traces in {out}; {mean}" + (f" ({unrewarded} without a reward)" if unrewarded
               else "") + f"; failures: {failed}", markup=False)  # fmt: skip
-    if sum(infra.values()) <= len(traces) * max_error_rate:
-        return 0
-    which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
-    say_error(
-        f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
-        f"max_error_rate {max_error_rate:g} allows",
-        f"the traces' metadata say why: `hrl inspect {out} --json`; `hrl doctor` checks docker and the engine",
-    )
-    return EXIT_INFRA
+    return infra_exit(traces, max_error_rate, str(out))

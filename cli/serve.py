@@ -133,8 +133,8 @@ def serve(
     recorded token-exactly, and each finished session becomes one trace line."""
     from hrl.cli.checks import check_engine, check_model
     from hrl.cli.config import materialize_model
+    from hrl.runners.placement import check_port_free
     from hrl.runners.proxy.reasoning import check_reasoning_name
-    from hrl.runners.proxy.server import check_port_free
     from hrl.runners.proxy.toolparsers import check_name
 
     engine = engine or default_engine()
@@ -154,9 +154,9 @@ def serve(
     if workers > 1:
         _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
         return
-    from hrl.runners.proxy.loop import run
+    from hrl.runners.placement import run_serving
 
-    run(_serve(path, engine, served_name or model, options, traces, host, port, token_file))
+    run_serving(_serve(path, engine, served_name or model, options, traces, host, port, token_file))
 
 
 def _serve_workers(
@@ -171,8 +171,7 @@ def _serve_workers(
     workers: int,
 ) -> None:
     from hrl.runners.errors import HrlError
-    from hrl.runners.proxy.server import check_port_free
-    from hrl.runners.proxy.workers import WorkerPool
+    from hrl.runners.placement import check_port_free, proxy_workers
 
     if not engine.startswith(("http://", "https://")):
         raise HrlError(
@@ -183,8 +182,8 @@ def _serve_workers(
     for i in range(1, workers):
         check_port_free(host, port + i)
     control = secrets.token_urlsafe(32)
-    pool = WorkerPool(model, engine, workers=workers, port=port, host=host, control_token=control,
-                      model_name=name, proxy_options=options, traces=str(traces) if traces else None)  # fmt: skip
+    pool = proxy_workers(model, engine, workers, port=port, host=host, control_token=control, model_name=name,
+                         proxy_options=options, traces=str(traces) if traces else None)  # fmt: skip
     with pool:
         write_control_token(token_file, control)
         err.print(f"tool calls parsed as {_parser_name(model, options['tool_parser'])}", markup=False)
@@ -210,8 +209,7 @@ async def _serve(
     port: int,
     token_file: Path,
 ) -> None:
-    from hrl.runners.stack import serving
-    from hrl.runners.trace import TraceWriter
+    from hrl.runners.placement import serve_proxy
 
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -219,10 +217,9 @@ async def _serve(
         loop.add_signal_handler(sig, main.cancel)  # type: ignore[union-attr]
     control = secrets.token_urlsafe(32)  # 256 random bits, fresh for every start
     try:
-        async with serving(model, engine, host=host, port=port, model_name=name, proxy_options=options,
-                           control_token=control,
-                           traces=TraceWriter(traces) if traces else None,
-                           say=lambda line: err.print(line, markup=False)) as stack:  # fmt: skip
+        async with serve_proxy(model, engine, host=host, port=port, model_name=name, proxy_options=options,
+                               control_token=control, traces=traces,
+                               say=lambda line: err.print(line, markup=False)) as stack:  # fmt: skip
             write_control_token(token_file, control)
             how = "detected from the model" if options["tool_parser"] == "auto" else "--tool-parser"
             err.print(f"tool calls parsed as {stack.proxy.template.tool_parser.name} ({how})", markup=False)

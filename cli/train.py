@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -225,36 +223,9 @@ def _per_harness(m: dict[str, Any]) -> dict[str, float]:
     return {name: round(v, 3) for name, v in harness_rewards(m).items()}
 
 
-@contextlib.asynccontextmanager
-async def _placed(cfg: dict[str, Any], concurrency: int, white: bool) -> AsyncIterator[tuple[Any, Any]]:
-    """(rollouts, publisher) where the placement puts them: this process (the proxy publishes), or Ray (the
-    driver's replica set fans each publish out to every replica); the trainer and the run dir stay here."""
-    import secrets
-
-    from hrl.runners.rollout import RolloutConfig, make_rollouts
-    from hrl.runners.stack import serving
-
-    engine = cfg.get("engine", "embedded")
-    if (cfg.get("placement") or {}).get("kind") == "ray":
-        from hrl.runners.placement import ray_placement
-
-        async with ray_placement(cfg, cfg["model"], engine, concurrency,
-                                 say=lambda line: err.print(line, markup=False)) as placed:  # fmt: skip
-            yield placed.rollouts, placed.publisher
-        return
-    async with serving(cfg["model"], engine, engine_options=cfg.get("engine_options"),
-                       proxy_options={**(cfg.get("proxy") or {}), "sampling": "honest"},  # white-box agents:
-                       control_token=secrets.token_urlsafe(32) if white else None) as stack:  # fmt: skip
-        rollouts = make_rollouts(stack, RolloutConfig(**cfg.get("rollout", {})), verifier=cfg.get("verifier"),
-                                 base_dir=cfg.get("recipe_dir"))  # fmt: skip
-        await asyncio.to_thread(rollouts.prepare)
-        yield rollouts, stack.proxy
-
-
 async def _train(cfg: dict[str, Any], run: Any) -> None:
-    from hrl.runners.rollout import RolloutConfig
+    from hrl.runners.placement import placed
     from hrl.runners.tasks.task import load_tasks
-    from hrl.runners.whitebox.harness import is_python_agent
     from hrl.train.async_loop import AsyncConfig, train_async
     from hrl.train.loop import LoopConfig
     from hrl.train.loop import train as train_sync
@@ -264,7 +235,7 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
     heldout = [t.model_dump() for t in load_tasks(cfg["eval_tasks"])] if cfg.get("eval_tasks") else None
     loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
     acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
-    white = any(is_python_agent(a) for a in RolloutConfig(**cfg.get("rollout", {})).harnesses)
+    cfg.setdefault("proxy", {})["sampling"] = "honest"  # every call at the policy's own distribution
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":
@@ -285,9 +256,11 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
         elif kind == "resumed":
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
-    async with _placed(cfg, loop_cfg.concurrency, white) as (rollouts, publisher):
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    async with placed(cfg, cfg["model"], cfg.get("engine", "embedded"), loop_cfg.concurrency, say=say) as run_here:
+        rollouts, publisher = run_here.rollouts, run_here.publisher
         if (cfg.get("async") or {}).get("enabled"):
-            history = await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, publisher.publish, rollouts,
+            history = await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, publisher, rollouts,
                                         on_event, heldout)  # fmt: skip
         else:
             history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)

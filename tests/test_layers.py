@@ -73,13 +73,13 @@ def test_rollout_side_has_no_top_level_heavy_imports():
 
 
 def test_only_the_placement_module_imports_ray():
-    """Ray is the `ray` extra: `--placement ray` needs it, nothing else may (runners/placement.py, lazily)."""
+    """Ray is the `ray` extra: `--placement ray` needs it, nothing else may (runners/placement/ray.py, lazily)."""
     bad = [
         f"{f.relative_to(ROOT)} imports {mod}"
         for layer in [*ORDER, "recipes"]
         for f in _files(layer)
         for mod, _ in _imports(f)
-        if mod.split(".")[0] == "ray" and f.relative_to(ROOT).as_posix() != "runners/placement.py"
+        if mod.split(".")[0] == "ray" and f.relative_to(ROOT).as_posix() != "runners/placement/ray.py"
     ]
     assert not bad, "\n".join(bad)
 
@@ -145,3 +145,22 @@ def test_tests_are_laid_out_like_the_source():
     ]
     loose = sorted(f.name for f in tests.glob("test_*.py") if f.name != "test_layers.py")  # repo-wide specs only
     assert not misplaced and not loose, (misplaced, loose)
+
+
+# What stands a run up (an engine, the proxy, rollouts) lives in runners/placement: cli/ parses, checks and renders.
+SERVING_MODULES = ("hrl.runners.stack", "hrl.runners.serving", "hrl.runners.episodes", "hrl.runners.proxy")
+SERVING_NAMES = {"serving", "make_rollouts", "run_episodes", "ray_placement", "WorkerPool", "Proxy", "make_engine"}
+CLI_MAY_CHECK = {"hrl.runners.proxy.toolparsers", "hrl.runners.proxy.reasoning"}  # name checks, before any start
+
+
+def test_cli_stands_nothing_up_itself():
+    bad = []
+    for f in _files("cli"):
+        tree = ast.parse(f.read_text(), str(f))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.module or node.module in CLI_MAY_CHECK:
+                continue
+            names = {a.name for a in node.names}
+            if node.module.startswith(SERVING_MODULES) or names & SERVING_NAMES:
+                bad.append(f"{f.relative_to(ROOT)} imports {sorted(names)} from {node.module}")
+    assert not bad, "cli/ stands runs up only through hrl.runners.placement:\n" + "\n".join(bad)

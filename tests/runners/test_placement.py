@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.placement import ray_placement
+from hrl.runners.placement.ray import ray_placement
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
 from tests.runners.tasks.test_verifier import mini_task

@@ -30,37 +30,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from hrl.runners.episodes import Episode, failed_trace
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.placement.config import PlacementConfig
 from hrl.runners.trace import TraceWriter
 
-__all__ = ["PlacementConfig", "RayPlacement", "ShardedPublisher", "ray_placement"]
+__all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
 
 Event = Callable[[str, dict[str, Any]], None]
-
-
-class PlacementConfig(BaseModel):
-    """The recipe's `placement:` section (`--placement` sets `kind`)."""
-
-    kind: Literal["local", "ray"] = Field("local", description="local: one process (today); ray: on a Ray cluster.")
-    address: str = Field(
-        "", description="Ray cluster to join (auto, ray://host:10001, host:6379); empty = start a local one."
-    )
-    engine_replicas: int = Field(1, ge=1, description="Engine servers (EngineReplica actors).")
-    replica_gpus: float = Field(0, ge=0, description="GPUs per replica (its tensor-parallel size); 0 = CPU.")
-    replica_cpus: float = Field(0, ge=0, description="CPUs Ray reserves per replica.")
-    nodes: int = Field(0, ge=0, description="Node agents (one per node); 0 = one on every alive node.")
-    episodes_per_node: int = Field(0, ge=0, description="K episodes at once per node; 0 = --concurrency spread.")
-    num_cpus: int = Field(0, ge=0, description="CPUs of a local Ray started here; 0 = Ray's default.")
-    routing: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Each proxy shard's routing over the replicas (runners.proxy.routing.RoutingConfig: "
-        "max_inflight, max_kv_cache_usage, max_waiting, poll_s, publish_retries).",
-    )
 
 
 def _ray() -> Any:
@@ -122,23 +101,20 @@ class NodeAgent:
         self.trace_file: Path | None = None
 
     async def start(self, cfg: dict[str, Any], model: str, replicas: dict[str, str]) -> str:
-        import secrets
-
-        from hrl.runners.rollout import RolloutConfig, make_rollouts
+        """Stand the node's share of the run up as a local run whose engine is the set of replicas."""
+        from hrl.runners.placement.local import local_placement
+        from hrl.runners.rollout import RolloutConfig
         from hrl.runners.scratch import scratch_dir
-        from hrl.runners.stack import serving
-        from hrl.runners.whitebox.harness import is_python_agent
 
         self.exit = contextlib.AsyncExitStack()
-        stack = await self.exit.enter_async_context(serving(
-            model, "replicas", engine_options=_replica_set(replicas, cfg), proxy_options=cfg.get("proxy"),
-            model_name=cfg.get("model_name"),  # white-box agents register their sub-agents on the control routes:
-            control_token=secrets.token_urlsafe(32) if is_python_agent(cfg["rollout"]["agent"]) else None,
-        ))  # fmt: skip
-        self.stack = stack
         roll = RolloutConfig(**{**cfg["rollout"], "run_id": f"{cfg['rollout']['run_id']}.n{self.index}"})
-        self.rollouts = make_rollouts(stack, roll, verifier=cfg.get("verifier"), base_dir=cfg.get("recipe_dir"))
-        await asyncio.to_thread(self.rollouts.prepare)
+        here = await self.exit.enter_async_context(
+            local_placement(
+                cfg, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, cfg)
+            )
+        )
+        self.stack = here.stack
+        self.rollouts = await here.prepare(rollout=roll)
         self.trace_file = scratch_dir("node") / "traces.jsonl"  # the node's own copy; the driver writes the run's
         return str(_ray().get_runtime_context().get_node_id())
 
@@ -286,6 +262,12 @@ class ShardedPublisher:
 
     def __init__(self, control: Any, agents: list[Any], sync_timeout_s: float = 60.0) -> None:
         self.control, self.agents, self.sync_timeout_s = control, agents, sync_timeout_s
+        self.engine = control  # what the loop reads of an engine: the ReplicaSet's last publish tier
+        self.stats: dict[str, float] = {}  # no proxy runs in the driver: its queue and pause figures are the shards'
+
+    def take_cpu_per_token(self) -> float | None:
+        """None: no proxy runs in the driver; each shard measures its own CPU per token."""
+        return None
 
     def __getattr__(self, name: str) -> Any:  # pause, resume, last_fanout, …: the ReplicaSet's
         return getattr(self.control, name)
@@ -315,6 +297,12 @@ class RayPlacement:
     urls: dict[str, str]
     agents: list[Any]
     started_ray: bool
+
+    async def run(self, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[dict[str, Any]]:
+        """The run's episodes over the node agents, each trace written here as it comes back."""
+        from hrl.runners.episodes import run_episodes
+
+        return await run_episodes(self.rollouts, episodes, trace_file, concurrency)
 
 
 def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:

@@ -1,0 +1,53 @@
+"""Where a run stands: `placed` starts what a run needs (engine, proxy, rollouts, the control token) from the
+resolved recipe, in this process (`local`) or on a Ray cluster (`ray`: engine replicas, a node agent with a
+proxy shard per node). `hrl rollout`, `hrl train` and `hrl eval` stand runs up only through here.
+
+Either placement yields an object with `rollouts` (the `Rollouts` protocol) and `publisher` (pause, publish,
+resume: the proxy here, a `ShardedPublisher` on Ray). Ray is imported only by `placement.ray`, and only there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from hrl.runners.episodes import Episode
+from hrl.runners.placement.config import PlacementConfig
+from hrl.runners.placement.local import LocalPlacement, local_placement, proxy_workers, run_serving, serve_proxy
+from hrl.runners.proxy.server import check_port_free
+
+__all__ = [
+    "Episode",
+    "LocalPlacement",
+    "PlacementConfig",
+    "check_port_free",
+    "local_placement",
+    "placed",
+    "proxy_workers",
+    "run_serving",
+    "serve_proxy",
+]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def placed(
+    cfg: dict[str, Any],
+    model: str,
+    engine: str,
+    concurrency: int,
+    *,
+    on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None,
+    say: Callable[[str], object] = lambda _: None,
+    verbose: bool = False,
+) -> AsyncIterator[Any]:
+    """The run of `cfg` stood up where its `placement:` section says, its rollouts prepared; stopped on exit."""
+    if PlacementConfig(**(cfg.get("placement") or {})).kind == "ray":
+        from hrl.runners.placement.ray import ray_placement
+
+        async with ray_placement(cfg, model, engine, concurrency, on_event, say) as on_ray:
+            yield on_ray
+        return
+    async with local_placement(cfg, model, engine, say=say, verbose=verbose) as here:
+        await here.prepare(on_event)
+        yield here

@@ -1,0 +1,132 @@
+"""A run stood up in this process: the engine, the recording proxy in front of it (`runners.stack.serving`) and
+the rollouts over them. `hrl rollout`, `hrl train` and `hrl eval` stand runs up here, and so does each Ray node
+agent (its engine is a `replicas` set over the cluster's engine servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.stack import Stack, serving
+from hrl.runners.trace import TraceWriter
+
+__all__ = ["LocalPlacement", "local_placement", "proxy_workers", "run_serving", "serve_proxy"]
+
+Event = Callable[[str, dict[str, Any]], None]
+Say = Callable[[str], object]
+
+
+def _quiet(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
+def _silent(line: str) -> None:
+    return None
+
+
+class LocalPlacement:
+    """Engine and proxy in this process; `rollouts` are the run's own (after `prepare`), `rollouts_for` makes more
+    over the same stack (`hrl eval`: one per harness). The proxy is the publisher: it pauses, publishes, resumes."""
+
+    def __init__(self, stack: Stack, cfg: dict[str, Any], say: Say, verbose: bool) -> None:
+        self.stack, self.cfg, self.say, self.verbose = stack, cfg, say, verbose
+        self.rollouts: Rollouts | None = None
+
+    @property
+    def publisher(self) -> Any:
+        return self.stack.proxy
+
+    async def prepare(self, on_event: Event = _quiet, rollout: RolloutConfig | None = None) -> Rollouts:
+        """The run's rollouts (its `rollout:` section unless `rollout` is given), agents installed."""
+        self.rollouts = await self.rollouts_for(rollout or RolloutConfig(**(self.cfg.get("rollout") or {})), on_event)
+        return self.rollouts
+
+    async def rollouts_for(self, rollout: RolloutConfig, on_event: Event = _quiet) -> Rollouts:
+        """Rollouts of `rollout`'s harnesses over this stack, each agent CLI installed (once; cached after)."""
+        from hrl.runners.agents.install import installed
+        from hrl.runners.whitebox.harness import is_python_agent
+
+        made = make_rollouts(self.stack, rollout, on_event, self.cfg.get("verifier"), self.cfg.get("recipe_dir"))
+        target = "docker" if rollout.sandbox == "docker" else "local"
+        for name in (a for a in rollout.harnesses if not is_python_agent(a)):
+            cached = installed(name, target)
+            if cached is None:  # a cached agent is ready at once: nothing to say, unless asked
+                self.say(f"installing {name} for {target} (once; cached after) …")
+            elif self.verbose:
+                self.say(f"{cached.name} {cached.version} for {target}: cached in {cached.host_dir}")
+        await asyncio.to_thread(made.prepare)
+        return made
+
+    async def run(self, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[dict[str, Any]]:
+        """The run's episodes, at most `concurrency` at once, each trace appended to `trace_file` as it ends."""
+        assert self.rollouts is not None, "prepare() first"
+        return await run_episodes(self.rollouts, episodes, trace_file, concurrency)
+
+
+@contextlib.asynccontextmanager
+async def local_placement(
+    cfg: dict[str, Any],
+    model: str,
+    engine: str,
+    *,
+    harnesses: list[str] | None = None,
+    engine_options: dict[str, Any] | None = None,
+    say: Say = _silent,
+    verbose: bool = False,
+) -> AsyncIterator[LocalPlacement]:
+    """Start the engine and proxy for a run of `cfg` (the resolved recipe: engine_options, proxy, rollout,
+    verifier); on exit end every open session and stop them. The HTTP control routes open (to a fresh token) only
+    when one of `harnesses` (default: the recipe's) is a white-box agent: it registers its sub-agents there."""
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    every = harnesses if harnesses is not None else RolloutConfig(**(cfg.get("rollout") or {})).harnesses
+    white = any(is_python_agent(a) for a in every)
+    options = cfg.get("engine_options") if engine_options is None else engine_options
+    async with serving(
+        model, engine, engine_options=options, proxy_options=cfg.get("proxy"), model_name=cfg.get("model_name"),
+        control_token=secrets.token_urlsafe(32) if white else None, say=say,
+    ) as stack:  # fmt: skip
+        yield LocalPlacement(stack, cfg, say, verbose)
+
+
+@contextlib.asynccontextmanager
+async def serve_proxy(
+    model: str,
+    engine: str,
+    *,
+    host: str,
+    port: int,
+    model_name: str,
+    proxy_options: dict[str, Any],
+    control_token: str,
+    traces: Path | None = None,
+    say: Say = _silent,
+) -> AsyncIterator[Stack]:
+    """`hrl serve`: the engine and proxy alone, for agents started elsewhere; each ended session is a line of
+    `traces`. The control routes open to `control_token`."""
+    async with serving(
+        model, engine, host=host, port=port, model_name=model_name, proxy_options=proxy_options,
+        control_token=control_token, traces=TraceWriter(traces) if traces else None, say=say,
+    ) as stack:  # fmt: skip
+        yield stack
+
+
+def proxy_workers(model: str, engine_url: str, workers: int, **options: Any) -> Any:
+    """`hrl serve --workers N`: N proxy processes on ports PORT … PORT+N-1 over one shared engine server
+    (`runners.proxy.workers.WorkerPool`; a context manager that stops them all)."""
+    from hrl.runners.proxy.workers import WorkerPool
+
+    return WorkerPool(model, engine_url, workers=workers, **options)
+
+
+def run_serving(main: Any) -> Any:
+    """Run a serving coroutine to its end on the proxy's event loop (uvloop where enabled)."""
+    from hrl.runners.proxy.loop import run
+
+    return run(main)
