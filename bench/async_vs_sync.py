@@ -75,7 +75,7 @@ async def _measure(a: argparse.Namespace, mode: str, policy: str, workdir: Path,
                 max_in_flight=a.in_flight or a.batch, batch_traces=a.batch, max_staleness=a.staleness,
                 max_buffered=max(2 * a.batch, a.in_flight),
             )  # fmt: skip
-            history = await train_async(TASKS, cfg, acfg, run, proxy.publish, agent)
+            history = await train_async(TASKS, cfg, acfg, run, proxy, agent)
         wall = time.monotonic() - t0
     finally:
         await agent.close()

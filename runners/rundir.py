@@ -8,7 +8,6 @@ run/
                                     episodes of step 3 (sync loop), or those started while the trainer gathered
                                     the batch of step 3 (async loop)
   traces/iter-0003.cancelled.jsonl  sync: traces a stop cut short, set aside on resume (those episodes run again)
-  traces/rollouts.jsonl             async runs of older hrl: all their traces in one file; read, never written
   metrics.jsonl                     one line per training step, and one per held-out evaluation (eval/… keys)
   eval/step-0000.jsonl              the traces of the held-out evaluation before step 0 (hrl.train.heldout)
   checkpoints/v0004/                peft adapter (LoRA) or full HF checkpoint + optimizer.pt
@@ -34,13 +33,11 @@ from typing import Any
 
 from hrl.runners.durable import write_atomically
 from hrl.runners.errors import HrlError, UsageError
-from hrl.runners.metrics import POLICY_VERSION_MIN, trace_metrics
 from hrl.runners.trace import read_traces
 
-__all__ = ["EVAL_PREFIX", "LEGACY_TRACES", "NotARunDirError", "RunDir", "RunDirBusyError", "is_eval_row", "is_run_dir"]
+__all__ = ["EVAL_PREFIX", "NotARunDirError", "RunDir", "RunDirBusyError", "is_eval_row", "is_run_dir"]
 
 Trace = dict[str, Any]
-LEGACY_TRACES = "rollouts.jsonl"
 _ITER = re.compile(r"iter-(\d+)\.jsonl$")
 EVAL_PREFIX = "eval/"
 
@@ -147,27 +144,11 @@ class RunDir:
         return list(read_traces(path)) if path.is_file() else []
 
     def traces_by_iteration(self) -> dict[int, list[Trace]]:
-        """Every trace of the run, by step: the per-step files, plus an older async run's traces/rollouts.jsonl."""
-        out = {i: list(read_traces(f)) for i, f in self.trace_files().items()}
-        for i, trace in self._legacy_traces():
-            out.setdefault(i, []).append(trace)
-        return dict(sorted(out.items()))
+        """Every trace of the run, by step (its per-step files)."""
+        return {i: list(read_traces(f)) for i, f in sorted(self.trace_files().items())}
 
     def all_traces(self) -> list[Trace]:
         return [t for traces in self.traces_by_iteration().values() for t in traces]
-
-    def _legacy_traces(self) -> Iterator[tuple[int, Trace]]:
-        """traces/rollouts.jsonl of an older async run, each under the step of the policy version that sampled its
-        first token (every step publishes one version, so version v is live while step v gathers its batch); a
-        trace without sampled tokens goes with the one before it (the file is in the order episodes finished)."""
-        path = self.traces / LEGACY_TRACES
-        if not path.is_file():
-            return
-        step = 0
-        for trace in read_traces(path):
-            oldest = trace_metrics(trace).get(POLICY_VERSION_MIN)
-            step = max(int(oldest), 0) if oldest is not None else step
-            yield step, trace
 
     def set_aside_cancelled(self, iteration: int) -> int:
         """Move the cancelled traces of an uncommitted step (episodes cut short by Ctrl-C) from its trace file to

@@ -1,8 +1,8 @@
 """Asynchronous RL: a producer keeps M episodes in flight; the trainer takes the next N finished traces (whole
 GRPO groups only), updates and publishes while rollouts go on.
 
-- Weight updates go through `Proxy.publish`, so agents never see them: new requests wait inside the proxy, and
-  in-flight generations follow the proxy's version policy (`mixed` or `pin`).
+- Weight updates go through the publisher (the proxy), so agents never see them: new requests wait inside the
+  proxy, and in-flight generations follow the proxy's version policy (`mixed` or `pin`).
 - `max_staleness` (in versions): a trace whose oldest sampled token is older than `version - max_staleness`
   at the time it would be trained on is dropped, and counted (`async/dropped_stale`). Nothing is dropped silently.
 - Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer.
@@ -27,25 +27,21 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.episodes import guarded_episode, harness_for
-from hrl.runners.metrics import step_metrics
+from hrl.runners.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.rundir import RunDir
 from hrl.train.heldout import Evaluations
-from hrl.train.loop import (
-    Episode,
-    Event,
-    LoopConfig,
-    Rollouts,
-    _cpu_per_token,
-    _pause_s,
-    _take_queue_depth,
-    publish_logged,
-    sampler_metrics,
-    start_trainer,
-    update_from_traces,
-)
+from hrl.train.loop import LoopConfig, sampler_metrics
 from hrl.train.sampler import Strata, TaskStats
 from hrl.train.sinks import MetricsSink
+from hrl.train.step import (
+    Event,
+    Publisher,
+    commit,
+    publish_checkpoint,
+    save_checkpoint,
+    start_trainer,
+    update,
+)
 
 __all__ = ["AsyncConfig", "oldest_version", "train_async"]
 
@@ -76,7 +72,7 @@ def _age(trace: dict[str, Any], version: int) -> int:
 
 
 def _next_group(run: RunDir) -> int:
-    """The first group number no trace of the run used (group ids are `it<n>:<task>`), in either layout."""
+    """The first group number no trace of the run used (group ids are `it<n>:<task>`)."""
     used = [int(m.group(1)) for t in run.all_traces() if (m := re.match(r"it(\d+):", str(t.get("group_id"))))]
     return max(used, default=-1) + 1
 
@@ -187,15 +183,15 @@ async def train_async(
     cfg: LoopConfig,
     acfg: AsyncConfig,
     run: RunDir,
-    publish: Any,
+    publisher: Publisher,
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
     eval_tasks: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run `cfg.iterations` updates asynchronously. `publish(path, kind, version)` must be the proxy's publish.
-    `eval_tasks`: held-out tasks, evaluated before the first update and after the last (`hrl.train.heldout`; the
-    policy moves under in-flight episodes, so there are no evaluations between)."""
-    trainer, state = await start_trainer(cfg, run, publish, on_event)
+    """Run `cfg.iterations` updates asynchronously, publishing through `publisher` (the proxy, so agents never see
+    an update). `eval_tasks`: held-out tasks, evaluated before the first update and after the last
+    (`hrl.train.heldout`; the policy moves under in-flight episodes, so there are no evaluations between)."""
+    trainer, state = await start_trainer(cfg, run, publisher, on_event)
     version, history, dropped_total = state["version"], [], 0
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     evals = Evaluations(eval_tasks, cfg, run, rollouts, periodic=False)
@@ -207,8 +203,7 @@ async def train_async(
     producer = _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
-    proxy = getattr(publish, "__self__", None)  # the proxy, when publish is its bound method
-    _cpu_per_token(proxy)  # sets the mark: each step reports its own window
+    publisher.take_cpu_per_token()  # sets the mark: each step reports its own window
     try:
         for step in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
@@ -216,20 +211,15 @@ async def train_async(
             t1 = time.monotonic()
             fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
             dropped_total += len(batch) - len(fresh)
-            metrics = await asyncio.to_thread(update_from_traces, trainer, fresh, cfg)
-            metrics |= step_metrics(fresh, trainer_version=version) | sampler_metrics(cfg, tasks, producer.stats)
-            pause0 = _pause_s(proxy)
-            path = str(await asyncio.to_thread(trainer.save, run.checkpoint(version + 1)))
-            version, pub = await publish_logged(publish, path, cfg.trainer.mode, version + 1)
+            metrics = await update(trainer, fresh, cfg, version) | sampler_metrics(cfg, tasks, producer.stats)
+            path = await save_checkpoint(trainer, run, version + 1)
+            metrics |= await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
+            version = metrics["version"]
             staleness = [_age(t, version - 1) for t in fresh]
             metrics.update(
                 {
                     "step": step,
-                    "version": version,
                     "async/dropped_stale": len(batch) - len(fresh),
-                    "proxy/queue_depth": _take_queue_depth(proxy),
-                    **_cpu_per_token(proxy),
-                    "proxy/pause_s": _pause_s(proxy) - pause0,
                     "async/dropped_stale_total": dropped_total,
                     "async/in_flight": len(producer.running),
                     "async/buffered": producer.buffered(),
@@ -240,11 +230,9 @@ async def train_async(
                     "time/wait_s": t1 - t0,
                     "time/step_s": time.monotonic() - t0,
                     "time/elapsed_s": time.monotonic() - t_start,
-                    **pub,
                 }
             )
-            sink.log(metrics, step=step)  # before the commit: a step is never committed without its line
-            run.save_state(step + 1, version, path)
+            commit(run, sink, metrics, path)
             history.append(metrics)
             on_event("step", metrics)
         feeder.cancel()
@@ -254,5 +242,5 @@ async def train_async(
         sink.close()
         feeder.cancel()
         await producer.stop()
-        await asyncio.to_thread(getattr(trainer, "close", lambda: None))  # the other ranks of trainer.nproc > 1
+        await asyncio.to_thread(trainer.close)  # the other ranks of trainer.nproc > 1
     return history

@@ -328,7 +328,11 @@ class Trainer:
             self.steps = int(saved["steps"])
 
     def lr_info(self) -> dict[str, float]:
+        """`train/lr`, the optimizer's learning rate now, and `train/trainable_params`: logged with every step."""
         return {"train/lr": self.optimizer.param_groups[0]["lr"], "train/trainable_params": float(self.n_trainable)}
+
+    def close(self) -> None:
+        """Nothing to stop in one process (a `TrainerGroup` stops its other ranks): the loops close either."""
 
 
 def token_weights(samples: list[Sample], n_traces: int, loss_norm: str, max_len: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 
 from hrl.runners.errors import UsageError
 from hrl.runners.metrics import FAILURES_PREFIX, step_metrics
-from hrl.runners.rundir import LEGACY_TRACES, NotARunDirError, RunDir, is_run_dir
+from hrl.runners.rundir import NotARunDirError, RunDir, is_run_dir
 from hrl.runners.trace import read_traces
 
 __all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "load_source", "trainer_version"]
@@ -49,10 +49,8 @@ def load_run(path: str | Path) -> Run:
     Raises FileNotFoundError for a missing path, NotARunDirError for a directory that is no run."""
     run = RunDir.existing(path)
     files, traces, rows = run.trace_files(), run.traces_by_iteration(), run.metric_rows()
-    legacy = run.traces / LEGACY_TRACES
     iterations = [
-        Iteration(i, files.get(i) or (legacy if i in traces else None), traces.get(i, []), rows.get(i, {}))
-        for i in sorted(traces.keys() | rows.keys())
+        Iteration(i, files.get(i), traces.get(i, []), rows.get(i, {})) for i in sorted(traces.keys() | rows.keys())
     ]
     return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations, run.eval_rows())
 

@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hrl.runners.report.run import iteration_summaries, load_run
-from hrl.runners.rundir import LEGACY_TRACES, RunDir
+from hrl.runners.rundir import RunDir
 from hrl.runners.simagent import SimulatedAgent
 from hrl.runners.stack import serving
-from hrl.train.async_loop import AsyncConfig, _next_group, oldest_version, train_async
+from hrl.train.async_loop import AsyncConfig, oldest_version, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.trainer import TrainerConfig
 
@@ -25,7 +24,7 @@ async def _run(model: str, run: RunDir, cfg: LoopConfig, acfg: AsyncConfig, poli
     async with serving(model, **opts) as stack:
         agent = SimulatedAgent(stack.proxy, stack.url, min_turns=1, max_turns=6, tool_time_median_s=0.05)
         try:
-            return await train_async(TASKS, cfg, acfg, run, stack.proxy.publish, agent)
+            return await train_async(TASKS, cfg, acfg, run, stack.proxy, agent)
         finally:
             await agent.close()
 
@@ -38,7 +37,6 @@ def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, policy))
     assert [m["version"] for m in history] == [1, 2, 3, 4]
     traces = run.all_traces()
-    assert not (run.traces / LEGACY_TRACES).exists()
     assert set(run.trace_files()) <= set(range(5))  # one file per step, as the sync loop writes (4: after the last)
     started = history[-1]["async/started"]
     assert len(traces) == started == len({t["metadata"]["episode"] for t in traces})  # one trace per episode
@@ -96,8 +94,7 @@ def _hrl(*args: str) -> dict:
 
 
 def _check_readers(run: RunDir, n_traces: int) -> None:
-    """An async run's traces are where `hrl inspect RUN_DIR` and `hrl report` look, per step; and a run of the
-    older layout (every trace in traces/rollouts.jsonl) reads the same and resumes past its groups."""
+    """An async run's traces are where `hrl inspect RUN_DIR` and `hrl report` look, per step."""
     rows = _hrl("inspect", str(run.path), "--json")
     assert sum(r["traces"] for r in rows) == n_traces
     assert [r["iteration"] for r in rows][:6] == list(range(6)) and all(r["traces"] for r in rows[:6])
@@ -105,17 +102,6 @@ def _check_readers(run: RunDir, n_traces: int) -> None:
     report = _hrl("report", str(run.path), "--json")
     assert report["traces"] == n_traces and report["steps"] >= 6
     assert run.all_traces()[-1]["trace_id"] in Path(report["out"]).read_text()
-    legacy = RunDir(run.path.with_name("legacy"))
-    legacy.create(run.config())
-    lines = "".join(f.read_text() for f in run.trace_files().values())
-    (legacy.traces / LEGACY_TRACES).write_text(lines)
-    (legacy.path / "metrics.jsonl").write_text((run.path / "metrics.jsonl").read_text())
-    legacy.save_state(**run.state())
-    old = load_run(legacy.path)
-    assert len(old.traces) == n_traces and [i.index for i in old.iterations][:6] == list(range(6))
-    assert sum(s["traces"] for s in iteration_summaries(old)) == n_traces
-    assert _hrl("inspect", str(legacy.path), "--json")[0]["trace_file"].endswith(LEGACY_TRACES)
-    assert _next_group(legacy) == _next_group(run) > 0  # a resume starts groups no trace used
 
 
 def test_async_pin(tiny_model, tmp_path):
@@ -144,7 +130,7 @@ def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
             agent = SimulatedAgent(stack.proxy, stack.url, min_turns=1, max_turns=2, tool_time_median_s=0.01)
             try:
                 flaky = _FlakyAgent(agent, 3)
-                return await asyncio.wait_for(train_async(TASKS, cfg, acfg, run, stack.proxy.publish, flaky), 240)
+                return await asyncio.wait_for(train_async(TASKS, cfg, acfg, run, stack.proxy, flaky), 240)
             finally:
                 await agent.close()
 
@@ -160,3 +146,5 @@ def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
     assert len(traces) == history[-1]["async/started"]  # one trace per started episode, the broken ones too
     assert sum(m["train/infra_failures"] for m in history) >= 1
     assert sum(m["trace/failures/internal_error"] for m in history) == sum(m["train/infra_failures"] for m in history)
+    rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/lr"] for m in rows] == [cfg.trainer.lr] * 3  # the learning rate of each step, in its row

@@ -98,6 +98,7 @@ def test_loop_runs_commits_state_and_resumes_without_lost_or_duplicated_traces(t
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert all("train/mismatch_kl" in m for m in lines)
+    assert all(m["train/lr"] == cfg.trainer.lr for m in lines)  # the learning rate of each step, in its row
     # every publish says how long it took, how many weight bytes it moved and which sync tier carried them
     assert all(
         m["publish/tier"] == "lora-adapter" and m["publish/bytes"] > 0 and m["publish/seconds"] > 0 for m in lines
@@ -122,6 +123,19 @@ def test_ppo_epochs_and_mini_batches_make_clipping_act_in_the_loop(tiny_model, t
     assert max(m["train/clip_frac"] for m in trained) > 0, trained
 
 
+class EnginePublisher:
+    """A publisher straight over an engine (no proxy): what the loop reads of one."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.stats = engine, {}
+
+    async def publish(self, path: str, kind: str, version: int | None = None) -> int:
+        return await self.engine.publish(path, kind, version)
+
+    def take_cpu_per_token(self) -> float | None:
+        return None
+
+
 def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path):
     """Level 2 drops vLLM's base weights; a LoRA publish would serve adapters on nothing."""
     from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
@@ -132,7 +146,7 @@ def test_sleep_level_2_with_lora_is_refused_before_any_work(tiny_model, tmp_path
     cfg = LoopConfig(iterations=1, trainer=TrainerConfig(model=tiny_model))
     run.create(cfg.model_dump())
     with pytest.raises(HrlError, match="sleep_level=2") as info:
-        asyncio.run(train(TASKS, cfg, run, engine, ChatRollouts(None, "")))  # type: ignore[arg-type]
+        asyncio.run(train(TASKS, cfg, run, EnginePublisher(engine), ChatRollouts(None, "")))  # type: ignore[arg-type]
     assert "sleep_level=1" in info.value.hint
 
 

@@ -138,8 +138,3 @@ class ToolParser:
         if found:
             return min(found), 0
         return -1, max((partial_len(text, s) for s in self.starts), default=0)
-
-    def may_be_tool_call(self, prefix: str) -> bool:
-        """Whether this start of a reply may still turn into a tool call (what the streamer holds back)."""
-        i, keep = self.stream_split(prefix, at_start=True)
-        return i >= 0 or keep > 0

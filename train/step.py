@@ -1,0 +1,187 @@
+"""A training step once its traces are in, the same in both loops (`loop.train`, `async_loop.train_async`):
+update the trainer, save the new weights, publish them, then log and commit the step. The order is the resume
+contract: state.json moves past a step only after its weights are saved and published and its metrics line is
+written."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hrl.runners.errors import HrlError
+from hrl.runners.metrics import step_metrics
+from hrl.runners.rundir import RunDir
+from hrl.runners.trace import is_infra_failure
+from hrl.train.advantages import group_advantages
+from hrl.train.group import make_trainer
+from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
+from hrl.train.sinks import MetricsSink
+from hrl.train.trainer import Trainer, TrainerConfig
+from hrl.train.weight_sync import ipc_update_info
+
+if TYPE_CHECKING:
+    from hrl.train.loop import LoopConfig
+
+__all__ = [
+    "Event",
+    "Publisher",
+    "attach_ipc_weights",
+    "commit",
+    "publish_checkpoint",
+    "save_checkpoint",
+    "sleep",
+    "start_trainer",
+    "trainable",
+    "update",
+    "update_from_traces",
+    "wake",
+]
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class Publisher(Protocol):
+    """What the loops use of whatever publishes new weights: the proxy in front of the engine (`Proxy`: agents
+    never see an update), or the Ray driver's `ShardedPublisher`."""
+
+    @property
+    def engine(self) -> Any:
+        """The engine the weights reach. Its sleep mode, IPC weights and `last_publish_tier` are optional (only
+        some engines have them)."""
+        ...
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The proxy's counters: `proxy/pause_s` (total time publishes held requests) and `proxy/queue_depth`
+        (most requests waiting at once; the loop resets it after each step). {} where no proxy counts them."""
+        ...
+
+    async def publish(self, path: str, kind: Any, version: int | None = None) -> int: ...
+
+    def take_cpu_per_token(self) -> float | None:
+        """`proxy/cpu_us_per_token` since the previous call; None on the first call, without streamed tokens, or
+        where no proxy runs in this process."""
+        ...
+
+
+async def start_trainer(
+    cfg: LoopConfig, run: RunDir, publisher: Publisher, on_event: Event
+) -> tuple[Trainer, dict[str, Any]]:
+    """A trainer for the run; on resume, the same weights in trainer and engine under the same version number,
+    and no metrics line of a step that was logged but not committed (it runs again)."""
+    state = run.state()
+    run.discard_uncommitted_metrics()
+    engine = publisher.engine
+    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":  # vLLM only
+        raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
+                       "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
+    trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
+    attach_ipc_weights(engine, trainer, cfg.trainer)
+    if state["checkpoint"]:
+        await asyncio.to_thread(trainer.load, state["checkpoint"])
+        await publisher.publish(state["checkpoint"], cfg.trainer.mode, state["version"])
+        on_event("resumed", state)
+    return trainer, state
+
+
+def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
+    """weight_sync=ipc on the engine: a full publish takes the weights straight from the trainer's GPU memory (one
+    trainer process on CUDA); anything else keeps the disk reload."""
+    attach = getattr(engine, "attach_weights", None)  # vLLM's only
+    if callable(attach) and tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
+        attach(lambda: ipc_update_info(trainer.named_weights()))
+
+
+async def sleep(publisher: Publisher) -> None:
+    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`)."""
+    if callable(fn := getattr(publisher.engine, "sleep", None)):
+        await fn()
+
+
+async def wake(publisher: Publisher) -> None:
+    if callable(fn := getattr(publisher.engine, "wake_up", None)):
+        await fn()
+
+
+def trainable(trace: dict[str, Any]) -> bool:
+    """Traces with a real score: the agent's own failures (exit, timeout, crash, overflow) keep their reward and
+    are trained on; infrastructure failures (no reward) are not."""
+    return trace.get("reward") is not None and not is_infra_failure(trace)
+
+
+def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
+    """Advantages per group, branch samples, one trainer step. Returns the step's advantage and train metrics,
+    `train/lr` (the learning rate of this step) among them."""
+    rewards = {t["trace_id"]: float(t["reward"]) for t in traces if trainable(t)}
+    groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
+    adv, adv_metrics = group_advantages(
+        rewards,
+        groups,
+        cfg.advantage,
+        drop_zero_variance=cfg.drop_zero_variance,
+    )
+    samples, trained, sampled = [], 0, 0
+    for t in traces:
+        if t["trace_id"] in adv:
+            mine = build_samples(t, cfg.include_side_calls)
+            kept, total = retained_tokens(t, mine, cfg.include_side_calls)
+            trained, sampled = trained + kept, sampled + total
+            for s in mine:
+                s.advantage = adv[t["trace_id"]]
+            samples += mine
+    infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
+    signal = adv_metrics["adv/groups"] - adv_metrics["adv/zero_variance_groups"]
+    lr = trainer.lr_info()  # read before the step: the rate the step uses
+    return {**adv_metrics, "train/groups_with_signal": signal / max(adv_metrics["adv/groups"], 1.0),
+            "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
+            **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}), **lr,
+            **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
+
+
+async def update(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, version: int) -> dict[str, Any]:
+    """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now."""
+    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+    return metrics | step_metrics(traces, trainer_version=version)
+
+
+async def save_checkpoint(trainer: Trainer, run: RunDir, version: int) -> str:
+    """Save the weights (and optimizer state) as the run's checkpoint of `version`; its path."""
+    return str(await asyncio.to_thread(trainer.save, run.checkpoint(version)))
+
+
+async def publish_checkpoint(publisher: Publisher, path: str, kind: str, version: int) -> dict[str, Any]:
+    """Publish a saved checkpoint as `version` and measure it: the published `version`, `publish/seconds`,
+    `publish/bytes` (its weight files), `publish/tier` (how the weights reached the engine: lora-adapter,
+    disk-reload, …) and the proxy's `proxy/pause_s`, `proxy/queue_depth` and `proxy/cpu_us_per_token` of the step."""
+    stats = publisher.stats
+    pause0, t0 = stats.get("proxy/pause_s", 0.0), time.monotonic()
+    new = await publisher.publish(path, kind, version=version)
+    seconds = time.monotonic() - t0
+    tier = getattr(publisher.engine, "last_publish_tier", "") or "unknown"  # optional: engines may name it
+    nbytes = await asyncio.to_thread(_weight_bytes, Path(path))
+    depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0  # this step's, then reset
+    cpu = publisher.take_cpu_per_token()
+    return {
+        "version": new,
+        "proxy/pause_s": float(stats.get("proxy/pause_s", 0.0) - pause0),
+        "proxy/queue_depth": float(depth),
+        **({} if cpu is None else {"proxy/cpu_us_per_token": cpu}),
+        "publish/seconds": seconds,
+        "publish/bytes": nbytes,
+        "publish/tier": tier,
+    }
+
+
+def commit(run: RunDir, sink: MetricsSink, metrics: dict[str, Any], path: str) -> None:
+    """Log the step's metrics line, then commit the step (state.json): a step is never committed without its
+    line, and a line past the commit point is dropped on resume."""
+    sink.log(metrics, step=metrics["step"])
+    run.save_state(metrics["step"] + 1, metrics["version"], path)
+
+
+def _weight_bytes(path: Path) -> float:
+    files = [f for f in path.iterdir() if f.suffix in {".safetensors", ".bin"}] if path.is_dir() else []
+    return float(sum(f.stat().st_size for f in files))
