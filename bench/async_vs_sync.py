@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.rundir import RunDir
+from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.simagent import SimulatedAgent
-from hrl.runners.stack import Stack, serving
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig, train
 from hrl.train.trainer import TrainerConfig

@@ -35,7 +35,7 @@ def family_model(family: str, models: Path) -> str:
 
 
 def run(families: list[str], agents: list[str] | None, sandbox: str, models: Path) -> list[dict[str, Any]]:
-    from hrl.runners.agents.doctor import doctor
+    from hrl.runners.doctor.agents import doctor
     from hrl.runners.proxy.toolparsers import detect_model
 
     rows = []

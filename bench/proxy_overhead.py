@@ -35,11 +35,12 @@ except ImportError:  # orjson is optional
     from json import loads as _loads
 
 from hrl.runners.engines import SamplingParams
-from hrl.runners.proxy.loop import run
 from hrl.runners.proxy.server import run_server
 from hrl.runners.proxy.template import ChatTemplate
-from hrl.runners.proxy.workers import WorkerPool, owner
-from hrl.runners.stack import serving
+from hrl.runners.proxy.tokens import owner
+from hrl.runners.serving.loop import run
+from hrl.runners.serving.stack import serving
+from hrl.runners.serving.workers import WorkerPool
 from hrl.runners.trace import TraceWriter
 
 

@@ -39,7 +39,7 @@ BAD_BODIES = [
 
 def _serve(model: str, traces: str) -> None:
     """Child: the serving stack on a free port; prints the URL, runs until stdin closes."""
-    from hrl.runners.stack import serving
+    from hrl.runners.serving.stack import serving
     from hrl.runners.trace import TraceWriter
 
     async def main() -> None:

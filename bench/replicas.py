@@ -30,8 +30,8 @@ from typing import Any
 
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
 from hrl.runners.episodes import Episode, run_episodes
+from hrl.runners.serving.stack import serving
 from hrl.runners.simagent import SimulatedAgent
-from hrl.runners.stack import serving
 
 ANSWER = " ".join(f"word{i}" for i in range(40))
 

@@ -18,7 +18,7 @@ app = typer.Typer(help="Agent CLIs: list, install, check.", no_args_is_help=True
 @app.command("ls", epilog="Examples:\n\n  hrl agents ls\n\n  hrl agents ls --json")
 def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False) -> None:
     """List supported agent CLIs with their pinned versions, wire dialect, and where they are installed."""
-    from hrl.runners.agents.doctor import agents_table
+    from hrl.runners.doctor.agents import agents_table
 
     rows = agents_table()
     mark = {True: "✓", False: "·"}
@@ -71,7 +71,7 @@ def doctor(
     """Run each CLI once against a scripted engine through the real proxy: ✓ when it makes a tool call that changes
     a file, answers and exits, with a token-exact trace."""
     from hrl.cli.checks import check_agent, check_model, check_sandbox
-    from hrl.runners.agents.doctor import doctor as run_doctor
+    from hrl.runners.doctor.agents import doctor as run_doctor
 
     for name in names or []:
         check_agent(name)

@@ -32,8 +32,8 @@ def _listed(exc: UnknownNameError, hint: str) -> UnknownNameError:
 
 
 def check_agent(name: str) -> None:
+    from hrl.registry import require
     from hrl.runners.agents import AGENTS
-    from hrl.sandboxes.registry import require
 
     try:
         require(AGENTS, "agent", name)
@@ -42,8 +42,8 @@ def check_agent(name: str) -> None:
 
 
 def check_sandbox(name: str, flag: str = "--sandbox") -> None:
+    from hrl.registry import require
     from hrl.sandboxes import SANDBOXES
-    from hrl.sandboxes.registry import require
 
     try:
         require(SANDBOXES, "sandbox", name)
@@ -55,7 +55,7 @@ def check_engine(name: str, options: dict[str, Any] | None = None) -> None:
     """A registered engine or a URL; for `vllm` started here, an interpreter that has vLLM (a prerequisite, exit 4)."""
     import os
 
-    from hrl.runners.doctor import vllm_python
+    from hrl.runners.doctor.checks import vllm_python
     from hrl.runners.engines import engine_kind
 
     try:
@@ -125,9 +125,9 @@ def check_placement(cfg: dict[str, Any]) -> None:
 def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     """The names and paths `hrl rollout` and `hrl train` need before any work: agent, sandbox, engine, verifier and
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
+    from hrl.registry import require
     from hrl.runners.tasks import VERIFIERS
     from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox
-    from hrl.sandboxes.registry import require
 
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)

@@ -10,7 +10,7 @@ import yaml
 
 from hrl.runners.errors import UsageError
 
-__all__ = ["apply_overrides", "load_recipe_config", "run_settings", "set_dotted"]
+__all__ = ["apply_overrides", "checked", "load_recipe_config", "run_config", "run_settings", "set_dotted"]
 
 
 def set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
@@ -142,3 +142,26 @@ def run_settings(
         raise UsageError("give --model (the recipe names none)", hint=f"e.g. --model {example}")
     engine = engine or cfg.get("engine") or "embedded"
     return model, engine, str(tasks) if tasks else str(cfg.get("tasks") or "")
+
+
+def checked(kind: Any, /, **values: Any) -> Any:
+    """`kind(**values)`, a validation error (a check across fields, a value out of bounds) turned into a usage
+    error naming the field: said before anything starts."""
+    from pydantic import ValidationError
+
+    try:
+        return kind(**values)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise UsageError(
+            f"bad config{' ' + where if where else ''}: {problem['msg'].removeprefix('Value error, ')}",
+            hint="`hrl recipes show NAME` prints a recipe's settings; -c KEY=VALUE changes one",
+        ) from None
+
+
+def run_config(cfg: dict[str, Any]) -> Any:
+    """The resolved config as the typed `RunConfig` runs are stood up from (`hrl.runners.placement`)."""
+    from hrl.runners.placement import RunConfig
+
+    return checked(RunConfig, **cfg)

@@ -47,7 +47,7 @@ def doctor(
     logprobs are not raw; a model that calls no tool is shown with `!`."""
     from dataclasses import asdict
 
-    from hrl.runners.doctor import run_checks, tool_parser_check
+    from hrl.runners.doctor.checks import run_checks, tool_parser_check
     from hrl.runners.proxy.toolparsers import check_name
 
     check_name(tool_parser)  # an unknown name is a usage error (exit 2), not a failed check
@@ -68,12 +68,12 @@ def doctor(
 
 
 def _probe(model: str, engine: str, tool_parser: str) -> list[Any]:
-    """The served-model probe (runners/probe.py), on `engine` (checked first: a bad name is a usage error)."""
+    """The served-model probe (runners/doctor/probe.py), on `engine` (checked first: a bad name is a usage error)."""
     import asyncio
 
     from hrl.cli.checks import check_engine, check_model
     from hrl.cli.serve import default_engine
-    from hrl.runners.probe import probe_model
+    from hrl.runners.doctor.probe import probe_model
 
     engine = engine or default_engine()
     check_engine(engine)

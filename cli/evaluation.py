@@ -115,13 +115,14 @@ async def _run(
 ) -> int:  # fmt: skip
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from hrl.cli.config import run_config
     from hrl.runners.placement import Episode, local_placement
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
     from hrl.runners.report.run import load_run
-    from hrl.runners.rollout import RolloutConfig
     from hrl.runners.rundir import RunDir
     from hrl.runners.tasks.task import load_tasks
 
+    settings = run_config(cfg)
     task_list = load_tasks(task_file)[: limit or None]
     plan["task_count"] = len(task_list)
     run = RunDir(run_dir)
@@ -142,7 +143,7 @@ async def _run(
         }
         for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
             cells = [c for c in plan["cells"] if c["model_path"] == path]
-            async with local_placement(cfg, path, engine, harnesses=[c["agent"] for c in cells]) as here:
+            async with local_placement(settings, path, engine, harnesses=[c["agent"] for c in cells]) as here:
                 for cell in cells:
                     bar = bars[cell["iteration"]]
 
@@ -150,7 +151,7 @@ async def _run(
                         if kind == "episode_end":
                             progress.advance(bar)
 
-                    roll = RolloutConfig(**{**cfg["rollout"], "agent": cell["agent"], "agents": []})
+                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": []})
                     await here.prepare(on_event, roll)
                     episodes = [Episode(t, k, cell["iteration"]) for t in task_list for k in range(plan["n"])]
                     try:
@@ -163,4 +164,4 @@ async def _run(
     rows = eval_rows(load_run(run_dir)) or []
     emit(rows, as_json=as_json, human=eval_table_text(rows, plan))
     err.print(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table", markup=False)
-    return infra_exit(traces, float(cfg.get("max_error_rate", 0.25)), str(run_dir))
+    return infra_exit(traces, settings.max_error_rate, str(run_dir))

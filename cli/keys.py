@@ -1,6 +1,6 @@
 """Which `-c key=value` overrides a recipe accepts, read from the config models themselves.
 
-`RecipeKeys` is the recipe's top level; each section names the pydantic model of the component that reads it
+`RunConfig` is the recipe's top level; each section names the pydantic model of the component that reads it
 ("module:Class", imported only when a key under that section is checked, so `hrl rollout -c rollout.x=1` never
 imports torch). A dotted key walks the models' fields: a field whose type is a model goes one level down, a
 free-form `dict` field (engine_options, rollout.agent_options, …) takes any sub-key, anything else is a leaf.
@@ -12,51 +12,17 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hrl.runners.errors import UsageError
+from hrl.runners.placement.config import RunConfig
 
-__all__ = ["RecipeKeys", "check_key", "check_overrides", "check_recipe"]
-
-
-def _section(ref: str, description: str, **extra: str) -> Any:
-    """A recipe section checked against the model `ref` ("module:Class"; "engine" / "verifier": the config of
-    the engine or verifier the recipe names); `extra` names keys the CLI itself reads there, with their type."""
-    return Field(default_factory=dict, description=description, json_schema_extra={"model": ref, "extra": extra})
-
-
-class RecipeKeys(BaseModel):
-    """The top-level keys of a recipe (and of a run's config.json)."""
-
-    name: str = Field("", description="The recipe's name (default: its folder's).")
-    description: str = Field("", description="One line for `hrl recipes ls`.")
-    recipe_dir: str = Field("", description="Set by the loader: the folder relative paths are resolved against.")
-    recipe: str = Field("", description="Set by `hrl train`: the recipe name or path the run was made from.")
-    model: str = Field("", description="HF model id, local dir, LoRA checkpoint, or hrl:tiny / hrl:tiny-agent.")
-    engine: str = Field("embedded", description="embedded | vllm | URL of a running vLLM server.")
-    tasks: str = Field("", description="Task file (SWE-bench JSONL, JSON or Parquet), relative to the recipe.")
-    eval_tasks: str = Field("", description="Held-out task file, never trained on.")
-    max_error_rate: float = Field(0.25, description="`hrl rollout` exits 3 above this share of infra failures.")
-    engine_options: dict[str, Any] = _section("engine", "Options of the engine's config (EmbeddedEngineConfig, …).")
-    rollout: dict[str, Any] = _section("hrl.runners.rollout:RolloutConfig", "Agent, sandbox, time budget.")
-    proxy: dict[str, Any] = _section("hrl.runners.proxy.proxy:ProxyConfig", "The recording proxy.")
-    train: dict[str, Any] = _section("hrl.train.loop:LoopConfig", "The outer loop: iterations, batch, advantage.")
-    trainer: dict[str, Any] = _section("hrl.train.trainer:TrainerConfig", "The update: LoRA/full, lr, clipping.")
-    async_: dict[str, Any] = Field(
-        default_factory=dict,
-        alias="async",
-        description="The asynchronous loop (`enabled` turns it on).",
-        json_schema_extra={"model": "hrl.train.async_loop:AsyncConfig", "extra": {"enabled": "bool"}},
-    )
-    placement: dict[str, Any] = _section(
-        "hrl.runners.placement.config:PlacementConfig", "Where it runs: local, or Ray."
-    )
-    verifier: dict[str, Any] = _section("verifier", "The verifier (`name`) and its config.", name="str")
+__all__ = ["check_key", "check_overrides", "check_recipe"]
 
 
 def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
     """The config model a section's `ref` stands for, given the whole config (for the engine's and verifier's)."""
-    from hrl.sandboxes.registry import load
+    from hrl.registry import load
 
     if ref == "engine":
         from hrl.runners.engines import ENGINES, engine_kind
@@ -64,8 +30,8 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
         name, _ = engine_kind(str(cfg.get("engine") or "embedded"))
         return load(ENGINES[name] + "Config")  # type: ignore[no-any-return]
     if ref == "verifier":
+        from hrl.registry import require
         from hrl.runners.tasks import VERIFIERS
-        from hrl.sandboxes.registry import require
 
         name = str((cfg.get("verifier") or {}).get("name") or "tests")
         if name == "python":  # a white-box agent's scoring function: no verifier class, only its options
@@ -77,7 +43,7 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
 def _fields(model: type[BaseModel]) -> dict[str, Any]:
     """name → field of a model, by the name a recipe uses (its alias: `async`). In a section, a field that is a
     top-level section too (LoopConfig.trainer) is filled from that section, so it is no key of its own there."""
-    top = set() if model is RecipeKeys else set(_fields(RecipeKeys))
+    top = set() if model is RunConfig else set(_fields(RunConfig))
     return {
         field.alias or name: field for name, field in model.model_fields.items() if (field.alias or name) not in top
     }
@@ -112,7 +78,7 @@ def _where(source: str) -> str:
 def check_key(key: str, value: Any, cfg: dict[str, Any], source: str = "-c") -> None:
     """Raise UsageError unless `key` (dotted) names a config field and `value` is valid for it (bounds included).
     `source` is where the key was given: `-c`, or the path of a recipe file."""
-    parts, model, prefix = key.split("."), RecipeKeys, ""
+    parts, model, prefix = key.split("."), RunConfig, ""
     while parts:
         part, rest = parts[0], parts[1:]
         fields = _fields(model)

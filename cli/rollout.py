@@ -97,7 +97,14 @@ def rollout(
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
     from hrl.cli.checks import check_model, check_placement, check_run, harnesses, say_context
-    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model, run_settings
+    from hrl.cli.config import (
+        apply_overrides,
+        hide_from_sandboxes,
+        load_recipe_config,
+        materialize_model,
+        run_config,
+        run_settings,
+    )
     from hrl.runners.whitebox.harness import is_python_agent
 
     if not recipe and tasks is None:
@@ -124,12 +131,13 @@ def rollout(
         say_context(name, model, cfg)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     hide_from_sandboxes(cfg, task_file, out)
-    rc = asyncio.run(_run(cfg, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
+    run = run_config(cfg)
+    rc = asyncio.run(_run(run, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
     raise typer.Exit(rc)
 
 
 async def _run(
-    cfg: dict[str, Any],
+    run: Any,
     model: str,
     engine: str,
     task_file: str,
@@ -144,7 +152,7 @@ async def _run(
     from hrl.runners.tasks.task import load_tasks
 
     task_list = load_tasks(task_file)[: limit or None]
-    several = list(cfg["rollout"].get("agents") or [])
+    several = list(run.rollout.agents)
     names = several if len(several) > 1 else [""]  # "": the run's one harness
     episodes = [Episode(t, k, 0, name) for t in task_list for name in names for k in range(n)]
     counts: Counter[str] = Counter()
@@ -173,35 +181,30 @@ async def _run(
         )
 
     who = (
-        f" × {len(names)} harnesses), agents {', '.join(names)}"
-        if len(names) > 1
-        else f"), agent {cfg['rollout']['agent']}"
+        f" × {len(names)} harnesses), agents {', '.join(names)}" if len(names) > 1 else f"), agent {run.rollout.agent}"
     )
     err.print(
         f"{len(episodes)} episodes ({len(task_list)} tasks × {n}{who}, "
-        f"sandbox {_sandbox_of(cfg)}, engine {engine}, run {cfg['rollout']['run_id']}",
+        f"sandbox {_sandbox_of(run)}, engine {engine}, run {run.rollout.run_id}",
         markup=False,
     )
     say = lambda line: err.print(line, markup=False)  # noqa: E731
-    async with placed(cfg, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as run:
+    async with placed(run, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         try:
-            traces = await run.run(episodes, out, concurrency)
+            traces = await here.run(episodes, out, concurrency)
         except asyncio.CancelledError:
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130
-    return _summary(traces, out, float(cfg.get("max_error_rate", 0.25)))
+    return _summary(traces, out, run.max_error_rate)
 
 
-def _sandbox_of(cfg: dict[str, Any]) -> str:
+def _sandbox_of(run: Any) -> str:
     """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
     from hrl.runners.whitebox.harness import needs_sandbox
 
-    sandbox = cfg["rollout"].get("sandbox", "docker")
-    if not needs_sandbox(cfg["rollout"]["agent"], cfg.get("verifier")):
-        return (
-            "none (in-process agent)" if cfg["rollout"].get("mode", "inprocess") == "inprocess" else "none (subprocess)"
-        )
-    return str(sandbox)
+    if not needs_sandbox(run.rollout.agent, run.verifier or None):
+        return "none (in-process agent)" if run.rollout.mode == "inprocess" else "none (subprocess)"
+    return str(run.rollout.sandbox)
 
 
 def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> int:

@@ -61,7 +61,7 @@ def write_control_token(path: Path, token: str) -> None:
 
 def default_engine() -> str:
     """vLLM when a GPU and vLLM are present, else the embedded CPU engine."""
-    from hrl.runners.doctor import vllm_python
+    from hrl.runners.doctor.checks import vllm_python
 
     return "vllm" if shutil.which("nvidia-smi") and vllm_python() else "embedded"
 

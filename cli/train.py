@@ -63,7 +63,22 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     for agent in harnesses(cfg):
         say_context(agent, cfg["model"], cfg)
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
+    _training(cfg)  # the training sections' checks across fields (a balanced sampler needs its key, …), now
     return cfg
+
+
+def _training(cfg: dict[str, Any]) -> tuple[Any, Any | None]:
+    """The typed training sections: the loop's config (the trainer's inside) and the async loop's, None when the
+    loop is synchronous; a value they refuse is a usage error naming it."""
+    from hrl.cli.config import checked
+    from hrl.train.async_loop import AsyncConfig
+    from hrl.train.loop import LoopConfig
+    from hrl.train.trainer import TrainerConfig
+
+    loop = checked(LoopConfig, **cfg.get("train", {}), trainer=checked(TrainerConfig, **cfg["trainer"]))
+    section = dict(cfg.get("async") or {})
+    enabled = section.pop("enabled", False)
+    return loop, checked(AsyncConfig, **section) if enabled else None
 
 
 def train(
@@ -224,18 +239,17 @@ def _per_harness(m: dict[str, Any]) -> dict[str, float]:
 
 
 async def _train(cfg: dict[str, Any], run: Any) -> None:
+    from hrl.cli.config import run_config
     from hrl.runners.placement import placed
     from hrl.runners.tasks.task import load_tasks
-    from hrl.train.async_loop import AsyncConfig, train_async
-    from hrl.train.loop import LoopConfig
+    from hrl.train.async_loop import train_async
     from hrl.train.loop import train as train_sync
-    from hrl.train.trainer import TrainerConfig
 
     tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
     heldout = [t.model_dump() for t in load_tasks(cfg["eval_tasks"])] if cfg.get("eval_tasks") else None
-    loop_cfg = LoopConfig(**cfg.get("train", {}), trainer=TrainerConfig(**cfg["trainer"]))
-    acfg = {k: v for k, v in (cfg.get("async") or {}).items() if k != "enabled"}
+    loop_cfg, async_cfg = _training(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # every call at the policy's own distribution
+    settings = run_config(cfg)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":
@@ -257,10 +271,10 @@ async def _train(cfg: dict[str, Any], run: Any) -> None:
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
     say = lambda line: err.print(line, markup=False)  # noqa: E731
-    async with placed(cfg, cfg["model"], cfg.get("engine", "embedded"), loop_cfg.concurrency, say=say) as run_here:
-        rollouts, publisher = run_here.rollouts, run_here.publisher
-        if (cfg.get("async") or {}).get("enabled"):
-            history = await train_async(tasks, loop_cfg, AsyncConfig(**acfg), run, publisher, rollouts,
+    async with placed(settings, settings.model, settings.engine, loop_cfg.concurrency, say=say) as here:
+        rollouts, publisher = here.rollouts, here.publisher
+        if async_cfg is not None:
+            history = await train_async(tasks, loop_cfg, async_cfg, run, publisher, rollouts,
                                         on_event, heldout)  # fmt: skip
         else:
             history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)

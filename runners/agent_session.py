@@ -17,7 +17,7 @@ from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxSpec
 
 if TYPE_CHECKING:
-    from hrl.runners.stack import Stack
+    from hrl.runners.serving.stack import Stack
 
 __all__ = ["PROXY_PORT", "AgentSession", "agent_session"]
 

@@ -1,13 +1,13 @@
 """Domain errors of the rollout side. Each names the object that failed and, where known, the fix.
 
 Library code raises these; only the CLI turns them into `Error: … / Hint: …` lines and exit codes. `HrlError`
-(the base) and `UnknownNameError` (any registry lookup) are defined in `hrl.sandboxes.errors`, the lowest layer,
+(the base) and `UnknownNameError` (any registry lookup) are defined in `hrl.errors`, the lowest layer,
 so that sandboxes raise them too; they are re-exported here as the same classes.
 """
 
 from __future__ import annotations
 
-from hrl.sandboxes.errors import HrlError, UnknownNameError, UsageError
+from hrl.errors import HrlError, UnknownNameError, UsageError
 
 __all__ = [
     "ContextLengthError",

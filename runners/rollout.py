@@ -19,7 +19,7 @@ from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
 from hrl.runners.proxy.proxy import UnknownSessionError
-from hrl.runners.stack import Stack
+from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import Verdict

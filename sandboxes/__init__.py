@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hrl.registry import lookup
 from hrl.sandboxes.base import (
     ExecResult,
     Mount,
@@ -13,7 +14,6 @@ from hrl.sandboxes.base import (
     SandboxSpec,
     SandboxUnavailableError,
 )
-from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "SANDBOXES",

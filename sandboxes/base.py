@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from hrl.sandboxes.errors import HrlError
+from hrl.errors import HrlError
 
 __all__ = ["ExecResult", "Mount", "Sandbox", "SandboxBackend", "SandboxError", "SandboxSpec", "SandboxUnavailableError"]
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hrl.runners.proxy.proxy import Proxy
-from hrl.runners.stack import Stack, serving
+from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.trace import TraceWriter
 
 CONTROL_TOKEN = "test-control-token-0123456789abcdef"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["cli", "train", "runners", "sandboxes"]  # a layer may import those after it, never before
+BASE = {"errors", "registry"}  # hrl.errors, hrl.registry: below every layer, importing nothing of hrl
 HEAVY = {"torch", "peft", "vllm", "ray"}
 
 
@@ -52,7 +53,9 @@ def _module_file(module: str) -> Path | None:
 def test_layers_import_downwards_only():
     bad = []
     for layer in [*ORDER, "recipes"]:
-        allowed = (set(ORDER[ORDER.index(layer) :]) if layer in ORDER else set()) | {"recipes"}  # recipes: a leaf
+        allowed = (
+            (set(ORDER[ORDER.index(layer) :]) if layer in ORDER else set()) | {"recipes"} | BASE
+        )  # recipes: a leaf
         for f in _files(layer):
             for mod, _ in _imports(f):
                 parts = mod.split(".")
@@ -148,7 +151,7 @@ def test_tests_are_laid_out_like_the_source():
 
 
 # What stands a run up (an engine, the proxy, rollouts) lives in runners/placement: cli/ parses, checks and renders.
-SERVING_MODULES = ("hrl.runners.stack", "hrl.runners.serving", "hrl.runners.episodes", "hrl.runners.proxy")
+SERVING_MODULES = ("hrl.runners.serving.stack", "hrl.runners.serving", "hrl.runners.episodes", "hrl.runners.proxy")
 SERVING_NAMES = {"serving", "make_rollouts", "run_episodes", "ray_placement", "WorkerPool", "Proxy", "make_engine"}
 CLI_MAY_CHECK = {"hrl.runners.proxy.toolparsers", "hrl.runners.proxy.reasoning"}  # name checks, before any start
 
@@ -164,3 +167,97 @@ def test_cli_stands_nothing_up_itself():
             if node.module.startswith(SERVING_MODULES) or names & SERVING_NAMES:
                 bad.append(f"{f.relative_to(ROOT)} imports {sorted(names)} from {node.module}")
     assert not bad, "cli/ stands runs up only through hrl.runners.placement:\n" + "\n".join(bad)
+
+
+def test_the_base_imports_nothing_of_hrl():
+    bad = [f"hrl/{name}.py imports {mod}" for name in sorted(BASE)
+           for mod, _ in _imports(ROOT / "hrl" / f"{name}.py")
+           if mod.split(".")[0] == "hrl" and mod.removeprefix("hrl.") not in BASE]  # fmt: skip
+    assert not bad, "\n".join(bad)
+
+
+def test_no_engine_imports_from_the_proxy():
+    """Engines serve token ids; the proxy (dialects, parsers, sessions) sits in front of them, never under."""
+    bad = [
+        f"{f.relative_to(ROOT)} imports {mod}"
+        for f in sorted((ROOT / "runners" / "engines").glob("*.py"))
+        for mod, _ in _imports(f)
+        if mod.startswith("hrl.runners.proxy")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _file_graph() -> dict[Path, set[Path]]:
+    """file -> the files of this checkout it imports (lazy imports too: a circle through them is still one)."""
+    graph: dict[Path, set[Path]] = {}
+    for layer in [*ORDER, "recipes", "hrl"]:
+        for f in _files(layer):
+            graph[f] = set()
+            for mod in _imported_modules(f):
+                target = _module_file(mod) or _package_file(mod)
+                if target is not None and target != f:
+                    graph[f].add(target)
+    return graph
+
+
+def _package_file(module: str) -> Path | None:
+    parts = module.split(".")
+    if parts[0] != "hrl":
+        return None
+    init = ROOT.joinpath(*parts[1:], "__init__.py") if len(parts) > 1 else ROOT / "hrl" / "__init__.py"
+    return init if init.is_file() else None
+
+
+def _circles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """The strongly connected components with more than one file (Tarjan's algorithm, iteratively)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on: set[Path] = set()
+    out: list[list[Path]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    top = stack.pop()
+                    on.discard(top)
+                    part.append(top)
+                    if top == node:
+                        break
+                if len(part) > 1:
+                    out.append(part)
+    return out
+
+
+def test_no_circle_of_imports_crosses_folders():
+    """Files that import one another in a circle stay in one folder; a circle across folders means a room holds
+    what belongs to another (a package's __init__ counts as its folder)."""
+    a, b, c = Path("x/a.py"), Path("y/b.py"), Path("y/c.py")
+    assert _circles({a: {b}, b: {c}, c: {a}}) != [] and _circles({a: {b}, b: {c}, c: set()}) == []  # it sees one
+    bad = []
+    for part in _circles(_file_graph()):
+        folders = {f.parent for f in part}
+        if len(folders) > 1:
+            bad.append(" ↔ ".join(sorted(str(f.relative_to(ROOT)) for f in part)))
+    assert not bad, "import circles across folders:\n" + "\n".join(bad)

@@ -91,7 +91,7 @@ class _Producer:
             self.stats.observe(run.all_traces())
         self.strata = Strata(tasks, cfg.sampler_key) if cfg.task_sampler == "balanced" else None
         self._groups = (
-            [Episode(t, k, n, harness_for(rollouts, n)) for k in range(cfg.group_size)]
+            cfg.group(t, n, harness_for(rollouts, n))
             for n in itertools.count()
             for t in [self._pick(rng, n)]
             if n >= first

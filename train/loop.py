@@ -92,6 +92,11 @@ class LoopConfig(BaseModel):
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig
 
+    def group(self, task: Any, batch: int, harness: str = "") -> list[Episode]:
+        """One GRPO group: `group_size` episodes of `task` in `batch` (the sync loop's iteration, the async loop's
+        group number), under `harness`. Both loops make their groups here, and only here."""
+        return [Episode(task, k, batch, harness) for k in range(self.group_size)]
+
     @model_validator(mode="after")
     def _balanced_needs_a_key(self) -> LoopConfig:
         if self.task_sampler == "balanced" and not self.sampler_key:
@@ -129,11 +134,7 @@ def _batch(
             picked.append(strata.pick(cfg.seed, g, [task_id(t) for t in picked]))
     else:
         picked = rng.sample(tasks, n)
-    return [
-        Episode(t, k, iteration, harness_for(rollouts, first + j))
-        for j, t in enumerate(picked)
-        for k in range(cfg.group_size)
-    ]
+    return [ep for j, t in enumerate(picked) for ep in cfg.group(t, iteration, harness_for(rollouts, first + j))]
 
 
 def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int, tasks: Sequence[Any]) -> TaskStats:

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+from hrl.registry import lookup
 from hrl.runners.agents.base import AgentContext, AgentRunner
-from hrl.sandboxes.registry import lookup
 
 __all__ = ["AGENTS", "AgentContext", "AgentRunner", "get_agent"]
 

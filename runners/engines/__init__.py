@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hrl.registry import load, require
 from hrl.runners.engines.base import Engine, Generation, SamplingParams, TokenDelta, collect
-from hrl.sandboxes.registry import load, require
 
 __all__ = ["ENGINES", "Engine", "Generation", "SamplingParams", "TokenDelta", "collect", "engine_kind", "make_engine"]
 
@@ -15,7 +15,7 @@ ENGINES: dict[str, str] = {
     "vllm": "hrl.runners.engines.vllm:VLLMEngine",
     "scripted": "hrl.runners.engines.scripted:ScriptedEngine",
     "remote": "hrl.runners.engines.remote:RemoteEngine",  # any engine served by `engines/remote.py`, over HTTP
-    "replicas": "hrl.runners.proxy.routing:ReplicaSet",  # several of the above behind one proxy (sticky routing)
+    "replicas": "hrl.runners.engines.replicas:ReplicaSet",  # several of the above behind one proxy (sticky routing)
 }
 
 

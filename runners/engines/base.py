@@ -92,6 +92,19 @@ class Generation:
 
 
 @runtime_checkable
+class Routed(Protocol):
+    """What an engine that places generations (`routes = True`: a replica set) learns of the proxy call it serves,
+    passed as `generate(..., call=)`: the key that keeps a session on one replica, and where to note the replica
+    that served the call and any failover. The proxy's `Call` is one."""
+
+    @property
+    def sticky_key(self) -> str: ...
+
+    def ran_on(self, replica: str) -> None: ...
+
+    def switched(self, source: str, target: str, after_tokens: int, error: str) -> None: ...
+
+
 class Engine(Protocol):
     """What the proxy and the trainer need from an inference engine."""
 

@@ -112,7 +112,7 @@ class ScriptedEngine:
     async def start(self) -> None:
         from transformers import AutoTokenizer
 
-        from hrl.runners.proxy.toolparsers import detect_model
+        from hrl.runners.models import detect_model
 
         path = resolve_model(self.config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -393,7 +393,7 @@ class VLLMEngine:
 
     async def read_metrics(self) -> dict[str, float]:
         """KV-cache use, waiting/running requests and prefix-cache counters from the server's `/metrics`."""
-        from hrl.runners.proxy.routing import parse_vllm_metrics
+        from hrl.runners.engines.replicas import parse_vllm_metrics
 
         return parse_vllm_metrics(str(await self._call("GET", "/metrics", limit_s=5)))
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hrl.runners.episodes import Episode
-from hrl.runners.placement.config import PlacementConfig
+from hrl.runners.placement.config import PlacementConfig, RunConfig
 from hrl.runners.placement.local import LocalPlacement, local_placement, proxy_workers, run_serving, serve_proxy
 from hrl.runners.proxy.server import check_port_free
 
@@ -21,6 +21,7 @@ __all__ = [
     "Episode",
     "LocalPlacement",
     "PlacementConfig",
+    "RunConfig",
     "check_port_free",
     "local_placement",
     "placed",
@@ -32,7 +33,7 @@ __all__ = [
 
 @contextlib.asynccontextmanager
 async def placed(
-    cfg: dict[str, Any],
+    run: RunConfig,
     model: str,
     engine: str,
     concurrency: int,
@@ -41,13 +42,14 @@ async def placed(
     say: Callable[[str], object] = lambda _: None,
     verbose: bool = False,
 ) -> AsyncIterator[Any]:
-    """The run of `cfg` stood up where its `placement:` section says, its rollouts prepared; stopped on exit."""
-    if PlacementConfig(**(cfg.get("placement") or {})).kind == "ray":
+    """`run` stood up where its `placement:` section says, its rollouts prepared; stopped on exit. `model` and
+    `engine` are the run's after the flags (`model` resolved to a path)."""
+    if run.placement.kind == "ray":
         from hrl.runners.placement.ray import ray_placement
 
-        async with ray_placement(cfg, model, engine, concurrency, on_event, say) as on_ray:
+        async with ray_placement(run, model, engine, concurrency, on_event, say) as on_ray:
             yield on_ray
         return
-    async with local_placement(cfg, model, engine, say=say, verbose=verbose) as here:
+    async with local_placement(run, model, engine, say=say, verbose=verbose) as here:
         await here.prepare(on_event)
         yield here

@@ -1,4 +1,4 @@
-"""A run stood up in this process: the engine, the recording proxy in front of it (`runners.stack.serving`) and
+"""A run stood up in this process: the engine, the recording proxy in front of it (`runners.serving.stack.serving`) and
 the rollouts over them. `hrl rollout`, `hrl train` and `hrl eval` stand runs up here, and so does each Ray node
 agent (its engine is a `replicas` set over the cluster's engine servers)."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.placement.config import RunConfig
 from hrl.runners.rollout import RolloutConfig, make_rollouts
-from hrl.runners.stack import Stack, serving
+from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.trace import TraceWriter
 
 __all__ = ["LocalPlacement", "local_placement", "proxy_workers", "run_serving", "serve_proxy"]
@@ -34,8 +35,8 @@ class LocalPlacement:
     """Engine and proxy in this process; `rollouts` are the run's own (after `prepare`), `rollouts_for` makes more
     over the same stack (`hrl eval`: one per harness). The proxy is the publisher: it pauses, publishes, resumes."""
 
-    def __init__(self, stack: Stack, cfg: dict[str, Any], say: Say, verbose: bool) -> None:
-        self.stack, self.cfg, self.say, self.verbose = stack, cfg, say, verbose
+    def __init__(self, stack: Stack, run: RunConfig, say: Say, verbose: bool) -> None:
+        self.stack, self.run_config, self.say, self.verbose = stack, run, say, verbose
         self.rollouts: Rollouts | None = None
 
     @property
@@ -44,7 +45,7 @@ class LocalPlacement:
 
     async def prepare(self, on_event: Event = _quiet, rollout: RolloutConfig | None = None) -> Rollouts:
         """The run's rollouts (its `rollout:` section unless `rollout` is given), agents installed."""
-        self.rollouts = await self.rollouts_for(rollout or RolloutConfig(**(self.cfg.get("rollout") or {})), on_event)
+        self.rollouts = await self.rollouts_for(rollout or self.run_config.rollout, on_event)
         return self.rollouts
 
     async def rollouts_for(self, rollout: RolloutConfig, on_event: Event = _quiet) -> Rollouts:
@@ -52,7 +53,8 @@ class LocalPlacement:
         from hrl.runners.agents.install import installed
         from hrl.runners.whitebox.harness import is_python_agent
 
-        made = make_rollouts(self.stack, rollout, on_event, self.cfg.get("verifier"), self.cfg.get("recipe_dir"))
+        run = self.run_config
+        made = make_rollouts(self.stack, rollout, on_event, run.verifier or None, run.recipe_dir or None)
         target = "docker" if rollout.sandbox == "docker" else "local"
         for name in (a for a in rollout.harnesses if not is_python_agent(a)):
             cached = installed(name, target)
@@ -71,7 +73,7 @@ class LocalPlacement:
 
 @contextlib.asynccontextmanager
 async def local_placement(
-    cfg: dict[str, Any],
+    run: RunConfig,
     model: str,
     engine: str,
     *,
@@ -80,19 +82,19 @@ async def local_placement(
     say: Say = _silent,
     verbose: bool = False,
 ) -> AsyncIterator[LocalPlacement]:
-    """Start the engine and proxy for a run of `cfg` (the resolved recipe: engine_options, proxy, rollout,
-    verifier); on exit end every open session and stop them. The HTTP control routes open (to a fresh token) only
+    """Start the engine and proxy for `run` (its engine_options, proxy, rollout and verifier) with `model` and
+    `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes open (to a fresh token) only
     when one of `harnesses` (default: the recipe's) is a white-box agent: it registers its sub-agents there."""
     from hrl.runners.whitebox.harness import is_python_agent
 
-    every = harnesses if harnesses is not None else RolloutConfig(**(cfg.get("rollout") or {})).harnesses
+    every = harnesses if harnesses is not None else run.rollout.harnesses
     white = any(is_python_agent(a) for a in every)
-    options = cfg.get("engine_options") if engine_options is None else engine_options
+    options = run.engine_options if engine_options is None else engine_options
     async with serving(
-        model, engine, engine_options=options, proxy_options=cfg.get("proxy"), model_name=cfg.get("model_name"),
+        model, engine, engine_options=options, proxy_options=run.proxy_options(),
         control_token=secrets.token_urlsafe(32) if white else None, say=say,
     ) as stack:  # fmt: skip
-        yield LocalPlacement(stack, cfg, say, verbose)
+        yield LocalPlacement(stack, run, say, verbose)
 
 
 @contextlib.asynccontextmanager
@@ -119,14 +121,14 @@ async def serve_proxy(
 
 def proxy_workers(model: str, engine_url: str, workers: int, **options: Any) -> Any:
     """`hrl serve --workers N`: N proxy processes on ports PORT … PORT+N-1 over one shared engine server
-    (`runners.proxy.workers.WorkerPool`; a context manager that stops them all)."""
-    from hrl.runners.proxy.workers import WorkerPool
+    (`runners.serving.workers.WorkerPool`; a context manager that stops them all)."""
+    from hrl.runners.serving.workers import WorkerPool
 
     return WorkerPool(model, engine_url, workers=workers, **options)
 
 
 def run_serving(main: Any) -> Any:
     """Run a serving coroutine to its end on the proxy's event loop (uvloop where enabled)."""
-    from hrl.runners.proxy.loop import run
+    from hrl.runners.serving.loop import run
 
     return run(main)

@@ -16,7 +16,7 @@ What runs where (docs/ray.md has the diagram):
 Ray carries only control and finished traces: every token travels over HTTP from a replica to the shard that asked.
 A node agent that dies takes its episodes with it: each becomes an `internal_error` trace at the driver and the
 node's containers of the run (labelled `hrl.run=<run>.n<i>`) are removed by a task on that node. A replica that dies
-is failed over by each shard (`runners.proxy.routing`).
+is failed over by each shard (`runners.engines.replicas`).
 
 Ray is imported only in this module, and only when the placement is `ray`.
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 from hrl.runners.episodes import Episode, failed_trace
 from hrl.runners.errors import PrerequisiteError
-from hrl.runners.placement.config import PlacementConfig
+from hrl.runners.placement.config import PlacementConfig, RunConfig
 from hrl.runners.trace import TraceWriter
 
 __all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
@@ -100,17 +100,16 @@ class NodeAgent:
         self.stack: Any = None
         self.trace_file: Path | None = None
 
-    async def start(self, cfg: dict[str, Any], model: str, replicas: dict[str, str]) -> str:
+    async def start(self, run: RunConfig, model: str, replicas: dict[str, str]) -> str:
         """Stand the node's share of the run up as a local run whose engine is the set of replicas."""
         from hrl.runners.placement.local import local_placement
-        from hrl.runners.rollout import RolloutConfig
         from hrl.runners.scratch import scratch_dir
 
         self.exit = contextlib.AsyncExitStack()
-        roll = RolloutConfig(**{**cfg["rollout"], "run_id": f"{cfg['rollout']['run_id']}.n{self.index}"})
+        roll = run.rollout.model_copy(update={"run_id": f"{run.rollout.run_id}.n{self.index}"})
         here = await self.exit.enter_async_context(
             local_placement(
-                cfg, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, cfg)
+                run, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, run)
             )
         )
         self.stack = here.stack
@@ -127,7 +126,7 @@ class NodeAgent:
             return await guarded_episode(self.rollouts, ep, self.trace_file)
 
     def describe(self) -> list[dict[str, Any]]:
-        """This shard's view of the replicas: health, version, generations in flight (runners.proxy.routing)."""
+        """This shard's view of the replicas: health, version, generations in flight (runners.engines.replicas)."""
         return list(self.stack.engine.describe()) if self.stack is not None else []
 
     async def sync(self) -> list[dict[str, Any]]:
@@ -145,10 +144,10 @@ class NodeAgent:
             shutil.rmtree(self.trace_file.parent, ignore_errors=True)
 
 
-def _replica_set(urls: dict[str, str], cfg: dict[str, Any]) -> dict[str, Any]:
+def _replica_set(urls: dict[str, str], run: RunConfig) -> dict[str, Any]:
     """`engine_options` of a ReplicaSet over the replicas' servers (the recipe's `routing:` section applied)."""
     specs = [{"name": n, "engine": "remote", "options": {"url": u}} for n, u in urls.items()]
-    return {"replicas": specs, **((cfg.get("placement") or {}).get("routing") or {})}
+    return {"replicas": specs, **run.placement.routing}
 
 
 def _prune_node(run_id: str) -> int:
@@ -319,7 +318,7 @@ def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:
 
 @contextlib.asynccontextmanager
 async def ray_placement(
-    cfg: dict[str, Any],
+    run: RunConfig,
     model: str,
     engine: str,
     concurrency: int,
@@ -327,16 +326,16 @@ async def ray_placement(
     say: Callable[[str], object] = lambda _: None,
 ) -> AsyncIterator[RayPlacement]:
     """Start replicas and node agents on Ray; on exit stop them all (and Ray, if started here).
-    `cfg` is the resolved recipe (rollout, proxy, verifier, engine_options, placement)."""
+    `run` says what to start (rollout, proxy, verifier, engine_options, placement)."""
     ray = _ray()
-    pcfg = PlacementConfig(**(cfg.get("placement") or {}))
+    pcfg = run.placement
     started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
     replicas: dict[str, Any] = {}
     agents: list[Any] = []
     groups: list[Any] = []
     try:
         from hrl.runners.engines import engine_kind
-        from hrl.runners.proxy.routing import ReplicaSet, ReplicaSetConfig
+        from hrl.runners.engines.replicas import ReplicaSet, ReplicaSetConfig
 
         kind, _ = engine_kind(engine)
         replica_cls = ray.remote(EngineReplica)
@@ -351,7 +350,7 @@ async def ray_placement(
                 groups.append(pg)
                 opts = {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
                         "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
-            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(cfg.get("engine_options") or {}))
+            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(run.engine_options))
         say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
         urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
         alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -368,10 +367,10 @@ async def ray_placement(
             agents.append(actor)
             nodes.append(_Node(i, n["NodeID"], actor, k))
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
-        await asyncio.gather(*(n.actor.start.remote(cfg, model, urls) for n in nodes))
-        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, cfg)))
+        await asyncio.gather(*(n.actor.start.remote(run, model, urls) for n in nodes))
+        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, run)))
         await control.start()
-        rollouts = RayRollouts(nodes, cfg["rollout"]["run_id"], on_event)
+        rollouts = RayRollouts(nodes, run.rollout.run_id, on_event)
         try:
             yield RayPlacement(rollouts, ShardedPublisher(control, agents), replicas, urls, agents, started)
         finally:

@@ -76,6 +76,21 @@ class Call:
     def call_id(self) -> str:
         return self.record.call_id
 
+    # --- engines.base.Routed: what a replica set notes of the call it places ---
+    @property
+    def sticky_key(self) -> str:
+        return self.session.root.token
+
+    def ran_on(self, replica: str) -> None:
+        self.record.replica = replica
+
+    def switched(self, source: str, target: str, after_tokens: int, error: str) -> None:
+        """A failover mid-generation, kept in the trace (`replica_switches`)."""
+        root = self.session.root
+        root.replica_switches.append({"call_id": self.call_id, "from": source, "to": target,
+                                      "after_tokens": after_tokens, "at": round(time.time() - root.started_at, 3),
+                                      "error": error[:300]})  # fmt: skip
+
     def add(self, delta: TokenDelta) -> None:
         """Append an engine delta: its ids, logprobs, the version that sampled them, and a finish reason."""
         rec = self.record

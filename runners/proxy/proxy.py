@@ -24,8 +24,8 @@ from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import Session
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.proxy.tokens import owned_token, owner
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
-from hrl.runners.proxy.workers import owned_token, owner
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
@@ -57,7 +57,7 @@ class ProxyConfig(BaseModel):
     stream_coalesce_tokens: int = Field(
         16, ge=0, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
     )
-    workers: int = Field(1, ge=1, description="Proxy worker processes on this node (runners.proxy.workers); 1 = one.")
+    workers: int = Field(1, ge=1, description="Proxy worker processes on this node (runners.serving.workers); 1 = one.")
     worker_index: int = Field(
         0, ge=0, description="This worker's index: it serves, and registers, only the session tokens it owns."
     )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hrl.registry import require
 from hrl.runners.proxy.toolparsers.base import partial_len
-from hrl.sandboxes.registry import require
 
 __all__ = [
     "REASONING_PARSERS",

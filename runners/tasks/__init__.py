@@ -10,10 +10,10 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from hrl.registry import lookup
 from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, task_summary, write_tasks
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict, Verifier
 from hrl.sandboxes import SandboxBackend
-from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "VERIFIERS",

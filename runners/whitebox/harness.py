@@ -31,7 +31,7 @@ from typing import Any
 
 from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import UnknownSessionError
-from hrl.runners.stack import Stack
+from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.task import Task
 from hrl.runners.trace import TraceWriter
 from hrl.runners.whitebox.client import WhiteboxSession

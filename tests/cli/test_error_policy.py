@@ -171,6 +171,12 @@ CASES = [
         "train.eval_episodes=0",
     ),
     Case("bounded flag", ("train", "--recipe", "demo", "--iterations", "-1"), USAGE, "'--iterations'"),
+    Case(
+        "fields that disagree",
+        ("train", "--recipe", "demo", "-c", "train.task_sampler=balanced"),
+        USAGE,
+        "set train.sampler_key",
+    ),
     Case("bounded flag", ("rollout", "-a", "codex", "--recipe", "demo", "--limit", "-1"), USAGE, "'--limit'"),
     Case("bounded flag", ("rollout", "-a", "codex", "--recipe", "demo", "-n", "0"), USAGE, "'-n'"),
     Case("bounded flag", ("serve", "--model", "hrl:tiny", "--port", "99999"), USAGE, "'--port'"),
@@ -416,10 +422,12 @@ def _check_hint(hint: str, argv: list[str], monkeypatch, capsys) -> None:
 
 
 def test_a_refused_config_starts_nothing(tmp_path: Path, monkeypatch, capsys):
-    """A bounded value, a bounded flag and a misspelt recipe key are refused before the run directory is made."""
+    """A bounded value, a bounded flag, fields that disagree and a misspelt recipe key are refused before the run
+    directory is made."""
     _files(tmp_path)
     monkeypatch.chdir(tmp_path)
-    for argv in (["train", "--recipe", "demo", "-c", "train.group_size=0"], ["train", "--recipe", "demo",
+    for argv in (["train", "--recipe", "demo", "-c", "train.group_size=0"],
+                 ["train", "--recipe", "demo", "-c", "train.task_sampler=balanced"], ["train", "--recipe", "demo",
                  "--iterations", "-1"], ["train", "--recipe", str(tmp_path / "typo-nested"), "--run-dir", "r"]):  # fmt: skip
         code, _out, err = run_hrl(argv, {}, monkeypatch, capsys)
         assert code == USAGE, err

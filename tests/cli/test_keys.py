@@ -37,15 +37,17 @@ def test_the_training_sections_come_from_the_loop_and_trainer_models():
 
 
 def test_a_field_added_to_a_model_is_a_key_at_once(monkeypatch):
-    import hrl.runners.rollout
+    """A section is read from its component's model when a key is checked: a field added there is a key."""
+    import hrl.train.loop
+    from hrl.train.loop import LoopConfig
 
-    class Wider(RolloutConfig):
+    class Wider(LoopConfig):
         device: str = Field("cpu", description="A field another change adds.")
 
     with pytest.raises(UsageError):
-        check_key("rollout.device", "cuda", {})
-    monkeypatch.setattr(hrl.runners.rollout, "RolloutConfig", Wider)
-    check_key("rollout.device", "cuda", {})
+        check_key("train.device", "cuda", {})
+    monkeypatch.setattr(hrl.train.loop, "LoopConfig", Wider)
+    check_key("train.device", "cuda", {})
 
 
 @pytest.mark.parametrize(

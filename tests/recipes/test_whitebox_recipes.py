@@ -12,7 +12,7 @@ import pytest
 from hrl.recipes.loader import load_recipe
 from hrl.runners.episodes import Episode
 from hrl.runners.rollout import RolloutConfig, make_rollouts
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.runners.tasks.task import load_tasks
 from hrl.runners.trace import branches, read_traces
 from hrl.train.samples import build_samples

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import torch
 
+from hrl.runners.doctor.probe import logprobs_check, probe_model
 from hrl.runners.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
-from hrl.runners.probe import logprobs_check, probe_model
 from tests.models import chat_prompt, load_hf
 
 BROKEN = 'Running it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+import hrl.errors
 import hrl.runners.errors
-import hrl.sandboxes.errors
+from hrl.errors import HrlError, UnknownNameError
+from hrl.registry import lookup
 from hrl.runners.agents import get_agent
 from hrl.runners.engines import engine_kind, make_engine
 from hrl.runners.proxy.dialects import get_dialect
 from hrl.runners.tasks import make_verifier
 from hrl.sandboxes import SandboxError, SandboxUnavailableError, get_backend
-from hrl.sandboxes.errors import HrlError, UnknownNameError
-from hrl.sandboxes.registry import lookup
 
 LOOKUPS = [
     (lambda: get_backend("nope"), "unknown sandbox 'nope'; valid: docker, local"),
@@ -40,8 +40,8 @@ def test_every_registry_raises_one_error_type_listing_the_valid_names(call, mess
 
 
 def test_the_error_classes_are_one_class_each_across_layers():
-    assert hrl.runners.errors.UnknownNameError is hrl.sandboxes.errors.UnknownNameError
-    assert hrl.runners.errors.HrlError is hrl.sandboxes.errors.HrlError
+    assert hrl.runners.errors.UnknownNameError is hrl.errors.UnknownNameError
+    assert hrl.runners.errors.HrlError is hrl.errors.HrlError
     assert issubclass(SandboxError, HrlError) and issubclass(SandboxUnavailableError, SandboxError)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.rollout import AgentRollouts, RolloutConfig
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.runners.trace import read_traces
 from tests.runners.tasks.test_verifier import mini_task
 

@@ -20,7 +20,7 @@ import pytest
 
 from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.rollout import AgentRollouts, RolloutConfig
-from hrl.runners.stack import Stack, serving
+from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
 from tests.runners.tasks.test_verifier import mini_task

@@ -269,7 +269,7 @@ async def serving_socket(sock: str, then: Any) -> Any:
 @pytest.fixture
 def socket_dir() -> Any:
     path = Path(tempfile.mkdtemp(prefix="hrl-sock-"))  # short: unix socket paths are limited to ~107 bytes
-    path.chmod(0o755)  # as runners.stack makes it
+    path.chmod(0o755)  # as runners.serving.stack makes it
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

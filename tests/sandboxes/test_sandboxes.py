@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 
+from hrl.errors import UnknownNameError
 from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
 from hrl.sandboxes.base import Mount
 from hrl.sandboxes.docker import KILL_GRACE_S as DOCKER_KILL_GRACE_S
 from hrl.sandboxes.docker import DockerBackend
-from hrl.sandboxes.errors import UnknownNameError
 from hrl.sandboxes.local import KILL_GRACE_S as LOCAL_KILL_GRACE_S
 from hrl.sandboxes.local import MARKER, LocalBackend
 

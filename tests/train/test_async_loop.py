@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from hrl.runners.rundir import RunDir
+from hrl.runners.serving.stack import serving
 from hrl.runners.simagent import SimulatedAgent
-from hrl.runners.stack import serving
 from hrl.train.async_loop import AsyncConfig, oldest_version, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.trainer import TrainerConfig

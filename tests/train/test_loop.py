@@ -13,7 +13,7 @@ import pytest
 
 from hrl.runners.proxy.proxy import Proxy
 from hrl.runners.rundir import RunDir
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.runners.trace import TraceWriter, read_traces
 from hrl.train.loop import Episode, LoopConfig, train
 from hrl.train.trainer import TrainerConfig

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from hrl.runners.proxy.proxy import Proxy
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.train.advantages import group_advantages
 from hrl.train.samples import build_samples
 from hrl.train.trainer import Trainer, TrainerConfig

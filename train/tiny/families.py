@@ -477,7 +477,7 @@ FAMILIES: dict[str, Family] = {
 
 def family_spec(name: str) -> Family:
     """The family `name`; UnknownNameError (naming the nearest) for any other."""
-    from hrl.sandboxes.registry import require
+    from hrl.registry import require
 
     require(FAMILIES, "model family", name)
     return FAMILIES[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hrl.registry import lookup
 from hrl.runners.proxy.dialects.base import (
     BadRequestError,
     ChatRequest,
@@ -12,7 +13,6 @@ from hrl.runners.proxy.dialects.base import (
     StreamEncoder,
     check_request,
 )
-from hrl.sandboxes.registry import lookup
 
 __all__ = [
     "DIALECTS",

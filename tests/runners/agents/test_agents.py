@@ -16,9 +16,9 @@ import pytest
 
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.base import AgentContext
-from hrl.runners.agents.doctor import PROBE_FILE, PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
 from hrl.runners.agents.install import AgentInstall, _once, _steps, installed
 from hrl.runners.agents.run import classify, run_agent
+from hrl.runners.doctor.agents import PROBE_FILE, PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
 from hrl.runners.errors import PrerequisiteError, UnknownNameError
 from hrl.runners.trace import call_prompt_ids
 from hrl.sandboxes import SandboxSpec

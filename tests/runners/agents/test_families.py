@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hrl.runners.agents.doctor import doctor
+from hrl.runners.doctor.agents import doctor
 from hrl.train.tiny.families import FAMILIES
 from tests.conftest import install_agent
 
@@ -48,7 +48,7 @@ def _trace(second_prompt: list[int], parent: bool) -> dict[str, Any]:
 
 
 def test_a_fork_at_a_rewritten_stop_token_is_not_drift() -> None:
-    from hrl.runners.agents.doctor import trace_problems
+    from hrl.runners.doctor.agents import trace_problems
 
     assert trace_problems(_trace([1, 2, 3, 4, 5, 9, 7], parent=True), "chat") == []  # extends token-exactly
     assert trace_problems(_trace([1, 2, 3, 4, 5, 8, 7], parent=False), "chat") == []  # Harmony: <|return|> → <|end|>

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hrl.runners.agents import get_agent
-from hrl.runners.agents.doctor import PROBE_FILE, PROBE_TEXT, probe_agent, trace_problems
+from hrl.runners.doctor.agents import PROBE_FILE, PROBE_TEXT, probe_agent, trace_problems
 from tests.conftest import install_agent
 
 

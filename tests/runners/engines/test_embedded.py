@@ -220,7 +220,7 @@ def test_lora_checkpoint_is_served_as_its_base_plus_the_adapter(tiny_model, tiny
     """A LoRA checkpoint of `hrl train` (peft adapter dir) works wherever a model is accepted: `serving` loads the
     base it names and publishes the adapter as policy 1, so its greedy output is the adapter's."""
     from hrl.runners.models import split_adapter
-    from hrl.runners.stack import serving
+    from hrl.runners.serving.stack import serving
 
     assert split_adapter(tiny_model) == (tiny_model, None)
     assert split_adapter(tiny_lora) == (tiny_model, tiny_lora)

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.sandboxes import SandboxSpec, get_backend
 
 IMAGE = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")

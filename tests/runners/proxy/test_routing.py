@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from hrl.runners.engines.remote import serve_engine
+from hrl.runners.engines.replicas import hrw_rank, parse_vllm_metrics
 from hrl.runners.engines.scripted import ScriptedEngine, ScriptedEngineConfig
-from hrl.runners.proxy.routing import hrw_rank, parse_vllm_metrics
 from tests.proxy_helpers import running_proxy
 
 ANSWER = "one two three four five six seven eight nine ten eleven twelve"

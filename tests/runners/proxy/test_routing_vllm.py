@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from hrl.runners.engines.replicas import hrw_rank
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
-from hrl.runners.proxy.routing import hrw_rank
 from tests.proxy_helpers import running_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]

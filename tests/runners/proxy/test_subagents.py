@@ -10,8 +10,8 @@ import asyncio
 import httpx
 import pytest
 
-from hrl.runners.agents.doctor import probe_agent
-from hrl.runners.stack import serving
+from hrl.runners.doctor.agents import probe_agent
+from hrl.runners.serving.stack import serving
 from hrl.runners.trace import branches
 from hrl.train.samples import build_samples
 from tests.conftest import install_agent

@@ -10,7 +10,8 @@ import socket
 import aiohttp
 import pytest
 
-from hrl.runners.proxy.workers import WorkerPool, owned_token, owner
+from hrl.runners.proxy.tokens import owned_token, owner
+from hrl.runners.serving.workers import WorkerPool
 from hrl.runners.trace import call_prompt_ids, read_traces
 from tests.proxy_helpers import CONTROL_TOKEN, running_proxy
 

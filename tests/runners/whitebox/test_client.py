@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import hrl
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.runners.trace import branches, call_prompt_ids, full_len
 from hrl.train.samples import build_samples
 

@@ -16,7 +16,7 @@ import pytest
 
 from hrl.recipes.loader import load_recipe
 from hrl.runners.proxy.template import ChatTemplate, parse_hermes
-from hrl.runners.stack import serving
+from hrl.runners.serving.stack import serving
 from hrl.runners.tasks import TestVerifier, load_tasks
 from hrl.sandboxes import get_backend
 from hrl.train.tiny.agent import TinyAgentConfig, build_info, build_tiny_agent, file_digests, shipped_model

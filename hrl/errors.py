@@ -1,7 +1,7 @@
 """The base of every hrl domain error, and the one error of a registry lookup.
 
-They live in the lowest layer so that every layer can raise them (`sandboxes` may import nothing above it);
-`hrl.runners.errors` re-exports both, so `HrlError` and `UnknownNameError` are one class each wherever they are
+They live beside the `hrl` facade, below every layer, so that every layer can raise them (`hrl.registry`, the
+one registry lookup, sits here too); `hrl.runners.errors` re-exports them, so `HrlError` and `UnknownNameError` are one class each wherever they are
 imported from, and the CLI maps them in one table.
 """
 

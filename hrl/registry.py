@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from hrl.sandboxes.errors import UnknownNameError
+from hrl.errors import UnknownNameError
 
 __all__ = ["load", "lookup", "require"]
 

@@ -35,7 +35,7 @@ from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenD
 from hrl.runners.errors import ContextLengthError, EngineError
 
 if TYPE_CHECKING:
-    from hrl.runners.proxy.call import Call
+    from hrl.runners.engines.base import Routed
 
 __all__ = ["Replica", "ReplicaSet", "ReplicaSetConfig", "RoutingConfig", "hrw_rank", "parse_vllm_metrics"]
 
@@ -295,15 +295,15 @@ class ReplicaSet:
         params: SamplingParams,
         *,
         version: int | None = None,
-        call: Call | None = None,
+        call: Routed | None = None,
     ) -> AsyncIterator[TokenDelta]:
         """Generate on the call's replica; if that replica dies mid-way, go on from the sampled tokens on the next."""
-        key = call.session.root.token if call is not None else request_id
+        key = call.sticky_key if call is not None else request_id
         sampled: list[int] = []
         while True:
             replica = await self._admit(key)
             if call is not None:
-                call.record.replica = replica.name
+                call.ran_on(replica.name)
             self._serving[request_id] = replica
             left = params.max_tokens - len(sampled)
             try:
@@ -323,11 +323,7 @@ class ReplicaSet:
                     raise EngineError(f"every engine replica is down (the last, {replica.name}: {e})") from e
                 self.switches += 1
                 if call is not None:
-                    root = call.session.root
-                    switch = {"call_id": call.call_id, "from": replica.name, "to": self.owner(key).name,  # type: ignore[union-attr]
-                              "after_tokens": len(sampled), "at": round(time.time() - root.started_at, 3),
-                              "error": str(e)[:300]}  # fmt: skip
-                    root.replica_switches.append(switch)
+                    call.switched(replica.name, self.owner(key).name, len(sampled), str(e))  # type: ignore[union-attr]
             finally:
                 self._serving.pop(request_id, None)
                 self._aborted.discard(request_id)

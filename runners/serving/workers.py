@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import secrets
 import signal
 import time
 from pathlib import Path
@@ -28,30 +27,14 @@ from typing import Any
 import aiohttp
 
 from hrl.runners.errors import EngineStartError
-from hrl.runners.proxy.routing import hrw_rank
+from hrl.runners.proxy.tokens import owner
 
-__all__ = ["WorkerPool", "owned_token", "owner"]
-
-
-def owner(token: str, workers: int) -> int:
-    """The worker (0 … workers-1) a session token belongs to: rendezvous hashing, as engine replicas are placed
-    (`runners.proxy.routing`), so a pool that grows by one worker moves about 1/N of the tokens."""
-    if workers <= 1:
-        return 0
-    return int(hrw_rank(token, [str(i) for i in range(workers)])[0])
-
-
-def owned_token(index: int, workers: int) -> str:
-    """A fresh 128-bit token that worker `index` owns (about `workers` draws)."""
-    while True:
-        token = secrets.token_urlsafe(16)
-        if owner(token, workers) == index:
-            return token
+__all__ = ["WorkerPool"]
 
 
 def _worker(model: str, engine: str, index: int, port: int, opts: dict[str, Any], ready: Any, errors: Any) -> None:
-    from hrl.runners.proxy.loop import run
-    from hrl.runners.stack import serving
+    from hrl.runners.serving.loop import run
+    from hrl.runners.serving.stack import serving
     from hrl.runners.trace import TraceWriter
 
     async def main() -> None:

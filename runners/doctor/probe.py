@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from hrl.runners.doctor import Check
-from hrl.runners.stack import serving
+from hrl.runners.doctor.checks import Check
+from hrl.runners.serving.stack import serving
 from hrl.runners.trace import call_prompt_ids
 
 __all__ = ["PROBE_REQUEST", "logprobs_check", "probe_model", "tool_calls_check"]

@@ -24,7 +24,7 @@ from hrl.runners.errors import HrlError
 from hrl.runners.trace import call_prompt_ids
 
 if TYPE_CHECKING:
-    from hrl.runners.stack import Stack
+    from hrl.runners.serving.stack import Stack
 
 __all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "scripted_stack", "trace_problems"]
 
@@ -71,7 +71,7 @@ class AgentCheck:
 
 def scripted_stack(model: str, turns: list[Any]) -> contextlib.AbstractAsyncContextManager[Stack]:
     """The real serving stack with a scripted engine that plays `turns` as real token ids of `model`'s tokenizer."""
-    from hrl.runners.stack import serving  # aiohttp and the tokenizer load only when a probe runs
+    from hrl.runners.serving.stack import serving  # aiohttp and the tokenizer load only when a probe runs
 
     options = {"turns": turns, "max_model_len": 1 << 20}  # agents' system prompts are long
     return serving(model, "scripted", model_name="hrl-model", engine_options=options)
