@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import write_trace
 
 __all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "harness_for", "run_episodes"]
 
@@ -77,7 +77,7 @@ async def guarded_episode(rollouts: Rollouts, ep: Episode, trace_file: Path) -> 
     except Exception as e:
         detail = "".join(traceback.format_exception(e))
         trace = failed_trace(ep, "internal_error", f"{type(e).__name__}: {e}\n{detail}", started)
-        await asyncio.to_thread(TraceWriter(trace_file).write, trace)
+        await asyncio.to_thread(write_trace, trace_file, trace)
         return trace
 
 

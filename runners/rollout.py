@@ -24,7 +24,7 @@ from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.tasks.workspace import WorkspaceError
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import write_trace
 from hrl.sandboxes import SandboxError, get_backend
 
 __all__ = ["AgentRollouts", "HarnessMix", "RolloutConfig", "make_rollouts"]
@@ -100,7 +100,6 @@ class AgentRollouts:
         name = options.pop("name", "tests")
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self._install: AgentInstall | None = None
-        self._writers: dict[Path, TraceWriter] = {}
 
     def prepare(self) -> AgentInstall:
         """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
@@ -179,7 +178,7 @@ class AgentRollouts:
             trace = self.stack.proxy.end_session(token, **outcome, extra=extra)
         except UnknownSessionError:  # ended under the episode (the idle reaper): the harness failed, not the policy
             trace = self._ended_early(token, extra)
-        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        write_trace(trace_file, trace)
         return trace
 
 

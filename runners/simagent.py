@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import write_trace
 
 __all__ = ["SimulatedAgent", "letter_reward"]
 
@@ -47,10 +47,6 @@ class SimulatedAgent:
         self.mu, self.sigma = math.log(tool_time_median_s) if tool_time_median_s > 0 else None, tool_time_sigma
         self.max_tokens, self.reward = max_tokens, reward
         self.http: aiohttp.ClientSession | None = None
-        self._writers: dict[Path, TraceWriter] = {}
-
-    def _writer(self, path: Path) -> TraceWriter:
-        return self._writers.setdefault(path, TraceWriter(path))
 
     async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
         if self.http is None:
@@ -80,7 +76,7 @@ class SimulatedAgent:
 
     def _end(self, token: str, trace_file: Path, **outcome: Any) -> dict[str, Any]:
         trace = self.proxy.end_session(token, **outcome)
-        self._writer(trace_file).write(trace)
+        write_trace(trace_file, trace)
         return trace
 
     async def close(self) -> None:

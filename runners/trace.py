@@ -44,6 +44,7 @@ __all__ = [
     "redact_trace",
     "sampled_versions",
     "validate_trace",
+    "write_trace",
 ]
 
 SCHEMA = "hrl.trace/1"
@@ -306,6 +307,12 @@ class TraceWriter:
         validate_trace(trace)
         data = encode_trace(redact_trace(trace, self.redactor) if self.redactor else trace).encode()
         append_durably(self.path, data)
+
+
+def write_trace(path: str | Path, trace: dict[str, Any]) -> None:
+    """Append one trace to `path` as `TraceWriter` does (validated, redacted by the process's default redactor,
+    one durable line): every writer of trace files goes through here or through a `TraceWriter` of its own."""
+    TraceWriter(path).write(trace)
 
 
 _IDENTITY = frozenset({"schema", "trace_id", "session", "calls"})  # never redacted (calls: only their `error`)

@@ -35,7 +35,7 @@ from typing import Any
 from hrl.runners.episodes import Episode, failed_trace
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.placement.config import PlacementConfig, RunConfig
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import write_trace
 
 __all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
 
@@ -180,7 +180,6 @@ class RayRollouts:
     def __init__(self, nodes: list[_Node], run_id: str, on_event: Event) -> None:
         self.nodes, self.run_id, self.on_event = nodes, run_id, on_event
         self._free = asyncio.Condition()
-        self._writers: dict[Path, TraceWriter] = {}
         self.lost_nodes: dict[int, str] = {}
 
     def prepare(self) -> None:  # each node agent prepared its own install at start
@@ -231,7 +230,7 @@ class RayRollouts:
         return trace
 
     def _write(self, trace_file: Path, trace: dict[str, Any]) -> dict[str, Any]:
-        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        write_trace(trace_file, trace)
         return trace
 
     async def _lost(self, node: _Node, error: Exception) -> None:

@@ -33,7 +33,7 @@ from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.task import Task
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
 
 __all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "needs_sandbox", "split_spec"]
@@ -122,7 +122,6 @@ class PythonRollouts:
         self.verifier_options = options
         self.score: Callable[..., Any] | None = None
         self.verifier: Any = None
-        self._writers: dict[Path, TraceWriter] = {}
 
     def prepare(self) -> None:
         """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
@@ -254,5 +253,5 @@ class PythonRollouts:
             if ended is None:
                 raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)") from None
             trace = {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None}
-        self._writers.setdefault(trace_file, TraceWriter(trace_file)).write(trace)
+        write_trace(trace_file, trace)
         return trace
