@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hrl.runners.episodes import Episode, run_episodes
+from hrl.runners.placement import RunConfig
 from hrl.runners.placement.ray import ray_placement
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
@@ -57,7 +58,7 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     out = tmp_path / "traces.jsonl"
 
     async def main() -> tuple[list[dict], list[dict], dict[str, Any]]:
-        async with ray_placement(cfg, tiny_model, "scripted", 4) as placed:
+        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4) as placed:
             first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
             version = await placed.publisher.publish("unused", "lora")
             report = dict(placed.publisher.last_fanout, version=version)  # no sleep: every shard acknowledged
@@ -100,7 +101,7 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
         return len(api.containers.list(filters={"label": label, "status": "running"}, ignore_removed=True))
 
     async def main() -> dict[str, Any]:
-        async with ray_placement(cfg, tiny_model, "scripted", 4) as placed:
+        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4) as placed:
             job = asyncio.create_task(run_episodes(placed.rollouts, episodes, out, 4))
             for _ in range(1200):  # both nodes have episodes in their sandboxes
                 if (running(0) and running(1)) or job.done():

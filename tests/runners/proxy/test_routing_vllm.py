@@ -20,6 +20,7 @@ import pytest
 
 from hrl.runners.engines.replicas import hrw_rank
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
+from hrl.runners.errors import EngineError
 from tests.proxy_helpers import running_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -130,19 +131,24 @@ def test_a_publish_reaches_both_vllm_replicas_as_one_version(tiny_model, tiny_lo
 
 
 def _cut_after_first_tokens(replica: VLLMEngine, server: VLLMEngine, killed: threading.Event) -> None:
-    """Fault injection at an exact point: when the first sampled tokens reach the proxy, pause the real server with
-    its request held (`/pause?mode=keep`: nothing more is sampled), let what is on the wire drain, then SIGKILL its
-    process group. Done on the proxy's own loop, so no thread of this test can lag behind a fast generation."""
+    """Fault injection at an exact point: when the first sampled tokens reach the proxy, SIGKILL the real server's
+    process group and end its stream there, as a connection cut at that point does. What the server had already
+    sent past that point is not read: on a loaded machine the whole reply can sit in the socket before the proxy
+    reads its first token, and a kill (or a pause) then lands after the generation is done. Done on the proxy's own
+    loop, so no thread of this test can lag behind a fast generation."""
     generate = replica.generate
 
     async def cut(*args, **kwargs):
-        async for delta in generate(*args, **kwargs):
-            yield delta
-            if delta.token_ids and not killed.is_set():
-                await replica.pause()
-                await asyncio.sleep(1.0)
-                os.killpg(server.server.pgid, signal.SIGKILL)
-                killed.set()
+        inner = generate(*args, **kwargs)
+        try:
+            async for delta in inner:
+                yield delta
+                if delta.token_ids and not killed.is_set():
+                    os.killpg(server.server.pgid, signal.SIGKILL)
+                    killed.set()
+                    raise EngineError("the connection to the replica was cut mid-stream")
+        finally:
+            await inner.aclose()
 
     replica.generate = cut  # type: ignore[method-assign]
 
