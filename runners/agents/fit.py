@@ -4,8 +4,8 @@
 Each runner carries `fixed_prompt_chars`: the characters its CLI sends before the task (system prompt and tool
 schemas) on the first request, measured at the pinned version. The served model's tokenizer turns characters into
 tokens at the rate it shows on `SAMPLE`, text shaped like those prompts (instructions, markdown, JSON tool
-schemas). Measured with `hrl:tiny`'s tokenizer, the estimate is within 8% below the true count (claude-code
-about 43.8k estimated against 47.2k sent, qwen-code 37.4k against 38.8k), so a prompt said not to fit does not.
+schemas). The estimate errs low, never high (the measurement: docs/proxy.md, "Context"), so a prompt said
+not to fit does not.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ extra), else the standard library; the same JSON value either way.
 
 Only encoding goes through here. Request bodies are read by the standard library: orjson reads integers past 64
 bits as floats, which would change a tool call's arguments and so the prompt ids (and reading is once per call,
-under 0.3 % of the serving process in the profiles). Whatever reaches the chat template or a trace keeps the
+a small share of the serving process in the profiles: docs/proxy.md, "Speed"). Whatever reaches the chat template or a trace keeps the
 standard library's formatting too: prompt ids must not depend on which library is installed.
 """
 

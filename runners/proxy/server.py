@@ -281,8 +281,8 @@ class _Handler:
 
 class _EventStream(web.StreamResponse):
     """An SSE response whose headers go out with its first event, in one write (aiohttp ≥ 3.11 honours this; an
-    older one sends them at `prepare` as before). The profile showed the separate header write at ~12 % of the
-    serving process's samples at 256 streaming sessions (bench/results/profile-4-after.txt)."""
+    older one sends them at `prepare` as before): the separate header write was a large share of the serving
+    process at many streaming sessions (docs/proxy.md, "Speed")."""
 
     _send_headers_immediately = False
 
