@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -170,7 +171,11 @@ def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny
                 if line.startswith("data: {"):
                     usage = json.loads(line[6:]).get("usage") or usage
         trace = p.end("victim")
-        state = {s["name"]: s["healthy"] for s in p.call(p.proxy.engine.describe)}
+        # the shard's view: a health probe of the live server can time out on a loaded machine (5 s), so its view
+        # is read until it settles; the killed one never answers again
+        deadline, state = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and state != {owner: False, other: True}:
+            state = {s["name"]: s["healthy"] for s in p.call_async(p.proxy.engine.refresh).result(30)}
     assert killed.is_set()
     summary = {k: trace.get(k) for k in ("failure_reason", "error", "env")} | {"usage": usage}
     (switch,) = trace.get("replica_switches") or [summary]
