@@ -181,12 +181,7 @@ def test_publish_mid_stream_versions_each_token(engine, loop, restore_base, tiny
         await engine.resume()
         return v0, v_lora, v_full, before, await collect(stream)
 
-    # On a loaded machine the whole reply can be sampled before the client reads its first token, and the publish
-    # then lands after it: tried again, up to three times. A publish that never reaches a running request fails all.
-    for attempt in range(3):
-        v0, v_lora, v_full, before, rest = loop.run_until_complete(go(attempt))
-        if [v for _, v in rest.versions] != [v0]:
-            break
+    v0, v_lora, v_full, before, rest = _while_landing_late(loop, go, lambda r: [v for _, v in r[4].versions] != [r[0]])
     print(f"\nfull publish mid-stream: {len(before.token_ids)} token(s) at v{v0} first, then spans {rest.versions}")
     assert before.version == v0
     assert v_full == v_lora + 1
@@ -238,12 +233,8 @@ def test_abort_mid_stream_ends_with_abort(engine, loop, tiny_model):
         running = await _requests_running(engine)
         return first, rest, after, running
 
-    # the whole reply can be sampled before a loaded client reads its first token: then tried again (three times)
-    for attempt in range(3):
-        first, rest, after, running = loop.run_until_complete(go(attempt))
-        n = len(first.token_ids) + len(rest.token_ids)
-        if rest.finish_reason == "abort" or n < long.max_tokens:
-            break
+    first, rest, after, running = _while_landing_late(loop, go, lambda r: r[1].finish_reason == "abort")
+    n = len(first.token_ids) + len(rest.token_ids)
     print(f"\nabort: stream ended with {rest.finish_reason!r} after {n} of {long.max_tokens} tokens")
     assert rest.finish_reason == "abort"
     assert n < long.max_tokens
@@ -287,15 +278,23 @@ def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
         await asyncio.wait_for(reader, 120)
         return held, inflight, await asyncio.wait_for(queued, 60)
 
-    for attempt in range(3):
-        held, inflight, new = loop.run_until_complete(go(attempt))
-        if held[0]:  # the stream was still being sampled when the pause landed
-            break
+    held, inflight, new = _while_landing_late(loop, go, lambda r: r[0][0])  # still sampled when the pause landed
     assert held == (True, True, 0), held  # the in-flight stream and the new request both wait for resume
     total = sum(len(d.token_ids) for d in inflight)
     assert inflight[-1].finish_reason == "length"
     assert total == params.max_tokens
     assert len(new.token_ids) == GREEDY.max_tokens
+
+
+def _while_landing_late(loop, go, landed, tries: int = 3):
+    """`go(attempt)` run again (up to `tries` times) while `landed(result)` says the action meant for mid-stream (a
+    pause, publish or abort) came after the stream had ended: on a loaded machine the whole reply can be sampled
+    before the client reads its first token. An action that never reaches a running request fails every try."""
+    for attempt in range(tries):
+        result = loop.run_until_complete(go(attempt))
+        if landed(result):
+            break
+    return result
 
 
 async def _drain(stream, into: list) -> None:
