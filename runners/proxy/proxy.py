@@ -307,10 +307,13 @@ class Proxy:
                     if text:
                         yield text
                 if call.call_id not in self._preempted:
-                    return
+                    break
                 self._preempted.discard(call.call_id)
                 if (rec.response_ids and rec.response_ids[-1] in self.template.stop_ids) or left <= 0:
-                    return
+                    break
+            tail = decoder.flush()  # a reply cut inside a character: its last bytes, as the whole reply holds them
+            if tail:
+                yield tail
         except (EngineError, ContextLengthError) as e:
             call.fail(str(e))
             raise

@@ -172,6 +172,17 @@ class IncrementalDecoder:
         self._prefix, self._read, self._before = self._read, len(self.ids), None
         return now[len(before) :]
 
+    def flush(self) -> str:
+        """At the end of the stream: the text still held back. A reply cut inside a character (`max_tokens`) ends
+        with its incomplete bytes decoded as U+FFFD, as the whole reply decodes them, so the streamed text is the
+        non-streamed text and the agent's next request extends the sampled ids."""
+        before = self._before
+        if before is None:
+            before = self.template.decode(self.ids[self._prefix : self._read])
+        now = self.template.decode(self.ids[self._prefix :])
+        self._prefix, self._read, self._before = len(self.ids), len(self.ids), ""
+        return now[len(before) :]
+
 
 class StreamSplitter:
     """Splits streamed text into reasoning (the template's reasoning parser: `<think>…</think>`, a reply that starts
