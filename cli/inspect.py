@@ -62,11 +62,13 @@ def inspect(
     """Summarize trace files: outcome, agent, calls, turns, tokens, branches and timing per trace; with --trace (or
     a file of one trace) the calls and tool events in time order, as a tree. For a run directory: reward,
     failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
+    from hrl.cli.report import warn_cut_lines
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
     from hrl.runners.summary import select_trace
 
     run = load_source(sources)
+    warn_cut_lines(run)
     if is_run_dir(run.path) and trace_id is None:
         _inspect_run(run, as_json=as_json)
         return

@@ -9,7 +9,7 @@ import typer
 
 from hrl.cli.output import emit, err
 
-__all__ = ["EPILOG", "report"]
+__all__ = ["EPILOG", "report", "warn_cut_lines"]
 
 EPILOG = """Examples:
 
@@ -40,7 +40,12 @@ def report(
         typer.Option("--out", "-o", help="Where to write the HTML (default: RUN_DIR/report.html, or FILE.html)."),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print {out, traces, steps, bytes} (and an eval run's rows) as JSON.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print {out, traces, steps, bytes} (an eval run's rows; cut_lines: files whose last line a crash cut "
+            "short) as JSON.",
+        ),
     ] = False,
 ) -> None:
     """Render a run, or trace files, as one HTML file that needs no network to view: reward, failures by reason,
@@ -52,10 +57,13 @@ def report(
     from hrl.runners.rundir import is_run_dir
 
     run = load_source(sources)
+    warn_cut_lines(run)
     path = write_report(run, out)
     info: dict[str, Any] = {
         "out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size
     }  # fmt: skip
+    if run.cut_lines:
+        info["cut_lines"] = run.cut_lines
     if (harnesses := eval_rows(run)) is not None:  # an `hrl eval` run: its table, as `hrl eval` printed it
         info["eval"] = harnesses
         if not as_json:
@@ -65,3 +73,14 @@ def report(
         steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"
         err.print(f"{steps}, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
     emit(info, as_json=as_json, human=str(path))
+
+
+def warn_cut_lines(run: Any) -> None:
+    """One warning line on stderr per trace file whose last line a crash cut short (what was read is shown)."""
+    for cut in run.cut_lines:
+        err.print(
+            f"Warning: {cut['file']}:{cut['line']}: the last line is cut short (its writer stopped mid-write); "
+            "showing the complete traces before it",
+            markup=False,
+            highlight=False,
+        )

@@ -5,16 +5,18 @@ renamed. A call stores its prompt whole (`prompt_ids`) or as a reference to the 
 earlier call's prompt + response plus `prompt_suffix_ids`, so a trace grows linearly with the conversation.
 `versions` is run-length: `[start index in response_ids, policy version]` pairs.
 
-Here: the typed record (`Trace`, `TraceCall`, `ToolEvent`), reading (`read_traces`, `validate_trace`) and writing
-(`encode_trace`, `TraceWriter`, which keeps secrets out with `redact_trace`), the failure reasons and which of them
-are the infrastructure's, the versions rule (`add_version`, `expand_versions`), and the token tree (`branches`): the
-one implementation that training samples and `hrl inspect` both walk, each with its own `keep` filter.
+Here: the typed record (`Trace`, `TraceCall`, `ToolEvent`), reading (`read_traces`, `read_trace_file`, which
+tolerates a last line cut by a crash, `validate_trace`) and writing (`encode_trace`, `TraceWriter`, which keeps
+secrets out with `redact_trace`), the failure reasons and which of them are the infrastructure's, the versions rule
+(`add_version`, `expand_versions`), and the token tree (`branches`): the one implementation that training samples
+and `hrl inspect` both walk, each with its own `keep` filter.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -29,6 +31,7 @@ __all__ = [
     "ToolEvent",
     "Trace",
     "TraceCall",
+    "TraceFile",
     "TraceFormatError",
     "TraceWriter",
     "add_version",
@@ -40,6 +43,7 @@ __all__ = [
     "full_len",
     "is_infra_failure",
     "prompt_len",
+    "read_trace_file",
     "read_traces",
     "redact_trace",
     "sampled_versions",
@@ -144,7 +148,12 @@ _CALL_REQUIRED = ("call_id", "dialect", "stream", "response_ids", "response_logp
 
 
 class TraceFormatError(ValueError):
-    """A trace line is not valid `hrl.trace/1`; the message names the file and line."""
+    """A trace line is not valid `hrl.trace/1`; the message names the file and line, `hint` what to do (None: the
+    CLI's hint for a file of the wrong kind)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 def validate_trace(obj: Any) -> None:
@@ -271,18 +280,57 @@ def branches(trace: dict[str, Any], keep: Callable[[dict[str, Any]], bool] | Non
     return paths
 
 
-def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield validated traces from a JSONL file; a bad line raises TraceFormatError naming file and line."""
+def read_traces(path: str | Path, *, on_cut: Callable[[int], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Yield validated traces from a JSONL file; a bad line raises TraceFormatError naming file and line.
+
+    A last line cut short (no newline after it, and not JSON: its writer died mid-write) raises too, unless `on_cut`
+    is given: then it is skipped and its line number handed to `on_cut` (readers that show a crashed run). A line
+    that is not JSON anywhere else is damage no crash leaves, and always raises."""
     with Path(path).open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
-                validate_trace(obj)
             except ValueError as e:  # JSONDecodeError is a ValueError
+                last = not line.endswith("\n")  # only the file's last line can lack its newline
+                if last and on_cut is not None:
+                    on_cut(lineno)
+                    return
+                raise _not_json(path, lineno, last, e) from e
+            try:
+                validate_trace(obj)
+            except ValueError as e:
                 raise TraceFormatError(f"{path}:{lineno}: not a valid {SCHEMA} trace: {e}") from e
             yield obj
+
+
+def _not_json(path: str | Path, lineno: int, last: bool, e: ValueError) -> TraceFormatError:
+    if last:
+        return TraceFormatError(
+            f"{path}:{lineno}: the last line is cut short ({e}): its writer stopped mid-write",
+            hint="`hrl inspect` and `hrl report` read the complete lines before it",
+        )
+    return TraceFormatError(
+        f"{path}:{lineno}: not a valid {SCHEMA} trace: not JSON ({e})",
+        hint=f"line {lineno} is damaged (only a file's last line can be cut by a crash): repair or remove it",
+    )
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A trace file as `read_trace_file` found it: its complete traces, and the line cut short at its end, if any."""
+
+    path: Path
+    traces: list[dict[str, Any]]
+    cut_line: int | None = None  # the last line, cut short (a crash mid-write) and left out; None: the file is whole
+
+
+def read_trace_file(path: str | Path) -> TraceFile:
+    """Every complete trace of a file, tolerating a last line cut short (`read_traces` with `on_cut`)."""
+    cut: list[int] = []
+    traces = list(read_traces(path, on_cut=cut.append))
+    return TraceFile(Path(path), traces, cut[0] if cut else None)
 
 
 def encode_trace(trace: dict[str, Any]) -> str:

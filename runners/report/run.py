@@ -16,7 +16,7 @@ from typing import Any
 from hrl.runners.errors import UsageError
 from hrl.runners.metrics import FAILURES_PREFIX, step_metrics
 from hrl.runners.rundir import NotARunDirError, RunDir, is_run_dir
-from hrl.runners.trace import read_traces
+from hrl.runners.trace import TraceFile, read_trace_file
 
 __all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "load_source", "trainer_version"]
 
@@ -29,6 +29,7 @@ class Iteration:
     trace_file: Path | None
     traces: list[Trace] = field(default_factory=list)
     logged: dict[str, Any] = field(default_factory=dict)  # this step's metrics.jsonl line, if any
+    cut_line: int | None = None  # its trace file's last line, cut short by a crash and left out (None: whole)
 
 
 @dataclass
@@ -43,23 +44,34 @@ class Run:
     def traces(self) -> list[tuple[int, Trace]]:
         return [(it.index, t) for it in self.iterations for t in it.traces]
 
+    @property
+    def cut_lines(self) -> list[dict[str, Any]]:
+        """`{file, line}` of each trace file whose last line was cut short (a crash mid-write) and left out."""
+        return [{"file": str(it.trace_file), "line": it.cut_line} for it in self.iterations if it.cut_line]
+
 
 def load_run(path: str | Path) -> Run:
     """Everything `hrl report` / `hrl inspect RUN_DIR` show: config, state, traces and metrics per iteration.
     Raises FileNotFoundError for a missing path, NotARunDirError for a directory that is no run."""
     run = RunDir.existing(path)
-    files, traces, rows = run.trace_files(), run.traces_by_iteration(), run.metric_rows()
-    iterations = [
-        Iteration(i, files.get(i), traces.get(i, []), rows.get(i, {})) for i in sorted(traces.keys() | rows.keys())
-    ]
+    read, rows = {i: read_trace_file(f) for i, f in run.trace_files().items()}, run.metric_rows()
+    iterations = [_iteration(i, read.get(i), rows.get(i, {})) for i in sorted(read.keys() | rows.keys())]
     return Run(run.path, run.config(), run.state() if run.exists() else {}, iterations, run.eval_rows())
+
+
+def _iteration(index: int, read: TraceFile | None, logged: dict[str, Any]) -> Iteration:
+    """An iteration from its trace file as read (None: metrics logged, no trace file yet)."""
+    if read is None:
+        return Iteration(index, None, [], logged)
+    return Iteration(index, read.path, read.traces, logged, read.cut_line)
 
 
 def load_source(paths: Sequence[str | Path]) -> Run:
     """Any trace source as a `Run`, the one resolver of `hrl report` and `hrl inspect`: a run directory (what
     `load_run` reads), or trace files (what `hrl rollout --out` and `hrl serve --traces` write; a folder of them
     stands for its `*.jsonl`), one iteration per file in the order given. Raises UsageError for a missing path, a
-    folder with no traces, or a run directory mixed with other sources; TraceFormatError for a file of no traces."""
+    folder with no traces, or a run directory mixed with other sources; TraceFormatError for a file of no traces.
+    A trace file whose last line a crash cut short is read up to it (`Run.cut_lines` names it)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise UsageError("no trace source given", hint="give a trace file, several, or a run directory")
@@ -83,7 +95,7 @@ def load_source(paths: Sequence[str | Path]) -> Run:
                 hint="give a trace file (e.g. the --out of `hrl rollout`), several, or the --run-dir of `hrl train`",
             )
         files += found
-    iterations = [Iteration(i, f, list(read_traces(f))) for i, f in enumerate(files)]
+    iterations = [_iteration(i, read_trace_file(f), {}) for i, f in enumerate(files)]
     return Run(files[0].parent if len(files) > 1 else files[0], {}, {}, iterations)
 
 
@@ -114,6 +126,7 @@ def iteration_summaries(run: Run) -> list[dict[str, Any]]:
                 "iteration": it.index,
                 "trace_file": str(it.trace_file) if it.trace_file else None,
                 "traces": len(it.traces),
+                **({"cut_line": it.cut_line} if it.cut_line else {}),
                 "failures": failures,
                 "metrics": metrics,
             }

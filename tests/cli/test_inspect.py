@@ -19,7 +19,7 @@ from hrl.runners.summary import (
     summarize_file,
     summarize_trace,
 )
-from hrl.runners.trace import SCHEMA, call_prompt_ids, read_traces, validate_trace
+from hrl.runners.trace import SCHEMA, TraceFormatError, call_prompt_ids, read_trace_file, read_traces, validate_trace
 
 
 def call(cid: str, prompt: list[int] | None, resp: list[int], **kw: Any) -> dict[str, Any]:
@@ -270,6 +270,34 @@ def _assert_error(out: subprocess.CompletedProcess[str], *needles: str, code: in
 def test_bad_line_names_file_and_line(trace_file):
     trace_file.write_text(trace_file.read_text() + json.dumps({**FAILED, "schema": "hrl.trace/0"}) + "\n")
     _assert_error(hrl_inspect(str(trace_file)), f"{trace_file}:4", "unknown schema")
+
+
+def _cut_last_line(path: Path, trace: dict[str, Any]) -> str:
+    """Append `trace` cut short the way a writer killed mid-write leaves it: no newline, half its bytes."""
+    line = json.dumps(trace)
+    path.write_text(path.read_text() + line[: len(line) // 2])
+    return line
+
+
+def test_a_last_line_cut_by_a_crash_is_left_out_with_a_warning(trace_file):
+    _cut_last_line(trace_file, AGENT_TREE)
+    assert read_trace_file(trace_file).cut_line == 4 and len(read_trace_file(trace_file).traces) == 3
+    with pytest.raises(TraceFormatError, match="line is cut short"):  # the strict reader (training) still refuses
+        list(read_traces(trace_file))
+    warning = f"Warning: {trace_file}:4: the last line is cut short"
+    for args in ((), ("--json",)):
+        out = hrl_inspect(str(trace_file), *args)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.startswith(warning), out.stderr
+        assert "3 traces" in out.stdout if not args else len(json.loads(out.stdout)) == 3
+
+
+def test_a_cut_line_in_the_middle_stays_an_error(trace_file):
+    _cut_last_line(trace_file, AGENT_TREE)
+    trace_file.write_text(trace_file.read_text() + "\n" + json.dumps(AGENT_TREE) + "\n")  # a later append
+    with pytest.raises(TraceFormatError, match=r"\.jsonl:4: not a valid .* not JSON"):
+        read_trace_file(trace_file)
+    _assert_error(hrl_inspect(str(trace_file)), f"{trace_file}:4", "not JSON", "Hint: line 4 is damaged")
 
 
 def test_missing_file(tmp_path):

@@ -177,6 +177,26 @@ def test_report_and_inspect_take_what_rollout_writes(run_dir: Path, tmp_path: Pa
     assert mixed.returncode == 2 and "cannot be combined" in mixed.stderr, mixed.stderr
 
 
+def test_a_run_whose_trace_file_a_crash_cut_is_reported_up_to_the_cut(run_dir: Path):
+    """A crash mid-write cuts the last line of a step's trace file: report and inspect show the rest and say so."""
+    path = run_dir / "traces" / "iter-0001.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    cut = {"file": str(path), "line": len(lines)}
+    warning = f"Warning: {path}:{len(lines)}: the last line is cut short"
+    out = hrl("report", str(run_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert (info["traces"], info["cut_lines"]) == (ITERATIONS * PER_ITERATION + 2 - 1, [cut])
+    assert out.stderr.startswith(warning), out.stderr
+    out = hrl("inspect", str(run_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r.get("cut_line") for r in rows] == [None, len(lines), None, None]
+    assert rows[1]["traces"] == PER_ITERATION - 1
+    assert out.stderr.startswith(warning), out.stderr
+
+
 def test_a_few_hundred_traces_render_quickly(tmp_path: Path):
     make_run(tmp_path, per_iteration=100, seed=1)
     t0 = time.thread_time()  # this thread's CPU time: waiting for a busy core does not count
