@@ -19,9 +19,12 @@ from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
 from hrl.runners.proxy.proxy import UnknownSessionError
+from hrl.runners.proxy.session import Session
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks import make_verifier
-from hrl.runners.tasks.task import Task
+from hrl.runners.tasks.harbor import task_version
+from hrl.runners.tasks.harbor_verifier import as_harbor
+from hrl.runners.tasks.task import Task, snapshot_version
 from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.tasks.workspace import WorkspaceError
 from hrl.runners.trace import write_trace
@@ -100,6 +103,7 @@ class AgentRollouts:
         name = options.pop("name", "tests")
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self._install: AgentInstall | None = None
+        self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
     def prepare(self) -> AgentInstall:
         """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
@@ -112,7 +116,7 @@ class AgentRollouts:
             "task_id": task.instance_id,
             "group_id": ep.group_id,
             "agent": {"name": self.runner.name, "version": self.runner.version},
-            "env": {"sandbox": self.config.sandbox, "image": self.verifier.sandbox_spec(task).image},
+            "env": {"sandbox": self.config.sandbox, "image": self.verifier.sandbox_spec(task).image, "version": None},
             "model": {"name": self.stack.proxy.config.model_name},
             "metadata": {"episode": ep.key, "run": self.run_id},
         }
@@ -125,7 +129,7 @@ class AgentRollouts:
         outcome: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         try:
-            outcome, extra = await self._run(ep, task, inst, session.token)
+            outcome, extra = await self._run(ep, task, inst, session)
         except asyncio.CancelledError:
             self._end(session.token, trace_file, {"failure_reason": "cancelled"}, {})
             raise
@@ -135,8 +139,10 @@ class AgentRollouts:
         self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
         return trace
 
-    async def _run(self, ep: Any, task: Task, inst: AgentInstall, token: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        cfg = self.config
+    async def _run(
+        self, ep: Any, task: Task, inst: AgentInstall, proxy_session: Session
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        cfg, token = self.config, proxy_session.token
         await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
         limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
         spec = self.verifier.sandbox_spec(task).model_copy(update=limits)
@@ -146,6 +152,8 @@ class AgentRollouts:
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options) as session:  # fmt: skip
+            env = proxy_session.meta["env"]
+            proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
             await self.verifier.prepare(session.sandbox, task)
             result = await session.run(budget)
             verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
@@ -164,6 +172,18 @@ class AgentRollouts:
             "patch": verdict.patch[:20000],
         }
         return outcome, extra
+
+    async def _env_version(self, task: Task, image: str) -> str | None:
+        """`env.version`, read once the episode's sandbox stands: a Harbor task's folder hash; else the image's digest
+        (Docker: the ID its tag named then); else (a local sandbox) the task's repository snapshot hash."""
+        if self.verifier.name != "harbor" and (digest := await self.backend.image_digest(image)) is not None:
+            return digest
+        if task.instance_id not in self._versions:  # a task's files do not change during a run: hashed once
+            self._versions[task.instance_id] = await asyncio.to_thread(self._task_version, task)
+        return self._versions[task.instance_id]
+
+    def _task_version(self, task: Task) -> str:
+        return task_version(as_harbor(task)) if self.verifier.name == "harbor" else snapshot_version(task)
 
     def _ended_early(self, token: str, extra: dict[str, Any]) -> dict[str, Any]:
         """The episode's trace when its session was ended by someone else: its calls, no reward, internal_error."""

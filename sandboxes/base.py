@@ -111,6 +111,11 @@ class SandboxBackend(Protocol):
         """Create and start a sandbox labelled hrl.run=<run_id>, hrl.episode=<episode_id>. Raises SandboxError."""
         ...
 
+    async def image_digest(self, image: str) -> str | None:
+        """The digest of `image` as the backend has it (Docker: the image ID), None when it has no such image (a
+        local sandbox has none). A trace's `env.version`. Raises SandboxError when the backend cannot say."""
+        ...
+
     async def prune(self, run_id: str | None = None) -> int:
         """Remove leftovers of crashed runs (all hrl sandboxes, or one run's). Returns how many were removed."""
         ...

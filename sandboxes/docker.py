@@ -157,6 +157,18 @@ class DockerBackend:
                     f"Docker image {image!r} is not here and cannot be pulled{where}: {_explain(exc)}", hint=PULL_HINT
                 ) from exc
 
+    async def image_digest(self, image: str) -> str | None:
+        """The image's ID as Docker reports it (`sha256:…`, the digest of its configuration, which names its layers):
+        what a tag such as `:latest` stood for when the episode ran. None when the image is not here."""
+        api = await self.connect()
+        try:
+            info = await self.call(api.inspect_image, image)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot inspect the Docker image {image!r}: {_explain(exc)}") from exc
+        return str(info.get("Id") or "") or None
+
     def _pull(self, image: str, registry: str) -> None:
         """Pull with a client whose calls may last as long as a large image's pull (the backend's own times out in
         a minute); the daemon reports some failures only inside the stream, so the image is looked up after."""

@@ -107,6 +107,10 @@ class LocalBackend:
             raise
         return sandbox
 
+    async def image_digest(self, image: str) -> str | None:
+        """None: a local sandbox runs on this machine, from no image."""
+        return None
+
     async def prune(self, run_id: str | None = None) -> int:
         """Remove sandbox directories of `run_id`, or (None) those whose creating process is gone."""
         removed = 0

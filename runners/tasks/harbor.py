@@ -26,10 +26,10 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from hrl.runners.errors import PrerequisiteError
-from hrl.runners.tasks.task import Task, TaskFormatError
+from hrl.runners.tasks.task import Task, TaskFormatError, files_digest
 from hrl.sandboxes import SandboxError
 
-__all__ = ["HarborTask", "build_image", "image_tag", "is_harbor_source", "load_harbor_tasks"]
+__all__ = ["HarborTask", "build_image", "image_tag", "is_harbor_source", "load_harbor_tasks", "task_version"]
 
 TASK_TOML = "task.toml"
 REQUIRED = ("instruction.md", "tests/test.sh")
@@ -140,6 +140,17 @@ def image_tag(task: HarborTask) -> str:
         digest.update(str(file.relative_to(env_dir)).encode() + b"\0" + file.read_bytes() + b"\0")
     name = re.sub(r"[^a-z0-9._-]+", "-", task.instance_id.lower()).strip("-._")[:60] or "task"
     return f"hrl/harbor-{name}:{digest.hexdigest()[:16]}"
+
+
+def task_version(task: HarborTask) -> str:
+    """The environment version of a Harbor task: the content hash of its folder (task.toml, instruction.md,
+    environment/, tests/), all but solution/, which no episode sees."""
+    files = [
+        (str(p.relative_to(task.folder)), p.read_bytes())
+        for p in task.folder.rglob("*")
+        if p.is_file() and p.relative_to(task.folder).parts[0] != "solution"
+    ]
+    return files_digest(files)
 
 
 def build_image(task: HarborTask, on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import io
 import json
 import posixpath
@@ -43,9 +44,11 @@ __all__ = [
     "Task",
     "TaskFileNotFoundError",
     "TaskFormatError",
+    "files_digest",
     "load_tasks",
     "pack_snapshot",
     "snapshot_files",
+    "snapshot_version",
     "task_summary",
     "unpack_snapshot",
     "write_tasks",
@@ -269,6 +272,23 @@ def unpack_snapshot(snapshot: str | dict[str, str], dest: Path) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     return sorted(files)
+
+
+def files_digest(files: Iterable[tuple[str, bytes]]) -> str:
+    """`sha256:…` of files as (relative path, bytes), whatever order they come in: the content hash of a tree."""
+    digest = hashlib.sha256()
+    for name, data in sorted(files):
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def snapshot_version(task: Task) -> str:
+    """The environment version of a task that runs from its repository snapshot: the snapshot's content hash (the
+    same for a tar.gz and a {path: text} of the same files). A task without one (its repository is an image's, at
+    `base_commit`) gets the hash of its record."""
+    if task.repo_snapshot is None:
+        return files_digest([("task.json", task.model_dump_json().encode())])
+    return files_digest(snapshot_files(task.repo_snapshot).items())
 
 
 def _safe_path(name: str) -> str:

@@ -37,6 +37,32 @@ def test_no_rewarded_episode_says_so(capsys):
 
 
 @pytest.mark.agents
+@pytest.mark.timeout(300)
+def test_a_local_rollout_trace_carries_the_environment_version(tmp_path: Path, tiny_model: str):
+    """`hrl rollout --sandbox local`: the trace's env.version is the content hash of the task's repository snapshot
+    (a local sandbox runs from no image), whatever the image field names."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hrl.runners.tasks.task import snapshot_version
+    from tests.runners.tasks.test_verifier import mini_task
+
+    task = mini_task("local")
+    (tmp_path / "tasks.jsonl").write_text(task.model_dump_json() + "\n")
+    cmd = [sys.executable, "-m", "hrl.cli", "rollout", "--agent", "codex", "--tasks", str(tmp_path / "tasks.jsonl"),
+           "--sandbox", "local", "--model", tiny_model, "--engine", "scripted", "-c", 'engine_options.turns=["Done."]',
+           "--out", str(tmp_path / "t.jsonl")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env={**os.environ, "NO_COLOR": "1"})
+    assert run.returncode == 0, run.stderr
+    [trace] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert trace["failure_reason"] is None and trace["calls"], trace["metadata"]
+    assert trace["env"]["sandbox"] == "local"
+    assert trace["env"]["version"] == snapshot_version(task), trace["env"]
+
+
+@pytest.mark.agents
 @pytest.mark.docker
 def test_a_real_agent_on_a_harbor_task(tmp_path: Path):
     """mini-swe-agent in the container built from environment/, instruction.md as its prompt, [agent] timeout_sec
@@ -58,6 +84,9 @@ def test_a_real_agent_on_a_harbor_task(tmp_path: Path):
     assert run.returncode == 0, run.stderr
     [trace] = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert trace["env"]["image"].startswith("hrl/harbor-reward-file:") and trace["calls"]
+    from hrl.runners.tasks.harbor import load_harbor_tasks, task_version
+
+    assert trace["env"]["version"] == task_version(load_harbor_tasks(folder)[0])  # the task folder's hash
     assert trace["failure_reason"] not in INFRA_FAILURES, trace["metadata"]
     assert trace["reward"] in (0.0, 1.0) and trace["reward_info"]["reward_file"] == "reward.txt"
     # task.toml's limit, not the rollout's 600 s: 45 s, then the docker kill grace (10 s) at most, and 5 s to spare

@@ -136,3 +136,4 @@ def test_an_agent_fixes_a_swebench_instance_in_its_own_image(tiny_model, tmp_pat
     assert trace["failure_reason"] is None and trace["reward"] == 1.0, trace["reward_info"]
     assert trace["reward_info"]["fail_to_pass"] == {"passed": 1, "total": 1}
     assert trace["env"]["image"] == "swebench/sweb.eval.x86_64.pallets_1776_flask-90001:latest"
+    assert trace["env"]["version"] == docker.from_env().images.get(trace["env"]["image"]).id  # what :latest was
