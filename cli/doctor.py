@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
 from hrl.cli.output import emit
 
 __all__ = ["EPILOG", "doctor"]
+
+PublishKinds = Literal["all", "lora", "full"]
 
 EPILOG = """Examples:
 
@@ -17,6 +19,8 @@ EPILOG = """Examples:
   hrl doctor --model hrl:tiny                     # also probe the model: tool calls parsed? logprobs raw?
 
   hrl doctor --model Qwen/Qwen3-8B --engine vllm --no-probe
+
+  hrl doctor --model ./my-model --engine vllm --publish-check   # does a publish reach every token served after it?
 
   hrl doctor --json | jq '.[] | select(.ok | not)'
 """
@@ -40,6 +44,18 @@ def doctor(
             "into tool calls, and are the logprobs it records raw (re-scored by the engine)?"
         ),
     ] = True,
+    publish_check: Annotated[
+        bool,
+        typer.Option(
+            "--publish-check",
+            help="With --model: warm the engine's prefix cache with a long prompt, publish a perturbed copy of the "
+            "model (a LoRA adapter, then a full checkpoint), and check that a reply on the cached prefix carries the "
+            "new version and the new weights' logprobs (max |Δlogp| against a fresh re-score).",
+        ),
+    ] = False,
+    publish_kind: Annotated[
+        PublishKinds, typer.Option(help="Which publishes --publish-check tries: lora, full, or both (all).")
+    ] = "all",
 ) -> None:
     """Check the pieces hrl uses (torch, transformers, peft, Docker daemon, vLLM) and say what each enables; with
     --model, also which tool-call parser the proxy reads that model's tool calls with, and (unless --no-probe) what
@@ -57,8 +73,9 @@ def doctor(
 
         path = materialize_model(model)
         checks.append(tool_parser_check(path, tool_parser))
-        if probe:
-            checks += _probe(path, engine, tool_parser)
+        kinds = ("lora", "full") if publish_kind == "all" else (publish_kind,)
+        if probe or publish_check:
+            checks += _served(path, engine, tool_parser, probe, kinds if publish_check else ())
     mark = {True: "✓", False: "✗"}
     human = "\n".join(f"{mark[c.ok] if c.ok or c.blocking else '!'} {c.name:<13} {c.detail}  ({c.required_for})"
                       for c in checks)  # fmt: skip
@@ -67,15 +84,18 @@ def doctor(
         raise typer.Exit(4)
 
 
-def _probe(model: str, engine: str, tool_parser: str) -> list[Any]:
-    """The served-model probe (runners/doctor/probe.py), on `engine` (checked first: a bad name is a usage error)."""
+def _served(model: str, engine: str, tool_parser: str, probe: bool, publish: tuple[str, ...]) -> list[Any]:
+    """The served-model probe and publish checks (runners/doctor/), on `engine` (checked first: a bad name is a
+    usage error)."""
     import asyncio
 
     from hrl.cli.checks import check_engine, check_model
     from hrl.cli.serve import default_engine
-    from hrl.runners.doctor.probe import probe_model
+    from hrl.runners.doctor.probe import served_checks
 
     engine = engine or default_engine()
     check_engine(engine)
     check_model(model)
-    return asyncio.run(probe_model(model, engine, proxy_options={"tool_parser": tool_parser}))
+    return asyncio.run(
+        served_checks(model, engine, probe=probe, publish=publish, proxy_options={"tool_parser": tool_parser})
+    )

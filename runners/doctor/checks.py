@@ -8,7 +8,8 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Check", "run_checks", "tool_parser_check", "vllm_python"]
 
@@ -20,6 +21,7 @@ class Check:
     detail: str
     required_for: str
     blocking: bool = True  # False: a finding to act on (a model that calls no tool), not a missing prerequisite
+    figures: dict[str, Any] = field(default_factory=dict)  # what a check measured, for --json
 
 
 def vllm_python() -> str | None:

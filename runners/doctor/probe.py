@@ -21,7 +21,7 @@ from hrl.runners.doctor.checks import Check
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import call_prompt_ids
 
-__all__ = ["PROBE_REQUEST", "logprobs_check", "probe_model", "tool_calls_check"]
+__all__ = ["PROBE_REQUEST", "logprobs_check", "probe_model", "served_checks", "tool_calls_check"]
 
 PROBE_REQUEST: dict[str, Any] = {
     "messages": [
@@ -37,6 +37,33 @@ PROBE_REQUEST: dict[str, Any] = {
 RAW_MEAN_TOLERANCE = 0.02  # mean |Δ logprob| of a raw engine: float32 ~1e-6, bf16 on a GPU ~1e-2
 
 
+async def served_checks(
+    model: str,
+    engine: str = "embedded",
+    *,
+    probe: bool = True,
+    publish: tuple[str, ...] = (),
+    engine_options: dict[str, Any] | None = None,
+    proxy_options: dict[str, Any] | None = None,
+) -> list[Check]:
+    """Serve `model` once on `engine`; probe it (see the module docstring) and run the publish check of each kind
+    in `publish` ("lora", "full": runners/doctor/publish.py) on the same engine."""
+    from hrl.runners.doctor.publish import publish_check
+    from hrl.runners.engines.vllm_server import checkpoint_dtype
+    from hrl.runners.models import resolve_model
+
+    checks: list[Check] = []
+    async with serving(model, engine, engine_options=engine_options, proxy_options=proxy_options) as stack:
+        if probe:
+            checks += await _probe(stack, model, proxy_options)
+        path = resolve_model(model)
+        dtype = str(getattr(getattr(stack.engine, "config", None), "dtype", "auto"))
+        dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
+        for kind in publish:
+            checks.append(await publish_check(stack.engine, path, kind, dtype))
+    return checks
+
+
 async def probe_model(
     model: str,
     engine: str = "embedded",
@@ -48,22 +75,26 @@ async def probe_model(
 ) -> list[Check]:
     """Serve `model` on `engine` and probe it (see the module docstring): the parsers in use, tool calls, logprobs."""
     async with serving(model, engine, engine_options=engine_options, proxy_options=proxy_options) as stack:
-        tmpl, session = stack.proxy.template, stack.proxy.open_session()
-        body = {**PROBE_REQUEST, "model": "m", "max_tokens": max_tokens}
-        async with aiohttp.ClientSession() as http:
-            for i in range(tries):  # a seed each: identical requests would count as one retried call
-                async with http.post(
-                    f"{stack.url}/s/{session.token}/v1/chat/completions", json=body | {"seed": i}
-                ) as resp:
-                    await resp.read()
-        trace = stack.proxy.end_session(session.token)
-        how = (
-            "detected from its chat template"
-            if (proxy_options or {}).get("reasoning_parser", "auto") == "auto"
-            else "as configured"
-        )
-        reasoning = Check("reasoning", True, f"{tmpl.reasoning_parser.name} ({how})", f"reasoning of {model}")
-        return [reasoning, tool_calls_check(trace, tmpl.tool_parser.name), await logprobs_check(stack.engine, trace)]
+        return await _probe(stack, model, proxy_options, tries, max_tokens)
+
+
+async def _probe(
+    stack: Any, model: str, proxy_options: dict[str, Any] | None, tries: int = 3, max_tokens: int = 128
+) -> list[Check]:
+    tmpl, session = stack.proxy.template, stack.proxy.open_session()
+    body = {**PROBE_REQUEST, "model": "m", "max_tokens": max_tokens}
+    async with aiohttp.ClientSession() as http:
+        for i in range(tries):  # a seed each: identical requests would count as one retried call
+            async with http.post(f"{stack.url}/s/{session.token}/v1/chat/completions", json=body | {"seed": i}) as resp:
+                await resp.read()
+    trace = stack.proxy.end_session(session.token)
+    how = (
+        "detected from its chat template"
+        if (proxy_options or {}).get("reasoning_parser", "auto") == "auto"
+        else "as configured"
+    )
+    reasoning = Check("reasoning", True, f"{tmpl.reasoning_parser.name} ({how})", f"reasoning of {model}")
+    return [reasoning, tool_calls_check(trace, tmpl.tool_parser.name), await logprobs_check(stack.engine, trace)]
 
 
 def tool_calls_check(trace: dict[str, Any], parser: str) -> Check:

@@ -229,6 +229,13 @@ class ReplicaSet:
     async def resume(self) -> None:
         await self._fan_out("resume", lambda r: r.engine.resume())
 
+    def check_publish(self, kind: PublishKind) -> None:
+        """Raise now when any replica's server cannot take a `kind` publish (engines that always can have no such
+        check)."""
+        for r in self.replicas.values():
+            if callable(check := getattr(r.engine, "check_publish", None)):
+                check(kind)
+
     async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
         """Publish to every replica as one version number; fence the ones that still fail after the retries."""
         target = self.version + 1 if version is None else version

@@ -25,6 +25,14 @@ import aiohttp
 from pydantic import BaseModel, Field
 
 from hrl.runners.engines.base import NO_OP_SAMPLING, FinishReason, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.vllm_contract import (
+    FULL_PUBLISH,
+    IPC_TWO_PHASE,
+    LORA_PUBLISH,
+    SLEEP,
+    Contract,
+    contract_from,
+)
 from hrl.runners.engines.vllm_server import (
     EXTENSION_CLS,
     ServerProcess,
@@ -135,6 +143,7 @@ class VLLMEngine:
         self._paused = False
         self._publish_lock = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
+        self.contract = Contract("unknown")  # the server's version and routes, read at start()
 
     @property
     def version(self) -> int:
@@ -152,6 +161,7 @@ class VLLMEngine:
                 await self._spawn()
             self._http = new_session()
             await self._read_models()
+            await self._read_contract()
             if self.config.weight_sync == "ipc":
                 await self._call("POST", "/init_weight_transfer_engine", json={"init_info": {"packed": False}})
         except BaseException:
@@ -166,6 +176,34 @@ class VLLMEngine:
             raise EngineStartError(f"vLLM server at {self.base_url} serves no base model")
         self.served_name = self.config.model if self.config.model in bases else next(iter(bases))
         self.max_model_len = int(bases[self.served_name].get("max_model_len") or 0)
+
+    async def _read_contract(self) -> None:
+        """Read the server's version and routes (vllm_contract.py) and refuse, before anything is sampled, one that
+        is too old or lacks a route this engine's configuration will use."""
+        version = await self._call("GET", "/version", limit_s=30)
+        version = str(version.get("version") if isinstance(version, dict) else version)
+        try:
+            schema = await self._call("GET", "/openapi.json", limit_s=30)
+        except EngineError:  # --disable-fastapi-docs: routes are checked as they are first used
+            schema = None
+        self.contract = contract = contract_from(version, schema)
+        cfg = self.config
+        contract.check_floor()
+        if self.server is not None:  # started here with the dev routes on: everything a publish may use
+            contract.require("a full publish", FULL_PUBLISH)
+            if cfg.enable_lora:
+                contract.require("a LoRA publish", LORA_PUBLISH)
+        if cfg.sleep_level:
+            contract.require(f"sleep_level {cfg.sleep_level}", SLEEP)
+        if cfg.weight_sync == "ipc":
+            contract.require("weight_sync=ipc", IPC_TWO_PHASE)
+
+    def check_publish(self, kind: PublishKind) -> None:
+        """Raise now (not at the first publish, after a whole rollout) when the server cannot take `kind`."""
+        if kind == "lora":
+            self.contract.require("a LoRA publish", LORA_PUBLISH, at_start=False)
+        else:
+            self.contract.require("a full publish", FULL_PUBLISH, at_start=False)
 
     async def _spawn(self) -> None:
         cfg = self.config
@@ -293,7 +331,10 @@ class VLLMEngine:
 
     async def pause(self) -> None:
         """Freeze scheduling; running requests keep their state and continue on resume()."""
-        await self._call("POST", "/pause", params={"mode": "keep"})
+        self.contract.require("pausing the server", ("/pause", "/resume"), at_start=False)
+        # clear_cache=false: a pause alone keeps the prefix cache (vLLM 0.32 clears it by default, other versions
+        # ignore the flag with mode=keep); a full publish resets it itself, on every version (reset_prefix_cache)
+        await self._call("POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
         self._paused = True
 
     async def resume(self) -> None:
@@ -321,6 +362,7 @@ class VLLMEngine:
     async def _publish_lora(self, path: str, new: int) -> None:
         if self.server is not None and not self.config.enable_lora:
             raise EngineError("LoRA publish on a vLLM engine started with enable_lora=False")
+        self.check_publish("lora")
         name = f"hrl-v{new}"
         await self._call("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
         self._loras[new] = name
@@ -330,21 +372,26 @@ class VLLMEngine:
                 await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.pop(v)})
 
     async def _publish_full(self, path: str, new: int) -> None:
+        self.check_publish("full")
         was_paused = self._paused
         await self.pause()
         try:
             await self._settle()
             if self._weights is not None and self.config.weight_sync == "ipc":
                 info, keep = await asyncio.to_thread(self._weights)
-                await self._call("POST", "/start_weight_update")
-                await self._call("POST", "/update_weights", json={"update_info": info})
-                await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+                if self.contract.ipc_phases == 4:  # vLLM ≥ 0.2x: start / update (may be chunked) / finish
+                    await self._call("POST", "/start_weight_update")
+                    await self._call("POST", "/update_weights", json={"update_info": info})
+                    await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+                else:  # older: one update call applies the weights
+                    await self._call("POST", "/update_weights", json={"update_info": info})
                 del keep  # the server has copied every tensor it was handed
                 self.last_publish_tier = "cuda-ipc"
             else:
                 rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
                 await self._call("POST", "/collective_rpc", json=rpc)
                 self.last_publish_tier = "disk-reload"
+            await self.reset_prefix_cache(running=True)
             await self._call("POST", "/update_weight_version", json={"new_version": str(new)})
             while self._loras:  # adapters were trained against the old base weights; the workers dropped them
                 await self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self._loras.popitem()[1]})
@@ -397,9 +444,18 @@ class VLLMEngine:
 
         return parse_vllm_metrics(str(await self._call("GET", "/metrics", limit_s=5)))
 
-    async def reset_prefix_cache(self) -> None:
-        """Empty the server's prefix cache (a dev-mode route), so a measurement of its hit rate starts cold."""
-        await self._call("POST", "/reset_prefix_cache")
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Empty the server's prefix cache (a dev-mode route). After a full publish (`running`): the KV the old
+        weights computed must never serve a request again, so the requests frozen by the pause are preempted too
+        (their blocks freed; on resume they are prefilled again, by the new weights, from the tokens they hold).
+        vLLM leaves this to the caller: its `/pause?mode=keep` keeps the cache, and only a sleep drops it."""
+        params = {"reset_running_requests": "true"} if running else {}
+        out = await self._call("POST", "/reset_prefix_cache", params=params)
+        if isinstance(out, dict) and out.get("success") is False:
+            raise EngineError(
+                f"vLLM server at {self.base_url} kept its prefix cache" + (" after a full publish" if running else ""),
+                hint="a KV-cache connector or an offload transfer may hold blocks; see the server log",
+            )
 
     # ---- http --------------------------------------------------------------------------------------------
     def _client(self) -> aiohttp.ClientSession:
