@@ -8,12 +8,23 @@ sees its ancestors and itself only. One forward pass of the causal LM gives ever
 logprob is read off its parent's hidden state, so each branch gets exactly the logprobs (and, summed over branches,
 exactly the gradients) that its own forward pass would give.
 
+Sliding-window layers (Mistral, gpt-oss, Gemma 2/3: `config.sliding_window`, `config.layer_types`) get a windowed
+mask: a node sees an ancestor fewer than `window` positions above it, as transformers' own sliding mask counts. A
+model whose layers mix full and windowed attention gets one mask per layer type (the dict transformers takes in place
+of one mask). A model whose attention the tree masks cannot reproduce (another attention implementation, chunked or
+linear layers, mixed layers without per-layer-type masks) is declined: `on` fails naming why, `auto` logs it once
+and trains one row per branch.
+
 Sorting the sequences lexicographically makes the trie cheap to build: a sequence's longest shared prefix with any
 earlier one is its shared prefix with the one just before it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +37,20 @@ from hrl.train.logprobs import _backbone_and_head, _chunk_logp
 __all__ = [
     "TREE_ATTENTION",
     "Tree",
+    "attention_layout",
     "build_tree",
     "distinct_tokens",
     "plan",
     "token_ratio",
+    "tree_declined",
     "tree_logprobs",
     "tree_plan",
 ]
 
 TREE_ATTENTION = ("eager", "sdpa")  # attention implementations that take a custom 4D mask
+TREE_LAYERS = ("full_attention", "sliding_attention")  # the layer types whose attention a tree mask reproduces
+_log = logging.getLogger(__name__)
+_logged: set[str] = set()  # reasons `auto` has declined for, each logged once per process
 
 
 @dataclass
@@ -50,14 +66,18 @@ class Tree:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def mask(self) -> torch.Tensor:
-        """(N, N) boolean: True where the row node may attend to the column node (its ancestors and itself)."""
+    def mask(self, window: int | None = None) -> torch.Tensor:
+        """(N, N) boolean: True where the row node may attend to the column node (its ancestors and itself); with
+        `window`, only those fewer than `window` positions above it, as transformers' sliding window counts (a query
+        at position q sees keys at k > q - window: itself and the window - 1 before it)."""
         n = len(self)
         allowed = torch.zeros((n, n), dtype=torch.bool)
         for path, k in zip(self.paths, self.shared, strict=True):
             if k < len(path):  # the rows of the nodes this sequence added; earlier ones are already written
                 tri = torch.ones((len(path) - k, len(path)), dtype=torch.bool).tril(k)
                 allowed[path[k:].unsqueeze(1), path.unsqueeze(0)] = tri
+        if window is not None:  # ancestors only are left, so depth difference = distance along the branch
+            allowed &= (self.depth.unsqueeze(1) - self.depth.unsqueeze(0)) < window
         return allowed
 
 
@@ -133,36 +153,87 @@ def attention_implementation(model: Any) -> str:
     return str(getattr(backbone.config, "_attn_implementation", None) or "eager")
 
 
-def _require_4d_mask(model: Any) -> str:
+_MASK_PER_LAYER_TYPE = re.compile(r"isinstance\(\s*(?:\w+\s*:=\s*)?attention_mask\s*,\s*dict\s*\)")
+
+
+@functools.cache
+def _takes_mask_per_layer_type(backbone: type) -> bool:
+    """Whether the backbone class's forward takes a dict of masks keyed by layer type in place of one mask
+    (transformers models with mixed layers read `attention_mask` as their `causal_mask_mapping` when it is a dict)."""
+    try:
+        return bool(_MASK_PER_LAYER_TYPE.search(inspect.getsource(backbone.forward)))
+    except (OSError, TypeError):  # no source to read: assume not
+        return False
+
+
+def attention_layout(model: Any) -> tuple[dict[str, int | None], str | None]:
+    """Per attention layer type the model's layers use (transformers' `config.layer_types` names; a model without
+    them is all "sliding_attention" when its config sets `sliding_window`, else all "full_attention"), the window its
+    layers see (None = full causal attention); and why a tree pass cannot reproduce that attention (None = it can)."""
+    backbone, _ = _backbone_and_head(model)
+    cfg = backbone.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    kinds = list(
+        dict.fromkeys(getattr(cfg, "layer_types", None) or ["sliding_attention" if window else "full_attention"])
+    )
+    layout: dict[str, int | None] = {k: window if k == "sliding_attention" else None for k in kinds}
     impl = attention_implementation(model)
     if impl not in TREE_ATTENTION:
+        return layout, f"its {impl} attention takes no 4D mask (tree masks need {' or '.join(TREE_ATTENTION)})"
+    if other := [k for k in kinds if k not in TREE_LAYERS]:
+        return layout, f"its {', '.join(other)} layers have no tree mask (tree masks know {', '.join(TREE_LAYERS)})"
+    if getattr(cfg, "attention_chunk_size", None):
+        return layout, "its chunked attention (attention_chunk_size) has no tree mask"
+    if "sliding_attention" in layout and not (isinstance(window, int) and window > 0):
+        return layout, f"its sliding_attention layers have no positive sliding_window ({window!r})"
+    if len(kinds) > 1 and not _takes_mask_per_layer_type(type(backbone)):
+        return layout, f"{type(backbone).__name__} mixes {' and '.join(kinds)} layers but takes one mask for all"
+    return layout, None
+
+
+def tree_declined(model: Any) -> str | None:
+    """Why a tree pass would not give this model's own attention (its logprobs and gradients); None when it would."""
+    return attention_layout(model)[1]
+
+
+def _require_tree(model: Any) -> dict[str, int | None]:
+    layout, reason = attention_layout(model)
+    if reason is not None:
         raise HrlError(
-            f"tree training needs an attention implementation that takes a 4D mask ({', '.join(TREE_ATTENTION)}); "
-            f"the model uses {impl}",
+            f"tree training cannot reproduce this model's attention: {reason}",
             hint="set trainer.tree=auto (it falls back to one row per branch) or trainer.tree=off",
         )
-    return impl
+    return layout
+
+
+def _attention_mask(allowed: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
+    """(1, 1, N, N): eager adds the mask to the scores; sdpa takes a boolean one."""
+    if impl == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min
+        )[None, None]
+    return allowed[None, None]
 
 
 def tree_logprobs(model: Any, seqs: list[list[int]], chunk: int = 512) -> list[torch.Tensor]:
     """Per sequence s, logp[t] = log π(s[t+1] | s[:t+1]) for t < len(s) - 1, from one forward pass over the prefix
     trie of all of them: the same values as `token_logprobs` on each sequence alone, in the model's dtype.
 
-    The vocabulary projection runs over the trie's edges (one per non-root node) in chunks of `chunk` under
-    activation checkpointing, as in `token_logprobs`."""
-    impl = _require_4d_mask(model)
+    Each layer type gets its own mask (full, or windowed); one type's mask goes in as the mask of every layer. The
+    vocabulary projection runs over the trie's edges (one per non-root node) in chunks of `chunk` under activation
+    checkpointing, as in `token_logprobs`."""
+    layout = _require_tree(model)
+    impl = attention_implementation(model)
     tree = build_tree(seqs)
     backbone, head = _backbone_and_head(model)
     device = next(backbone.parameters()).device
     dtype = next(backbone.parameters()).dtype
-    allowed = tree.mask().to(device)
-    if impl == "eager":  # eager adds the mask to the scores; sdpa takes a boolean one
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    else:
-        mask = allowed
+    masks = {kind: _attention_mask(tree.mask(w).to(device), impl, dtype) for kind, w in layout.items()}
+    mask = next(iter(masks.values())) if len(masks) == 1 else masks
     hidden = backbone(
         input_ids=tree.tokens.to(device).unsqueeze(0),
-        attention_mask=mask[None, None],
+        attention_mask=mask,
         position_ids=tree.depth.to(device).unsqueeze(0),
     ).last_hidden_state[0]  # (N, H)
     child = (tree.parent >= 0).nonzero().squeeze(1)  # every edge parent → child, named by its child
@@ -190,13 +261,22 @@ def tree_plan(
     model: Any, seqs: list[list[int]], mode: str, threshold: float, max_tokens: int
 ) -> list[list[int]] | None:
     """The micro-batches (indices into `seqs`) of tree passes, each a trie of at most `max_tokens` nodes, when `mode`
-    is "on", or "auto" and the batch's distinct ÷ total tokens is below `threshold` and the model's attention takes a
-    4D mask; None for one padded row per branch."""
+    is "on", or "auto" and the batch's distinct ÷ total tokens is below `threshold` and tree masks reproduce the
+    model's attention (`tree_declined`); None for one padded row per branch."""
     if mode == "off" or not seqs:
         return None
     if mode == "on":
-        _require_4d_mask(model)
-    elif attention_implementation(model) not in TREE_ATTENTION or token_ratio(seqs) >= threshold:
+        _require_tree(model)
+    elif token_ratio(seqs) >= threshold or _declined_once(model):
         return None
     order, spans = plan(seqs, max_tokens)
     return [order[a:b] for a, b in spans]
+
+
+def _declined_once(model: Any) -> bool:
+    """Whether `auto` must train this model one row per branch; the reason is logged the first time it is met."""
+    reason = tree_declined(model)
+    if reason is not None and reason not in _logged:
+        _logged.add(reason)
+        _log.warning("trainer.tree=auto trains one row per branch: %s", reason)
+    return reason is not None
