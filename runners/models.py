@@ -12,7 +12,7 @@ from typing import Any
 
 from hrl.runners.errors import ModelNotFoundError
 
-__all__ = ["FAMILIES", "detect", "detect_model", "peft_quietly", "resolve_model", "split_adapter"]
+__all__ = ["FAMILIES", "detect", "detect_model", "model_file", "peft_quietly", "resolve_model", "split_adapter"]
 
 # what in a chat template gives its family away, most specific first (several templates also mention <tool_call>)
 _TEMPLATE_MARKERS: list[tuple[str, tuple[str, ...]]] = [
@@ -81,6 +81,21 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def model_file(model: str, name: str) -> Path | None:
+    """A file of a model: in its directory, or for an HF id in the local HF cache (huggingface_hub's layout under
+    HF_HUB_CACHE; never fetched). None when it has no such file, or none is cached."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path / name if (path / name).is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, name)
+    except Exception:  # not a valid repo id (a missing path, `hrl:tiny`): nothing cached under it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
 def split_adapter(name: str) -> tuple[str, str | None]:
     """`(base model, adapter dir)` for a peft adapter dir (a LoRA checkpoint of `hrl train`), else `(model, None)`.
 
@@ -127,22 +142,21 @@ def detect(template: str, config: dict[str, Any] | None = None) -> str:
 
 
 def detect_model(model_path: str, template: Any = None) -> str:
-    """`detect` for a local model directory: its tokenizer's chat template (given, or read from
-    tokenizer_config.json / chat_template.jinja) and its config.json."""
-    root = Path(model_path)
+    """`detect` for a model directory or an HF id (its files from the local HF cache): its tokenizer's chat
+    template (given, or read from tokenizer_config.json / chat_template.jinja) and its config.json."""
     text = template if isinstance(template, str) else ""
     if template is not None and not isinstance(template, str):
         text = json.dumps(template, ensure_ascii=False)  # a list of named templates
     if not text:
         for name in ("chat_template.jinja", "tokenizer_config.json"):
-            f = root / name
-            if f.is_file():
+            f = model_file(model_path, name)
+            if f is not None:
                 raw = f.read_text(errors="replace")
                 text = raw if name.endswith(".jinja") else str(_json(raw).get("chat_template") or "")
                 if text:
                     break
-    config = _json((root / "config.json").read_text(errors="replace")) if (root / "config.json").is_file() else {}
-    return detect(text, config)
+    config_file = model_file(model_path, "config.json")
+    return detect(text, _json(config_file.read_text(errors="replace")) if config_file is not None else {})
 
 
 def _json(raw: str) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
+from hrl.runners.models import model_file
 from hrl.runners.proxy.reasoning import (
     REASONING_PARSERS,
     ReasoningParser,
@@ -114,10 +114,11 @@ class ChatTemplate:
 
 def _generation_stops(model_path: str) -> list[Any]:
     """The ids generation_config.json stops at (families that end a turn with more than one token: GLM's
-    <|observation|> and <|user|>, gpt-oss's <|call|> and <|return|>, Llama's <|eom_id|>)."""
-    f = Path(model_path) / "generation_config.json"
+    <|observation|> and <|user|>, gpt-oss's <|call|> and <|return|>, Llama's <|eom_id|>); an HF id's from the
+    local HF cache."""
+    f = model_file(model_path, "generation_config.json")
     try:
-        eos = json.loads(f.read_text()).get("eos_token_id") if f.is_file() else None
+        eos = json.loads(f.read_text()).get("eos_token_id") if f is not None else None
     except (ValueError, OSError, AttributeError):
         return []
     return eos if isinstance(eos, list) else [eos]
