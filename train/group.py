@@ -16,7 +16,7 @@ from hrl.train.trainer import Trainer, TrainerConfig
 
 __all__ = ["TrainerGroup", "make_trainer"]
 
-_REPLAYED = {"step", "save", "load", "logprobs", "save_optimizer"}
+_REPLAYED = {"step", "save", "load", "logprobs", "save_optimizer", "offload", "onload"}
 
 
 def make_trainer(config: TrainerConfig) -> Trainer | TrainerGroup:

@@ -21,6 +21,7 @@ from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.rundir import RunDir
 from hrl.train.advantages import AdvantageKind
 from hrl.train.heldout import Evaluations
+from hrl.train.offload import PhasePeaks
 from hrl.train.sampler import SamplerKind, Strata, TaskStats, entropy, task_id, weighted_sample
 from hrl.train.sinks import MetricsSink
 from hrl.train.step import (
@@ -193,7 +194,8 @@ async def _iteration(
     trainer: Trainer, version: int, on_event: Event, stats: TaskStats,
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
     """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
-    t0 = time.monotonic()
+    t0, peaks = time.monotonic(), PhasePeaks(trainer.device)  # mem/peak_gib/<phase> on a GPU
+    peaks.start()
     episodes = _batch(tasks, cfg, it, stats, rollouts)
     sampled = sampler_metrics(cfg, tasks, stats)
     rerun = run.set_aside_cancelled(it)  # episodes a Ctrl-C cut short run again
@@ -204,14 +206,16 @@ async def _iteration(
     await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
     keys = {e.key for e in episodes}
     traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
-    t1 = time.monotonic()
-    await sleep(publisher)  # colocated: vLLM frees the GPU for the update
+    t1, mem = time.monotonic(), peaks.end("rollout")
+    await sleep(publisher, trainer)  # colocated: vLLM frees the GPU, the trainer takes back what it offloaded
     metrics = await update(trainer, traces, cfg, version)
     t2 = time.monotonic()
     path = await save_checkpoint(trainer, run, version + 1)
-    await wake(publisher)
+    offloaded = await wake(publisher, trainer)  # the trainer offloads, then vLLM wakes
+    mem |= peaks.end("update") | offloaded
     published = await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
-    return metrics | sampled | {
+    mem |= peaks.end("publish")
+    return metrics | sampled | mem | {
         "step": it,
         **published,
         "time/rollout_s": t1 - t0,

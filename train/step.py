@@ -17,6 +17,7 @@ from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import group_advantages
 from hrl.train.group import make_trainer
+from hrl.train.offload import OffloadPlan, resolve_offload
 from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -30,6 +31,7 @@ __all__ = [
     "Publisher",
     "attach_ipc_weights",
     "commit",
+    "offload_plan",
     "publish_checkpoint",
     "save_checkpoint",
     "sleep",
@@ -78,12 +80,17 @@ async def start_trainer(
     if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":  # vLLM only
         raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
                        "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
+    if cfg.trainer.offload == "all" and _ipc_weights(engine, cfg.trainer, cuda=cfg.trainer.device != "cpu"):
+        raise HrlError("trainer.offload=all moves the weights to CPU memory, but engine_options.weight_sync=ipc "
+                       "publishes them from the trainer's GPU memory",
+                       hint="use -c trainer.offload=optimizer (or auto), or -c engine_options.weight_sync=disk")  # fmt: skip
     trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
     attach_ipc_weights(engine, trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publisher.publish(state["checkpoint"], cfg.trainer.mode, state["version"])
         on_event("resumed", state)
+    await asyncio.to_thread(trainer.offload, offload_plan(engine, trainer))  # the first rollouts run beside it
     return trainer, state
 
 
@@ -95,15 +102,36 @@ def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
         attach(lambda: ipc_update_info(trainer.named_weights()))
 
 
-async def sleep(publisher: Publisher) -> None:
-    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`)."""
+def _ipc_weights(engine: Any, tcfg: TrainerConfig, cuda: bool) -> bool:
+    """Whether full publishes read the trainer's weights on its GPU (attach_ipc_weights's conditions)."""
+    ipc = getattr(getattr(engine, "config", None), "weight_sync", "disk") == "ipc"
+    one_gpu = tcfg.mode == "full" and tcfg.nproc == 1 and cuda
+    return ipc and one_gpu and callable(getattr(engine, "attach_weights", None))
+
+
+def offload_plan(engine: Any, trainer: Trainer) -> OffloadPlan:
+    """`trainer.offload` for this engine and trainer (the rule: `hrl.train.offload.resolve_offload`)."""
+    tcfg, cuda = trainer.config, trainer.device.type == "cuda"
+    sleep_level = getattr(getattr(engine, "config", None), "sleep_level", 0)  # vLLM's; other engines never sleep
+    return resolve_offload(tcfg.offload, tcfg.mode, sleep_level, ipc=_ipc_weights(engine, tcfg, cuda), cuda=cuda,
+                           nproc=tcfg.nproc)  # fmt: skip
+
+
+async def sleep(publisher: Publisher, trainer: Trainer) -> None:
+    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`),
+    then the trainer brings back what it offloaded for the rollouts."""
     if callable(fn := getattr(publisher.engine, "sleep", None)):
         await fn()
+    await asyncio.to_thread(trainer.onload)
 
 
-async def wake(publisher: Publisher) -> None:
+async def wake(publisher: Publisher, trainer: Trainer) -> dict[str, float]:
+    """Before the engine wakes for rollouts, the trainer moves out what `trainer.offload` names and frees its cached
+    GPU memory, so the engine finds its share free; `offload/gib` and `offload/seconds` when anything moved."""
+    moved = await asyncio.to_thread(trainer.offload, offload_plan(publisher.engine, trainer))
     if callable(fn := getattr(publisher.engine, "wake_up", None)):
         await fn()
+    return moved
 
 
 def trainable(trace: dict[str, Any]) -> bool:

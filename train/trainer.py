@@ -6,6 +6,7 @@ optimizer steps per batch; saves HF / peft checkpoints for publishing."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from hrl.train.device import (
 )
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
+from hrl.train.offload import Offloader, OffloadPlan, free_cache, optimizer_tensors
 from hrl.train.samples import Sample
 from hrl.train.trainer_config import TrainerConfig
 from hrl.train.tree import token_ratio, tree_plan
@@ -101,6 +103,7 @@ class Trainer:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
         reference weights (the starting point) with `reference`: LoRA's base, or full mode's frozen copy. fp32, on
         the CPU. Every rank of a sharded trainer computes all of them (the same forwards on every rank)."""
+        self.onload()  # what rollouts had offloaded comes back first (nothing to do otherwise)
         model, ctx = self.forward, contextlib.nullcontext()
         if reference and self.config.mode == "lora":
             ctx = self.model.disable_adapter()
@@ -268,6 +271,29 @@ class Trainer:
             norm = torch.norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
 
+    # ---- colocated layout: what the trainer keeps while the engine serves --------------------------------------
+    @functools.cached_property
+    def _offloader(self) -> Offloader:
+        return Offloader("cpu")
+
+    def offload(self, plan: OffloadPlan = "none") -> dict[str, float]:
+        """Before the engine wakes: drop the grads (every step starts without), move what `plan` names to (pinned)
+        host memory (optimizer: AdamW moments and fp32 masters; all: the weights too, the reference copy's among
+        them) and hand the allocator's cache back to the driver. `offload/gib` is what moved."""
+        self.optimizer.zero_grad(set_to_none=True)
+        tensors = optimizer_tensors(self.optimizer) if plan != "none" else []
+        if plan == "all":
+            tensors += [*self.model.parameters(), *(self.reference.parameters() if self.reference else [])]
+        t0 = time.monotonic()
+        moved = self._offloader.offload(tensors)
+        free_cache(self.device)
+        return {"offload/gib": moved / 2**30, "offload/seconds": time.monotonic() - t0} if plan != "none" else {}
+
+    def onload(self) -> None:
+        """Everything offload moved, back on the trainer's device for the update."""
+        if self._offloader.away:
+            self._offloader.onload()
+
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:
         """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full). Sharded: every rank
@@ -306,6 +332,7 @@ class Trainer:
         trainer's optimizer shards need the same number of ranks)."""
         from safetensors.torch import load_file
 
+        self.onload()  # the optimizer's state loads onto its masters' device: the trainer's, not the host
         ckpt = Path(checkpoint)
         state = {}
         for f in sorted(ckpt.glob("adapter_model.safetensors" if self.config.mode == "lora" else "*.safetensors")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 __all__ = ["TrainerConfig"]
 
@@ -46,6 +46,15 @@ class TrainerConfig(BaseModel):
         description="GPUs of the trainer's ranks (rank r on gpus[r]) in the split layout, apart from the engine's "
         "(engine_options.gpus). Empty = rank r on cuda:r.",
     )
+    offload: Literal["auto", "none", "optimizer", "all"] = Field(
+        "auto",
+        description="What the trainer moves to (pinned) CPU memory while the engine serves rollouts, brought back for "
+        "the update (the colocated layout, at the sync loop's sleep/wake points). optimizer: AdamW moments and fp32 "
+        "master weights; all: the weights too (LoRA: the frozen base with them). auto: optimizer when the engine "
+        "sleeps (engine_options.sleep_level > 0), all for full training at sleep_level 2 unless the weights travel "
+        "by CUDA IPC; none with sleep_level 0, on the CPU and with nproc > 1. The trainer's cached GPU memory is "
+        "freed before the engine wakes whatever this says.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward (less memory).")
     logprob_chunk: int = Field(512, ge=1, description="Positions per vocabulary-projection chunk.")
     tree: Literal["auto", "on", "off"] = Field(
@@ -85,3 +94,13 @@ class TrainerConfig(BaseModel):
         "weights. 0 = off.",
     )
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _offload_needs_one_process(self) -> TrainerConfig:
+        """The mover swaps whole tensors; FSDP2's shards (DTensors, replayed on every rank) are not wired to it."""
+        if self.offload in ("optimizer", "all") and self.nproc > 1:
+            raise ValueError(
+                f"trainer.offload={self.offload} moves one process's state; with trainer.nproc={self.nproc} each rank "
+                "holds 1/N of it already: use trainer.offload=auto (none for a sharded trainer) or trainer.nproc=1"
+            )
+        return self
