@@ -23,6 +23,8 @@ TINY_EPILOG = """Examples:
   hrl models tiny ./tiny --json       # machine-readable summary
 
   hrl models tiny ./tiny-oss --family gpt-oss   # Harmony template and special tokens
+
+  hrl models tiny ./tiny-sw --sliding-window 32  # every layer attends to its last 32 positions
 """
 
 
@@ -37,19 +39,29 @@ def tiny(
             "mistral, deepseek-v3, kimi-k2, gpt-oss."
         ),
     ] = "hermes",
+    sliding_window: Annotated[
+        int | None,
+        typer.Option(
+            "--sliding-window",
+            min=1,
+            help="Sliding-window attention on every layer: each position attends to itself and the W - 1 before it "
+            "(as Mistral v0.1). Default: full attention.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Build a tiny chat model offline: BPE tokenizer, a family's chat template and special tokens (default: ChatML
     + Hermes tool calls), random Qwen2. config.json records the family; the proxy picks its tool-call parser."""
-    from hrl.train.tiny import build_tiny_model
+    from hrl.train.tiny import TinyModelConfig, build_tiny_model
     from hrl.train.tiny.families import family_spec
 
     family_spec(family)  # an unknown family fails before anything is written
     t0 = time.monotonic()
-    err.print(f"building tiny model in {out_dir} (seed {seed}, family {family})")
-    path = build_tiny_model(out_dir, seed=seed, family=family)
+    window = f", sliding window {sliding_window}" if sliding_window else ""
+    err.print(f"building tiny model in {out_dir} (seed {seed}, family {family}{window})")
+    path = build_tiny_model(out_dir, seed=seed, family=family, cfg=TinyModelConfig(sliding_window=sliding_window))
     files = sorted(p.name for p in path.iterdir())
-    result = {"path": str(path), "seed": seed, "family": family, "files": files,
+    result = {"path": str(path), "seed": seed, "family": family, "sliding_window": sliding_window, "files": files,
               "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
     emit(result, as_json=as_json, human=str(path))
 

@@ -165,6 +165,7 @@ class TinyModelConfig:
     intermediate_size: int = 256
     max_position_embeddings: int = 32768
     initializer_range: float = 0.2  # wide init: peaky distributions, so greedy decoding is stable across engines
+    sliding_window: int | None = None  # positions each layer attends to (itself included); None = full attention
 
 
 def tiny_corpus(seed: int, n: int = 3000) -> list[str]:
@@ -227,12 +228,20 @@ def train_chatml_tokenizer(corpus: list[str], vocab_size: int, family: Family = 
     return fast
 
 
+def _window(sliding_window: int | None) -> dict[str, object]:
+    """Qwen2's config for a sliding window on every layer (Mistral v0.1's layout; vLLM's Qwen2 windows all layers or
+    none); nothing for full attention, so that the default build's config.json stays as it always was."""
+    if sliding_window is None:
+        return {}
+    return {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": 0}
+
+
 def build_tiny_model(
     out_dir: str | Path, seed: int = 0, cfg: TinyModelConfig | None = None, family: str = "hermes"
 ) -> Path:
     """Write tokenizer, chat template, config and random weights (float32 safetensors) to `out_dir`. `family`: whose
     chat template and special tokens the tokenizer gets (`FAMILIES`); config.json records it as `hrl_family`, which
-    the proxy's `tool_parser: auto` reads first."""
+    the proxy's `tool_parser: auto` reads first. `cfg.sliding_window`: a window on every layer."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -257,6 +266,7 @@ def build_tiny_model(
         pad_token_id=ids(spec.pad),
         torch_dtype="float32",
         hrl_family=spec.name,
+        **_window(cfg.sliding_window),
     )
     gen = torch.Generator().manual_seed(seed)
     with torch.device("cpu"):
