@@ -50,6 +50,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     for key, value in flags.items():
         if value not in (None, "", False):
             set_dotted(cfg, key, value)
+    _check_loop_settings(cfg)  # first: no model is built, no engine checked, for settings that cannot work
     if not cfg.get("model"):
         raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
     check_honest_sampling(cfg)
@@ -65,6 +66,28 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
     cfg.setdefault("trainer", {})["model"] = cfg["model"]
     _training(cfg)  # the training sections' checks across fields (a balanced sampler needs its key, …), now
     return cfg
+
+
+def _check_loop_settings(cfg: dict[str, Any]) -> None:
+    """Settings the loops cannot honour, refused before anything starts: `proxy.version_policy=pin` with full
+    publishes (a full publish replaces the only weights the engine holds, so a pinned trace would silently go on
+    as `mixed`), and an async buffer that cannot hold a batch (`check_batch_fits`)."""
+    from hrl.cli.config import checked
+    from hrl.train.async_loop import AsyncConfig, check_batch_fits
+    from hrl.train.loop import LoopConfig
+    from hrl.train.trainer_config import TrainerConfig
+
+    mode = (cfg.get("trainer") or {}).get("mode", TrainerConfig.model_fields["mode"].default)
+    if (cfg.get("proxy") or {}).get("version_policy") == "pin" and mode == "full":
+        raise UsageError(
+            "proxy.version_policy=pin keeps an episode on the version it started with, but trainer.mode=full "
+            "publishes replace the engine's only weights: pinned episodes would silently continue as mixed",
+            hint="use -c proxy.version_policy=mixed with --full, or train LoRA adapters (--lora) to pin",
+        )
+    section = dict(cfg.get("async") or {})
+    if section.pop("enabled", False):
+        group_size = (cfg.get("train") or {}).get("group_size", LoopConfig.model_fields["group_size"].default)
+        check_batch_fits(checked(AsyncConfig, **section), int(group_size))
 
 
 def _training(cfg: dict[str, Any]) -> tuple[Any, Any | None]:
@@ -129,6 +152,7 @@ def train(
                 hint="only --iterations (to extend the run) and --wandb may be given with --resume",
             )
         cfg = RunDir(run_dir).config()
+        _check_loop_settings(cfg)  # a run written before these checks existed is refused before it resumes
         if iterations or wandb:  # extend a run (finished or not) to `iterations` steps, or start logging to W&B
             given_train = {"iterations": iterations, "wandb": wandb}
             cfg.setdefault("train", {}).update({k: v for k, v in given_train.items() if v})
@@ -206,6 +230,7 @@ def _line(m: dict[str, Any]) -> str:
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
         + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
+        + ("  trained on nothing: not published" if m.get("train/empty") else "")
         + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )
 

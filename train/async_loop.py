@@ -5,7 +5,11 @@ GRPO groups only), updates and publishes while rollouts go on.
   proxy, and in-flight generations follow the proxy's version policy (`mixed` or `pin`).
 - `max_staleness` (in versions): a trace whose oldest sampled token is older than `version - max_staleness`
   at the time it would be trained on is dropped, and counted (`async/dropped_stale`). Nothing is dropped silently.
-- Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer.
+- Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer. So the buffer must
+  hold a whole batch (`check_batch_fits`, before anything starts): with less, a batch can wait forever.
+- A step that trained on nothing (every advantage zero, every trace filtered out) publishes nothing: the version
+  stays, `train/empty` says so and `train/empty_steps` counts them.
+- A producer that raises (not an episode: those end as traces) stops the run with its error, never a silent wait.
 - Traces go to the run directory's per-step files, like the synchronous loop's: an episode's trace is appended to
   `traces/iter-NNNN.jsonl` of the step whose batch was being gathered when the episode started. A resumed run
   starts new groups (numbered past every group in the run's traces); unfinished groups of the killed process
@@ -28,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hrl.runners.episodes import Episode, Rollouts, guarded_episode, harness_for
+from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.rundir import RunDir
 from hrl.train.heldout import Evaluations
 from hrl.train.loop import LoopConfig, sampler_metrics
@@ -40,22 +45,58 @@ from hrl.train.step import (
     publish_checkpoint,
     save_checkpoint,
     start_trainer,
+    unpublished,
     update,
 )
 
-__all__ = ["AsyncConfig", "oldest_version", "train_async"]
+__all__ = ["AsyncConfig", "check_batch_fits", "oldest_version", "train_async"]
 
 
 class AsyncConfig(BaseModel):
     max_in_flight: int = Field(8, ge=1, description="Episodes kept running at all times (M).")
     batch_traces: int = Field(8, ge=1, description="Finished traces per update (N), rounded up to whole groups.")
     max_staleness: int = Field(1, ge=0, description="Drop traces whose oldest token is more versions old than this.")
-    max_buffered: int = Field(32, ge=1, description="Most finished-but-untrained traces before new episodes wait.")
+    max_buffered: int = Field(
+        32,
+        ge=1,
+        description="Most finished-but-untrained traces before new episodes wait; must hold a batch (batch_traces "
+        "rounded up to whole groups), else the trainer can wait forever (refused: check_batch_fits).",
+    )
     max_failed_groups: int = Field(
         16,
         ge=0,
         description="Stop with an error once more groups than this could not complete (an episode left no trace "
         "at all); each such group is dropped and counted (`async/dropped_groups`).",
+    )
+
+
+def check_batch_fits(acfg: AsyncConfig, group_size: int) -> None:
+    """Refuse a buffer that cannot hold a batch. The trainer waits for `batch_traces` rounded up to whole groups; no
+    group starts once `max_buffered` finished traces wait. Traces finish into whole groups, so with nothing running
+    and less than a batch ready, the producer starts more exactly when ready < max_buffered: always iff
+    ceil(max_buffered / G) ≥ ceil(batch_traces / G). Otherwise some timing leaves the trainer waiting forever:
+    from the start when ⌊max(M, G) / G⌋ + ceil(max_buffered / G) ≤ ceil(batch_traces / G) (the most ever gathered
+    is less than a batch), else once a step leaves between max_buffered and a batch waiting and the episodes in
+    flight end (a trainer slower than its rollouts; a group that could not complete), whatever max_in_flight is."""
+    groups, buffer = -(-acfg.batch_traces // group_size), -(-acfg.max_buffered // group_size)  # ceil, in groups
+    if buffer >= groups:
+        return
+    need, in_flight = groups * group_size, max(acfg.max_in_flight, group_size) // group_size
+    lo, hi = buffer * group_size, need - group_size  # what a take can leave behind that blocks every new group
+    left = f"{lo}" if lo == hi else f"{lo} to {hi}"
+    takes = f"a batch takes {need} finished traces (whole groups of train.group_size={group_size})"
+    if in_flight + buffer <= groups:
+        raise UsageError(
+            f"async.max_buffered={acfg.max_buffered} and async.max_in_flight={acfg.max_in_flight} can never fill a "
+            f"batch of async.batch_traces={acfg.batch_traces}: {takes}, no new group starts once "
+            f"{acfg.max_buffered} wait, and at most {(in_flight - 1 + buffer) * group_size} are ever gathered",
+            hint=f"use -c async.max_buffered={need} (a whole batch) or more",
+        )
+    raise UsageError(
+        f"async.max_buffered={acfg.max_buffered} cannot hold a batch of async.batch_traces={acfg.batch_traces}: "
+        f"{takes}, and no new group starts once {acfg.max_buffered} wait, so a step that leaves {left} waiting leaves the "
+        "trainer waiting forever once the episodes in flight end",
+        hint=f"use -c async.max_buffered={need} (a whole batch) or more",
     )
 
 
@@ -101,6 +142,7 @@ class _Producer:
         self.dropped: set[str] = set()  # groups that can never complete: their traces are not trained, but counted
         self.dropped_traces = 0
         self.errors: list[str] = []
+        self.failure: BaseException | None = None  # the producer itself raised: take() raises it
         self.partial: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.ready: list[list[dict[str, Any]]] = []
         self.changed = asyncio.Event()
@@ -118,6 +160,13 @@ class _Producer:
         return sum(len(g) for g in self.ready) + sum(len(g) for g in self.partial.values())
 
     async def loop(self) -> None:
+        """Start groups while there is room, for as long as the run lasts; an error here ends the run (take)."""
+        try:
+            await self._start_groups()
+        except Exception as e:
+            self._fail(e)
+
+    async def _start_groups(self) -> None:
         while True:
             while len(self.running) + self.cfg.group_size <= max(self.acfg.max_in_flight, self.cfg.group_size) and (
                 self.buffered() < self.acfg.max_buffered
@@ -132,7 +181,19 @@ class _Producer:
             self.changed.clear()
             await self.changed.wait()
 
+    def _fail(self, error: BaseException) -> None:
+        self.failure = self.failure or error
+        self.changed.set()
+
     def _done(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        """A finished episode's trace into its group. A callback's exception would only be logged, its trace lost
+        and the trainer left waiting: it ends the run instead."""
+        try:
+            self._collect(task)
+        except Exception as e:
+            self._fail(e)
+
+    def _collect(self, task: asyncio.Task[dict[str, Any]]) -> None:
         self.running.discard(task)
         ep = self._episodes.pop(task)
         if task.cancelled():
@@ -160,7 +221,9 @@ class _Producer:
 
     async def take(self, n: int) -> list[dict[str, Any]]:
         """Wait for ≥ n traces in complete groups; take whole groups, oldest first."""
+        self._raise_failure()
         while sum(len(g) for g in self.ready) < n:
+            self._raise_failure()
             if len(self.dropped) > self.acfg.max_failed_groups:
                 raise RuntimeError(f"{len(self.dropped)} groups could not complete (last: {self.errors[-1]})")
             self.changed.clear()
@@ -171,6 +234,17 @@ class _Producer:
         self.step += 1  # episodes started from now on belong to the next batch
         self.changed.set()  # room for more episodes
         return out
+
+    def _raise_failure(self) -> None:
+        """The producer's error as the run's: an hrl error as it is (its hint, its exit code), else one naming the
+        producer and the exception, the traceback kept as its cause."""
+        if isinstance(self.failure, HrlError):
+            raise self.failure
+        if self.failure is not None:
+            raise HrlError(
+                f"the async rollout producer stopped: {type(self.failure).__name__}: {self.failure}",
+                hint="re-run with HRL_DEBUG=1 for the producer's traceback",
+            ) from self.failure
 
     async def stop(self) -> None:
         for t in list(self.running):
@@ -191,6 +265,7 @@ async def train_async(
     """Run `cfg.iterations` updates asynchronously, publishing through `publisher` (the proxy, so agents never see
     an update). `eval_tasks`: held-out tasks, evaluated before the first update and after the last
     (`hrl.train.heldout`; the policy moves under in-flight episodes, so there are no evaluations between)."""
+    check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
     version, history, dropped_total = state["version"], [], 0
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
@@ -212,10 +287,14 @@ async def train_async(
             fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
             dropped_total += len(batch) - len(fresh)
             metrics = await update(trainer, fresh, cfg, version) | sampler_metrics(cfg, tasks, producer.stats)
-            path = await save_checkpoint(trainer, run, version + 1)
-            metrics |= await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
+            staleness = [_age(t, version) for t in fresh]
+            if metrics["train/empty"]:  # trained on nothing: the weights are still `version`'s, nothing to publish
+                path = run.state()["checkpoint"]
+                metrics |= unpublished(publisher, version)
+            else:
+                path = await save_checkpoint(trainer, run, version + 1)
+                metrics |= await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
             version = metrics["version"]
-            staleness = [_age(t, version - 1) for t in fresh]
             metrics.update(
                 {
                     "step": step,

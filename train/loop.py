@@ -32,6 +32,7 @@ from hrl.train.step import (
     save_checkpoint,
     sleep,
     start_trainer,
+    unpublished,
     update,
     wake,
 )
@@ -193,7 +194,8 @@ async def _iteration(
     it: int, tasks: list[dict[str, Any]], cfg: LoopConfig, run: RunDir, publisher: Publisher, rollouts: Rollouts,
     trainer: Trainer, version: int, on_event: Event, stats: TaskStats,
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
-    """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path."""
+    """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path. A step
+    that trained on nothing saves and publishes nothing: its checkpoint is the run's last, its version unchanged."""
     t0, peaks = time.monotonic(), PhasePeaks(trainer.device)  # mem/peak_gib/<phase> on a GPU
     peaks.start()
     episodes = _batch(tasks, cfg, it, stats, rollouts)
@@ -210,10 +212,14 @@ async def _iteration(
     await sleep(publisher, trainer)  # colocated: vLLM frees the GPU, the trainer takes back what it offloaded
     metrics = await update(trainer, traces, cfg, version)
     t2 = time.monotonic()
-    path = await save_checkpoint(trainer, run, version + 1)
+    empty = bool(metrics["train/empty"])  # trained on nothing: the weights are still `version`'s, kept as they are
+    path = run.state()["checkpoint"] if empty else await save_checkpoint(trainer, run, version + 1)
     offloaded = await wake(publisher, trainer)  # the trainer offloads, then vLLM wakes
     mem |= peaks.end("update") | offloaded
-    published = await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
+    if empty:
+        published = unpublished(publisher, version)
+    else:
+        published = await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
     mem |= peaks.end("publish")
     return metrics | sampled | mem | {
         "step": it,

@@ -37,6 +37,8 @@ __all__ = [
     "sleep",
     "start_trainer",
     "trainable",
+    "trained_nothing",
+    "unpublished",
     "update",
     "update_from_traces",
     "wake",
@@ -169,10 +171,17 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
 
 
+def trained_nothing(metrics: dict[str, Any]) -> bool:
+    """Whether an update left the weights as they were: no sample with a loss token (every trace filtered out), or
+    every advantage zero (the trainer skipped its optimizer step). Such a step has nothing to save or publish."""
+    return not metrics.get("train/samples") or bool(metrics.get("train/skipped"))
+
+
 async def update(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, version: int) -> dict[str, Any]:
-    """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now."""
+    """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now.
+    `train/empty` = 1 when it trained on nothing (`trained_nothing`): the loops then neither save nor publish."""
     metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
-    return metrics | step_metrics(traces, trainer_version=version)
+    return metrics | step_metrics(traces, trainer_version=version) | {"train/empty": float(trained_nothing(metrics))}
 
 
 async def save_checkpoint(trainer: Trainer, run: RunDir, version: int) -> str:
@@ -190,22 +199,36 @@ async def publish_checkpoint(publisher: Publisher, path: str, kind: str, version
     seconds = time.monotonic() - t0
     tier = getattr(publisher.engine, "last_publish_tier", "") or "unknown"  # optional: engines may name it
     nbytes = await asyncio.to_thread(_weight_bytes, Path(path))
-    depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0  # this step's, then reset
-    cpu = publisher.take_cpu_per_token()
     return {
         "version": new,
         "proxy/pause_s": float(stats.get("proxy/pause_s", 0.0) - pause0),
-        "proxy/queue_depth": float(depth),
-        **({} if cpu is None else {"proxy/cpu_us_per_token": cpu}),
+        **_proxy_window(publisher),
         "publish/seconds": seconds,
         "publish/bytes": nbytes,
         "publish/tier": tier,
     }
 
 
+def unpublished(publisher: Publisher, version: int) -> dict[str, Any]:
+    """What a step that trained on nothing reports in place of a publish: the unchanged `version`, and the proxy's
+    counters of its window (as a publish would: each step reports its own)."""
+    return {"version": version, "proxy/pause_s": 0.0, **_proxy_window(publisher)}
+
+
+def _proxy_window(publisher: Publisher) -> dict[str, float]:
+    """`proxy/queue_depth` and `proxy/cpu_us_per_token` since the previous step; both start a new window."""
+    stats = publisher.stats
+    depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0  # this step's, then reset
+    cpu = publisher.take_cpu_per_token()
+    return {"proxy/queue_depth": float(depth), **({} if cpu is None else {"proxy/cpu_us_per_token": cpu})}
+
+
 def commit(run: RunDir, sink: MetricsSink, metrics: dict[str, Any], path: str) -> None:
     """Log the step's metrics line, then commit the step (state.json): a step is never committed without its
-    line, and a line past the commit point is dropped on resume."""
+    line, and a line past the commit point is dropped on resume. `train/empty_steps`: the run's steps so far that
+    trained on nothing (counted from the committed lines, so a resume goes on counting)."""
+    before = sum(bool(m.get("train/empty")) for k, m in run.metric_rows().items() if k < metrics["step"])
+    metrics["train/empty_steps"] = float(before + bool(metrics.get("train/empty")))
     sink.log(metrics, step=metrics["step"])
     run.save_state(metrics["step"] + 1, metrics["version"], path)
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
 from hrl.runners.simagent import SimulatedAgent
-from hrl.train.async_loop import AsyncConfig, oldest_version, train_async
+from hrl.train.async_loop import AsyncConfig, check_batch_fits, oldest_version, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.trainer import TrainerConfig
 
@@ -29,13 +33,19 @@ async def _run(model: str, run: RunDir, cfg: LoopConfig, acfg: AsyncConfig, poli
             await agent.close()
 
 
+def _published(history: list[dict], start: int = 0) -> list[int]:
+    """The version after each step: one more after each step that trained, the same after one that trained on
+    nothing (`train/empty`: every group's rewards agreed)."""
+    return list(itertools.accumulate((int(not m["train/empty"]) for m in history), initial=start))[1:]
+
+
 def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     run = RunDir(tmp_path / policy)
     cfg = LoopConfig(iterations=4, group_size=2, task_sampler=sampler, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
     acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
     run.create(cfg.model_dump())
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, policy))
-    assert [m["version"] for m in history] == [1, 2, 3, 4]
+    assert [m["version"] for m in history] == _published(history)
     traces = run.all_traces()
     assert set(run.trace_files()) <= set(range(5))  # one file per step, as the sync loop writes (4: after the last)
     started = history[-1]["async/started"]
@@ -72,11 +82,12 @@ def test_async_mixed(tiny_model, tmp_path):
     _check(tmp_path, tiny_model, "mixed")
     # every committed step has exactly one metrics line, and a resumed run goes on from the committed state
     run = RunDir(tmp_path / "mixed")
-    assert run.state()["iteration"] == 4 and run.state()["version"] == 4
+    version = run.state()["version"]
+    assert run.state()["iteration"] == 4 and version == run.metric_rows()[3]["version"]
     cfg = LoopConfig(iterations=6, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
     acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, "mixed"))
-    assert [m["version"] for m in history] == [5, 6]
+    assert [m["version"] for m in history] == _published(history, version)
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
     cpu = [m["proxy/cpu_us_per_token"] for m in lines if "proxy/cpu_us_per_token" in m]
@@ -98,7 +109,8 @@ def _check_readers(run: RunDir, n_traces: int) -> None:
     rows = _hrl("inspect", str(run.path), "--json")
     assert sum(r["traces"] for r in rows) == n_traces
     assert [r["iteration"] for r in rows][:6] == list(range(6)) and all(r["traces"] for r in rows[:6])
-    assert all(r["metrics"]["version"] == r["iteration"] + 1 for r in rows[:6])  # the logged step, per iteration
+    logged = run.metric_rows()
+    assert all(r["metrics"]["version"] == logged[r["iteration"]]["version"] for r in rows[:6])  # per iteration
     report = _hrl("report", str(run.path), "--json")
     assert report["traces"] == n_traces and report["steps"] >= 6
     assert run.all_traces()[-1]["trace_id"] in Path(report["out"]).read_text()
@@ -139,7 +151,7 @@ def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
     acfg = AsyncConfig(max_in_flight=4, batch_traces=4, max_staleness=8, max_buffered=8)
     run.create(cfg.model_dump())
     history = asyncio.run(main(run, cfg, acfg))
-    assert [m["version"] for m in history] == [1, 2, 3]
+    assert [m["version"] for m in history] == _published(history)  # "Done." every time: the rewards agree
     traces = run.all_traces()
     broken = [t for t in traces if t["failure_reason"] == "internal_error"]
     assert broken and all("broke" in t["metadata"]["error"] for t in broken)
@@ -148,3 +160,192 @@ def test_async_loses_no_episode_when_every_third_raises(tiny_model, tmp_path):
     assert sum(m["trace/failures/internal_error"] for m in history) == sum(m["train/infra_failures"] for m in history)
     rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["train/lr"] for m in rows] == [cfg.trainer.lr] * 3  # the learning rate of each step, in its row
+
+
+def _fills_always(max_in_flight: int, group: int, max_buffered: int, batch: int) -> bool:
+    """Whether the producer can always fill the trainer's batch, by brute force over every order of events: episodes
+    finishing one at a time or together (the producer may wake once for several), whole groups failing (dropped,
+    at most two), the trainer taking a batch whenever one is ready or much later. A state with nothing running,
+    less than a batch ready and no group it may start is a run that waits forever."""
+    cap, need = max(max_in_flight, group) // group * group, -(-batch // group) * group
+
+    def start(ready, groups, ghosts):  # the producer's launch loop: whole groups while there is room and buffer
+        groups, running = list(groups), sum(group - f for f in groups) + ghosts
+        while running + group <= cap and ready + sum(groups) < max_buffered:
+            groups.append(0)
+            running += group
+        return tuple(sorted(groups))
+
+    seen, todo = set(), [(0, (), 0, 0)]  # ready traces, finished per open group, orphaned runners, drops
+    while todo:
+        state = todo.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        ready, groups, ghosts, drops = state
+        launched = start(ready, groups, ghosts)
+        if not groups and not ghosts and ready < need and launched == groups:
+            return False
+        nxt = [(ready, launched, ghosts, drops)]
+        if ready >= need:
+            nxt.append((ready - need, groups, ghosts, drops))
+        if ghosts:
+            nxt.append((ready, groups, ghosts - 1, drops))
+        for i, f in enumerate(groups):
+            rest = groups[:i] + groups[i + 1 :]
+            if f + 1 == group:
+                nxt.append((ready + group, rest, ghosts, drops))
+            else:
+                nxt.append((ready, tuple(sorted((*rest, f + 1))), ghosts, drops))
+            if drops < 2:  # an episode left no trace at all: its group is dropped, its other episodes run on
+                nxt.append((ready, rest, ghosts + group - f - 1, drops + 1))
+        todo += [s for s in nxt if s not in seen]
+    return True
+
+
+def test_async_settings_that_can_leave_a_batch_unfilled_are_refused_and_only_those():
+    """check_batch_fits refuses exactly the settings under which some order of events leaves the trainer waiting
+    forever (`_fills_always`), over every small combination; max_in_flight changes when, never whether."""
+    for g, m, b, n in itertools.product(range(1, 5), range(1, 9), range(1, 9), range(1, 9)):
+        acfg = AsyncConfig(max_in_flight=m, batch_traces=n, max_buffered=b)
+        try:
+            check_batch_fits(acfg, g)
+            refused = None
+        except UsageError as e:
+            refused = e
+        assert (refused is None) == _fills_always(m, g, b, n), (m, g, b, n)
+        if refused is not None:  # the fields and their values, and a buffer of a whole batch as the fix
+            assert f"async.max_buffered={b}" in str(refused) and f"async.batch_traces={n}" in str(refused)
+            assert f"async.max_buffered={-(-n // g) * g}" in refused.hint
+    # the demo's groups of 8: max_buffered=2 with batch_traces=16 gathers 8 traces and stops; 16 in flight help not
+    with pytest.raises(UsageError, match=r"can never fill a batch.*at most 8 are ever gathered"):
+        check_batch_fits(AsyncConfig(max_in_flight=8, batch_traces=16, max_buffered=2), 8)
+    with pytest.raises(UsageError, match="leaves 8 waiting"):
+        check_batch_fits(AsyncConfig(max_in_flight=32, batch_traces=16, max_buffered=2), 8)
+    check_batch_fits(AsyncConfig(max_in_flight=8, batch_traces=16, max_buffered=9), 8)  # 9 traces: 2 groups started
+
+
+class _Gated:
+    """Episodes that all end when the test opens the gate, each with a trace of its own (reward 0)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def episode(self, ep, trace_file):
+        await self.gate.wait()
+        return {"trace_id": ep.key, "task_id": ep.task_id, "group_id": ep.group_id, "reward": 0.0, "calls": []}
+
+
+async def _settle() -> None:
+    """Let every ready callback and task run (a fixed number of event-loop turns, not a time)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def test_a_buffer_short_of_a_batch_stalls_the_real_producer_whatever_max_in_flight_is(tmp_path):
+    """The order of events the refusal is about, on the real producer: 3 groups of 2 in flight (more than the batch
+    of 4), all ending together while the trainer is busy; the trainer takes 4 and 2 stay. With max_buffered=2 no
+    group starts again and nothing runs: the next batch never fills. With 3 (ceil(3/2) = 2 groups, a batch) the
+    producer starts groups again at once."""
+    from hrl.train.async_loop import _Producer
+
+    async def after_one_take(max_buffered: int) -> tuple[int, int, int]:
+        run = RunDir(tmp_path / f"b{max_buffered}")
+        cfg = LoopConfig(group_size=2, trainer=TrainerConfig(model="m"))
+        run.create(cfg.model_dump())
+        acfg, rollouts = AsyncConfig(max_in_flight=6, batch_traces=4, max_buffered=max_buffered), _Gated()
+        producer = _Producer(TASKS, cfg, acfg, rollouts, run)
+        feeder = asyncio.create_task(producer.loop())
+        await _settle()
+        assert producer.started == 6
+        rollouts.gate.set()
+        await _settle()
+        rollouts.gate.clear()  # episodes started from here on run until the end of the test
+        assert len(await producer.take(4)) == 4
+        await _settle()
+        feeder.cancel()
+        ready = sum(len(g) for g in producer.ready)
+        running = len(producer.running)
+        await producer.stop()
+        return ready, running, producer.started
+
+    assert asyncio.run(after_one_take(2)) == (2, 0, 6)  # 2 ready of the 4 it waits for, none running, none to start
+    with pytest.raises(UsageError, match=r"async\.max_buffered=2 cannot hold a batch"):
+        check_batch_fits(AsyncConfig(max_in_flight=6, batch_traces=4, max_buffered=2), 2)
+    assert asyncio.run(after_one_take(3)) == (2, 6, 12)  # 3 new groups started
+    check_batch_fits(AsyncConfig(max_in_flight=6, batch_traces=4, max_buffered=3), 2)
+
+
+class _NoEngine:
+    """A publisher with no engine behind it: the producer fails before any publish."""
+
+    engine, stats = None, {}
+
+    async def publish(self, path: str, kind: str, version: int | None = None) -> int:
+        raise AssertionError("nothing is published before the first batch")
+
+    def take_cpu_per_token(self) -> float | None:
+        return None
+
+
+class _MixGoneBad(_Gated):
+    """A harness mix whose list of harnesses breaks once the first group has started: the producer raises while
+    starting the second group, outside any episode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate.set()
+        self.reads = 0
+
+    @property
+    def harnesses(self) -> tuple[str, ...]:
+        self.reads += 1
+        if self.reads > 1:
+            raise RuntimeError("harness registry went away")
+        return ()
+
+
+class _NoTrace(_Gated):
+    """A runner bug: episodes return None instead of their trace, so collecting them raises in the producer."""
+
+    async def episode(self, ep, trace_file):
+        return None
+
+
+@pytest.mark.parametrize(("rollouts", "needle"), [(_MixGoneBad, "RuntimeError: harness registry went away"),
+                                                  (_NoTrace, "AttributeError: 'NoneType'")])  # fmt: skip
+def test_a_producer_that_raises_ends_the_run_with_its_error(tiny_model, tmp_path, rollouts, needle):
+    """Before: the feeder task died (or a done-callback raised) unseen and the trainer waited for its batch forever.
+    The 120 s bound only turns such a wait into a failure; the run ends at the first take either way."""
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=2, group_size=2, trainer=TrainerConfig(model=tiny_model))
+    acfg = AsyncConfig(max_in_flight=4, batch_traces=4, max_buffered=8)
+    run.create(cfg.model_dump())
+    with pytest.raises(HrlError, match="the async rollout producer stopped") as info:
+        asyncio.run(asyncio.wait_for(train_async(TASKS, cfg, acfg, run, _NoEngine(), rollouts()), 120))
+    assert needle in str(info.value) and info.value.__cause__ is not None and "HRL_DEBUG=1" in info.value.hint
+    assert run.state() == {"iteration": 0, "version": 0, "checkpoint": None}  # nothing committed
+
+
+def test_async_steps_that_train_on_nothing_publish_nothing(tiny_model, tmp_path):
+    """Every reward 0: every group agrees, every advantage is 0, the trainer skips. No version is published, no
+    checkpoint written; each step's line says train/empty = 1 and train/empty_steps counts them."""
+    run = RunDir(tmp_path / "empty")
+    cfg = LoopConfig(iterations=2, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
+    acfg = AsyncConfig(max_in_flight=4, batch_traces=4, max_staleness=8, max_buffered=8)
+    run.create(cfg.model_dump())
+
+    async def main():
+        async with serving(tiny_model, "scripted", engine_options={"turns": ["Done."]}) as stack:
+            agent = SimulatedAgent(stack.proxy, stack.url, max_turns=1, reward=lambda text: 0.0)
+            try:
+                history = await asyncio.wait_for(train_async(TASKS, cfg, acfg, run, stack.proxy, agent), 240)
+            finally:
+                await agent.close()
+            return history, stack.proxy.stats["proxy/publishes"]
+
+    history, publishes = asyncio.run(main())
+    assert publishes == 0 and not list(run.checkpoints.glob("v*"))
+    assert [m["version"] for m in history] == [0, 0]
+    assert [(m["train/empty"], m["train/empty_steps"]) for m in history] == [(1.0, 1.0), (1.0, 2.0)]
+    assert run.state() == {"iteration": 2, "version": 0, "checkpoint": None}

@@ -263,3 +263,26 @@ def test_held_out_tasks_are_evaluated_at_both_ends_and_between_apart_from_traini
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "eval/success" in m] == [0, 1, 2, 3]
     assert [m["step"] for m in lines if "eval/success" not in m] == [0, 1, 2]
+
+
+def test_a_step_that_trains_on_nothing_publishes_nothing_and_is_counted_across_a_resume(tiny_model, tmp_path):
+    """Step 0's rewards all agree (every advantage 0: the trainer skips): no checkpoint, no new version, its line
+    says train/empty. The run resumes from that commit (no checkpoint yet: the starting weights) and step 1, with
+    rewards that differ in every group, trains and publishes version 1; train/empty_steps counts the run's empty
+    steps, the one before the resume included."""
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=1, tasks_per_iteration=2, group_size=2, concurrency=4,
+                     trainer=TrainerConfig(model=tiny_model, lr=1e-2))  # fmt: skip
+    run.create(cfg.model_dump())
+    split = lambda ep, text: 0.0 if ep.iteration == 0 else float(ep.index == 0)  # noqa: E731
+    assert [(m["version"], m["train/empty"]) for m in asyncio.run(_run(tiny_model, run, cfg, reward=split))] == [
+        (0, 1.0)
+    ]
+    assert run.state() == {"iteration": 1, "version": 0, "checkpoint": None}
+    assert not list(run.checkpoints.glob("v*"))
+    history = asyncio.run(_run(tiny_model, run, cfg.model_copy(update={"iterations": 2}), reward=split))
+    assert [(m["version"], m["train/empty"], m["train/empty_steps"]) for m in history] == [(1, 0.0, 1.0)]
+    assert run.state()["version"] == 1 and [p.name for p in run.checkpoints.glob("v*")] == ["v0001"]
+    lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["version"], m["train/skipped"]) for m in lines] == [(0, 0, 1.0), (1, 1, 0.0)]
+    assert "publish/seconds" not in lines[0] and lines[1]["publish/seconds"] > 0

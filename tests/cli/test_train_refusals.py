@@ -1,0 +1,60 @@
+"""`hrl train` refuses loop settings that cannot work before anything starts: exit 2, one `Error:` naming the fields
+and their values, one `Hint:`, no run directory. An async buffer that cannot hold a batch would leave the trainer
+waiting forever, silently; `pin` with full publishes would silently run as `mixed`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hrl.runners.rundir import RunDir
+from tests.cli.test_error_policy import USAGE, run_hrl
+
+ASYNC = ("train", "--recipe", "demo", "--async", "--model", "hrl:tiny", "--run-dir", "run")  # groups of 8
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles", "hint"),
+    [
+        (  # 8 in flight, one group before the buffer is full: 8 traces, never 16
+            (*ASYNC, "-c", "async.max_buffered=2", "-c", "async.batch_traces=16"),
+            ("async.max_buffered=2", "async.max_in_flight=8", "async.batch_traces=16", "at most 8"),
+            "async.max_buffered=16",
+        ),
+        (  # 32 in flight fill the first batch, but a step can leave 8 waiting and nothing running
+            (*ASYNC, "-c", "async.max_buffered=2", "-c", "async.batch_traces=16", "-c", "async.max_in_flight=32"),
+            ("async.max_buffered=2", "async.batch_traces=16", "train.group_size=8", "leaves 8 waiting"),
+            "async.max_buffered=16",
+        ),
+        (
+            ("train", "--recipe", "demo", "--full", "--model", "hrl:tiny", "-c", "proxy.version_policy=pin"),
+            ("proxy.version_policy=pin", "trainer.mode=full"),
+            "proxy.version_policy=mixed",
+        ),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_before_anything_starts(
+    argv, needles, hint, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    code, _out, err = run_hrl(list(argv), {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    hints = [line for line in err.splitlines() if line.startswith("Hint: ")]
+    assert code == USAGE and len(errors) == 1 and len(hints) == 1, err
+    assert all(n in errors[0] for n in needles), errors[0]
+    assert hint in hints[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "cache").exists()  # refused before the model was built
+
+
+def test_a_run_written_before_the_checks_is_refused_on_resume(tmp_path, monkeypatch, capsys):
+    run = RunDir(tmp_path / "run")
+    run.create({"model": "m", "tasks": "t.jsonl", "train": {"group_size": 4}, "trainer": {"model": "m"},
+                "async": {"enabled": True, "max_buffered": 3, "batch_traces": 8, "max_in_flight": 4}})  # fmt: skip
+    run.save_state(0, 0, None)
+    before = json.loads((run.path / "config.json").read_text())
+    code, _out, err = run_hrl(["train", "--run-dir", str(run.path), "--resume"], {}, monkeypatch, capsys)
+    assert code == USAGE and "async.max_buffered=3 and async.max_in_flight=4 can never fill" in err, err
+    assert json.loads((run.path / "config.json").read_text()) == before and not Path(run.path / "lock").exists()
