@@ -1,4 +1,5 @@
-"""`hrl doctor --model M` through the real CLI: the served-model probe's findings, human and --json."""
+"""`hrl doctor --model M` through the real CLI: the served-model probe's findings and the publish check, human and
+--json."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def hrl_doctor(*args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "hrl.cli", "doctor", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=540, env={**os.environ, "NO_COLOR": "1"})
 
 
 def test_probe_findings_human_and_json(tiny_model):
@@ -31,3 +34,39 @@ def test_no_probe_starts_nothing(tiny_model):
     out = hrl_doctor("--model", tiny_model, "--no-probe", "--json")
     names = [c["name"] for c in json.loads(out.stdout)]
     assert "tool parser" in names and "tool calls" not in names and "logprobs" not in names
+
+
+def _publish_checks(out: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    checks = {c["name"]: c for c in json.loads(out.stdout)}
+    for kind, tier in (("lora", "lora-adapter"), ("full", "disk-reload")):
+        check = checks[f"publish {kind}"]
+        fig = check["figures"]
+        assert check["ok"], check["detail"]
+        assert fig["tier"] == tier and fig["bytes"] > 0 and fig["reply_tokens"] == 16, fig
+        assert fig["max_abs_dlogp"] <= fig["tolerance"] == 1e-3, fig  # float32 tiny model
+        assert fig["publish_effect"] >= 4 * fig["tolerance"], fig  # the perturbed copy changed the logprobs
+        assert fig["stale_versions"] == [] and fig["prefix_tokens"] == 512, fig
+    assert out.returncode == 0, out.stderr
+    return checks
+
+
+def test_publish_check_on_the_embedded_engine(tiny_model):
+    out = hrl_doctor("--model", tiny_model, "--engine", "embedded", "--no-probe", "--publish-check", "--json")
+    checks = _publish_checks(out)
+    assert checks["publish full"]["figures"]["prefix_tokens_reused"] is None  # it keeps no prefix cache
+    human = hrl_doctor("--model", tiny_model, "--engine", "embedded", "--no-probe", "--publish-check",
+                       "--publish-kind", "lora")  # fmt: skip
+    assert "✓ publish lora  tier lora-adapter" in human.stdout and "publish full" not in human.stdout, human.stdout
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_vllm_cpu_raw_logprobs_and_publish_check(tiny_model):
+    """One vLLM server: the probe (its sampled logprobs are raw) and the publish check for a LoRA adapter and a full
+    disk reload, each a reply on a cached 512-token prefix against a fresh re-score by the new weights. The same check
+    with the prefix-cache reset taken out fails: tests/runners/engines/test_vllm.py."""
+    out = hrl_doctor("--model", tiny_model, "--engine", "vllm", "--publish-check", "--json")
+    checks = _publish_checks(out)
+    lp = checks["logprobs"]
+    assert lp["ok"] and "vLLM logprobs mode raw_logprobs" in lp["detail"], lp["detail"]
+    print("\n" + "\n".join(checks[f"publish {k}"]["detail"] for k in ("lora", "full")))

