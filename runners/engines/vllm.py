@@ -163,7 +163,9 @@ class VLLMEngine:
             await self._read_models()
             await self._read_contract()
             if self.config.weight_sync == "ipc":
-                await self._call("POST", "/init_weight_transfer_engine", json={"init_info": {"packed": False}})
+                await self._call(
+                    "POST", "/init_weight_transfer_engine", json={"init_info": self.contract.ipc_init_info()}
+                )
         except BaseException:
             await self.close()
             raise

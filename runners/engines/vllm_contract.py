@@ -80,6 +80,12 @@ class Contract:
             return 4
         return 2 if all(self.serves(r) for r in IPC_TWO_PHASE) else 0
 
+    def ipc_init_info(self) -> dict[str, Any]:
+        """The `/init_weight_transfer_engine` payload this server's revision takes: the four-phase servers agree on
+        the `packed` wire setting at init (hrl sends unpacked per-tensor handles); the older update-only ones take
+        no fields there."""
+        return {"packed": False} if self.ipc_phases == 4 else {}
+
     def missing(self, routes: Iterable[str]) -> list[str]:
         """The routes (and route options) a feature needs that this server does not serve."""
         out = [r for r in routes if not self.serves(r)]

@@ -67,5 +67,7 @@ def test_without_a_schema_only_the_floor_is_checked():
 def test_weight_transfer_phases():
     four = ["/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"]
     assert contract_from("0.32.0", _schema(four)).ipc_phases == 4
-    assert contract_from("0.20.0", _schema(["/init_weight_transfer_engine", "/update_weights"])).ipc_phases == 2
+    assert contract_from("0.32.0", _schema(four)).ipc_init_info() == {"packed": False}
+    two = contract_from("0.20.0", _schema(["/init_weight_transfer_engine", "/update_weights"]))
+    assert two.ipc_phases == 2 and two.ipc_init_info() == {}
     assert contract_from("0.20.0", _schema([])).ipc_phases == 0
