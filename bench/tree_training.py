@@ -8,9 +8,12 @@ Two batches whose branches share long prefixes, each trained by the same trainer
   turn k's reasoning and answer.
 - group: a GRPO group of 8 traces with one 6k-token prompt and their own responses.
 
-"distinct" counts the batch's distinct prefixes independently of the tree code (a dict trie).
+"distinct" counts the batch's distinct prefixes independently of the tree code (a dict trie). "max_dlogp" is the
+largest |logp(tree) - logp(per branch)| over every token of the batch, in float32: the tree pass's masks (windowed ones
+too) reproduce the model's own attention when it is at float32 rounding (< 1e-5).
 
     python bench/tree_training.py [--mode lora|full] [--hidden 128 --layers 4] [--group-prompt 6000]
+    python bench/tree_training.py --model DIR      # any local model, e.g. `hrl models tiny DIR --sliding-window 32`
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import tempfile
 import time
 from typing import Any
 
+from hrl.train.logprobs import token_logprobs
 from hrl.train.samples import Sample
 from hrl.train.trainer import Trainer, TrainerConfig
-from hrl.train.tree import build_tree
+from hrl.train.tree import attention_implementation, attention_layout, build_tree, tree_declined, tree_logprobs
 
 
 def _sample(trace: str, group: str, ids: list[int], loss: list[int], rng: random.Random) -> Sample:
@@ -100,13 +104,32 @@ def _model(a: argparse.Namespace, out: str) -> str:
     return out
 
 
-def measure(a: argparse.Namespace, model: str, name: str, samples: list[Sample]) -> dict[str, Any]:
+def _vocab(model: str) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model)
+    return int(cfg.get_text_config().vocab_size)
+
+
+def max_dlogp(model: Any, samples: list[Sample]) -> float:
+    """max |logp(tree pass) - logp(one forward per branch)| over every predicted token of the batch."""
+    import torch
+
+    seqs = [s.input_ids for s in samples]
+    with torch.no_grad():
+        tree = tree_logprobs(model, seqs)
+        alone = [token_logprobs(model, torch.tensor([s]), torch.ones((1, len(s)), dtype=torch.long))[0] for s in seqs]
+    return max((float((t - b).abs().max()) for t, b in zip(tree, alone, strict=True) if len(b)), default=0.0)
+
+
+def measure(a: argparse.Namespace, model: str, name: str, samples: list[Sample], lm: Any) -> dict[str, Any]:
     row: dict[str, Any] = {
         "case": name,
         "branches": len(samples),
         "per_branch_tokens": sum(len(s.input_ids) for s in samples),
         "distinct_tokens": distinct(samples),
         "tree_tokens": len(build_tree([s.input_ids for s in samples])),
+        "max_dlogp": max_dlogp(lm, samples),
     }
     for tree in ("off", "on"):
         cfg = TrainerConfig(model=model, mode=a.mode, lr=1e-4, micro_batch=a.micro_batch, tree=tree)
@@ -123,10 +146,11 @@ def measure(a: argparse.Namespace, model: str, name: str, samples: list[Sample])
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a local model directory (any causal LM) instead of a random Qwen2 of this shape")
     p.add_argument("--mode", choices=["lora", "full"], default="lora")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=4096, help="token ids drawn below this (--model: its vocabulary)")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--turns", type=int, default=30)
     p.add_argument("--system", type=int, default=400, help="thinking case: system + task prompt tokens")
@@ -141,16 +165,35 @@ def main() -> None:
     rng = random.Random(a.seed)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = _model(a, tmp)
+        model = a.model or _model(a, tmp)
+        a.vocab = _vocab(model) if a.model else a.vocab
+        lm = _float32(model)
+        if reason := tree_declined(lm):
+            sys.exit(f"tree passes cannot reproduce {model}'s attention: {reason}")
         for name, batch in ((f"thinking-{a.turns}", thinking_trace(a, rng)), (f"grpo-{a.group}", grpo_group(a, rng))):
-            rows.append(measure(a, model, name, batch))
+            rows.append(measure(a, model, name, batch, lm))
     cols = ["case", "branches", "per_branch_tokens", "tree_tokens", "distinct_tokens", "tree_token_ratio"]
-    cols += ["step_s_off", "step_s_on", "time_ratio"]
+    cols += ["max_dlogp", "step_s_off", "step_s_on", "time_ratio"]
     print(" | ".join(cols), file=sys.stderr)
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols), file=sys.stderr)
+    worst = max(r["max_dlogp"] for r in rows)
+    print(f"max |Δlogp| tree vs per-branch, float32 ({_attention(lm)}): {worst:.3g}", file=sys.stderr)
     json.dump({"config": vars(a), "results": rows}, sys.stdout, indent=2)
     print()
+
+
+def _float32(model: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
+def _attention(lm: Any) -> str:
+    """The model's attention in words: its implementation, and the window of its windowed layers."""
+    layers = ", ".join(k if w is None else f"{k} window {w}" for k, w in attention_layout(lm)[0].items())
+    return f"{attention_implementation(lm)}; {layers}"
 
 
 if __name__ == "__main__":

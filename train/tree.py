@@ -37,6 +37,7 @@ from hrl.train.logprobs import _backbone_and_head, _chunk_logp
 __all__ = [
     "TREE_ATTENTION",
     "Tree",
+    "attention_implementation",
     "attention_layout",
     "build_tree",
     "distinct_tokens",
