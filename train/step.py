@@ -82,6 +82,8 @@ async def start_trainer(
     if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":  # vLLM only
         raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
                        "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
+    if callable(check := getattr(engine, "check_publish", None)):  # vLLM: the server serves the publish routes
+        check(cfg.trainer.mode)
     if cfg.trainer.offload == "all" and _ipc_weights(engine, cfg.trainer, cuda=cfg.trainer.device != "cpu"):
         raise HrlError("trainer.offload=all moves the weights to CPU memory, but engine_options.weight_sync=ipc "
                        "publishes them from the trainer's GPU memory",
