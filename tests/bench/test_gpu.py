@@ -1,38 +1,73 @@
-"""bench/gpu.py --tiny: every phase of the GPU check runs on the CPU, importing nothing the GPU image lacks."""
+"""bench/gpu.py --tiny: every phase of the GPU check runs on the CPU, importing nothing the GPU image lacks; its MFU
+is a fraction of a known peak or absent."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # the GPU image has torch, transformers, peft and safetensors only: pydantic, vllm and hrl itself are absent
 RUN = """
 import runpy, sys
-for name in ("pydantic", "vllm", "hrl"):
+for name in ("pydantic", "vllm", "hrl", "docker"):
     sys.modules[name] = None  # any import of them raises ImportError
 sys.argv = ["gpu.py", "--tiny"]
 runpy.run_path(sys.argv_path, run_name="__main__")
 """.replace("sys.argv_path", repr(str(ROOT / "bench" / "gpu.py")))
+PHASES = ["probe", "lora_step", "full_step", "colocate", "sync", "publish", "tree"]
 
 
 def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     out = subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     rows = {r["phase"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
     assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
-    assert list(rows) == ["probe", "lora_step", "full_step", "sync", "tree"]
+    assert list(rows) == PHASES
     assert all(r["ok"] for r in rows.values()), rows
     assert rows["probe"]["gemm_tflops"] > 0 and rows["probe"]["device"] == "cpu"  # 3 significant figures: never 0.0
     for phase in ("lora_step", "full_step"):
         assert rows[phase]["tokens"] == 2 * 128 and rows[phase]["tokens_per_s"] > 0 and rows[phase]["peak_gib"] > 0
+        assert 0 < rows[phase].get("mfu", 1) <= 1 and ("mfu" in rows[phase]) != ("mfu_note" in rows[phase])
     assert rows["lora_step"]["trainable_m"] < rows["full_step"]["trainable_m"]
+    co = rows["colocate"]
+    # per parameter: bf16 weight 2 + fp32 master 4 + two fp32 AdamW moments 8 bytes; per tensor, one fp32 step count
+    assert co["offload_bytes"] == 14 * co["params"] + 4 * co["param_tensors"]
+    assert co["share_ok"] and co["share_bytes"] == co["offload_bytes"] and co["state_equal"]
+    assert not any("gib" in k for k in co)  # GPU memory figures: none on the CPU
     assert rows["sync"]["adapter_tensors"] == 2 * 7 * 2  # A and B of 7 projections in 2 layers
     assert rows["sync"]["ipc_gib_per_s"] > 0
+    pub = rows["publish"]
+    # the same weights through the same kernels in one process give the same logprobs to the last bit; the copy's
+    # own weights gave others (so the comparison can fail)
+    assert pub["keys_missing"] == 0 and pub["max_abs_dlogp"] == 0.0 and pub["max_abs_dlogp_before"] > 0
+    # bf16 weights (2 bytes each; every phase builds the same tiny config) plus a JSON header of about a hundred
+    # bytes per tensor
+    assert 2 * co["params"] < pub["bytes"] < 2 * co["params"] + 2**16
     tree = rows["tree"]  # one packed pass computes the shared prompt once, and gives the per-branch logprobs
     assert tree["tree_tokens"] == 96 + 8 * 32 and tree["branch_tokens"] == 8 * (96 + 32)
     # bf16 logits under 1 in size (init std 0.02): a rounding moves one by at most 2^-8 and a logprob by twice that,
     # so 0.1 allows 12 roundings; a wrong mask is off by > 1
     assert tree["max_abs_dlogp"] < 0.1, tree
-    assert "| full_step | yes |" in out.stdout  # the closing table
+    assert "| colocate | yes |" in out.stdout  # the closing table
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("hrl_bench_gpu", ROOT / "bench" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Bench(tiny=True)
+
+
+def test_mfu_is_a_fraction_of_a_known_peak_or_absent(bench):
+    bench.gemm_tflops = 0.0  # the probe did not finish: no peak
+    assert bench.mfu(1e9) == {"mfu_note": "no peak known for this device (the probe measured none)"}
+    bench.gemm_tflops = 1e-3  # a measured 1 GFLOP/s
+    assert bench.mfu(5e8) == {"mfu": 0.5, "mfu_basis": "measured GEMM"}
+    late = bench.mfu(2e9)  # twice the measured rate: that rate was no peak
+    assert "mfu" not in late and late["mfu_note"].startswith("2.0x the measured GEMM rate")
