@@ -3,6 +3,7 @@ training, micro-batches by a token budget, and the peak memory of a step."""
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import resource
@@ -92,38 +93,32 @@ def split_mini_batches(
 
 class MasterWeights:
     """AdamW over fp32 master copies of low-precision (bf16) trainable weights: the optimizer state and the update
-    stay in fp32, the model keeps (and computes with) the rounded weights. Grads go to fp32 a chunk at a time, so a
-    step holds at most `chunk_numel` fp32 grads beside the bf16 ones."""
+    stay in fp32, the model keeps (and computes with) the rounded weights. Gradients accumulate in fp32 too: right
+    after backward adds a micro-batch's bf16 gradient to a weight, it moves into the master's fp32 grad (and the bf16
+    one is freed), so a batch's gradient is never a bf16 running sum. The masters' grads are what to clip."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], chunk_numel: int = 2**28, **adamw: float) -> None:
+    def __init__(self, params: Iterable[torch.nn.Parameter], **adamw: float) -> None:
         self.params = list(params)
         self.masters = [p.detach().float().clone() for p in self.params]
         self.optimizer = torch.optim.AdamW(self.masters, foreach=False, **adamw)
-        self.chunk_numel = chunk_numel
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.register_post_accumulate_grad_hook(functools.partial(_accumulate, m))
 
     @property
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.grad, m.grad = None, None
 
     @torch.no_grad()
     def step(self) -> None:
-        """Parameters without a grad are skipped by AdamW, so stepping chunk by chunk steps each one once."""
-        pairs = [(p, m) for p, m in zip(self.params, self.masters, strict=True) if p.grad is not None]
-        while pairs:
-            chunk, size = [], 0
-            while pairs and (not chunk or size + pairs[0][1].numel() <= self.chunk_numel):
-                chunk.append(pairs.pop(0))
-                size += chunk[-1][1].numel()
-            for p, m in chunk:
-                m.grad, p.grad = p.grad.float(), None
-            self.optimizer.step()
-            for p, m in chunk:
-                p.copy_(m)
-                m.grad = None
+        """AdamW on the masters (one without a grad is skipped), then the model takes their rounded values."""
+        self.optimizer.step()
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.copy_(m)
+            m.grad = None
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -138,3 +133,13 @@ class MasterWeights:
         """Masters := the model's weights (after they were set from outside: a load, a scaled-back step)."""
         for p, m in zip(self.params, self.masters, strict=True):
             m.copy_(p)
+
+
+@torch.no_grad()
+def _accumulate(master: torch.Tensor, p: torch.Tensor) -> None:
+    """p.grad (this micro-batch's, low precision) into master.grad (fp32, the batch's sum so far)."""
+    if master.grad is None:
+        master.grad = p.grad.to(torch.float32, copy=True)
+    else:
+        master.grad.add_(p.grad)
+    p.grad = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -33,11 +35,23 @@ from hrl.train.tree import token_ratio, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
+_T = TypeVar("_T")
+
+
+def _on_own_device(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Run a Trainer method with the trainer's GPU as the calling thread's current device: the loop calls it from
+    worker threads, where torch's current device is cuda:0 whatever the rank's is, and FSDP2 works on the current one."""
+
+    @functools.wraps(method)
+    def run(self: Trainer, *args: Any, **kwargs: Any) -> _T:
+        with distributed.on_device(self.device):
+            return method(self, *args, **kwargs)
+
+    return run
+
 
 class Trainer:
     def __init__(self, config: TrainerConfig) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         torch.manual_seed(config.seed)
         self.path = resolve_model(config.model)
@@ -50,33 +64,58 @@ class Trainer:
             ) from e
         self.distributed = distributed.init_from_env(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
-        model.config.use_cache = False
-        if config.gradient_checkpointing:
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if config.mode == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_targets)
-            with peft_quietly():
-                model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
-        self.model = model.train()
-        self.forward = LogprobModel(self.model, config.logprob_chunk)  # the module FSDP2 shards, when sharded
-        if self.distributed:
-            distributed.shard(self.forward, self.model)
-        self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
-        if config.kl_coef > 0 and config.mode == "full":
-            ref = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
-            self.reference = LogprobModel(ref.eval().requires_grad_(False), config.logprob_chunk)
+        with distributed.on_device(self.device):  # this thread's; steps may run in others (each enters it again)
+            self.model, self.forward = self._build(trainable=True)
+            self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
+            if config.kl_coef > 0 and config.mode == "full":
+                self.reference = self._build(trainable=False)[1]
         params = self._trainable()
         self.n_trainable = sum(p.numel() for p in params)
         adamw = {"lr": config.lr, "weight_decay": config.weight_decay}
         low = any(p.dtype != torch.float32 for p in params)
         self.optimizer = MasterWeights(params, **adamw) if low else torch.optim.AdamW(params, **adamw)
         self.steps = 0
+
+    def _build(self, trainable: bool) -> tuple[torch.nn.Module, LogprobModel]:
+        """The policy (HF or peft model, and the LogprobModel around it that FSDP2 shards) or, not `trainable`, a
+        frozen copy of the starting weights. One process loads the checkpoint onto its device. Sharded, no rank ever
+        holds the whole model: built on the meta device, sharded, then each rank reads only its shards' rows. bf16
+        full fine-tuning keeps its shards in fp32 (the masters; gradients reduced and accumulated in fp32) and
+        computes in bf16, as one process does with MasterWeights."""
+        from transformers import AutoModelForCausalLM
+
+        cfg, sharded = self.config, self.distributed
+        mixed = sharded and trainable and cfg.mode == "full" and self.dtype != torch.float32
+        if sharded:
+            model = distributed.empty_model(self.path, torch.float32 if mixed else self.dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
+        model.config.use_cache = False
+        if not trainable:
+            model = model.eval().requires_grad_(False)
+        elif cfg.gradient_checkpointing:
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        adapters: dict[str, torch.Tensor] = {}
+        if trainable and cfg.mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_targets)
+            with peft_quietly(), torch.device("meta") if sharded else contextlib.nullcontext():
+                model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
+            adapters = distributed.fresh_adapters(model, cfg.seed)  # the same start for any number of ranks
+        forward = LogprobModel(model.train() if trainable else model, cfg.logprob_chunk)
+        if sharded:
+            distributed.shard(forward, model, param_dtype=self.dtype if mixed else None)
+            distributed.load_shards(forward, model, self.path, self.device, self.dtype, adapters)
+        else:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name in adapters:
+                        p.copy_(adapters[name])
+        return model, forward
 
     # ---- forward helpers -------------------------------------------------------------------------------------
     def _pad(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +137,7 @@ class Trainer:
         """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows."""
         return model(None, None, [s.input_ids for s in mb]) if tree else model(*self._pad(mb))
 
+    @_on_own_device
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
@@ -131,6 +171,7 @@ class Trainer:
         return plan_micro_batches([len(s) for s in seqs], cfg.micro_batch, cfg.micro_batch_tokens), False
 
     # ---- the update ----------------------------------------------------------------------------------------
+    @_on_own_device
     def step(self, samples: list[Sample], ppo_epochs: int = 1, mini_batches: int = 1) -> dict[str, float]:
         """`ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps (whole traces, shuffled
         per epoch when there are several steps), each with gradient accumulation over its micro-batches; the old
@@ -224,8 +265,9 @@ class Trainer:
         sums = [sum(m[k] * w for m, w in parts if k in m) for k in keys]
         maxima = [max((m[k] for m, w in parts if w and k in m), default=0.0) for k in keys]
         counts = [sum(w for m, w in parts if k in m) for k in keys]
-        sums, counts = distributed.all_reduce(sums), distributed.all_reduce(counts)
-        maxima, (total, kl_total) = distributed.all_reduce(maxima, op="max"), distributed.all_reduce([total, kl_total])
+        sums, counts = distributed.all_reduce(sums, dev), distributed.all_reduce(counts, dev)
+        maxima = distributed.all_reduce(maxima, dev, "max")
+        total, kl_total = distributed.all_reduce([total, kl_total], dev)
         for k, v, n, mx in zip(keys, sums, counts, maxima, strict=True):
             metrics[k] = mx if k.endswith("_max") else v / max(n, 1.0)
         metrics |= {"train/loss": total, "train/grad_norm": grad_norm}
@@ -264,7 +306,9 @@ class Trainer:
         return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
     def _clip(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        """Clip the batch's gradient where it accumulated: the fp32 masters' under MasterWeights, else the model's."""
+        holders = self.optimizer.masters if isinstance(self.optimizer, MasterWeights) else self.model.parameters()
+        params = [p for p in holders if p.grad is not None]
         if self.config.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         else:
@@ -295,6 +339,7 @@ class Trainer:
             self._offloader.onload()
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
+    @_on_own_device
     def save(self, out_dir: str | Path) -> Path:
         """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full). Sharded: every rank
         gathers, rank 0 writes the same files; each rank writes its own optimizer shard."""
@@ -304,6 +349,8 @@ class Trainer:
             tied = getattr(self.model, "all_tied_weights_keys", None) or {}  # e.g. lm_head = embed_tokens: saved once
             state = {k.removeprefix("inner."): v for k, v in distributed.full_state_dict(self.forward).items()}
             state = {k: v for k, v in state.items() if k not in tied}
+            if self.config.mode == "full":  # bf16 training keeps fp32 shards: the checkpoint is in the model's dtype
+                state = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()}
             if distributed.is_main():
                 self.model.save_pretrained(out, safe_serialization=True, state_dict=state)
         else:
@@ -327,6 +374,7 @@ class Trainer:
         state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
         torch.save(state, self._optimizer_file(Path(out_dir)))
 
+    @_on_own_device
     def load(self, checkpoint: str | Path) -> None:
         """Restore weights (adapter or full) and optimizer state saved by save() + save_optimizer() (a sharded
         trainer's optimizer shards need the same number of ranks)."""

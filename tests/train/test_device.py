@@ -89,3 +89,17 @@ def test_asking_for_cuda_without_it_is_a_prerequisite_error(tiny_model):
     with pytest.raises(PrerequisiteError, match="no CUDA device") as info:
         Trainer(TrainerConfig(model=tiny_model, device="cuda:1"))
     assert "trainer.device=auto" in info.value.hint
+
+
+def test_master_weights_accumulate_micro_batch_grads_in_fp32():
+    # bf16 keeps 8 significant bits: 1 + 2^-9 rounds back to 1, so a bf16 running sum of a 1.0 gradient and 256 of
+    # 2^-9 stays 1.0; every partial sum is exact in fp32, so the masters' grad is exactly 1 + 256 · 2^-9 = 1.5
+    w = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    opt = MasterWeights([w], lr=0.0)
+    for c in [1.0] + [2.0**-9] * 256:
+        (w * c).sum().backward()
+        assert w.grad is None  # moved into the master's fp32 grad right away
+    assert opt.masters[0].grad.dtype == torch.float32
+    assert torch.equal(opt.masters[0].grad, torch.full((4,), 1.5))
+    opt.step()
+    assert opt.masters[0].grad is None and torch.equal(w, torch.zeros(4, dtype=torch.bfloat16))

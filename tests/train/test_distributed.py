@@ -1,8 +1,10 @@
-"""A sharded trainer (FSDP2 over 2 gloo processes on the CPU) takes the same step as one process: the same
-gradients and updated weights to 1e-6, the same HF / peft checkpoint, and it resumes from it."""
+"""A sharded trainer (FSDP2 over 2 gloo processes on the CPU) starts without any rank holding the whole model and
+takes the same step as one process: the same gradients and updated weights to 1e-6, the same HF / peft checkpoint,
+and it resumes from it. No CUDA call in the trainer or the runners leans on the thread's current device."""
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 from pathlib import Path
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hrl.train.trainer import Trainer, TrainerConfig
 from tests.train.test_trainer import _batch
@@ -19,9 +23,55 @@ def _batch4() -> list:
     return _batch([1.0, -1.0, 0.5, -0.5, 1.0], distinct=True)  # 5 micro-batches of 1: rank 1 runs a padding one
 
 
+class _Allocations(TorchDispatchMode):
+    """Bytes of every new storage that torch ops create off the meta device (a view, an in-place result or anything
+    else sharing an input's storage is not new; a DTensor counts its local shard's): an upper bound on what a rank
+    held at once, since freed tensors count too. What safetensors returns is not an op result and goes uncounted: the
+    loader asks it for a shard's rows only (`get_slice`), never a whole weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes, self.largest = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {_storage(t).data_ptr() for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and _storage(t).data_ptr() not in seen:
+                seen.add(_storage(t).data_ptr())
+                self.bytes += _storage(t).nbytes()
+                self.largest = max(self.largest, _storage(t).nbytes())
+        return out
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage:
+    return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+
+
+def _held(trainer: Trainer) -> list[int]:
+    """[elements of the weights this process holds (its shards when sharded), elements of the whole model, bytes of
+    the whole model's weights and buffers]: tied weights once, LoRA adapters included."""
+    params, buffers = list(trainer.forward.parameters()), list(trainer.forward.buffers())
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    return [sum(t.numel() for t in local), sum(p.numel() for p in params),
+            sum(t.numel() * t.element_size() for t in [*params, *buffers])]  # fmt: skip
+
+
 def _step(cfg: TrainerConfig, out: Path) -> dict[str, torch.Tensor]:
-    """One step; the full gradient (gathered when sharded), saved to out/ with the checkpoint."""
-    trainer = Trainer(cfg)
+    """One step; the full gradient (gathered when sharded), saved to out/ with the checkpoint; what the trainer
+    holds after init and what it allocated on the way."""
+    registered = [0]  # the most elements of a real (not meta) weight any module was given, its local shard if sharded
+
+    def seen(module: torch.nn.Module, name: str, p: torch.Tensor | None) -> None:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if local is not None and local.device.type != "meta":
+            registered[0] = max(registered[0], local.numel())
+
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(seen)
+    with _Allocations() as allocated:
+        trainer = Trainer(cfg)
+    hook.remove()
+    held = torch.tensor([*_held(trainer), allocated.bytes, registered[0]])
     grads: list[torch.Tensor] = []
     opt_step = trainer.optimizer.step
 
@@ -37,7 +87,7 @@ def _step(cfg: TrainerConfig, out: Path) -> dict[str, torch.Tensor]:
     resumed.load(out)
     after = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in resumed._trainable()]
     return {"grad": grads[0], "loss": torch.tensor(metrics["train/loss"]), "resumed": torch.cat([a.detach().flatten() for a in after]),
-            "steps": torch.tensor(resumed.steps)}  # fmt: skip
+            "steps": torch.tensor(resumed.steps), "held": held}  # fmt: skip
 
 
 def _worker(rank: int, world: int, port: int, cfg: TrainerConfig, out: str) -> None:
@@ -45,8 +95,7 @@ def _worker(rank: int, world: int, port: int, cfg: TrainerConfig, out: str) -> N
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
     torch.set_num_threads(1)
     result = _step(cfg, Path(out) / "ckpt")
-    if rank == 0:
-        torch.save(result, Path(out) / "result.pt")
+    torch.save(result, Path(out) / f"result{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -69,7 +118,21 @@ def test_two_gloo_ranks_take_the_single_process_step(tiny_model, tmp_path, mode)
     cfg = TrainerConfig(model=tiny_model, mode=mode, lr=3e-5, micro_batch=1, device="cpu")
     single = _step(cfg, tmp_path / "single")
     mp.start_processes(_worker, (2, _free_port(), cfg, str(tmp_path)), nprocs=2, start_method="spawn")
-    sharded = torch.load(tmp_path / "result.pt")
+    sharded, other = torch.load(tmp_path / "result0.pt"), torch.load(tmp_path / "result1.pt")
+    # init: each rank holds its FSDP2 rows of every weight, ceil(rows / 2) at most, and the two shares add up to the
+    # model. What torch ops allocated on a rank on the way, freed tensors included, adds up to less than the model's
+    # bytes, so it never held the whole model at once; no module of a rank was ever given a real weight bigger than
+    # the biggest weight's shard, so the biggest (the embedding) was never whole on it, as it is in one process.
+    (mine, whole, whole_bytes, total0, big0), (theirs, *_, total1, big1) = (
+        sharded["held"].tolist(),
+        other["held"].tolist(),
+    )
+    fresh = Trainer(cfg)
+    shards = [-(-p.shape[0] // 2) * p[0].numel() if p.dim() else 0 for p in fresh.forward.parameters()]
+    assert mine + theirs == whole == single["held"][1] == single["held"][0]
+    assert max(mine, theirs) <= sum(shards) < 0.51 * whole
+    assert max(total0, total1) < whole_bytes
+    assert max(big0, big1) <= max(shards) < max(p.numel() for p in fresh.forward.parameters()) == single["held"][4]
     assert single["grad"].abs().max() > 1e-4
     torch.testing.assert_close(sharded["grad"], single["grad"], rtol=0, atol=1e-6)
     torch.testing.assert_close(sharded["loss"], single["loss"], rtol=0, atol=1e-6)
@@ -79,6 +142,42 @@ def test_two_gloo_ranks_take_the_single_process_step(tiny_model, tmp_path, mode)
         torch.testing.assert_close(two[k], one[k], rtol=0, atol=1e-6)
     assert (tmp_path / "ckpt" / ("adapter_config.json" if mode == "lora" else "config.json")).is_file()
     torch.testing.assert_close(sharded["resumed"], single["resumed"], rtol=0, atol=1e-6)
-    start = torch.cat([p.detach().flatten() for p in Trainer(cfg)._trainable()])
+    start = torch.cat([p.detach().flatten() for p in fresh._trainable()])
     assert (single["resumed"] - start).abs().max() > 2e-5  # the step really moved the weights  # --resume: same weights
     assert int(sharded["steps"]) == int(single["steps"]) == 1
+
+
+def _thread_device_calls(source: str) -> list[str]:
+    """CUDA calls that land on the calling thread's current device (cuda:0 in a worker thread, whatever the rank's
+    GPU): `.cuda()`, `.to("cuda")`, `torch.device("cuda")`, `device="cuda"`, `torch.cuda.current_device()`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        strings = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        if (
+            (name == "cuda" and isinstance(node.func, ast.Attribute) and not node.args and not node.keywords)
+            or (name == "to" and "cuda" in strings)
+            or (name == "device" and strings == ["cuda"] and len(node.args) == 1)  # torch.device("cuda", i) is fine
+            or any(
+                k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cuda"
+                for k in node.keywords
+            )
+            or name == "current_device"
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_trainer_and_runners_name_their_gpu_in_every_cuda_call():
+    bad = ['t.cuda()', 'x.to("cuda")', 'torch.device("cuda")', 'torch.zeros(1, device="cuda")',
+           'torch.cuda.current_device()']  # fmt: skip
+    assert [len(_thread_device_calls(s)) for s in bad] == [1] * len(bad)
+    ok = ['t.cuda(dev)', 'x.to(dev)', 'torch.device("cuda", 1)', 'torch.device("cuda:1")', 'd.type == "cuda"',
+          'torch.zeros(1, device=dev)', 'torch.cuda.device(dev)']  # fmt: skip
+    assert [_thread_device_calls(s) for s in ok] == [[]] * len(ok)
+    root = Path(__file__).resolve().parents[2]
+    found = {str(f.relative_to(root)): calls for d in ("train", "runners") for f in sorted((root / d).rglob("*.py"))
+             if (calls := _thread_device_calls(f.read_text()))}  # fmt: skip
+    assert found == {}
