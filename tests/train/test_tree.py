@@ -194,6 +194,38 @@ def test_the_window_is_in_effect_in_the_windowed_models(layers):
     assert float(delta[:WINDOW].max()) < 1e-12 and float(delta[WINDOW:].min()) > 1e-6
 
 
+def _windowed(arch: str):
+    """A 2-layer gpt-oss (eager, attention sinks, MoE) or Gemma 3 (sdpa) text model: sliding then full layers."""
+    import transformers
+
+    torch.manual_seed(0)
+    shape = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "head_dim": 8,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": WINDOW}  # fmt: skip
+    if arch == "gpt-oss":
+        cfg = transformers.GptOssConfig(
+            **shape, num_local_experts=2, num_experts_per_tok=1, attn_implementation="eager"
+        )
+        return transformers.GptOssForCausalLM(cfg).eval()
+    cfg = transformers.Gemma3TextConfig(**shape, layer_types=LAYERS["alternating"], attn_implementation="sdpa")
+    return transformers.Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt-oss", "Gemma 3"])
+def test_alternating_windows_of_real_architectures_match_per_branch_in_float32(arch):
+    """gpt-oss's grouped-matmul experts take no float64, so float32: logprobs of magnitude ~ln(13) a few dozen
+    roundings deep (eps 1.2e-7) agree to < 1e-5. The window matters here: a window wider than the branches moves
+    per-branch logprobs by far more than that."""
+    model = _windowed(arch)
+    assert attention_layout(model) == ({"sliding_attention": WINDOW, "full_attention": None}, None)
+    seqs = [[*range(12)], [*range(9), 5, 5, 5], [*range(2), 1, 1, 1, 1, 1, 1], [3, 3]]
+    with torch.no_grad():
+        tree, alone = tree_logprobs(model, seqs), [_alone(model, s) for s in seqs]
+        model.config.sliding_window = 64
+        wide = [_alone(model, s) for s in seqs]
+    assert max(float((t - a).abs().max()) for t, a in zip(tree, alone, strict=True)) < 1e-5
+    assert max(float((w - a).abs().max()) for w, a in zip(wide, alone, strict=True)) > 1e-3
+
+
 def _mistral_with_layer_types():
     """A config that names alternating layer types for a model class that applies one (sliding) mask to every layer
     (transformers warns: a Ministral checkpoint loaded as Mistral)."""
