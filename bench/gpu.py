@@ -274,7 +274,9 @@ class Bench:
         self._train_step(model, optimizer, params)
         self.sync()
         out |= self._cuda_gib(step2_peak_gib=self.peak_gib())
-        del model, optimizer, params, state
+        del model, optimizer, params, state, mover
+        if self.cuda and hasattr(torch._C, "_host_emptyCache"):  # the pinned blocks, cached for the next offload
+            torch._C._host_emptyCache()
         self.reset_peak()
         return out
 
