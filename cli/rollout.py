@@ -38,8 +38,8 @@ EPILOG = """Examples:
 
 LOCAL_WARNING = (
     "Warning: --sandbox local runs the agent as your user on this machine{how}: host secrets stay out of its "
-    "environment{hidden}, but it shares the host's network and can read the rest of what you can. Use --sandbox "
-    "docker for agents you do not trust (docs/security.md)."
+    "environment{hidden}, but it can read the rest of what you can. Use --sandbox docker for agents you do not "
+    "trust (docs/security.md)."
 )
 
 
@@ -48,10 +48,12 @@ def local_warning() -> str:
     from hrl.sandboxes.local import bwrap_works
 
     if bwrap_works():
-        return LOCAL_WARNING.format(how=" in a bubblewrap namespace", hidden=", and the task file, the run's traces, "
-                                    "other sandboxes and hrl's processes are hidden from it")  # fmt: skip
-    return LOCAL_WARNING.format(how=", unisolated (no bubblewrap: `apt-get install bubblewrap`)", hidden=", but the "
-                                "task file (hidden tests, gold patch) is readable")  # fmt: skip
+        return LOCAL_WARNING.format(how=" in a bubblewrap namespace", hidden=", it reaches no network but the "
+                                    "proxy, and the task file, the run's traces, other sandboxes and hrl's processes "
+                                    "are hidden from it")  # fmt: skip
+    return LOCAL_WARNING.format(how=", unisolated (no bubblewrap: `apt-get install bubblewrap`)", hidden=", but it "
+                                "shares the host's network and the task file (hidden tests, gold patch) is "
+                                "readable")  # fmt: skip
 
 
 def rollout(

@@ -54,19 +54,20 @@ async def agent_session(
     options: dict[str, Any] | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A sandbox from `backend` made from `spec` plus the agent's mounts and the route to the proxy (docker: only the
-    proxy's unix socket, as 127.0.0.1:`proxy_port`; local: the host's network and the proxy's loopback URL), and
+    proxy's unix socket, as 127.0.0.1:`proxy_port`, for docker and for local sandboxes in a bubblewrap network
+    namespace; an unisolated local sandbox: the host's network and the proxy's loopback URL), and
     the context that points `runner` at session `token` (base URL `/s/<token>`, API key `hrl-<token>`) with a
     fresh HOME in the spec's workdir. Labelled `run_id` / `episode_id`; removed on exit."""
-    docker = backend.name == "docker"
+    closed = backend.name == "docker" or bool(getattr(backend, "isolate", False))  # local: where bubblewrap runs
     spec = spec.model_copy(
         update={
-            "network": "proxy" if docker else "host",
-            "proxy_socket": stack.socket if docker else None,
+            "network": "proxy" if closed else "host",
+            "proxy_socket": stack.socket if closed else None,
             "proxy_port": proxy_port,
             "mounts": [*spec.mounts, *install.mounts],
         }
     )
-    base = f"http://127.0.0.1:{proxy_port}" if docker else stack.url
+    base = f"http://127.0.0.1:{proxy_port}" if closed else stack.url
     async with await backend.create(spec, run_id, episode_id) as sandbox:
         context = AgentContext(
             base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,

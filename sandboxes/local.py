@@ -22,8 +22,14 @@
 - What is not enforced: the agent runs as the host user and sees the rest of the host's files as they are
   (~/.aws and other credential files included); without bubblewrap it sees everything, the task files too. Use
   docker for agents you do not trust.
-- Network: none is isolated; `none`, `proxy` and `host` all mean the host's network. For `proxy` the caller
-  passes the proxy's TCP address to the agent through `spec.env` (there is no unix-socket forwarder here).
+- Network, where bubblewrap runs: `none` and `proxy` run each command in its own network namespace, holding only
+  a loopback interface: no host port (the engine's, Ray's, any local service's), no abstract unix socket, no
+  outside address. With `proxy` and a `proxy_socket`, the same relay the docker backend uses (forward.py) listens
+  on 127.0.0.1:`proxy_port` inside that namespace and carries each connection to the proxy's unix socket: the
+  proxy's data plane is the one thing the command reaches. `host` keeps the host's network (installs). Without
+  bubblewrap nothing is isolated and every mode is the host's network.
+- Control tokens: hrl's state folder ($HRL_STATE_DIR, default ~/.local/state/hrl, where `hrl serve` writes its
+  control token) is emptied in the namespace.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -47,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
+from hrl.sandboxes.forward import FORWARDER
 
 __all__ = ["HOST_ENV", "PASSTHROUGH_VAR", "LocalBackend", "LocalSandbox", "host_env", "kill_marked", "pid_alive"]
 
@@ -60,6 +68,11 @@ HOST_ENV = ("PATH", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "TMPDIR", "USER", 
             "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")  # fmt: skip
 PASSTHROUGH_VAR = "HRL_SANDBOX_ENV_PASSTHROUGH"  # more host variables for local sandboxes: "NAME,PREFIX_*"
 ISOLATION_VAR = "HRL_LOCAL_ISOLATION"  # "0": run local sandbox commands without bwrap (a trusted agent only)
+
+
+def state_dir() -> Path:
+    """hrl's state folder ($HRL_STATE_DIR, default ~/.local/state/hrl): `hrl serve` keeps its control token there."""
+    return Path(os.environ.get("HRL_STATE_DIR") or Path.home() / ".local" / "state" / "hrl")
 
 
 @functools.cache
@@ -189,7 +202,7 @@ class LocalSandbox:
         if self.backend.isolate:
             if "/" not in argv[0] and shutil.which(argv[0], path=full_env.get("PATH")) is None:
                 return ExecResult(127, "", f"{argv[0]}: command not found\n")  # as without bwrap
-            argv = [*self._bwrap(cwd), *argv]
+            argv = [*self._bwrap(cwd), *self._relay(), *argv]
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -262,13 +275,30 @@ class LocalSandbox:
         for m in self.spec.mounts:
             source = str(Path(m.source).absolute())
             args += ["--ro-bind-try" if m.read_only else "--bind-try", source, source]
-        for hidden in self.spec.hidden_paths:
+        if self.spec.network == "proxy" and self.spec.proxy_socket:  # its folder may lie in a hidden temp folder
+            folder = str(Path(self.spec.proxy_socket).absolute().parent)
+            args += ["--ro-bind", folder, folder]
+        if self.spec.network != "host":  # only a loopback interface (bwrap brings it up)
+            args.append("--unshare-net")
+        for hidden in [*self.spec.hidden_paths, str(state_dir())]:
             path = Path(hidden).absolute()
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
             elif path.exists():
                 args += ["--ro-bind", "/dev/null", str(path)]
         return [*args, "--chdir", cwd, "--"]
+
+    def _relay(self) -> list[str]:
+        """network=proxy: the prefix that starts the relay to the proxy's unix socket on 127.0.0.1:proxy_port in the
+        command's network namespace (it binds, forks into the background and returns), then runs the command. The
+        relay ends with the namespace, when the command does."""
+        spec = self.spec
+        if spec.network != "proxy" or not spec.proxy_socket:
+            return []
+        import sys
+
+        relay = [sys.executable, "-I", "-c", FORWARDER, str(Path(spec.proxy_socket).absolute()), str(spec.proxy_port)]
+        return ["sh", "-c", f'{" ".join(shlex.quote(a) for a in relay)} && exec "$@"', "hrl-relay"]
 
     def _kill(self, group: int, token: str) -> None:
         with contextlib.suppress(OSError):
