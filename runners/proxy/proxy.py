@@ -9,9 +9,11 @@ ending writes exactly one trace line.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -19,17 +21,23 @@ from pydantic import BaseModel, Field, field_validator
 
 from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
-from hrl.runners.proxy.call import Call
-from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
+from hrl.runners.proxy.call import Call, PromptPlan
+from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult, text_bytes
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
-from hrl.runners.proxy.session import Session
+from hrl.runners.proxy.session import ChildLimitError, Session
+from hrl.runners.proxy.subagents import recognise_subagent
 from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.tokens import owned_token, owner
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
-__all__ = ["Proxy", "ProxyConfig", "UnknownSessionError"]
+__all__ = ["BYTES_PER_TOKEN", "Proxy", "ProxyConfig", "SessionEndedError", "UnknownSessionError"]
+
+# The most UTF-8 bytes of prompt text one token stands for, on average over a prompt, in the tokenizers hrl serves
+# (English and code run 3 to 5, CJK text 1 to 3; a long run of spaces or of one symbol a few tokens of up to
+# 16 or so): a prompt with more text than this × the context window cannot fit it, and is refused untokenized.
+BYTES_PER_TOKEN = 32
 
 
 class ProxyConfig(BaseModel):
@@ -43,6 +51,30 @@ class ProxyConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1, description="Larger request bodies get a 413.")
     default_max_tokens: int = Field(1024, ge=1, description="max_tokens when the agent sends none.")
     max_context: int = Field(0, ge=0, description="Context window in tokens; 0 = the engine's / model's.")
+    max_prompt_bytes: int = Field(
+        0,
+        ge=0,
+        le=1 << 40,
+        description="A prompt whose text (messages, tool calls, tool schemas) is over this many UTF-8 bytes is "
+        "refused before it is tokenized: a 400 in the dialect's shape, recorded as a failed call without prompt ids. "
+        f"0 = the context window × {BYTES_PER_TOKEN} bytes per token (32768 tokens: 1 MiB), which no prompt that "
+        "fits the window reaches.",
+    )
+    max_children: int = Field(
+        64,
+        ge=0,
+        le=4096,
+        description="The most sub-agents (child sessions, registered or recognised) one session's tree may open; "
+        "a request for one more is a 429 in the dialect's shape, counted as proxy/children_refused and in the "
+        "trace's metadata.children_refused.",
+    )
+    tokenizer_threads: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Threads that render and tokenize prompts, off the serving loop (each session one prompt at a "
+        "time); 0 = min(4, CPU count).",
+    )
     redact: bool = Field(
         True,
         description="Replace host secrets (values of secret-named variables, known key formats) in the request "
@@ -101,6 +133,10 @@ class UnknownSessionError(KeyError):
     """A request named a session token the proxy does not know (and may not create)."""
 
 
+class SessionEndedError(RuntimeError):
+    """The session ended (its owner, the idle reaper) while a request's prompt was being built."""
+
+
 class Proxy:
     def __init__(
         self, engine: Engine, template: ChatTemplate, config: ProxyConfig, traces: TraceWriter | None = None
@@ -120,7 +156,11 @@ class Proxy:
         self._preempted: set[str] = set()
         self._waiting = 0
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
-        self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0}
+        # children_refused: sub-agents refused over proxy.max_children (all sessions, since the start)
+        self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0,
+                                        "proxy/children_refused": 0.0}  # fmt: skip
+        self.tokenizing = 0  # prompts being rendered and tokenized right now, off the loop
+        self._pool: ThreadPoolExecutor | None = None
         self.tokens = 0  # sampled tokens the proxy has streamed (all calls, both streaming modes)
         self._cpu_mark: tuple[float, int] | None = None
 
@@ -129,13 +169,18 @@ class Proxy:
         """The context window: the configured one, else the engine's (known once it started), else 32768."""
         return self.config.max_context or int(getattr(self.engine, "max_model_len", 0) or 0) or 32768
 
+    @property
+    def max_prompt_bytes(self) -> int:
+        """The most prompt text a request may carry: the configured cap, else the context window × 32 bytes."""
+        return self.config.max_prompt_bytes or self.max_context * BYTES_PER_TOKEN
+
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
         """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
         token = self._token(token)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
-        session = self.sessions[token] = Session(token, meta)
+        session = self.sessions[token] = Session(token, meta, self.config.max_children)
         return session
 
     def open_child(self, parent: str, name: str, trainable: bool = True, token: str | None = None) -> Session:
@@ -146,8 +191,20 @@ class Proxy:
             raise ValueError(f"session {token} already exists")
         if parent not in self.sessions:
             raise UnknownSessionError(parent)
-        child = self.sessions[token] = self.sessions[parent].child(token, name, trainable)
+        child = self.sessions[token] = self._counted(lambda: self.sessions[parent].child(token, name, trainable))
         return child
+
+    def recognise(self, session: Session, headers: Mapping[str, str], req: ChatRequest) -> Session:
+        """The session a request records into: `session`, or the child for a CLI's own sub-agent that sent it
+        (`runners.proxy.subagents`). Raises ChildLimitError (counted) past `max_children`."""
+        return self._counted(lambda: recognise_subagent(session, headers, req))
+
+    def _counted(self, open_child: Any) -> Session:
+        try:
+            return open_child()  # type: ignore[no-any-return]
+        except ChildLimitError:
+            self.stats["proxy/children_refused"] += 1
+            raise
 
     def _token(self, token: str | None) -> str:
         """A new session's token: the one given, if this worker owns it, else a fresh 128-bit one it owns."""
@@ -212,6 +269,9 @@ class Proxy:
         """End every open session (server stopping): nothing is lost."""
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         roots = [t for t, s in self.sessions.items() if s.root is s]
         return [self.end_session(t, **self._cut_short(t), extra={"ended_by": "proxy stop"}) for t in roots]
 
@@ -236,17 +296,66 @@ class Proxy:
                     self.end_session(token, extra={"ended_by": "idle timeout"})
 
     # ---- calls ---------------------------------------------------------------------------------------------
-    def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Call:
-        """Build the prompt (reusing sampled ids) and open the call. Raises ContextLengthError (call recorded)."""
+    async def begin(self, session: Session, dialect: str, req: ChatRequest, body_hash: str) -> Call:
+        """Build the prompt (reusing sampled ids) and open the call. Raises ContextLengthError for a prompt that
+        cannot fit: the call is recorded as failed, with why and without its prompt ids.
+
+        The text is redacted, rendered and tokenized in a worker thread (the tokenizer lets go of the GIL), so the
+        loop serves everyone else meanwhile; a prompt over `max_prompt_bytes` is refused before any of that."""
+        size = self._check_size(req)
+        if size > self.max_prompt_bytes:
+            raise self._refuse(session, dialect, req, body_hash, f"prompt of {size} bytes of text is over the "
+                               f"limit of {self.max_prompt_bytes} (proxy.max_prompt_bytes): it cannot fit the "
+                               f"context window of {self.max_context} tokens")  # fmt: skip
+        async with session.root.planning:  # one prompt of a session at a time: it cannot take every thread
+            req, plan = await self._off_loop(self._plan, session, req)
+        if self.sessions.get(session.root.token) is not session.root:
+            raise SessionEndedError(f"session {session.root.token} ended while the request was being read")
+        if len(plan.prompt_ids) + 1 > self.max_context:
+            n = len(plan.prompt_ids)
+            msg = f"prompt of {n} tokens exceeds the context window of {self.max_context} tokens"
+            raise self._refuse(session, dialect, req, body_hash, msg, plan.message_keys)
+        return session.open_call(dialect, req, plan, body_hash)
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """The prompt tokens of a request as it stands (nothing recorded); off the loop, size-checked like `begin`."""
+        size = self._check_size(req)
+        if size > self.max_prompt_bytes:
+            raise ContextLengthError(f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} "
+                                     "(proxy.max_prompt_bytes)")  # fmt: skip
+        template = self.template
+        return await self._off_loop(lambda: len(template.encode(template.render(req.messages, req.tools))))
+
+    @staticmethod
+    def _check_size(req: ChatRequest) -> int:
+        return text_bytes(req.messages) + text_bytes(req.tools)
+
+    def _plan(self, session: Session, req: ChatRequest) -> tuple[ChatRequest, PromptPlan]:
+        """In a worker thread: the redacted request and its prompt plan."""
         if self.config.redact:
             req = replace(req, messages=default_redactor().obj(req.messages))
-        plan = session.plan(req, self.template)
-        call = session.open_call(dialect, req, plan, body_hash)
-        if len(plan.prompt_ids) + 1 > self.max_context:
-            msg = f"prompt of {len(plan.prompt_ids)} tokens exceeds the context window of {self.max_context} tokens"
-            call.fail(msg)
-            raise ContextLengthError(msg)
-        return call
+        return req, session.plan(req, self.template)
+
+    async def _off_loop(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` in the tokenizer threads; `tokenizing` counts the prompts in them."""
+        if self._pool is None:
+            threads = self.config.tokenizer_threads or min(4, os.cpu_count() or 1)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hrl-tokenize")
+        self.tokenizing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            self.tokenizing -= 1
+
+    @staticmethod
+    def _refuse(
+        session: Session, dialect: str, req: ChatRequest, body_hash: str, why: str, keys: list[str] | None = None
+    ) -> ContextLengthError:
+        """Record a prompt that cannot fit as a failed call holding why, not its ids (a trace line of bounded
+        size whatever was sent), and return the error to raise."""
+        call = session.open_call(dialect, req, PromptPlan([], None, keys or [], ""), body_hash)
+        call.fail(why)
+        return ContextLengthError(why, hint="shorten the conversation (compact it) or serve a longer context")
 
     def params(self, req: ChatRequest) -> SamplingParams:
         """The engine's sampling parameters for a request: the agent's knobs the engine honours (all at their no-op

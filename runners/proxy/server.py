@@ -34,9 +34,9 @@ from aiohttp import web
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import BadRequestError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
-from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
+from hrl.runners.proxy.proxy import Proxy, SessionEndedError, UnknownSessionError
+from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
-from hrl.runners.proxy.subagents import recognise_subagent
 
 __all__ = ["build_app", "check_port_free", "run_server"]
 
@@ -199,6 +199,8 @@ class _Handler:
                 session = self.proxy.open_session(token, body)
         except UnknownSessionError:
             return _error(404, "unknown parent session (it ended, or was never registered)")
+        except ChildLimitError as e:
+            return _error(429, f"{e} ({e.hint})")
         except ValueError as e:
             return _error(409, str(e))
         return web.json_response({"token": session.token, "base_path": f"/s/{session.token}"}, status=201)
@@ -246,12 +248,16 @@ class _Handler:
             req = dialect.parse(body, route.get("model") or self.proxy.config.model_name)
             check_request(req)
             if route.get("count_tokens"):
-                n = len(self.proxy.template.encode(self.proxy.template.render(req.messages, req.tools)))
+                n = await self.proxy.count_tokens(req)
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
-            session = recognise_subagent(session, request.headers, req)  # a CLI's own sub-agent: a child
-            call = self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
+            session = self.proxy.recognise(session, request.headers, req)  # a CLI's own sub-agent: a child
+            call = await self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
         except ContextLengthError as e:
             return fail(400, str(e))
+        except ChildLimitError as e:  # a sub-agent past proxy.max_children: refused, counted
+            return fail(429, f"{e} ({e.hint})")
+        except SessionEndedError as e:
+            return fail(409, str(e))
         except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
             return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
                         f"({type(e).__name__}: {e})")  # fmt: skip

@@ -8,6 +8,7 @@ turn, another system prompt) starts a new branch, tokenized whole.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -15,15 +16,20 @@ import time
 import uuid
 from typing import Any
 
+from hrl.errors import HrlError
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
 from hrl.runners.trace import INFRA_FAILURES, SCHEMA
 
-__all__ = ["Call", "CallRecord", "ChildSession", "PromptPlan", "Session"]
+__all__ = ["Call", "CallRecord", "ChildLimitError", "ChildSession", "PromptPlan", "Session"]
 
 _Rendered = tuple[list[dict[str, Any]], str, str]
 _SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
+
+
+class ChildLimitError(HrlError):
+    """A session asked for one sub-agent more than `proxy.max_children` allows (answered with a 429)."""
 
 
 def _digest(obj: Any) -> str:
@@ -62,10 +68,13 @@ class Session:
     agent: str | None = None  # the sub-agent's name; None for the root agent
     trainable = True
 
-    def __init__(self, token: str, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, token: str, meta: dict[str, Any] | None = None, max_children: int = 64) -> None:
         self.token = token
         self.root: Session = self
         self.children: dict[str, ChildSession] = {}  # by token (registered) or recognition key (black-box)
+        self.max_children = max_children  # the most sub-agents this session's tree may open (proxy.max_children)
+        self.children_refused = 0  # sub-agents refused over that cap
+        self.planning = asyncio.Lock()  # one prompt of the tree is tokenized at a time (Proxy.begin)
         self.agents: list[dict[str, Any]] = []  # the tree of agents: {name, parent, trainable}, in opening order
         self.harness_session: str | None = None  # the first harness session id seen (opencode's x-session-id)
         self.last_reply = ""  # the root agent's last answer, for a verifier (never written to the trace)
@@ -86,6 +95,12 @@ class Session:
         `parent`: the agent that started it (default: the root agent). Names repeat as `name#2`, `name#3`…"""
         if key in self.children:
             return self.children[key]
+        if len(self.children) >= self.max_children:
+            self.children_refused += 1
+            raise ChildLimitError(
+                f"session {self.token} already has {len(self.children)} sub-agents, the most it may open",
+                hint="raise proxy.max_children if the agent really starts that many",
+            )
         taken = {a["name"] for a in self.agents}
         unique = (
             name if name not in taken else next(f"{name}#{i}" for i in itertools.count(2) if f"{name}#{i}" not in taken)
@@ -104,11 +119,13 @@ class Session:
 
     # ---- prompt building -----------------------------------------------------------------------------------
     def plan(self, req: ChatRequest, template: ChatTemplate) -> PromptPlan:
+        """The prompt ids of a request (an earlier call's ids reused where the history extends it). Runs off the
+        event loop (`Proxy.begin`): it reads a copy of the calls, which only the loop changes."""
         keys = [message_key(m) for m in req.messages]
         tools_key = _digest(req.tools or [])
         text = template.render(req.messages, req.tools)
         rendered, self._rendered = self._rendered, (req.messages, tools_key, text)
-        for parent in reversed(self.calls):
+        for parent in reversed(list(self.calls)):
             n = len(parent.message_keys)
             if (
                 parent.agent == self.agent
@@ -249,7 +266,8 @@ class Session:
                 for t in self.tools
             ],
             "metadata": {**meta.get("metadata", {}), **(extra or {})}
-            | ({"rejected_requests": self.rejected_count} if self.rejected_count else {}),
+            | ({"rejected_requests": self.rejected_count} if self.rejected_count else {})
+            | ({"children_refused": self.children_refused} if self.children_refused else {}),
         } | extras
 
     def _agent_tree(self) -> dict[str, Any]:

@@ -9,6 +9,10 @@ they send:
   child, `claude-code/task`.
 - opencode gives each sub-agent (its `task` tool) a session of its own and sends that session's id as
   `x-session-id`: the first id a trace sees is the main agent's; every other one is a child, `opencode/task`.
+  Only from opencode (its user agent, `opencode/<version> ai-sdk/…`): another client's `x-session-id` says
+  nothing about sub-agents, and a new value on every request must not become a new trainable agent each time.
+
+Each child counts against `proxy.max_children` (the proxy refuses one more with a 429).
 
 White-box agents need none of this: they register their children (`POST /sessions` with `parent`).
 """
@@ -26,6 +30,7 @@ __all__ = ["PROMPT_MARKERS", "recognise_subagent"]
 # (text near the start of a sub-agent's system prompt, the child's name)
 PROMPT_MARKERS = (("cc_is_subagent=true", "claude-code/task"), ("You are an agent for Claude Code", "claude-code/task"))
 _HARNESS_SESSION_HEADER = "x-session-id"  # opencode: one per opencode session, sub-agents included
+_OPENCODE_AGENT = "opencode/"  # how opencode's User-Agent starts (opencode/1.18.33 ai-sdk/provider-utils/…)
 
 
 def _first(req: ChatRequest, role: str) -> str:
@@ -43,7 +48,7 @@ def recognise_subagent(session: Session, headers: Mapping[str, str], req: ChatRe
             key = hashlib.blake2b((system + "\0" + _first(req, "user")).encode(), digest_size=12).hexdigest()
             return session.child(f"{name}:{key}", name)
     harness = headers.get(_HARNESS_SESSION_HEADER)
-    if harness:
+    if harness and headers.get("User-Agent", "").lower().startswith(_OPENCODE_AGENT):
         if session.harness_session is None:
             session.harness_session = harness
         elif harness != session.harness_session:

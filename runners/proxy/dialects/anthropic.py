@@ -14,8 +14,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import HOLE, BadRequestError, ChatRequest, ChatResult, SSETemplate, sampling, sse
-from hrl.runners.proxy.dialects.responses import join_text, merge_leading_system
+from hrl.runners.proxy.dialects.base import (
+    HOLE,
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    SSETemplate,
+    join_text,
+    part_text,
+    sampling,
+    sse,
+)
+from hrl.runners.proxy.dialects.responses import merge_leading_system
 
 __all__ = ["AnthropicDialect"]
 
@@ -31,30 +41,36 @@ _ERRORS = {
 }
 
 
-def _blocks(content: Any, role: str) -> list[dict[str, Any]]:
+def _blocks(content: Any, at: str) -> list[tuple[str, dict[str, Any]]]:
+    """A message's content blocks with their paths (`at`: the content's path)."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise BadRequestError(f"{role} message content must be a string or a list of content blocks")
-    return content
+        return [(at, {"type": "text", "text": content})]
+    if not isinstance(content, list):
+        raise BadRequestError(f"{at}: must be a string or a list of content blocks")
+    for j, b in enumerate(content):
+        if not isinstance(b, dict):
+            raise BadRequestError(f"{at}[{j}]: must be a content block (an object)")
+    return [(f"{at}[{j}]", b) for j, b in enumerate(content)]
 
 
-def _assistant(content: Any) -> dict[str, Any]:
+def _assistant(content: Any, at: str) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in _blocks(content, "assistant"):
+    for where, block in _blocks(content, at):
         kind = block.get("type")
         if kind == "text":
-            texts.append(block.get("text") or "")
+            texts.append(part_text(block, where) or "")
         elif kind == "thinking":  # its signature is not checked; redacted_thinking blocks are dropped
             thinking = block.get("thinking") or ""
             if not isinstance(thinking, str):
-                raise BadRequestError("a thinking block's 'thinking' must be a string")
+                raise BadRequestError(f"{where}.thinking: a thinking block's 'thinking' must be a string")
             thoughts.append(thinking)
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise BadRequestError("a tool_use block needs 'id' and 'name'")
+                raise BadRequestError(f"{where}: a tool_use block needs 'id' and 'name'")
+            if not isinstance(block.get("input", {}), dict):
+                raise BadRequestError(f"{where}.input: must be an object, got {type(block['input']).__name__}")
             args = json.dumps(block.get("input") or {}, ensure_ascii=False)
             calls.append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
@@ -67,19 +83,19 @@ def _assistant(content: Any) -> dict[str, Any]:
     return msg
 
 
-def _user(content: Any) -> list[dict[str, Any]]:
+def _user(content: Any, at: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
-    for block in _blocks(content, "user"):
+    for where, block in _blocks(content, at):
         if block.get("type") == "text":
-            texts.append(block.get("text") or "")
+            texts.append(part_text(block, where) or "")
         elif block.get("type") == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
-                raise BadRequestError("a tool_result block needs 'tool_use_id'")
+                raise BadRequestError(f"{where}: a tool_result block needs 'tool_use_id'")
             if texts:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
-            result = join_text(block.get("content"), "\n\n")
+            result = join_text(block.get("content"), "\n\n", f"{where}.content")
             out.append({"role": "tool", "content": result, "tool_call_id": block["tool_use_id"]})
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
@@ -93,18 +109,19 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         raise BadRequestError("'system' must be a string or a list of text blocks")
-    text = join_text(system, "\n\n")
+    text = join_text(system, "\n\n", "system")
     out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
+        at = f"messages[{i}].content"
         if role == "user":
-            out += _user(m.get("content"))
+            out += _user(m.get("content"), at)
         elif role == "assistant":
-            out.append(_assistant(m.get("content")))
+            out.append(_assistant(m.get("content"), at))
         elif role == "system":
-            out.append({"role": "system", "content": join_text(m.get("content"), "\n\n")})
+            out.append({"role": "system", "content": join_text(m.get("content"), "\n\n", at)})
         else:
-            raise BadRequestError(f"each message needs a role of user, assistant or system, not {role!r}")
+            raise BadRequestError(f"messages[{i}].role: must be user, assistant or system, not {role!r}")
     return merge_leading_system(out)
 
 

@@ -14,6 +14,7 @@ from hrl.runners.proxy.template import ParsedReply
 
 __all__ = [
     "HOLE",
+    "TEXT_PARTS",
     "BadRequestError",
     "ChatRequest",
     "ChatResult",
@@ -22,8 +23,12 @@ __all__ = [
     "StreamEncoder",
     "as_object",
     "check_request",
+    "join_text",
+    "part_text",
     "sampling",
     "sse",
+    "text_bytes",
+    "text_of",
 ]
 
 
@@ -177,6 +182,18 @@ def _check_call(c: Any, at: str) -> None:
     _need(isinstance(c.get("id", ""), str), f"{at}.id", "a string", c.get("id"))
 
 
+def text_bytes(obj: Any) -> int:
+    """The UTF-8 size of the text in a parsed JSON value (its strings, keys included): what a prompt built from it
+    holds at least, counted without building it."""
+    if isinstance(obj, str):
+        return len(obj) if obj.isascii() else len(obj.encode("utf-8", "surrogatepass"))
+    if isinstance(obj, dict):
+        return sum(text_bytes(k) + text_bytes(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return sum(text_bytes(v) for v in obj)
+    return 0
+
+
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent event; `data` is JSON-encoded unless it is already a string."""
     payload = data.encode() if isinstance(data, str) else dumps(data)
@@ -200,18 +217,39 @@ class SSETemplate:
         return b"".join(out)
 
 
-def text_of(content: Any) -> str:
-    """Flatten message content given as a string or as a list of parts into text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for part in content:
-            if isinstance(part, str):
-                out.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                out.append(part["text"])
-        return "".join(out)
-    raise BadRequestError(f"unsupported content type {type(content).__name__}")
+# a text part's type → the field its text is in (Chat, Responses, Anthropic; a Gemini part has no type)
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "summary_text": "text",
+              "reasoning_text": "text", "refusal": "refusal"}  # fmt: skip
+
+
+def part_text(part: Any, at: str) -> str | None:
+    """The text of one content part; None for a part the template cannot take (an image, a file: dropped). A part
+    that is not an object, or a text part whose text is missing or not a string, is a BadRequestError naming the
+    field (`at`: the part's path in the dialect's own names). A bare string is taken as text."""
+    if isinstance(part, str):
+        return part
+    _need(isinstance(part, dict), at, "an object (a content part)", part)
+    kind = part.get("type")
+    _need(kind is None or isinstance(kind, str), f"{at}.type", "a string", kind)
+    field = TEXT_PARTS.get(kind) if kind is not None else "text" if "text" in part else None
+    if field is None:
+        return None
+    if field not in part:
+        raise BadRequestError(f"{at}.{field}: missing (a {kind or 'text'} part needs its text)")
+    text = part[field]
+    _need(isinstance(text, str), f"{at}.{field}", "a string", text)
+    return text  # type: ignore[no-any-return]
+
+
+def join_text(content: Any, sep: str, where: str = "content") -> str:
+    """Flatten content given as a string or a list of parts into text, the parts' texts joined with `sep`."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    _need(isinstance(content, list), where, "a string or a list of content parts", content)
+    texts = (part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+    return sep.join(t for t in texts if t is not None)
+
+
+def text_of(content: Any, where: str = "content") -> str:
+    """Flatten Chat Completions message content (a string or a list of parts) into text."""
+    return join_text(content, "", where)

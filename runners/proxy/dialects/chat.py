@@ -24,10 +24,10 @@ _KNOBS = {k: k for k in ("temperature", "top_p", "top_k", "min_p", "repetition_p
                          "frequency_penalty")}  # fmt: skip
 
 
-def _message(m: Any) -> dict[str, Any]:
+def _message(m: Any, i: int) -> dict[str, Any]:
     if not isinstance(m, dict) or "role" not in m:
-        raise BadRequestError("each message needs a role")
-    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"))}
+        raise BadRequestError(f"messages[{i}]: each message needs a role")
+    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"), f"messages[{i}].content")}
     calls = m.get("tool_calls") or []
     if not isinstance(calls, list):
         raise BadRequestError(f"'tool_calls' must be a list, got {type(calls).__name__}")
@@ -71,7 +71,7 @@ class ChatDialect:
         limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         return ChatRequest(
             model=str(body.get("model") or model or ""),
-            messages=[_message(m) for m in messages],
+            messages=[_message(m, i) for i, m in enumerate(messages)],
             tools=tools,
             stream=bool(body.get("stream")),
             **sampling(body, max_tokens=limit, seed="seed", **_KNOBS),

@@ -27,7 +27,6 @@ from hrl.runners.proxy.dialects.base import (
     sampling,
     sse,
 )
-from hrl.runners.proxy.dialects.responses import join_text
 
 __all__ = ["GeminiDialect"]
 
@@ -67,27 +66,46 @@ def _schema(schema: Any) -> Any:
     return out
 
 
-def _parts(content: Any) -> list[dict[str, Any]]:
+def _parts(content: Any, at: str) -> list[dict[str, Any]]:
     parts = content.get("parts") if isinstance(content, dict) else None
     if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-        raise BadRequestError("each content needs 'parts', a list of objects")
+        raise BadRequestError(f"{at}.parts: each content needs 'parts', a list of objects")
     return parts
+
+
+def _text(part: dict[str, Any], at: str) -> str | None:
+    """A part's text (None for a part without: a call, a response, inline data), its type checked."""
+    if "text" not in part:
+        return None
+    if not isinstance(part["text"], str):
+        raise BadRequestError(f"{at}.text: must be a string, got {type(part['text']).__name__}")
+    if not isinstance(part.get("thought", False), bool):
+        raise BadRequestError(f"{at}.thought: must be a boolean, got {type(part['thought']).__name__}")
+    return part["text"]  # type: ignore[no-any-return]
+
+
+def _object(value: Any, at: str) -> dict[str, Any]:
+    """An optional object field of a call or response part ({} when absent or null)."""
+    if value is not None and not isinstance(value, dict):
+        raise BadRequestError(f"{at}: must be an object, got {type(value).__name__}")
+    return value or {}
 
 
 def _model_turn(parts: list[dict[str, Any]], turn: int) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for part in parts:
+    for j, part in enumerate(parts):
+        at = f"contents[{turn}].parts[{j}]"
         if "functionCall" in part:
             fc = part["functionCall"]
             if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
-                raise BadRequestError("a functionCall part needs a 'name'")
-            args = json.dumps(fc.get("args") or {}, ensure_ascii=False)
+                raise BadRequestError(f"{at}.functionCall: a functionCall part needs a 'name'")
+            args = json.dumps(_object(fc.get("args"), f"{at}.functionCall.args"), ensure_ascii=False)
             call_id = fc.get("id") or f"call_{turn}_{len(calls)}"
             calls.append({"id": call_id, "type": "function", "function": {"name": fc["name"], "arguments": args}})
-        elif isinstance(part.get("text"), str):
-            (thoughts if part.get("thought") else texts).append(part["text"])
+        elif (text := _text(part, at)) is not None:
+            (thoughts if part.get("thought") else texts).append(text)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
@@ -101,10 +119,11 @@ def _user_turn(parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[st
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for i, part in enumerate(parts):
+        at = f"contents[{turn}].parts[{i}]"
         if "functionResponse" in part:
             fr = part["functionResponse"]
             if not isinstance(fr, dict) or not isinstance(fr.get("name"), str):
-                raise BadRequestError("a functionResponse part needs a 'name'")
+                raise BadRequestError(f"{at}.functionResponse: a functionResponse part needs a 'name'")
             match = next(
                 (c for c in unanswered if c[1] == fr.get("id") or (not fr.get("id") and c[0] == fr["name"])), None
             )
@@ -114,10 +133,10 @@ def _user_turn(parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[st
             if texts:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
-            content = json.dumps(fr.get("response") or {}, ensure_ascii=False)
+            content = json.dumps(_object(fr.get("response"), f"{at}.functionResponse.response"), ensure_ascii=False)
             out.append({"role": "tool", "content": content, "tool_call_id": call_id})
-        elif isinstance(part.get("text"), str):
-            texts.append(part["text"])
+        elif (text := _text(part, at)) is not None:
+            texts.append(text)
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
@@ -128,11 +147,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(contents, list) or not contents:
         raise BadRequestError("'contents' must be a non-empty list")
     system = body.get("systemInstruction")
-    text = system if isinstance(system, str) else join_text(_parts(system), "\n\n") if system is not None else ""
+    if system is None or isinstance(system, str):
+        text = system or ""
+    else:
+        parts = _parts(system, "systemInstruction")
+        texts = (_text(p, f"systemInstruction.parts[{j}]") for j, p in enumerate(parts))
+        text = "\n\n".join(t for t in texts if t is not None)
     out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
     unanswered: list[tuple[str, str]] = []
     for turn, content in enumerate(contents):
-        parts = _parts(content)
+        parts = _parts(content, f"contents[{turn}]")
         role = content.get("role") or "user"
         if role == "model":
             msg = _model_turn(parts, turn)

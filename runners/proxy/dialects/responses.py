@@ -12,26 +12,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hrl.runners.proxy.dialects.base import HOLE, BadRequestError, ChatRequest, ChatResult, SSETemplate, sampling, sse
+from hrl.runners.proxy.dialects.base import (
+    HOLE,
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    SSETemplate,
+    join_text,
+    sampling,
+    sse,
+)
 
 __all__ = ["ResponsesDialect", "join_text", "merge_leading_system"]
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-
-def join_text(content: Any, sep: str) -> str:
-    """Flatten a string or a list of content parts (input_text, output_text, refusal…; images are dropped)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise BadRequestError(f"content must be a string or a list of parts, not {type(content).__name__}")
-    texts = []
-    for part in content:
-        text = part.get("text", part.get("refusal")) if isinstance(part, dict) else part
-        if isinstance(text, str):
-            texts.append(text)
-    return sep.join(texts)
 
 
 def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,19 +85,19 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(turn)
         return turn
 
-    for item in items:
+    for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise BadRequestError("each input item must be an object")
+            raise BadRequestError(f"input[{i}]: each input item must be an object")
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
             msg = assistant()
-            msg["content"] += join_text(item.get("content"), "")
+            msg["content"] += join_text(item.get("content"), "", f"input[{i}].content")
         elif kind == "message":
             role = _ROLES.get(item.get("role", ""))
             if role is None:
-                raise BadRequestError(f"unknown message role {item.get('role')!r}")
+                raise BadRequestError(f"input[{i}].role: unknown message role {item.get('role')!r}")
             turn = None
-            out.append({"role": role, "content": join_text(item.get("content"), "\n\n")})
+            out.append({"role": role, "content": join_text(item.get("content"), "\n\n", f"input[{i}].content")})
         elif kind == "reasoning":
             text = _reasoning_text(item)
             if text:
@@ -120,9 +115,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(item.get("call_id"), str):
                 raise BadRequestError("a function_call_output item needs 'call_id'")
             turn = None
-            out.append(
-                {"role": "tool", "content": join_text(item.get("output"), "\n\n"), "tool_call_id": item["call_id"]}
-            )
+            output = join_text(item.get("output"), "\n\n", f"input[{i}].output")
+            out.append({"role": "tool", "content": output, "tool_call_id": item["call_id"]})
         else:
             raise BadRequestError(
                 f"unsupported input item type {kind!r} (supported: message, function_call, "

@@ -21,6 +21,7 @@ SUB_SYSTEM = (
     "x-anthropic-billing-header: cc_version=2.1.197.179; cc_entrypoint=sdk-cli; cc_is_subagent=true;\n\nYou are a "
     "Claude agent.\n\nYou are an agent for Claude Code, Anthropic's official CLI for Claude."
 )
+OPENCODE = {"User-Agent": "opencode/1.18.33 ai-sdk/provider-utils/4.0.23 runtime/bun/1.3.14"}  # as 1.18.33 sends it
 BASH = {
     "name": "Bash",
     "description": "run",
@@ -64,9 +65,9 @@ def test_opencode_subagents_are_recognised_by_their_own_session_id(tiny_model):
                 "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}  # fmt: skip
 
     trace = _run(tiny_model, [
-        ("/v1/chat/completions", chat("fix it"), {"x-session-id": "ses_main"}),
-        ("/v1/chat/completions", chat("find the bug"), {"x-session-id": "ses_sub"}),
-        ("/v1/chat/completions", chat("fix it again"), {"x-session-id": "ses_main"}),
+        ("/v1/chat/completions", chat("fix it"), {"x-session-id": "ses_main", **OPENCODE}),
+        ("/v1/chat/completions", chat("find the bug"), {"x-session-id": "ses_sub", **OPENCODE}),
+        ("/v1/chat/completions", chat("fix it again"), {"x-session-id": "ses_main", **OPENCODE}),
     ])  # fmt: skip
     assert [c.get("agent") for c in trace["calls"]] == [None, "opencode/task", None]
 
