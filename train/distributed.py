@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hrl.runners.errors import HrlError
+
 __all__ = [
     "all_reduce",
     "empty_model",
@@ -111,7 +113,10 @@ def _checkpoint(path: str | Path) -> Iterator[dict[str, Any]]:
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}: a sharded trainer reads its weights from them")
+        raise HrlError(
+            f"no *.safetensors in {path}: a sharded trainer reads each rank's rows of the weights from them",
+            hint="save the model with save_pretrained(safe_serialization=True), or use -c trainer.nproc=1",
+        )
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files]
         yield {k: h.get_slice(k) for h in handles for k in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
@@ -151,6 +156,11 @@ def load_shards(
     tied = getattr(base, "all_tied_weights_keys", None) or {}  # e.g. lm_head.weight → model.embed_tokens.weight
     aliases = {**tied, **{v: k for k, v in tied.items()}}
     with _checkpoint(path) as stored:
+        for name, b in module.named_buffers():  # first: an initialiser that also touches weights is overwritten below
+            if (key := _checkpoint_key(name)) in stored:
+                _fill(b, _stored(stored, key, b, path))
+            else:
+                base._init_weights(module.get_submodule(name.rpartition(".")[0]))  # e.g. rotary, from the config
         for name, p in module.named_parameters():
             key = _checkpoint_key(name)
             if name.removeprefix("inner.") in given:
@@ -158,17 +168,21 @@ def load_shards(
             elif key in stored or aliases.get(key) in stored:
                 _fill(p, _stored(stored, key if key in stored else aliases[key], p, path), dtype)
             else:
-                raise ValueError(f"{key} is not in the checkpoint at {path}: a sharded trainer cannot start it")
-        for name, b in module.named_buffers():
-            if (key := _checkpoint_key(name)) in stored:
-                _fill(b, _stored(stored, key, b, path))
-            else:
-                base._init_weights(module.get_submodule(name.rpartition(".")[0]))  # e.g. rotary from the config
+                raise HrlError(
+                    f"{key} is not in the checkpoint at {path}: a sharded trainer reads the weights by the "
+                    "model's own names",
+                    hint=_NAMES_HINT,
+                )
+
+
+_NAMES_HINT = "re-save the model with save_pretrained (one process converts older layouts), or use -c trainer.nproc=1"
 
 
 def _stored(stored: dict[str, Any], key: str, p: torch.Tensor, path: str | Path) -> Any:
     if tuple(stored[key].get_shape()) != tuple(p.shape):
-        raise ValueError(f"{key} is {stored[key].get_shape()} in {path} but {list(p.shape)} in the model")
+        raise HrlError(
+            f"{key} is {stored[key].get_shape()} in {path} but {list(p.shape)} in the model", hint=_NAMES_HINT
+        )
     return stored[key]
 
 

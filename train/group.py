@@ -6,7 +6,9 @@ up. Under a real `torchrun`, build a Trainer in every rank instead: it joins the
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import threading
 from typing import Any
 
 import torch.distributed as dist
@@ -51,8 +53,8 @@ class TrainerGroup:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self._ctx = mp.start_processes(_follower, (world, port, config), nprocs=world - 1, join=False,
-                                       start_method="spawn")  # fmt: skip
+        self._closed = threading.Event()
+        self._ctx = self._spawn((world, port, config), world - 1)
         saved = {k: os.environ.get(k) for k in _env(0, world, port)}
         os.environ.update(_env(0, world, port))
         try:
@@ -64,6 +66,25 @@ class TrainerGroup:
                 else:
                     os.environ[k] = v
         self._control = dist.new_group(backend="gloo")
+
+    def _spawn(self, args: tuple, n: int) -> Any:
+        """Start the other ranks from a thread that lives until close(): torch's spawn ties each child to the thread
+        that started it (PR_SET_PDEATHSIG), and the loop builds the group in a worker thread that may end at once."""
+        started: queue.Queue = queue.Queue()
+
+        def keep() -> None:
+            try:
+                started.put(mp.start_processes(_follower, args, nprocs=n, join=False, start_method="spawn"))
+            except BaseException as e:  # handed to the caller
+                started.put(e)
+                return
+            self._closed.wait()
+
+        threading.Thread(target=keep, name="trainer-ranks", daemon=True).start()
+        ctx = started.get()
+        if isinstance(ctx, BaseException):
+            raise ctx
+        return ctx
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.trainer, name)
@@ -82,3 +103,4 @@ class TrainerGroup:
             dist.broadcast_object_list([("stop", ())], src=0, group=self._control)
             self._ctx.join()
             dist.destroy_process_group()
+        self._closed.set()

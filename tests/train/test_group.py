@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import torch
 
 from hrl.train.group import TrainerGroup, make_trainer
 from hrl.train.trainer import Trainer, TrainerConfig
 from tests.train.test_distributed import _batch4, _weights
+
+
+def _in_a_new_thread(fn: Any, *args: Any) -> Any:
+    """Call fn in a thread of its own, as the loop's `asyncio.to_thread` may: rank 0 is built in one thread and
+    stepped in others (torch's current CUDA device is per thread, so nothing may rest on the one set at build)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def test_a_two_rank_group_steps_saves_and_resumes_like_one_trainer(tiny_model, tmp_path):
@@ -15,10 +25,10 @@ def test_a_two_rank_group_steps_saves_and_resumes_like_one_trainer(tiny_model, t
     m1 = single.step(_batch4())
     lone_single = single.step(_batch4()[:2])
     single.save(tmp_path / "one")
-    group = make_trainer(cfg.model_copy(update={"nproc": 2}))
+    group = _in_a_new_thread(make_trainer, cfg.model_copy(update={"nproc": 2}))
     assert isinstance(group, TrainerGroup)
     try:
-        m2 = group.step(_batch4())
+        m2 = _in_a_new_thread(group.step, _batch4())
         lone = group.step(_batch4()[:2])  # one micro-batch: rank 1 runs only a zero-weighted one
         group.save(tmp_path / "two")
         group.load(tmp_path / "two")  # --resume: every rank reloads its shard of weights and optimizer
