@@ -29,6 +29,7 @@ from hrl.train.step import (
     Publisher,
     commit,
     publish_checkpoint,
+    restore_dropped_weights,
     save_checkpoint,
     sleep,
     start_trainer,
@@ -217,6 +218,7 @@ async def _iteration(
     offloaded = await wake(publisher, trainer)  # the trainer offloads, then vLLM wakes
     mem |= peaks.end("update") | offloaded
     if empty:
+        await restore_dropped_weights(publisher, path or cfg.trainer.model)
         published = unpublished(publisher, version)
     else:
         published = await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)

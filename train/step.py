@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
+from hrl.runners.models import resolve_model
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import is_infra_failure
 from hrl.train.advantages import group_advantages
@@ -33,6 +34,7 @@ __all__ = [
     "commit",
     "offload_plan",
     "publish_checkpoint",
+    "restore_dropped_weights",
     "save_checkpoint",
     "sleep",
     "start_trainer",
@@ -209,6 +211,14 @@ async def publish_checkpoint(publisher: Publisher, path: str, kind: str, version
         "publish/bytes": nbytes,
         "publish/tier": tier,
     }
+
+
+async def restore_dropped_weights(publisher: Publisher, path: str) -> None:
+    """A step that publishes nothing after vLLM slept at level 2 (its weights dropped): load the live version's
+    weights (`path`: the last checkpoint, or the base model) back, so the next rollouts have a model to run."""
+    engine = publisher.engine
+    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and callable(getattr(engine, "restore", None)):
+        await engine.restore(resolve_model(path))
 
 
 def unpublished(publisher: Publisher, version: int) -> dict[str, Any]:

@@ -425,6 +425,14 @@ class VLLMEngine:
             await self._call("POST", "/wake_up")
             self.sleeping = 0
 
+    async def restore(self, path: str) -> None:
+        """After a level-2 sleep with no publish to follow (a step that trained on nothing): load `path`, the weights
+        of the live version, back in place; the version stays."""
+        if self.sleeping:
+            await self.wake_up()
+        async with self._publish_lock:
+            await self._publish_full(path, self._full_version)
+
     async def _settle(self, quiet_s: float = 0.05, max_s: float = 2.0) -> None:
         """After a pause, wait until in-flight streams stop delivering tokens sampled before it."""
         seen, deadline = -1, time.monotonic() + max_s

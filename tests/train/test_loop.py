@@ -286,3 +286,24 @@ def test_a_step_that_trains_on_nothing_publishes_nothing_and_is_counted_across_a
     lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [(m["step"], m["version"], m["train/skipped"]) for m in lines] == [(0, 0, 1.0), (1, 1, 0.0)]
     assert "publish/seconds" not in lines[0] and lines[1]["publish/seconds"] > 0
+
+
+def test_an_empty_step_after_a_level_2_sleep_loads_the_weights_back(tmp_path):
+    """vLLM at sleep_level 2 drops its weights for the update; a step that publishes nothing must load the live
+    version's weights back (the last checkpoint, else the base model), or the next rollouts have no model."""
+    from types import SimpleNamespace
+
+    from hrl.train.step import restore_dropped_weights
+
+    restored: list[str] = []
+    checkpoint = tmp_path / "v0003"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+
+    async def restore(path: str) -> None:
+        restored.append(path)
+
+    for level in (0, 1, 2):
+        engine = SimpleNamespace(config=SimpleNamespace(sleep_level=level), restore=restore)
+        asyncio.run(restore_dropped_weights(SimpleNamespace(engine=engine), str(checkpoint)))
+    assert restored == [str(checkpoint)]  # only where the weights were dropped

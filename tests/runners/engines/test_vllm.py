@@ -441,3 +441,18 @@ def test_publish_check_fails_without_the_prefix_cache_reset(engine, loop, tiny_m
     print(f"\nwith the reset: {ok.detail}\nwithout it: {stale.detail}")
     assert not stale.ok, stale.detail
     assert stale.figures["prefix_tokens_reused"] > 0 and stale.figures["max_abs_dlogp"] > stale.figures["tolerance"]
+
+
+def test_restore_reloads_the_live_versions_weights_in_place(engine, loop, restore_base, tiny_model, tiny_full):
+    """What a step that publishes nothing does after a level-2 sleep dropped the weights: load them back, with the
+    version (and the tokens' versions) unchanged."""
+    prompt = chat_prompt(tiny_model)
+
+    async def go():
+        version = await engine.publish(tiny_full, "full")
+        await engine.restore(tiny_full)
+        return version, await collect(engine.generate("restored", prompt, SAMPLE))
+
+    version, gen = loop.run_until_complete(go())
+    assert engine.version == version and gen.versions == [(0, version)]
+    assert _max_delta(gen.logprobs, recompute_logprobs(load_hf(tiny_full), prompt, gen.token_ids)) <= TOL
