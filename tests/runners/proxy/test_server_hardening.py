@@ -274,3 +274,75 @@ def test_a_key_in_tool_output_is_redacted_before_tokenization(proxy):
     text = proxy.proxy.template.tokenizer.decode(all_prompt_ids(trace)[0])
     assert key not in text and "REDACTED" in text
     assert key not in json.dumps(trace)
+
+
+# ---- content parts: a text part without a string text is a 400 naming it, in every dialect ------------------------
+
+_GEMINI_STREAM = "/v1beta/models/m:streamGenerateContent?alt=sse"
+_USER_CALL = {"role": "user", "content": "fix it"}
+BAD_PARTS = [  # (dialect, route, body, the field the 400 names)
+    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text"),
+    ("chat", "/v1/chat/completions", {"messages": [_USER_CALL, {"role": "tool", "tool_call_id": "c",
+     "content": [{"type": "text", "text": 5}]}]}, "messages[1].content[0].text"),
+    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": ["hi", 7]}]},
+     "messages[0].content[1]"),
+    ("responses", "/v1/responses", {"input": [{"type": "message", "role": "user",
+     "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
+    ("responses", "/v1/responses", {"input": [{"type": "message", "role": "user",
+     "content": [{"type": "input_text", "text": ["hi"]}]}]}, "input[0].content[0].text"),
+    ("responses", "/v1/responses", {"input": [
+        {"type": "function_call", "call_id": "c", "name": "sh", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": None}]}]},
+     "input[1].output[0].text"),
+    ("anthropic", "/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text"),
+    ("anthropic", "/v1/messages", {"max_tokens": 8, "system": [{"type": "text", "text": 3}],
+     "messages": [_USER_CALL]}, "system[0].text"),
+    ("anthropic", "/v1/messages", {"max_tokens": 8, "messages": [
+        _USER_CALL, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "sh", "input": "ls"}]}]},
+     "messages[1].content[0].input"),
+    ("anthropic", "/v1/messages", {"max_tokens": 8, "messages": [
+        _USER_CALL, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "sh", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text"}]}]}]},
+     "messages[2].content[0].content[0].text"),
+    ("gemini", _GEMINI_STREAM, {"contents": [{"role": "user", "parts": [{"text": 5}]}]}, "contents[0].parts[0].text"),
+    ("gemini", "/v1beta/models/m:generateContent", {"systemInstruction": {"parts": [{"text": 1.5}]},
+     "contents": [{"role": "user", "parts": [{"text": "hi"}]}]}, "systemInstruction.parts[0].text"),
+    ("gemini", _GEMINI_STREAM, {"contents": [{"role": "user", "parts": [{"text": "hi"}]},
+     {"role": "model", "parts": [{"functionCall": {"name": "sh", "args": "ls"}}]}]},
+     "contents[1].parts[0].functionCall.args"),
+    ("gemini", _GEMINI_STREAM, {"contents": [{"role": "user", "parts": [{"text": "hi", "thought": "yes"}]}]},
+     "contents[0].parts[0].thought"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dialect", "route", "body", "field"), BAD_PARTS, ids=[f"{d}:{f}" for d, _, _, f in BAD_PARTS])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_text_parts_of_the_wrong_type_are_400s_naming_the_field(proxy, dialect, route, body, field, stream):
+    token = _session(proxy)
+    r = httpx.post(f"{proxy.url}/s/{token}{route}", json={**_fresh(body), "stream": stream})
+    assert r.status_code == 400, r.text
+    assert field in ERROR_SHAPE[dialect](r.json()), r.text
+    trace = _end(proxy, token)
+    assert trace["calls"] == [] and field in trace["rejected"][0]["error"]
+
+
+GOOD_PARTS = [  # unknown extra fields stay accepted, parts the template cannot take (images) are dropped
+    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"x": 1}}, {"type": "image_url", "image_url": {"url": "u"}}]}]}),
+    ("responses", "/v1/responses", {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "hi", "annotations": []}, {"type": "input_image", "image_url": "u"}]}]}),
+    ("anthropic", "/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}, {"type": "image", "source": {}}]}]}),
+    ("gemini", _GEMINI_STREAM, {"contents": [{"role": "user", "parts": [
+        {"text": "hi", "thoughtSignature": "c2ln"}, {"inlineData": {"mimeType": "image/png", "data": ""}}]}]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dialect", "route", "body"), GOOD_PARTS, ids=[d for d, _, _ in GOOD_PARTS])
+def test_extra_fields_and_dropped_parts_are_still_served(proxy, dialect, route, body):
+    token = _session(proxy)
+    r = httpx.post(f"{proxy.url}/s/{token}{route}", json=_fresh(body))
+    assert r.status_code == 200, r.text
+    assert len(_end(proxy, token)["calls"]) == 1
