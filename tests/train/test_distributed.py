@@ -75,8 +75,9 @@ def _step(cfg: TrainerConfig, out: Path) -> dict[str, torch.Tensor]:
     grads: list[torch.Tensor] = []
     opt_step = trainer.optimizer.step
 
-    def keep() -> None:
-        full = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in trainer._trainable()]
+    def keep() -> None:  # the gradient where it accumulated: the fp32 masters' under MasterWeights
+        holders = getattr(trainer.optimizer, "masters", None) or trainer._trainable()
+        full = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in holders]
         grads.append(torch.cat([g.flatten() for g in full]))
         opt_step()
 
@@ -85,9 +86,10 @@ def _step(cfg: TrainerConfig, out: Path) -> dict[str, torch.Tensor]:
     trainer.save(out)
     resumed = Trainer(cfg)
     resumed.load(out)
-    after = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in resumed._trainable()]
+    after = [(p.full_tensor() if hasattr(p, "full_tensor") else p).float() for p in resumed._trainable()]
     return {"grad": grads[0], "loss": torch.tensor(metrics["train/loss"]), "resumed": torch.cat([a.detach().flatten() for a in after]),
-            "steps": torch.tensor(resumed.steps), "held": held}  # fmt: skip
+            "steps": torch.tensor(resumed.steps), "held": held,
+            "fp32_shards": torch.tensor([p.dtype == torch.float32 for p in trainer._trainable()]).all()}  # fmt: skip
 
 
 def _worker(rank: int, world: int, port: int, cfg: TrainerConfig, out: str) -> None:
@@ -181,3 +183,25 @@ def test_the_trainer_and_runners_name_their_gpu_in_every_cuda_call():
     found = {str(f.relative_to(root)): calls for d in ("train", "runners") for f in sorted((root / d).rglob("*.py"))
              if (calls := _thread_device_calls(f.read_text()))}  # fmt: skip
     assert found == {}
+
+
+def test_two_gloo_ranks_train_bf16_on_fp32_shards_like_one_process(tiny_model, tmp_path):
+    # bf16 full fine-tuning: one process computes with bf16 weights and keeps fp32 masters (MasterWeights); sharded,
+    # the fp32 shards are the masters and FSDP2 computes on bf16 copies. Both accumulate the bf16 micro-batch
+    # gradients in fp32, in another order, so the masters differ by fp32 roundings and the bf16 weights they round to
+    # by at most one bf16 step: 2^-7 of the weight (8 significant bits). lr 1e-3 moves most bf16 weights.
+    cfg = TrainerConfig(model=tiny_model, mode="full", dtype="bfloat16", lr=1e-3, micro_batch=1, device="cpu")
+    single = _step(cfg, tmp_path / "single")
+    mp.start_processes(_worker, (2, _free_port(), cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    sharded = torch.load(tmp_path / "result0.pt")
+    assert bool(sharded["fp32_shards"]) and not bool(single["fp32_shards"])  # one process: bf16 weights, fp32 masters
+    assert sharded["grad"].dtype == single["grad"].dtype == torch.float32
+    torch.testing.assert_close(sharded["loss"], single["loss"], rtol=0, atol=1e-6)
+    one, two = _weights(tmp_path / "single"), _weights(tmp_path / "ckpt")
+    assert one.keys() == two.keys() and {v.dtype for v in two.values()} == {torch.bfloat16}
+    start = _weights(Path(tiny_model))
+    moved = sum(int((one[k].float() != start[k].to(torch.bfloat16).float()).sum()) for k in one)
+    assert moved > 0.5 * sum(v.numel() for v in one.values())
+    for k in one:
+        assert ((two[k].float() - one[k].float()).abs() <= 2**-7 * one[k].float().abs()).all(), k
+    torch.testing.assert_close(sharded["resumed"], single["resumed"], rtol=2**-7, atol=0)
