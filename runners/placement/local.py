@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -83,16 +82,13 @@ async def local_placement(
     verbose: bool = False,
 ) -> AsyncIterator[LocalPlacement]:
     """Start the engine and proxy for `run` (its engine_options, proxy, rollout and verifier) with `model` and
-    `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes open (to a fresh token) only
-    when one of `harnesses` (default: the recipe's) is a white-box agent: it registers its sub-agents there."""
-    from hrl.runners.whitebox.harness import is_python_agent
-
-    every = harnesses if harnesses is not None else run.rollout.harnesses
-    white = any(is_python_agent(a) for a in every)
+    `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes stay closed (no
+    control token): hrl drives the proxy in process, and a white-box agent opens its sub-agents with its own
+    session's agent key. `harnesses` is accepted for the placements' common signature."""
     options = run.engine_options if engine_options is None else engine_options
     async with serving(
         model, engine, engine_options=options, proxy_options=run.proxy_options(),
-        control_token=secrets.token_urlsafe(32) if white else None, say=say,
+        say=say,
     ) as stack:  # fmt: skip
         yield LocalPlacement(stack, run, say, verbose)
 

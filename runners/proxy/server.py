@@ -14,6 +14,11 @@ app has no control token):
        only retires its token)
   POST /publish {"path", "kind": "lora"|"full"} · POST /pause · POST /resume
 
+Agent scope — a white-box agent's credential: `Authorization: Bearer <agent key>`, the key its root session was
+registered with (`agent_key` in the answer to `POST /sessions`; `Session.issue_agent_key` in process). Good for the
+session tree it was issued for, and nothing else (403 otherwise; no reward, no end of a root, no control route):
+  POST /s/<token>/children {"name", "trainable"} (a sub-agent of <token>) · POST /s/<child>/retire (retire one)
+
 A request that cannot be served (bad JSON, wrong types, a conversation the template cannot render) is a 4xx in
 its dialect's shape naming the problem, and is recorded in its session's trace (`rejected`); never a 500.
 """
@@ -96,6 +101,7 @@ def _api_key_token(request: web.Request) -> str | None:
 # What a request may raise while it is parsed, checked and planned: all of it is the request's fault.
 _BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, UnicodeError)
 _CONTROL = ("/sessions", "/publish", "/pause", "/resume")
+_SCOPED = ("/children", "/retire")  # agent-key routes under /s/<token>/
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -134,6 +140,8 @@ class _Handler:
             return web.Response(status=200)
         if p in _CONTROL or (token and p == "/end"):
             return await self._control(request, token, p)
+        if token and p in _SCOPED:
+            return await self._scoped(request, token, p)
         if request.method == "GET":
             return await self._get(p)
         if request.method != "POST":
@@ -163,6 +171,30 @@ class _Handler:
             return web.json_response({"version": await self.proxy.publish(body["path"], body["kind"])})
         self.proxy.pause() if p == "/pause" else self.proxy.resume()
         return web.json_response({"paused": p == "/pause"})
+
+    async def _scoped(self, request: web.Request, token: str, p: str) -> web.Response:
+        """A white-box agent's own routes: open or retire a sub-agent of its tree, with the tree's agent key."""
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer "):
+            return _error(401, "agent route: send Authorization: Bearer <agent key> (the session's `agent_key`)")
+        session = self.proxy.sessions.get(token)
+        if session is None or not session.admits(auth.removeprefix("Bearer ").strip()):
+            return _error(403, "agent route: not this session's agent key (or the session ended)")
+        if request.method != "POST":
+            return _error(405, "method not allowed")
+        if p == "/retire":
+            if session.root is session:
+                return _error(403, "an agent key retires sub-agents only: hrl ends the episode and sets its reward")
+            return web.json_response(self.proxy.end_session(token))
+        body = await _json_or_empty(request)
+        name, trainable = body.get("name"), body.get("trainable", True)
+        if not isinstance(name, str) or not name or not isinstance(trainable, bool):
+            return _error(400, "a sub-agent needs a 'name' and a boolean 'trainable'")
+        try:
+            child = self.proxy.open_child(token, name, trainable)
+        except ChildLimitError as e:
+            return _error(429, f"{e} ({e.hint})")
+        return web.json_response({"token": child.token, "base_path": f"/s/{child.token}"}, status=201)
 
     async def _get(self, p: str) -> web.Response:
         if p == "/health":
@@ -197,6 +229,9 @@ class _Handler:
                 session = self.proxy.open_child(parent, name, trainable, token)
             else:
                 session = self.proxy.open_session(token, body)
+                key = session.issue_agent_key()  # what the agent gets: its own tree's routes, never this token
+                return web.json_response({"token": session.token, "base_path": f"/s/{session.token}",
+                                          "agent_key": key}, status=201)  # fmt: skip
         except UnknownSessionError:
             return _error(404, "unknown parent session (it ended, or was never registered)")
         except ChildLimitError as e:

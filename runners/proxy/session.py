@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import itertools
 import json
+import secrets
 import time
 import uuid
 from typing import Any
@@ -89,6 +91,20 @@ class Session:
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
         self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (routing.py)
+        self.agent_key: str | None = None  # the tree's scoped credential (issue_agent_key); a child asks its root
+
+    def issue_agent_key(self) -> str:
+        """A white-box agent's credential for this session's tree: it opens and retires the tree's sub-agents
+        (`POST /s/<token>/children`, `/retire`) and nothing else; the control token never leaves hrl."""
+        if self.root is not self:
+            raise ValueError("a sub-agent shares its root's agent key")
+        self.agent_key = self.agent_key or secrets.token_urlsafe(24)
+        return self.agent_key
+
+    def admits(self, key: str) -> bool:
+        """Whether `key` is this tree's agent key (constant-time; a tree without one admits nothing)."""
+        mine = self.root.agent_key
+        return mine is not None and hmac.compare_digest(key.encode(), mine.encode())
 
     def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
         """The sub-agent `key` (a token, or a recognition key), opened on first use; its calls join this trace.

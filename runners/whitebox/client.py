@@ -9,8 +9,10 @@
 
 The data plane is the one every CLI agent uses (`/s/<token>/v1/...`, API key `hrl-<token>`); registering and ending
 go through the control routes (`POST /sessions`, `POST /s/<token>/end`), which need the control token
-(`hrl serve --control-token-file F`). `current_session()` finds the innermost session (or child) through a
-contextvar, for code deep inside a framework.
+(`hrl serve --control-token-file F`). `session()` keeps that token to itself: the session object holds only the
+agent key the registration answered with, which opens and retires sub-agents of this one session tree
+(`POST /s/<token>/children`, `/retire`) and nothing else. `current_session()` finds the innermost session (or
+child) through a contextvar, for code deep inside a framework.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class NoSessionError(HrlError):
 
 
 class SessionAPIError(HrlError):
-    """The proxy refused a control request (wrong control token, unknown session)."""
+    """The proxy refused a session request (wrong control token or agent key, unknown session)."""
 
 
 def current_session() -> WhiteboxSession:
@@ -48,10 +50,15 @@ def current_session() -> WhiteboxSession:
     return s
 
 
-async def _control(url: str, control_token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+_CONTROL_HINT = "pass the control token `hrl serve --control-token-file F` wrote (control_token=…)"
+_AGENT_HINT = "sub-agents open under a live session of this tree, with the agent key it was registered with"
+
+
+async def _control(url: str, bearer: str, path: str, body: dict[str, Any], hint: str = _CONTROL_HINT) -> dict[str, Any]:
+    """POST `body` to `path` with `bearer` (the control token, or an agent key on the agent routes)."""
     import aiohttp
 
-    headers = {"Authorization": f"Bearer {control_token}"}
+    headers = {"Authorization": f"Bearer {bearer}"}
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S)) as http,
         http.post(url + path, json=body, headers=headers) as resp,
@@ -61,27 +68,28 @@ async def _control(url: str, control_token: str, path: str, body: dict[str, Any]
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else None
             raise SessionAPIError(
                 f"POST {path} on the proxy at {url} answered {resp.status}: {message or data}",
-                hint="pass the control token `hrl serve --control-token-file F` wrote (control_token=…)",
+                hint=hint,
             )
         return dict(data)
 
 
 class WhiteboxSession:
-    """One registered session (or sub-agent) of a proxy; see the module docstring."""
+    """One registered session (or sub-agent) of a proxy; see the module docstring. `agent_key`: the tree's scoped
+    credential (it opens sub-agents); never the control token."""
 
     def __init__(
         self,
         url: str,
         token: str,
         model: str,
-        control_token: str | None,
+        agent_key: str | None,
         *,
         task: Any = None,
         name: str | None = None,
         trainable: bool = True,
     ) -> None:
         self.url, self.token, self.model, self.task = url.rstrip("/"), token, model, task
-        self.control_token, self.name, self.trainable = control_token, name, trainable
+        self.agent_key, self.name, self.trainable = agent_key, name, trainable
         self.reward_value: float | None = None
         self.reward_info: dict[str, Any] = {}
         self.result: dict[str, Any] = {}  # what the proxy answered the end with (trace_id, calls, status)
@@ -105,8 +113,8 @@ class WhiteboxSession:
         """Environment variables pointing an OpenAI-compatible program (and `hrl.current_session()`) at this session."""
         out = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
                "HRL_URL": self.url, "HRL_SESSION_TOKEN": self.token, "HRL_MODEL": self.model}  # fmt: skip
-        if self.control_token:
-            out["HRL_CONTROL_TOKEN"] = self.control_token
+        if self.agent_key:
+            out["HRL_AGENT_KEY"] = self.agent_key
         return out
 
     def openai(self, **options: Any) -> Any:
@@ -126,11 +134,11 @@ class WhiteboxSession:
     async def child(self, name: str, trainable: bool = True) -> AsyncIterator[WhiteboxSession]:
         """A sub-agent: its own session token whose calls are recorded into this trace as agent `name`, a child of
         this one. `trainable=False`: recorded, never trained on. Inside the block `current_session()` is the child."""
-        if not self.control_token:
-            raise SessionAPIError(f"sub-agent {name!r} needs the control token", hint="pass control_token=…")
-        body = {"parent": self.token, "name": name, "trainable": trainable}
-        reg = await _control(self.url, self.control_token, "/sessions", body)
-        kid = WhiteboxSession(self.url, reg["token"], self.model, self.control_token, task=self.task, name=name,
+        if not self.agent_key:
+            raise SessionAPIError(f"sub-agent {name!r} needs the session's agent key", hint=_AGENT_HINT)
+        body = {"name": name, "trainable": trainable}
+        reg = await _control(self.url, self.agent_key, f"/s/{self.token}/children", body, _AGENT_HINT)
+        kid = WhiteboxSession(self.url, reg["token"], self.model, self.agent_key, task=self.task, name=name,
                               trainable=trainable)  # fmt: skip
         reset = _CURRENT.set(kid)
         try:
@@ -139,7 +147,7 @@ class WhiteboxSession:
             _CURRENT.reset(reset)
             await kid._close_clients()
             with contextlib.suppress(SessionAPIError):  # the root may have ended it already
-                kid.result = await _control(self.url, self.control_token, f"/s/{kid.token}/end", {})
+                kid.result = await _control(self.url, self.agent_key, f"/s/{kid.token}/retire", {}, _AGENT_HINT)
 
     async def _close_clients(self) -> None:
         for client in self._clients:
@@ -177,7 +185,8 @@ async def session(
 ) -> AsyncIterator[WhiteboxSession]:
     """Register a session on the proxy at `url` (default: $HRL_URL) with `control_token` (default:
     $HRL_CONTROL_TOKEN), yield it, and end it on exit with the reward given to `s.reward` (an exception ends it
-    as `agent_crash` and propagates). `model`: the name to send (default: the one the proxy serves)."""
+    as `agent_crash` and propagates). `model`: the name to send (default: the one the proxy serves). The control
+    token stays in this function: the session it yields holds the registration's agent key only."""
     url = (url or os.environ.get("HRL_URL") or "").rstrip("/")
     control_token = control_token or os.environ.get("HRL_CONTROL_TOKEN")
     if not url or not control_token:
@@ -187,7 +196,7 @@ async def session(
         )
     meta = {**_task_meta(task), "group_id": group_id, "agent": {"name": agent}, "metadata": dict(metadata or {})}
     reg = await _control(url, control_token, "/sessions", meta)
-    s = WhiteboxSession(url, reg["token"], model or await _served_model(url), control_token, task=task)
+    s = WhiteboxSession(url, reg["token"], model or await _served_model(url), reg.get("agent_key"), task=task)
     outcome: dict[str, Any] = {}
     try:
         with s._current():

@@ -3,7 +3,10 @@
 The function is `async def run(task, session) -> float | None` (in subprocess mode a plain `def` works too). Each
 episode registers one proxy session, hands the agent a `WhiteboxSession` bound to it (`session.openai()`,
 `session.base_url`, `session.child(...)`, `session.reward(...)`), and ends as exactly one trace, like a CLI
-episode. A float (or `session.reward`) is the reward; None lets the recipe's verifier score it:
+episode. Where the recipe has a verifier, it scores the episode (an agent's own reward is kept in the metadata as
+`agent_reward`, never trained on); where it has none, the agent's float (or `session.reward`) is the reward, which
+the harness records. The agent holds its session's agent key (sub-agents of its own tree), never the control
+token, and a subprocess agent gets an allowlist of the host's environment:
 
 - `verifier: {name: python, function: verify.py:score}`: `score(task, answer) -> float | (float, info)` (sync
   or async), `answer` being the last reply of a trainable agent of the episode;
@@ -96,6 +99,14 @@ def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[...
     return fn  # type: ignore[no-any-return]
 
 
+def agent_env() -> dict[str, str]:
+    """The host variables a subprocess agent sees: a local sandbox's allowlist (`sandboxes.local.HOST_ENV` and
+    $HRL_SANDBOX_ENV_PASSTHROUGH), nothing that authenticates; the harness adds the session's own variables."""
+    from hrl.sandboxes.local import LocalBackend, host_env
+
+    return host_env(LocalBackend(isolate=False).env_allow)
+
+
 async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
     out = fn(*args)
     return await out if inspect.isawaitable(out) else out
@@ -112,8 +123,6 @@ class PythonRollouts:
         verifier: dict[str, Any] | None = None,
         base_dir: str | None = None,
     ) -> None:
-        if not stack.control_token:
-            raise ValueError("white-box agents need a stack with a control token (serving(control_token=…))")
         self.stack, self.config, self.on_event, self.base_dir = stack, config, on_event, base_dir
         self.spec = config.agent
         self.fn: Callable[..., Any] | None = None
@@ -153,8 +162,9 @@ class PythonRollouts:
         self.prepare()
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
         proxy = self.stack.proxy
-        token = proxy.open_session(meta=self._meta(ep, task)).token
-        ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, self.stack.control_token, task=task)
+        opened = proxy.open_session(meta=self._meta(ep, task))
+        token = opened.token  # the agent gets this session's agent key; hrl ends the episode in process
+        ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, opened.issue_agent_key(), task=task)
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         t0 = time.monotonic()
         try:
@@ -179,7 +189,7 @@ class PythonRollouts:
                 await self.verifier.prepare(sandbox, task)
                 ws.sandbox = sandbox  # type: ignore[attr-defined]
                 outcome, extra = await self._attempt(task, ws)
-                if outcome.get("reward") is None and outcome.get("failure_reason") is None:
+                if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
                     verdict = await self.verifier.verify(sandbox, task)
                     outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch[:20000]}
         except (SandboxError, OSError) as e:
@@ -187,7 +197,10 @@ class PythonRollouts:
         return outcome, extra
 
     async def _attempt(self, task: Task, ws: WhiteboxSession) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Run the agent within the time budget; its reward, else the python verifier's, else none."""
+        """Run the agent within the time budget. The reward: the recipe's verifier's where it has one (a python
+        `function`, or the tests, which `_run` runs after this); the agent's own (returned, or given to
+        `session.reward`) only where the recipe has none, recorded here by the harness. An agent's reward beside a
+        verifier is kept as `agent_reward` in the trace's metadata, never as the reward."""
         budget = self.config.time_budget_s or None
         try:
             async with asyncio.timeout(budget):
@@ -201,8 +214,12 @@ class PythonRollouts:
             return {"failure_reason": "agent_crash"}, {"error": f"{type(e).__name__}: {e}", "traceback": detail}
         reward = ws.reward_value if returned is None else float(returned)
         info = ws.reward_info if returned is None else {}
-        if reward is None and self.score is not None:
-            return await self._verify(task, ws)
+        if self.score is not None or self.verifier is not None:
+            extra = {} if reward is None else {"agent_reward": reward}
+            if self.score is None:
+                return {}, extra
+            outcome, more = await self._verify(task, ws)
+            return outcome, {**extra, **more}
         return {"reward": reward, "reward_info": info}, {}
 
     async def _inprocess(self, task: Task, ws: WhiteboxSession) -> Any:
@@ -215,7 +232,7 @@ class PythonRollouts:
 
     async def _subprocess(self, task: Task, ws: WhiteboxSession) -> Any:
         paths = [p for p in sys.path if p]  # the same hrl and agent modules as here
-        env = {**os.environ, **ws.env(), "PYTHONPATH": os.pathsep.join(paths)}
+        env = {**agent_env(), **ws.env(), "PYTHONPATH": os.pathsep.join(paths)}
         cmd = [sys.executable, "-m", "hrl.runners.whitebox.worker", self.spec, self.base_dir or ""]
         proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE, env=env)  # fmt: skip

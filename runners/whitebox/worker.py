@@ -1,8 +1,9 @@
 """The subprocess side of `rollout.mode: subprocess`: `python -m hrl.runners.whitebox.worker SPEC [BASE_DIR]`.
 
 Reads the task (JSON) on stdin, builds the session from the environment the harness set (OPENAI_BASE_URL,
-OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_CONTROL_TOKEN), calls `SPEC(task, session)` (a plain
-or an async function) and prints `HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
+OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_AGENT_KEY, beside an allowlist of the host's
+variables: no control token reaches this process), calls `SPEC(task, session)` (a plain or an async function) and
+prints `HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hrl.runners.whitebox.harness import RESULT_MARK, call_maybe_async, load_fun
 
 def session_from_env() -> WhiteboxSession:
     env = os.environ
-    return WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_CONTROL_TOKEN"))
+    return WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_AGENT_KEY"))
 
 
 async def _main(spec: str, base_dir: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from hrl.runners.trace import branches, read_traces
 from hrl.train.samples import build_samples
 
 
-def _episode(model: str, recipe: str, turns: list, tmp_path: Path, **rollout) -> dict:
+def _episode(model: str, recipe: str, turns: list, tmp_path: Path, verifier: dict | None = None, **rollout) -> dict:
     cfg = load_recipe(recipe)
     task = load_tasks(cfg["tasks"])[0]
     out = tmp_path / "traces.jsonl"
@@ -27,7 +27,7 @@ def _episode(model: str, recipe: str, turns: list, tmp_path: Path, **rollout) ->
         async with serving(model, "scripted", engine_options={"turns": turns},
                            control_token=secrets.token_urlsafe(32)) as stack:  # fmt: skip
             config = RolloutConfig(**{**cfg["rollout"], **rollout})
-            rollouts = make_rollouts(stack, config, verifier=cfg["verifier"], base_dir=cfg["recipe_dir"])
+            rollouts = make_rollouts(stack, config, verifier=verifier or cfg["verifier"], base_dir=cfg["recipe_dir"])
             return await rollouts.episode(Episode(task, 0, 0), out)
 
     trace = asyncio.run(main())
@@ -100,7 +100,9 @@ def test_subprocess_mode_runs_sync_code_against_the_environment(tiny_model, tmp_
         "        messages=[{'role': 'user', 'content': task.problem_statement}], max_tokens=16)\n"
         "    session.reward(0.5 if out.choices[0].message.content else 0.0, {'pid': os.getpid()})\n"
     )
-    result = _episode(tiny_model, "multi-agent", ["hello"], tmp_path, agent=f"{agent}:run", mode="subprocess")
+    # no verifier function: the agent's own reward is the episode's (beside one, the verifier's would be)
+    result = _episode(tiny_model, "multi-agent", ["hello"], tmp_path, {"name": "python"}, agent=f"{agent}:run",
+                      mode="subprocess")  # fmt: skip
     trace = result["trace"]
     assert len(trace["calls"]) == 1 and trace["reward"] == 0.5
     assert trace["reward_info"]["pid"] != __import__("os").getpid()  # it ran in another process
