@@ -7,11 +7,12 @@ rows of every weight from the checkpoint's safetensors (`load_shards`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ __all__ = [
     "is_main",
     "load_shards",
     "on_device",
+    "on_own_device",
     "shard",
     "world",
 ]
@@ -47,6 +49,21 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Make `device` the current CUDA device of the calling thread. torch keeps the current device per thread, and
     FSDP2 places its shards, streams and buffers on it: every thread that runs a rank's CUDA work enters this."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+_T = TypeVar("_T")
+
+
+def on_own_device(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A method of an object with a `device` (the Trainer), run with that device current in the calling thread: the
+    loop calls the trainer from worker threads, whose current device is cuda:0 whatever the rank's GPU is."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> _T:
+        with on_device(self.device):
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 def init_from_env(device: torch.device) -> bool:

@@ -8,14 +8,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import torch
 
 from hrl.runners.errors import PrerequisiteError
-from hrl.runners.models import peft_quietly, resolve_model
+from hrl.runners.models import resolve_model
 from hrl.train import distributed
 from hrl.train.device import (
     MasterWeights,
@@ -29,25 +27,12 @@ from hrl.train.device import (
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.offload import Offloader, OffloadPlan, free_cache, optimizer_tensors
+from hrl.train.policy import build_policy
 from hrl.train.samples import Sample
 from hrl.train.trainer_config import TrainerConfig
 from hrl.train.tree import token_ratio, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
-
-_T = TypeVar("_T")
-
-
-def _on_own_device(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Run a Trainer method with the trainer's GPU as the calling thread's current device: the loop calls it from
-    worker threads, where torch's current device is cuda:0 whatever the rank's is, and FSDP2 works on the current one."""
-
-    @functools.wraps(method)
-    def run(self: Trainer, *args: Any, **kwargs: Any) -> _T:
-        with distributed.on_device(self.device):
-            return method(self, *args, **kwargs)
-
-    return run
 
 
 class Trainer:
@@ -64,58 +49,17 @@ class Trainer:
             ) from e
         self.distributed = distributed.init_from_env(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        build = functools.partial(build_policy, config, self.path, self.device, self.dtype, self.distributed)
         with distributed.on_device(self.device):  # this thread's; steps may run in others (each enters it again)
-            self.model, self.forward = self._build(trainable=True)
-            self.reference = None  # full fine-tuning with a KL term: a frozen copy of the starting weights
-            if config.kl_coef > 0 and config.mode == "full":
-                self.reference = self._build(trainable=False)[1]
+            self.model, self.forward = build()
+            # full fine-tuning with a KL term: a frozen copy of the starting weights, sharded as the policy is
+            self.reference = build(trainable=False)[1] if config.kl_coef > 0 and config.mode == "full" else None
         params = self._trainable()
         self.n_trainable = sum(p.numel() for p in params)
         adamw = {"lr": config.lr, "weight_decay": config.weight_decay}
         low = any(p.dtype != torch.float32 for p in params)
         self.optimizer = MasterWeights(params, **adamw) if low else torch.optim.AdamW(params, **adamw)
         self.steps = 0
-
-    def _build(self, trainable: bool) -> tuple[torch.nn.Module, LogprobModel]:
-        """The policy (HF or peft model, and the LogprobModel around it that FSDP2 shards) or, not `trainable`, a
-        frozen copy of the starting weights. One process loads the checkpoint onto its device. Sharded, no rank ever
-        holds the whole model: built on the meta device, sharded, then each rank reads only its shards' rows. bf16
-        full fine-tuning keeps its shards in fp32 (the masters; gradients reduced and accumulated in fp32) and
-        computes in bf16, as one process does with MasterWeights."""
-        from transformers import AutoModelForCausalLM
-
-        cfg, sharded = self.config, self.distributed
-        mixed = sharded and trainable and cfg.mode == "full" and self.dtype != torch.float32
-        if sharded:
-            model = distributed.empty_model(self.path, torch.float32 if mixed else self.dtype)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).to(self.device)
-        model.config.use_cache = False
-        if not trainable:
-            model = model.eval().requires_grad_(False)
-        elif cfg.gradient_checkpointing:
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x; the old name warns
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        adapters: dict[str, torch.Tensor] = {}
-        if trainable and cfg.mode == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_targets)
-            with peft_quietly(), torch.device("meta") if sharded else contextlib.nullcontext():
-                model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
-            adapters = distributed.fresh_adapters(model, cfg.seed)  # the same start for any number of ranks
-        forward = LogprobModel(model.train() if trainable else model, cfg.logprob_chunk)
-        if sharded:
-            distributed.shard(forward, model, param_dtype=self.dtype if mixed else None)
-            distributed.load_shards(forward, model, self.path, self.device, self.dtype, adapters)
-        else:
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if name in adapters:
-                        p.copy_(adapters[name])
-        return model, forward
 
     # ---- forward helpers -------------------------------------------------------------------------------------
     def _pad(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +81,7 @@ class Trainer:
         """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows."""
         return model(None, None, [s.input_ids for s in mb]) if tree else model(*self._pad(mb))
 
-    @_on_own_device
+    @distributed.on_own_device
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         """The trainer's logprobs of each sample's loss tokens under the current weights (eval mode), or under the
@@ -171,7 +115,7 @@ class Trainer:
         return plan_micro_batches([len(s) for s in seqs], cfg.micro_batch, cfg.micro_batch_tokens), False
 
     # ---- the update ----------------------------------------------------------------------------------------
-    @_on_own_device
+    @distributed.on_own_device
     def step(self, samples: list[Sample], ppo_epochs: int = 1, mini_batches: int = 1) -> dict[str, float]:
         """`ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps (whole traces, shuffled
         per epoch when there are several steps), each with gradient accumulation over its micro-batches; the old
@@ -339,7 +283,7 @@ class Trainer:
             self._offloader.onload()
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
-    @_on_own_device
+    @distributed.on_own_device
     def save(self, out_dir: str | Path) -> Path:
         """Write a peft adapter (lora) or a full HF checkpoint with tokenizer files (full). Sharded: every rank
         gathers, rank 0 writes the same files; each rank writes its own optimizer shard."""
@@ -374,7 +318,7 @@ class Trainer:
         state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
         torch.save(state, self._optimizer_file(Path(out_dir)))
 
-    @_on_own_device
+    @distributed.on_own_device
     def load(self, checkpoint: str | Path) -> None:
         """Restore weights (adapter or full) and optimizer state saved by save() + save_optimizer() (a sharded
         trainer's optimizer shards need the same number of ranks)."""
