@@ -170,10 +170,11 @@ def _serve_workers(
     token_file: Path,
     workers: int,
 ) -> None:
+    from hrl.runners.engines import is_server_url
     from hrl.runners.errors import HrlError
     from hrl.runners.placement import check_port_free, proxy_workers
 
-    if not engine.startswith(("http://", "https://")):
+    if not is_server_url(engine):
         raise HrlError(
             f"--workers {workers} needs an engine the workers share over HTTP, not {engine!r} (an in-process "
             "engine would be loaded once per worker)",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -47,11 +48,13 @@ from hrl.runners.engines.vllm_server import (
     new_session,
     score_body,
     scored_logprobs,
+    server_address,
     server_env,
     sse_data,
 )
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, ModelNotFoundError
 from hrl.runners.models import resolve_model
+from hrl.runners.scratch import scratch_dir
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
 
@@ -62,11 +65,18 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 class VLLMEngineConfig(BaseModel):
     model: str = Field(description="HF model id or local model dir; also the served model name of the base weights.")
     url: str | None = Field(
-        None, description="Attach to a running vLLM server (http://host:port) instead of starting one."
+        None,
+        description="Attach to a running vLLM server (http://host:port, or unix:/path/to/socket) instead of starting one.",
+    )
+    listen: Literal["unix", "tcp"] = Field(
+        "unix",
+        description="Where a server started here listens. unix: a socket in a private folder, and no TCP port: "
+        "nothing in a sandbox, and no other user, reaches its dev routes (pause, reload, weight updates). tcp: host:port "
+        "(to reach it from another machine; put it behind a firewall).",
     )
     python: str | None = Field(None, description="Python of a venv with vllm; None = $HRL_VLLM_PYTHON, then this one.")
-    host: str = Field("127.0.0.1", description="Interface the server listens on.")
-    port: int = Field(0, ge=0, le=65535, description="TCP port of the server; 0 = pick a free one.")
+    host: str = Field("127.0.0.1", description="Interface the server listens on (listen: tcp).")
+    port: int = Field(0, ge=0, le=65535, description="TCP port of the server (listen: tcp); 0 = pick a free one.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         "auto",
         description="Weights/activations dtype; auto = the checkpoint's (vLLM's own auto runs float32 as bfloat16 on CPU).",
@@ -125,7 +135,8 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
-        self.base_url = (config.url or "").rstrip("/")
+        self.base_url, self.unix = server_address(config.url or "")
+        self._sock_dir: Path | None = None  # listen=unix: the private folder of the server's socket
         self.served_name = config.model
         self.server: ServerProcess | None = None
         self.max_model_len = 0  # the server's context window in tokens, read at start()
@@ -159,7 +170,7 @@ class VLLMEngine:
         try:
             if not self.config.url:
                 await self._spawn()
-            self._http = new_session()
+            self._http = new_session(self.unix)
             await self._read_models()
             await self._read_contract()
             if self.config.weight_sync == "ipc":
@@ -211,19 +222,30 @@ class VLLMEngine:
         cfg = self.config
         path = resolve_model(cfg.model)
         python = find_vllm_python(cfg.python)
-        port = cfg.port or find_free_port(cfg.host)
-        check_port_free(cfg.host, port)
-        self.base_url = f"http://{cfg.host}:{port}"
+        if cfg.listen == "unix":  # 0700: this user only; under the temp folder, which local sandboxes do not see
+            self._sock_dir = scratch_dir("vllm")
+            self.unix, self.base_url = str(self._sock_dir / "vllm.sock"), "http://localhost"
+            where = ["--uds", self.unix]
+        else:
+            port = cfg.port or find_free_port(cfg.host)
+            check_port_free(cfg.host, port)
+            self.base_url = f"http://{cfg.host}:{port}"
+            where = ["--host", cfg.host, "--port", str(port)]
         env = server_env(cfg.kv_cache_gib, cfg.gpus, ipc=cfg.weight_sync == "ipc")
-        self.server = ServerProcess(self._command(python, path, port), env, cfg.log_file)
+        self.server = ServerProcess(self._command(python, path, where), env, cfg.log_file)
         self.server.spawn()
-        await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s)
+        await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s, self.unix)
 
-    def _command(self, python: str, path: str, port: int) -> list[str]:
+    @property
+    def address(self) -> str:
+        """Where the server answers, as `url` takes it: unix:/path/to/socket or http://host:port."""
+        return f"unix:{self.unix}" if self.unix else self.base_url
+
+    def _command(self, python: str, path: str, where: list[str]) -> list[str]:
         cfg = self.config
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--served-model-name", cfg.model]
         dtype = cfg.dtype if cfg.dtype != "auto" else checkpoint_dtype(path)
-        cmd += ["--host", cfg.host, "--port", str(port), "--dtype", dtype, "--worker-extension-cls", EXTENSION_CLS]
+        cmd += [*where, "--dtype", dtype, "--worker-extension-cls", EXTENSION_CLS]
         if cfg.max_model_len:
             cmd += ["--max-model-len", str(cfg.max_model_len)]
         if cfg.enable_lora:
@@ -241,6 +263,8 @@ class VLLMEngine:
             self._http = None
         if self.server is not None:
             await asyncio.to_thread(self.server.kill)  # idempotent; `server` stays for its pgid and log tail
+        if self._sock_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._sock_dir, True)
 
     # ---- requests ----------------------------------------------------------------------------------------
     async def generate(

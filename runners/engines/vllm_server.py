@@ -48,6 +48,7 @@ __all__ = [
     "new_session",
     "score_body",
     "scored_logprobs",
+    "server_address",
     "server_env",
     "sse_data",
 ]
@@ -214,11 +215,12 @@ class ServerProcess:
                 return m.group(1)[:500]
         return ""
 
-    async def wait_healthy(self, base_url: str, timeout_s: float) -> None:
+    async def wait_healthy(self, base_url: str, timeout_s: float, unix: str | None = None) -> None:
         """Poll /health until 200. Raise EngineStartError (the log tail included) if the server dies or times out."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        connector = aiohttp.UnixConnector(path=unix) if unix else None
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=5)) as http:
             while True:
                 if self.proc.poll() is not None:
                     await asyncio.to_thread(self._join_reader)
@@ -290,10 +292,23 @@ def _kill_leftovers() -> None:
 KEEPALIVE_S = 2.0
 
 
-def new_session() -> aiohttp.ClientSession:
-    """An HTTP session without a total timeout (streams may be held by a pause) or a connection cap."""
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+def new_session(unix: str | None = None) -> aiohttp.ClientSession:
+    """An HTTP session without a total timeout (streams may be held by a pause) or a connection cap; over the
+    server's unix socket when it listens on one."""
+    connector: aiohttp.BaseConnector = (
+        aiohttp.UnixConnector(path=unix, limit=0, keepalive_timeout=KEEPALIVE_S)
+        if unix
+        else aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    )
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+def server_address(url: str) -> tuple[str, str | None]:
+    """(base URL, unix socket path or None) of a server address: http://host:port, or unix:/path/to/socket (its
+    requests then go to http://localhost over that socket)."""
+    if url.startswith("unix:"):
+        return "http://localhost", url.removeprefix("unix:").removeprefix("//")
+    return url.rstrip("/"), None
 
 
 def score_body(model: str, ids: list[int]) -> dict[str, Any]:

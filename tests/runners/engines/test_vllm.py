@@ -303,12 +303,12 @@ async def _drain(stream, into: list) -> None:
 
 
 def test_attach_by_url_leaves_the_server_running(engine, loop, tiny_model):
-    """An http:// engine name attaches to a running server; closing it does nothing to that server."""
+    """A unix: (or http://) engine name attaches to a running server; closing it does nothing to that server."""
     prompt = chat_prompt(tiny_model)
 
     async def go():
         patched = await engine._call("POST", "/collective_rpc", json={"method": "hrl_cpu_reload_patched"})
-        attached = make_engine(engine.base_url, tiny_model)
+        attached = make_engine(engine.address, tiny_model)
         await attached.start()
         try:
             mine, theirs = await asyncio.gather(
@@ -342,7 +342,7 @@ def test_port_in_use_fails_before_spawning(tiny_model):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        eng = make_engine("vllm", tiny_model, port=port)
+        eng = make_engine("vllm", tiny_model, listen="tcp", port=port)
         with pytest.raises(PortInUseError, match=str(port)):
             asyncio.run(eng.start())
     assert eng.server is None
@@ -456,3 +456,45 @@ def test_restore_reloads_the_live_versions_weights_in_place(engine, loop, restor
     version, gen = loop.run_until_complete(go())
     assert engine.version == version and gen.versions == [(0, version)]
     assert _max_delta(gen.logprobs, recompute_logprobs(load_hf(tiny_full), prompt, gen.token_ids)) <= TOL
+
+
+def _listening_tcp_ports(pgid: int) -> list[int]:
+    """The TCP ports the processes of a process group listen on (their socket inodes against /proc/net/tcp*)."""
+    listening: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A":
+                listening[f[9]] = int(f[1].rsplit(":", 1)[1], 16)
+    ports = set()
+    for proc in (d for d in Path("/proc").iterdir() if d.name.isdigit()):
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            for fd in (proc / "fd").iterdir():
+                link = str(fd.readlink())
+                if link.startswith("socket:[") and link[8:-1] in listening:
+                    ports.add(listening[link[8:-1]])
+        except OSError:
+            continue
+    return sorted(ports)
+
+
+def test_the_server_listens_on_a_private_unix_socket_and_no_http_port(engine, loop):
+    """A server started here answers only on its unix socket, in a folder of this user's alone under the temp
+    folder (which local sandboxes do not see): no TCP port of its process group answers HTTP, so nothing on the
+    network, in a sandbox or another user's process reaches its dev routes."""
+    import stat
+    import urllib.request
+
+    assert engine.address.startswith("unix:") and Path(engine.unix).exists()
+    assert stat.S_IMODE(Path(engine.unix).parent.stat().st_mode) == 0o700
+    answered = []
+    for port in _listening_tcp_ports(engine.server.pgid):  # torch/ZMQ internals may listen; none speaks HTTP
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as r:
+                answered.append((port, r.status))
+        except Exception:
+            continue
+    assert answered == []
+    assert loop.run_until_complete(engine.health())

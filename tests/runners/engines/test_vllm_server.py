@@ -15,7 +15,7 @@ def test_gpu_fields_become_vllm_flags_only_when_set():
     flags = gpu_flags(cfg)
     assert flags == ["--tensor-parallel-size", "4", "--gpu-memory-utilization", "0.45", "--max-num-seqs", "128",
                      "--enable-prefix-caching", "--enable-sleep-mode"]  # fmt: skip
-    cmd = VLLMEngine(cfg)._command("python", "/models/m", 8000)
+    cmd = VLLMEngine(cfg)._command("python", "/models/m", ["--uds", "/tmp/x/vllm.sock"])
     assert cmd[-len(flags) :] == flags  # extra_args, when any, still come last
     off = gpu_flags(VLLMEngineConfig(model="m", enable_prefix_caching=False))
     assert off == ["--no-enable-prefix-caching"]
