@@ -91,20 +91,23 @@ class Session:
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
         self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (routing.py)
-        self.agent_key: str | None = None  # the tree's scoped credential (issue_agent_key); a child asks its root
+        self.agent_key_digest: bytes | None = None  # of the tree's scoped credential (issue_agent_key), not the key
 
     def issue_agent_key(self) -> str:
         """A white-box agent's credential for this session's tree: it opens and retires the tree's sub-agents
-        (`POST /s/<token>/children`, `/retire`) and nothing else; the control token never leaves hrl."""
+        (`POST /s/<token>/children`, `/retire`) and nothing else; the control token never leaves hrl. Only its
+        digest is kept, so the proxy's session table holds no key to find; a new one replaces the last."""
         if self.root is not self:
             raise ValueError("a sub-agent shares its root's agent key")
-        self.agent_key = self.agent_key or secrets.token_urlsafe(24)
-        return self.agent_key
+        key = secrets.token_urlsafe(24)
+        self.agent_key_digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
+        return key
 
     def admits(self, key: str) -> bool:
         """Whether `key` is this tree's agent key (constant-time; a tree without one admits nothing)."""
-        mine = self.root.agent_key
-        return mine is not None and hmac.compare_digest(key.encode(), mine.encode())
+        mine = self.root.agent_key_digest
+        given = hashlib.blake2b(key.encode(errors="replace"), digest_size=32).digest()
+        return mine is not None and hmac.compare_digest(given, mine)
 
     def child(self, key: str, name: str, trainable: bool = True, parent: Session | None = None) -> ChildSession:
         """The sub-agent `key` (a token, or a recognition key), opened on first use; its calls join this trace.
