@@ -33,6 +33,7 @@ import aiohttp
 
 TURN = "Looking at the failing test now; the fix is a one-line change in the parser. " * 2
 TOKEN_DELAY_S = 0.002
+CODE = b"def parse(line): return [int(x) for x in line.split(',') if x.strip()]  # one line of a big file; "
 CONTROL = "soak-control-token-0123456789abcdef0123"
 BAD_BODIES = [
     b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "abc"}',
@@ -171,7 +172,8 @@ class Soak:
             head, tail = json.dumps({"messages": [{"role": "user", "content": "\0"}], "max_tokens": 16}).split(
                 "\\u0000"
             )
-            self._big = (head.encode(), b"y" * int(mb * (1 << 20)), tail.encode())
+            size = int(mb * (1 << 20))  # code-like text, as a tool result holds it (no byte JSON escapes)
+            self._big = (head.encode(), (CODE * (size // len(CODE) + 1))[:size], tail.encode())
         head, text, tail = self._big
         body = head + str(self.n["big_sent"]).encode() + text + tail
         async with http.post(f"{self.url}/s/{token}/v1/chat/completions", data=body,

@@ -9,6 +9,7 @@ ending writes exactly one trace line.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import secrets
 import time
@@ -127,6 +128,13 @@ class ProxyConfig(BaseModel):
     @classmethod
     def _known_reasoning(cls, name: str) -> str:
         return check_reasoning_name(name)
+
+
+_HASH_INLINE_BYTES = 1 << 16  # bodies up to this size are hashed on the loop (tens of microseconds)
+
+
+def _hash(raw: bytes) -> str:
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 class UnknownSessionError(KeyError):
@@ -336,16 +344,23 @@ class Proxy:
             req = replace(req, messages=default_redactor().obj(req.messages))
         return req, session.plan(req, self.template)
 
-    async def _off_loop(self, fn: Any, *args: Any) -> Any:
+    async def _off_loop(self, fn: Any, *args: Any, prompt: bool = True) -> Any:
         """Run `fn(*args)` in the tokenizer threads; `tokenizing` counts the prompts in them."""
         if self._pool is None:
             threads = self.config.tokenizer_threads or min(4, os.cpu_count() or 1)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hrl-tokenize")
-        self.tokenizing += 1
+        self.tokenizing += prompt
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
-            self.tokenizing -= 1
+            self.tokenizing -= prompt
+
+    async def body_hash(self, raw: bytes) -> str:
+        """A request body's hash (an identical retry is recorded once). A large body is hashed in a worker thread,
+        where hashlib lets go of the GIL: 5 MB held the loop for 5 to 15 ms."""
+        if len(raw) < _HASH_INLINE_BYTES:
+            return _hash(raw)
+        return await self._off_loop(_hash, raw, prompt=False)  # type: ignore[no-any-return]
 
     @staticmethod
     def _refuse(

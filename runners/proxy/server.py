@@ -26,7 +26,6 @@ its dialect's shape naming the problem, and is recorded in its session's trace (
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
 import socket
@@ -286,7 +285,7 @@ class _Handler:
                 n = await self.proxy.count_tokens(req)
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
             session = self.proxy.recognise(session, request.headers, req)  # a CLI's own sub-agent: a child
-            call = await self.proxy.begin(session, name, req, hashlib.blake2b(raw, digest_size=16).hexdigest())
+            call = await self.proxy.begin(session, name, req, await self.proxy.body_hash(raw))
         except ContextLengthError as e:
             return fail(400, str(e))
         except ChildLimitError as e:  # a sub-agent past proxy.max_children: refused, counted
