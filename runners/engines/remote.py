@@ -1,8 +1,8 @@
 """An engine in another process, over HTTP: `engine_app` serves any `Engine`, `RemoteEngine` is its client.
 
-It is how an embedded or scripted engine becomes a replica another machine's proxy can use (the Ray placement
-starts one per `EngineReplica` actor; a vLLM replica is reached at its own server instead). The wire carries the
-engine protocol as it is, in token ids, one JSON line per delta:
+It is how an engine becomes a replica another machine's proxy can use: the Ray placement starts one per
+`EngineReplica` actor, on the node's address; a vLLM replica's own server stays on that node's loopback, behind
+it. The wire carries the engine protocol as it is, in token ids, one JSON line per delta:
 
   POST /generate {"request_id", "prompt_ids", "params": {…SamplingParams}, "version"} → NDJSON
        {"ids": [...], "logprobs": [...], "version": V, "finish": null|"stop"|"length"|"abort"} per delta,
@@ -10,6 +10,11 @@ engine protocol as it is, in token ids, one JSON line per delta:
   POST /abort {"request_id"} · POST /pause · POST /resume · POST /publish {"path", "kind", "version"} → {"version"}
   GET  /health → {"ok", "version", "max_model_len", "continues_in_place", "loaded_versions"}
   GET  /metrics → what the engine's `read_metrics` says (vLLM: KV-cache use, waiting, prefix-cache counters), or {}
+
+Every route, `/health` included, needs `Authorization: Bearer <token>`: a per-run secret the driver makes and hands
+to the server and its clients through Ray, never through a sandbox, an agent's environment, a file or a trace.
+Without it, or with another, the answer is a 401 before the body is read: nothing is generated, published, paused
+or aborted.
 
 A replica that went away (refused connection, a stream cut off) is an `EngineError`, which a `ReplicaSet` tells
 from the call's own failure by probing `/health`.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
@@ -26,16 +32,46 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
-from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError
+from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, UsageError
 
 __all__ = ["RemoteEngine", "RemoteEngineConfig", "engine_app", "serve_engine"]
 
+MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) is 43 characters: 256 random bits
 
-def engine_app(engine: Engine) -> web.Application:
-    """The HTTP face of an engine (no auth: bind it where only the cluster reaches)."""
+
+def _secret(token: str | SecretStr) -> bytes:
+    """The token's bytes, refusing one too short to be a secret (an empty one would open every route)."""
+    raw = token.get_secret_value() if isinstance(token, SecretStr) else token
+    if len(raw) < MIN_TOKEN_CHARS:
+        raise UsageError(
+            f"an engine server's token must be at least {MIN_TOKEN_CHARS} characters",
+            hint="make one with secrets.token_urlsafe(32)",
+        )
+    return raw.encode()
+
+
+def _auth(token: str | SecretStr) -> Any:
+    """A middleware that answers 401 to any request without `Authorization: Bearer <token>` (compared in constant
+    time), before its handler runs or its body is read."""
+    want = b"Bearer " + _secret(token)
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        got = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(got, want):
+            return web.json_response(
+                {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": 'Bearer realm="hrl-engine"'}
+            )
+        return await handler(request)
+
+    return check
+
+
+def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
+    """The HTTP face of an engine; every route answers only to `Authorization: Bearer <token>`."""
 
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -86,7 +122,7 @@ def engine_app(engine: Engine) -> web.Application:
         read = getattr(engine, "read_metrics", None)  # vLLM's KV-cache use and queue, for admission
         return web.json_response(await read() if read is not None else {})
 
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_auth(token)])
     app.router.add_post("/generate", generate)
     app.router.add_post("/{step}", control)
     app.router.add_get("/health", health)
@@ -94,11 +130,14 @@ def engine_app(engine: Engine) -> web.Application:
     return app
 
 
-async def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Start `engine` and its HTTP face on host:port (0: a free port); returns the runner (`cleanup()` stops it)
-    and the URL. The engine is not closed by the runner: close it after."""
+async def serve_engine(
+    engine: Engine, *, token: str | SecretStr, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start `engine` and its HTTP face on host:port (0: a free port), open only to `token`; returns the runner
+    (`cleanup()` stops it) and the URL. The engine is not closed by the runner: close it after."""
+    app = engine_app(engine, token)  # a bad token fails before the engine starts
     await engine.start()
-    runner = web.AppRunner(engine_app(engine), access_log=None)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -109,8 +148,13 @@ async def serve_engine(engine: Engine, host: str = "127.0.0.1", port: int = 0) -
 class RemoteEngineConfig(BaseModel):
     model: str = Field("", description="The served model (informational: the server loaded it).")
     url: str = Field(description="http://host:port of an `engine_app` server.")
+    token: SecretStr = Field(description="The server's bearer token (the Ray placement makes one per run).")
     startup_timeout_s: float = Field(120, gt=0, description="Seconds to wait for /health at start().")
     request_timeout_s: float = Field(600, gt=0, description="Seconds allowed for a control call (publish, pause).")
+
+
+class _Refused(EngineError):
+    """The server answered 401: the token is not its own (retrying will not help)."""
 
 
 class RemoteEngine:
@@ -137,12 +181,16 @@ class RemoteEngine:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            auth = {"Authorization": "Bearer " + self.config.token.get_secret_value()}
+            limit = aiohttp.ClientTimeout(total=None, sock_connect=10)
+            self._http = aiohttp.ClientSession(timeout=limit, headers=auth)
         return self._http
 
     async def _state(self, limit_s: float = 5) -> dict[str, Any]:
         try:
             async with self._client().get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=limit_s)) as r:
+                if r.status == 401:
+                    raise _Refused(f"engine replica at {self.url} refused this run's token (401)")
                 state: dict[str, Any] = await r.json()
         except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             raise EngineError(f"engine replica at {self.url} does not answer: {e!r}") from e
@@ -157,6 +205,9 @@ class RemoteEngine:
             try:
                 await self._state()
                 return
+            except _Refused as e:
+                await self.close()
+                raise EngineStartError(str(e), hint="the server was started with another token") from e
             except EngineError as e:
                 if time.monotonic() > deadline:
                     await self.close()

@@ -14,6 +14,10 @@ What runs where (docs/ray.md has the diagram):
   their own node: egress stays on the node.
 
 Ray carries only control and finished traces: every token travels over HTTP from a replica to the shard that asked.
+That HTTP crosses nodes, so it is closed: the driver makes a secret per run and hands it through Ray (actor
+arguments) to every replica's `engine_app` and to the shards and control plane that call it; every route needs it.
+What need not cross nodes stays on loopback: a vLLM replica's own server (its dev routes unpickle, load weights,
+sleep) and each shard's proxy.
 A node agent that dies takes its episodes with it: each becomes an `internal_error` trace at the driver and the
 node's containers of the run (labelled `hrl.run=<run>.n<i>`) are removed by a task on that node. A replica that dies
 is failed over by each shard (`runners.engines.replicas`).
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -32,8 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from hrl.runners.episodes import Episode, failed_trace
-from hrl.runners.errors import PrerequisiteError
+from hrl.runners.errors import PrerequisiteError, UsageError
 from hrl.runners.placement.config import PlacementConfig, RunConfig
 from hrl.runners.trace import write_trace
 
@@ -61,12 +69,35 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-class EngineReplica:
-    """One engine (a Ray actor) behind `engine_app`: the version authority of its replica. A vLLM replica's server
-    runs beside it, on the same node; the shards reach it through this face (versions, pause, `/metrics`)."""
+def _on_loopback(host: str) -> bool:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return host == "localhost"
 
-    def __init__(self, model: str, engine: str, options: dict[str, Any]) -> None:
+
+def _replica_engine_options(name: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """A replica's engine options: a vLLM server the actor starts listens on its node's loopback only (its API
+    and dev routes have no auth; the shards reach it through `engine_app`). A host elsewhere is refused."""
+    if name != "vllm" or opts.get("url"):
+        return opts
+    host = str(opts.get("host", "127.0.0.1"))
+    if not _on_loopback(host):
+        raise UsageError(
+            f"under --placement ray a replica's vLLM server listens on loopback, not {host}: "
+            "the shards reach it through the replica's authenticated server",
+            hint="drop engine_options.host",
+        )
+    return {**opts, "host": host}
+
+
+class EngineReplica:
+    """One engine (a Ray actor) behind `engine_app`, on the node's address and open only to the run's secret: the
+    version authority of its replica. A vLLM replica's server runs beside it on the node's loopback; the shards
+    reach it through this face (versions, pause, `/metrics`)."""
+
+    def __init__(self, model: str, engine: str, options: dict[str, Any], secret: SecretStr) -> None:
         self.model, self.engine_name, self.options = model, engine, options
+        self._secret = secret  # from the driver, through Ray; never in an environment, a file or a trace
         self.thread = _LoopThread()
         self.engine: Any = None
         self.runner: Any = None
@@ -75,12 +106,10 @@ class EngineReplica:
         from hrl.runners.engines import engine_kind, make_engine
         from hrl.runners.engines.remote import serve_engine
 
-        host = _ray().util.get_node_ip_address()
+        host = _ray().util.get_node_ip_address()  # the shards on other nodes reach this server
         name, opts = engine_kind(self.engine_name, self.options)
-        if name == "vllm":
-            opts = {"host": host, **opts}  # the server this actor supervises, on its node
-        self.engine = make_engine(name, self.model, **opts)
-        self.runner, url = self.thread.run(serve_engine(self.engine, host=host))
+        self.engine = make_engine(name, self.model, **_replica_engine_options(name, opts))
+        self.runner, url = self.thread.run(serve_engine(self.engine, token=self._secret, host=host))
         return str(url)
 
     def stop(self) -> None:
@@ -100,7 +129,7 @@ class NodeAgent:
         self.stack: Any = None
         self.trace_file: Path | None = None
 
-    async def start(self, run: RunConfig, model: str, replicas: dict[str, str]) -> str:
+    async def start(self, run: RunConfig, model: str, replicas: dict[str, str], secret: SecretStr) -> str:
         """Stand the node's share of the run up as a local run whose engine is the set of replicas."""
         from hrl.runners.placement.local import local_placement
         from hrl.runners.scratch import scratch_dir
@@ -109,7 +138,7 @@ class NodeAgent:
         roll = run.rollout.model_copy(update={"run_id": f"{run.rollout.run_id}.n{self.index}"})
         here = await self.exit.enter_async_context(
             local_placement(
-                run, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, run)
+                run, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, run, secret)
             )
         )
         self.stack = here.stack
@@ -144,9 +173,9 @@ class NodeAgent:
             shutil.rmtree(self.trace_file.parent, ignore_errors=True)
 
 
-def _replica_set(urls: dict[str, str], run: RunConfig) -> dict[str, Any]:
+def _replica_set(urls: dict[str, str], run: RunConfig, secret: SecretStr) -> dict[str, Any]:
     """`engine_options` of a ReplicaSet over the replicas' servers (the recipe's `routing:` section applied)."""
-    specs = [{"name": n, "engine": "remote", "options": {"url": u}} for n, u in urls.items()]
+    specs = [{"name": n, "engine": "remote", "options": {"url": u, "token": secret}} for n, u in urls.items()]
     return {"replicas": specs, **run.placement.routing}
 
 
@@ -329,6 +358,7 @@ async def ray_placement(
     ray = _ray()
     pcfg = run.placement
     started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
+    secret = SecretStr(secrets.token_urlsafe(32))  # the replicas' servers answer only to it; Ray carries it
     replicas: dict[str, Any] = {}
     agents: list[Any] = []
     groups: list[Any] = []
@@ -336,7 +366,8 @@ async def ray_placement(
         from hrl.runners.engines import engine_kind
         from hrl.runners.engines.replicas import ReplicaSet, ReplicaSetConfig
 
-        kind, _ = engine_kind(engine)
+        kind, options = engine_kind(engine, dict(run.engine_options))
+        _replica_engine_options(kind, options)  # refused here, before any actor starts
         replica_cls = ray.remote(EngineReplica)
         for i in range(pcfg.engine_replicas):
             opts: dict[str, Any] = {"num_cpus": pcfg.replica_cpus}
@@ -349,7 +380,7 @@ async def ray_placement(
                 groups.append(pg)
                 opts = {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
                         "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
-            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(run.engine_options))
+            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(run.engine_options), secret)
         say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
         urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
         alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -366,8 +397,8 @@ async def ray_placement(
             agents.append(actor)
             nodes.append(_Node(i, n["NodeID"], actor, k))
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
-        await asyncio.gather(*(n.actor.start.remote(run, model, urls) for n in nodes))
-        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, run)))
+        await asyncio.gather(*(n.actor.start.remote(run, model, urls, secret) for n in nodes))
+        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, run, secret)))
         await control.start()
         rollouts = RayRollouts(nodes, run.rollout.run_id, on_event)
         try:

@@ -1,12 +1,14 @@
 """`--placement ray` on a two-node Ray cluster (simulated on this machine, sharing its Docker): engine replicas as
 actors, a node agent and a proxy shard per node, traces written by the driver; the driver's publish fanned out to
-every replica; and chaos — a replica killed mid-episode, a node agent killed mid-episode — with every started
-episode ending as exactly one trace, no container and (see the `ray_cluster` fixture) no Ray process left."""
+every replica; an outsider on the network, with every credential it could have, driving no replica; and chaos — a
+replica killed mid-episode, a node agent killed mid-episode — with every started episode ending as exactly one trace,
+no container and (see the `ray_cluster` fixture) no Ray process left."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from hrl.errors import UsageError
+from hrl.runners.engines.base import SamplingParams
 from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.placement import RunConfig
-from hrl.runners.placement.ray import ray_placement
+from hrl.runners.placement.ray import _replica_engine_options, ray_placement
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
 from tests.runners.tasks.test_verifier import mini_task
@@ -33,8 +37,8 @@ async def run(task, session):
     return 1.0 if reply.choices[0].message.content == "Done." else 0.0
 
 
-def score(task, answer):
-    return 0.0
+def score(task, answer):  # the recipe's verifier: the reward (the agent's own is kept as agent_reward)
+    return 1.0 if answer == "Done." else 0.0
 """
 
 
@@ -53,7 +57,7 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     (tmp_path / "agent.py").write_text(AGENT)
     # the shards' own poll is far off: only the publish barrier can tell them of version 1 in time
     cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local", routing={"poll_s": 60})
-    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}  # the agent's return is the reward
+    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}  # scores the agent's last reply
     tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(4)]
     out = tmp_path / "traces.jsonl"
 
@@ -75,6 +79,117 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     assert report["shards"] == {"acked": [0, 1], "failed": {}}
     assert all(t["calls"][0]["versions"] == [[0, 0]] for t in first)
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
+
+
+# The outsider: a plain Python process (no hrl, none of the run's secrets: its environment is PATH alone) that
+# tries every route of every replica's engine_app with no credential, a guessed token and an agent's session key.
+ATTACKER = r"""
+import json, secrets, sys, urllib.error, urllib.request
+job = json.load(sys.stdin)
+routes = [("POST", "/generate", {"request_id": "outsider", "prompt_ids": [1, 2, 3], "params": {"max_tokens": 8}}),
+          ("POST", "/pause", {}), ("POST", "/resume", {}),
+          ("POST", "/publish", {"path": "/tmp/not-a-checkpoint", "kind": "full", "version": 99}),
+          ("GET", "/health", None), ("GET", "/metrics", None)]
+routes += [("POST", "/abort", {"request_id": rid}) for rid in job["held"]]
+creds = {"none": {}, "guessed": {"Authorization": "Bearer " + secrets.token_urlsafe(32)},
+         "agent key": {"Authorization": "Bearer " + job["agent_key"]}, "agent api key": {"X-Api-Key": job["agent_key"]}}
+codes = {}
+for url in job["urls"]:
+    for name, headers in creds.items():
+        for method, path, body in routes:
+            data = None if body is None else json.dumps(body).encode()
+            req = urllib.request.Request(url + path, data=data, method=method,
+                                         headers={**headers, "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    code = r.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            codes[f"{url} {method} {path} {json.dumps(body)} ({name})"] = code
+print(json.dumps(codes))
+"""
+
+LONG = " ".join(["word"] * 100)  # the held generations' turn: 100 tokens, 0.05 s apart once resumed
+
+
+def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path):
+    """Replicas listen on the node address, so anyone on the cluster network reaches them: with no credential, a
+    guessed token or an agent's session key, every route of every replica is a 401; no version, pause or abort
+    changes (a generation each replica holds, paused, plays out whole); the run goes on with the run's secret."""
+    from transformers import AutoTokenizer
+
+    keys = tmp_path / "keys"
+    (tmp_path / "agent.py").write_text(
+        AGENT.replace("client = session.openai()", f"open({str(keys)!r}, 'a').write(session.api_key + '\\n')\n"
+                      "    client = session.openai()")
+    )  # fmt: skip
+    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
+    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
+    cfg["engine_options"] = {"turns": ["Done.", LONG], "token_delay_s": 0.05}
+    tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(2)]
+    out = tmp_path / "traces.jsonl"
+    marker = AutoTokenizer.from_pretrained(tiny_model).encode("<|im_start|>assistant", add_special_tokens=False)
+    second_turn = marker * 2  # one completed assistant turn: the engine plays its second, LONG
+    env = {"PATH": os.environ["PATH"]}
+
+    def attack(urls: list[str], held: list[str], agent_key: str) -> dict[str, int]:
+        job = json.dumps({"urls": urls, "held": held, "agent_key": agent_key})
+        r = subprocess.run([sys.executable, "-I", "-c", ATTACKER], input=job, env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    async def main() -> dict[str, Any]:
+        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 2) as placed:
+            first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 2)
+            agent_key = keys.read_text().split()[0]
+            control = placed.publisher.control  # the driver's own clients: they hold the run's secret
+            engines = {n: r.engine for n, r in control.replicas.items()}
+
+            async def hold(name: str) -> list[Any]:
+                params = SamplingParams(max_tokens=len(LONG))
+                return [d async for d in engines[name].generate(f"held-{name}", second_turn, params)]
+
+            await placed.publisher.pause()  # with the secret: a generation sent now waits in its engine, held
+            held = {n: asyncio.create_task(hold(n)) for n in engines}
+            codes = await asyncio.to_thread(attack, list(placed.urls.values()), [f"held-{n}" for n in engines],
+                                            agent_key)  # fmt: skip
+            versions = {n: (await e._state())["version"] for n, e in engines.items()}
+            pending = [n for n, t in held.items() if t.done()]
+            await placed.publisher.resume()
+            played = {n: await t for n, t in held.items()}
+            second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 2)
+            version = await placed.publisher.publish("unused", "lora")
+            fanout = dict(placed.publisher.last_fanout)
+        return {"codes": codes, "versions": versions, "pending": pending, "played": played, "first": first,
+                "second": second, "version": version, "fanout": fanout, "agent_key": agent_key}  # fmt: skip
+
+    got = asyncio.run(main())
+    codes = got["codes"]
+    print(f"\nattack: {len(codes)} requests, statuses {sorted(set(codes.values()))}")
+    assert got["agent_key"].startswith("hrl-")
+    assert len(codes) == 2 * 4 * (6 + 2)  # replicas × credentials × (routes + an abort per held generation)
+    assert set(codes.values()) == {401}, {k: v for k, v in codes.items() if v != 401}
+    assert got["versions"] == {"r0": 0, "r1": 0}  # no publish
+    assert got["pending"] == []  # no abort ended a held generation, no resume released it
+    for name, deltas in got["played"].items():  # played out whole after the secret's resume: never aborted
+        assert deltas[-1].finish_reason == "stop", (name, deltas[-1])
+        assert sum(len(d.token_ids) for d in deltas) >= 100
+    run = got["first"] + got["second"]
+    assert [t["reward"] for t in run] == [1.0] * 4, [(t["failure_reason"], t["metadata"].get("error")) for t in run]
+    assert got["version"] == 1 and got["fanout"]["acked"] == ["r0", "r1"]
+
+
+def test_a_replicas_vllm_server_stays_on_loopback():
+    """Under Ray only the replica's authenticated server crosses nodes; the vLLM server it drives listens on its
+    node's loopback, and a recipe that asks for another address is refused."""
+    assert _replica_engine_options("vllm", {})["host"] == "127.0.0.1"
+    assert _replica_engine_options("vllm", {"host": "::1"})["host"] == "::1"
+    for host in ("0.0.0.0", "10.0.0.5", "::", "gpu-node-3"):
+        with pytest.raises(UsageError, match="loopback"):
+            _replica_engine_options("vllm", {"host": host})
+    assert _replica_engine_options("vllm", {"url": "http://10.0.0.5:8000"}) == {"url": "http://10.0.0.5:8000"}
+    assert _replica_engine_options("scripted", {"turns": ["Done."]}) == {"turns": ["Done."]}
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
 from collections import Counter
 
@@ -123,13 +124,16 @@ def test_a_dead_replica_s_generation_continues_on_the_next_one(tiny_model):
     assert {s["name"]: s["healthy"] for s in state} == {owner: False, other: True}
 
 
+TOKEN = secrets.token_urlsafe(32)  # the engine server's bearer token
+
+
 @contextlib.contextmanager
 def _engine_server(model: str, port: int = 0):
     """A scripted engine behind `engine_app` on its own loop thread; yields (url, stop)."""
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     engine = ScriptedEngine(ScriptedEngineConfig(model=model, turns=[ANSWER]))
-    runner, url = asyncio.run_coroutine_threadsafe(serve_engine(engine, port=port), loop).result(60)
+    runner, url = asyncio.run_coroutine_threadsafe(serve_engine(engine, token=TOKEN, port=port), loop).result(60)
 
     def stop() -> None:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
@@ -145,7 +149,7 @@ def _engine_server(model: str, port: int = 0):
 def test_publish_fans_out_acks_retries_and_fences_a_replica_that_fails(tiny_model):
     with _engine_server(tiny_model) as (url, stop, remote_engine):
         opts = {"replicas": [{"name": "local", "engine": "scripted", "options": {"turns": [ANSWER]}},
-                             {"name": "remote", "engine": "remote", "options": {"url": url}}],
+                             {"name": "remote", "engine": "remote", "options": {"url": url, "token": TOKEN}}],
                 "publish_retries": 1, "poll_s": 0.2}  # fmt: skip
         with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
             rs = p.proxy.engine
@@ -169,7 +173,7 @@ def test_publish_fans_out_acks_retries_and_fences_a_replica_that_fails(tiny_mode
 
 def test_a_publish_that_every_replica_refuses_is_an_error(tiny_model):
     with _engine_server(tiny_model) as (url, stop, _):
-        opts = {"replicas": [{"engine": "remote", "options": {"url": url}}], "publish_retries": 0}
+        opts = {"replicas": [{"engine": "remote", "options": {"url": url, "token": TOKEN}}], "publish_retries": 0}
         with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
             stop()
             with pytest.raises(Exception, match="publish failed on every engine replica"):
