@@ -202,3 +202,21 @@ def test_5mb_prompts_beside_64_streaming_sessions(tiny_model, tmp_path):
     # the whole line, fixed fields included, is under 1 KiB per refused prompt (each sent 5 MiB)
     assert _line_bytes(out, tokens[64]) < 1024 * refused
     assert all(traces[t]["status"] == "ok" and len(traces[t]["calls"]) == 2 for t in tokens[:64])
+
+
+def test_a_session_ended_while_its_prompt_is_tokenized_gets_a_409(tiny_model):
+    """The loop serves the control plane while a prompt is tokenized: a session ended meanwhile (its owner, the
+    idle reaper) records nothing more, and the request is told so."""
+    text = "def f(x):\n    return x + 1  # a line of code\n" * 16_000
+    opts = {"turns": ["ok"], "max_model_len": CONTEXT}
+    with running_proxy(tiny_model, open_sessions=False, engine_options=opts, max_prompt_bytes=64 << 20) as p:
+        token = _register(p).json()["token"]
+        with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as http:
+            big = pool.submit(http.post, f"{p.url}/s/{token}/v1/chat/completions", json=_chat(text))
+            while not p.proxy.tokenizing and not big.done():
+                threading.Event().wait(0.001)
+            trace = p.end(token)
+            r = big.result()
+        assert token not in p.proxy.sessions and p.proxy.tokenizing == 0
+    assert r.status_code == 409 and "ended" in r.json()["error"]["message"]
+    assert trace["calls"] == [] and trace["failure_reason"] == "no_llm_calls"
