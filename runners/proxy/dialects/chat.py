@@ -101,7 +101,7 @@ class ChatDialect:
         return _ChatStream(req, rid)
 
     def error(self, status: int, message: str) -> dict[str, Any]:
-        kind = "invalid_request_error" if status < 500 else "server_error"
+        kind = "rate_limit_exceeded" if status == 429 else "invalid_request_error" if status < 500 else "server_error"
         return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 

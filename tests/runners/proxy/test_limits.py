@@ -69,7 +69,7 @@ def test_x_session_id_from_another_client_opens_no_subagent(tiny_model):
 
 SUBAGENT_BODIES = {  # a Claude Code sub-agent's system prompt in each dialect: each is a new sub-agent
     "chat": ("/v1/chat/completions", lambda i: _chat(f"task {i}", SUBAGENT_SYSTEM),
-             lambda b: b["error"]["message"]),
+             lambda b: b["error"]["type"] == "rate_limit_exceeded" and b["error"]["message"]),
     "responses": ("/v1/responses", lambda i: {"instructions": SUBAGENT_SYSTEM, "input": f"task {i}",
                   "max_output_tokens": 4}, lambda b: b["error"]["code"] == "rate_limit_exceeded" and b["error"]["message"]),
     "anthropic": ("/v1/messages", lambda i: {"system": SUBAGENT_SYSTEM, "max_tokens": 4,
