@@ -109,7 +109,7 @@ for url in job["urls"]:
 print(json.dumps(codes))
 """
 
-LONG = " ".join(["word"] * 100)  # the held generations' turn: 100 tokens, 0.05 s apart once resumed
+LONG = " ".join(["word"] * 40)  # the held generations' turn: 40 tokens, 0.05 s apart once resumed
 
 
 def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path):
@@ -174,7 +174,7 @@ def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path)
     assert got["pending"] == []  # no abort ended a held generation, no resume released it
     for name, deltas in got["played"].items():  # played out whole after the secret's resume: never aborted
         assert deltas[-1].finish_reason == "stop", (name, deltas[-1])
-        assert sum(len(d.token_ids) for d in deltas) >= 100
+        assert sum(len(d.token_ids) for d in deltas) >= 40
     run = got["first"] + got["second"]
     assert [t["reward"] for t in run] == [1.0] * 4, [(t["failure_reason"], t["metadata"].get("error")) for t in run]
     assert got["version"] == 1 and got["fanout"]["acked"] == ["r0", "r1"]
@@ -291,7 +291,14 @@ def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_mode
 @pytest.mark.slow
 def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluster, tiny_model, tmp_path):
     """The trainer in the driver, rollouts on the node agents: step 1's tokens come from the version step 0 published."""
-    (tmp_path / "agent.py").write_text(AGENT)
+    # a step whose groups all score alike trains on nothing and publishes nothing: the samples of a task take turns
+    # (a counter file per task on this host, shared by both simulated nodes) answering whole or cut short
+    (tmp_path / "agent.py").write_text(
+        AGENT.replace("max_tokens=16)", "max_tokens=16 if _turn(task) % 2 else 1)")
+        + f"\n\ndef _turn(task):\n    import itertools, os\n    for n in itertools.count():\n        try:\n"
+        f"            os.close(os.open({str(tmp_path)!r} + f'/turn-{{task.instance_id}}-{{n}}', os.O_CREAT | os.O_EXCL))\n"
+        "            return n\n        except FileExistsError:\n            pass\n"
+    )  # fmt: skip
     write_tasks([mini_task("local", instance_id=f"t{i}", problem_statement="say done") for i in range(2)],
                 tmp_path / "tasks.jsonl")  # fmt: skip
     recipe = {"model": tiny_model, "engine": "scripted", "engine_options": {"turns": ["Done."]}, "tasks": "tasks.jsonl",
