@@ -109,10 +109,13 @@ class WhiteboxSession:
     def api_key(self) -> str:
         return f"hrl-{self.token}"
 
-    def env(self) -> dict[str, str]:
-        """Environment variables pointing an OpenAI-compatible program (and `hrl.current_session()`) at this session."""
-        out = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
-               "HRL_URL": self.url, "HRL_SESSION_TOKEN": self.token, "HRL_MODEL": self.model}  # fmt: skip
+    def env(self, url: str | None = None) -> dict[str, str]:
+        """Environment variables pointing an OpenAI-compatible program (and `hrl.current_session()`) at this session;
+        `url`: where that program reaches the proxy, when not where this process does (a relay in a namespace)."""
+        url = (url or self.url).rstrip("/")
+        out = {"OPENAI_BASE_URL": f"{url}/s/{self.token}/v1", "OPENAI_API_KEY": self.api_key,
+               "OPENAI_MODEL": self.model, "HRL_URL": url, "HRL_SESSION_TOKEN": self.token,
+               "HRL_MODEL": self.model}  # fmt: skip
         if self.agent_key:
             out["HRL_AGENT_KEY"] = self.agent_key
         return out

@@ -14,7 +14,9 @@ token, and a subprocess agent gets an allowlist of the host's environment:
   agent's tools in), which the verifier then grades.
 
 `rollout.mode`: `inprocess` (on the event loop; default) or `subprocess` (`python -m hrl.runners.whitebox.worker`
-with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL set, for synchronous code).
+with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL set, for synchronous code). Where bubblewrap runs, the
+subprocess runs as a local sandbox's command does: the host's files read-only, a private temp folder, its own
+network namespace where the proxy's data plane (relayed from its unix socket) is the one thing it reaches.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hrl.runners.whitebox.client import WhiteboxSession
 __all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "needs_sandbox", "split_spec"]
 
 RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RESULT {"reward": …}
+RELAY_PORT = 8000  # where a namespaced subprocess agent finds the proxy (its own loopback)
 Event = Callable[[str, dict[str, Any]], None]
 
 
@@ -97,6 +100,22 @@ def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[...
     if not callable(fn):
         raise AgentLoadError(f"{where} has no function {name!r}", hint=f"define `async def {name}(task, session)`")
     return fn  # type: ignore[no-any-return]
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).absolute())
+
+
+def _code_mounts(dirs: list[str]) -> list[Any]:
+    """Read-only mounts of the folders the agent's code comes from that lie in the temp folder, which a namespace
+    replaces with its own (the rest of the host's files it sees read-only anyway)."""
+    import tempfile
+
+    from hrl.sandboxes import Mount
+
+    temp = Path(tempfile.gettempdir()).absolute()
+    found = {str(Path(d).absolute()) for d in dirs if Path(d).is_dir()}
+    return [Mount(source=d, target=d) for d in sorted(found) if Path(d).is_relative_to(temp)]
 
 
 def agent_env() -> dict[str, str]:
@@ -216,6 +235,8 @@ class PythonRollouts:
         info = ws.reward_info if returned is None else {}
         if self.score is not None or self.verifier is not None:
             extra = {} if reward is None else {"agent_reward": reward}
+            if reward is not None and info:  # what the agent said with it (kept, like its reward, never trained on)
+                extra["agent_reward_info"] = info
             if self.score is None:
                 return {}, extra
             outcome, more = await self._verify(task, ws)
@@ -232,23 +253,51 @@ class PythonRollouts:
 
     async def _subprocess(self, task: Task, ws: WhiteboxSession) -> Any:
         paths = [p for p in sys.path if p]  # the same hrl and agent modules as here
-        env = {**agent_env(), **ws.env(), "PYTHONPATH": os.pathsep.join(paths)}
-        cmd = [sys.executable, "-m", "hrl.runners.whitebox.worker", self.spec, self.base_dir or ""]
-        proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, env=env)  # fmt: skip
-        try:
-            out, err = await proc.communicate(task.model_dump_json().encode())
-        except BaseException:
-            proc.kill()
-            await proc.wait()
-            raise
-        lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"the agent process exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+        cmd = [sys.executable, "-m", "hrl.runners.whitebox.worker", self.spec, _absolute(self.base_dir or ".")]
+        from hrl.sandboxes.local import LocalBackend
+
+        backend = LocalBackend()
+        if backend.isolate:  # bubblewrap: closed like a local sandbox, the proxy's data plane its only way out
+            code, out, err = await self._in_namespace(backend, cmd, task, ws, paths)
+        else:
+            env = {**agent_env(), **ws.env(), "PYTHONPATH": os.pathsep.join(paths)}
+            proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE, env=env)  # fmt: skip
+            try:
+                raw_out, raw_err = await proc.communicate(task.model_dump_json().encode())
+            except BaseException:
+                proc.kill()
+                await proc.wait()
+                raise
+            code, out, err = proc.returncode, raw_out.decode(errors="replace"), raw_err.decode(errors="replace")
+        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_MARK)]
+        if code != 0 or not lines:
+            raise RuntimeError(f"the agent process exited {code}: {err[-2000:]}")
         result = json.loads(lines[-1][len(RESULT_MARK) :])
         if result.get("reward") is not None:  # given to session.reward in the agent's process
             ws.reward(result["reward"], result.get("reward_info"))
         return result.get("returned")
+
+    async def _in_namespace(
+        self, backend: Any, cmd: list[str], task: Task, ws: WhiteboxSession, paths: list[str]
+    ) -> tuple[int | None, str, str]:
+        """Run the worker as a local sandbox runs a command: its own mount, pid and network namespaces (the host's
+        files read-only, a private temp folder, hrl's state folder emptied, no host port, no engine socket), the
+        proxy reached through the unix-socket relay on 127.0.0.1:RELAY_PORT, the task handed over in a file."""
+        from hrl.sandboxes import SandboxSpec
+
+        where, _ = await asyncio.to_thread(split_spec, self.spec, self.base_dir)
+        agent_dir = [str(Path(where).parent)] if isinstance(where, Path) else []  # a FILE.py agent's own folder
+        mounts = await asyncio.to_thread(_code_mounts, [cmd[-1], *agent_dir, *paths])
+        spec = SandboxSpec(workdir="/work", network="proxy", proxy_socket=self.stack.socket, proxy_port=RELAY_PORT,
+                           mounts=mounts)  # fmt: skip
+        async with await backend.create(spec, self.config.run_id or "hrl-python", f"agent-{ws.token[:8]}") as box:
+            await box.write_file("/work/task.json", task.model_dump_json().encode())
+            env = {**ws.env(url=f"http://127.0.0.1:{RELAY_PORT}"), "PYTHONPATH": os.pathsep.join(paths),
+                   "HRL_TASK_FILE": "/work/task.json"}  # fmt: skip
+            res = await box.exec(cmd, env=env)
+        return (None if res.timed_out else res.exit_code), res.stdout, res.stderr
 
     async def _verify(self, task: Task, ws: WhiteboxSession) -> tuple[dict[str, Any], dict[str, Any]]:
         assert self.score is not None

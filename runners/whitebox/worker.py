@@ -1,6 +1,6 @@
 """The subprocess side of `rollout.mode: subprocess`: `python -m hrl.runners.whitebox.worker SPEC [BASE_DIR]`.
 
-Reads the task (JSON) on stdin, builds the session from the environment the harness set (OPENAI_BASE_URL,
+Reads the task (JSON) on stdin or from $HRL_TASK_FILE, builds the session from the environment the harness set (OPENAI_BASE_URL,
 OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_AGENT_KEY, beside an allowlist of the host's
 variables: no control token reaches this process), calls `SPEC(task, session)` (a plain or an async function) and
 prints `HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.tasks.task import Task
@@ -24,9 +25,13 @@ def session_from_env() -> WhiteboxSession:
     return WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_AGENT_KEY"))
 
 
-async def _main(spec: str, base_dir: str) -> dict[str, Any]:
+def read_task() -> Task:
+    task_file = os.environ.get("HRL_TASK_FILE")  # a namespaced worker gets the task in a file, not on stdin
+    return Task.model_validate_json(Path(task_file).read_text() if task_file else sys.stdin.read())
+
+
+async def _main(spec: str, base_dir: str, task: Task) -> dict[str, Any]:
     fn = load_function(spec, base_dir or None)
-    task = Task.model_validate_json(sys.stdin.read())
     ws = session_from_env()
     ws.task = task
     try:
@@ -38,5 +43,5 @@ async def _main(spec: str, base_dir: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))
+    result = asyncio.run(_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "", read_task()))
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(result) + "\n")

@@ -26,6 +26,9 @@ CONTROL = "whitebox-attack-control-token-0123456789abcdef"  # planted in hrl's e
 DECOY = "decoy-cloud-secret-0123456789abcdef"  # a host secret no agent may see
 SESSION_VARS = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "HRL_URL", "HRL_SESSION_TOKEN", "HRL_MODEL",
                 "HRL_AGENT_KEY", "PYTHONPATH"}  # fmt: skip
+# Where bubblewrap runs, the agent runs as a local sandbox's command: its own empty HOME, the task's file, the
+# sandbox's marks (what kills its leftovers), and the working folder the shell sets.
+SANDBOX_VARS = {"HOME", "HRL_TASK_FILE", "HRL_SANDBOX", "HRL_EXEC", "PWD"}
 
 # What the model "wrote": run by the agent's REPL tool, in a thread of the agent's process.
 ATTACK = r"""
@@ -123,8 +126,8 @@ async def run(task, session):
             await kid2.openai().chat.completions.create(model=kid2.model, messages=say("kid2"), max_tokens=8)
     await session.openai().chat.completions.create(model=session.model, messages=say("root"), max_tokens=8)
     report["own_calls"] = "ok"
-    open(task.report, "w").write(json.dumps(report))
-    return 1.0  # returned: the recipe's verifier still decides
+    session.reward(1.0, {{"report": json.dumps(report)}})  # the recipe's verifier still decides; this is kept aside
+    return None
 """
 
 
@@ -164,7 +167,9 @@ def _attack(model: str, tmp_path: Path, mode: str, control_token: str | None) ->
 
     trace, state = asyncio.run(main())
     assert trace["failure_reason"] is None, trace.get("metadata")
-    return trace, state, json.loads(report.read_text())
+    # The report comes back as what the agent said with its own reward (metadata, never trained on): a subprocess
+    # agent runs in a namespace where it can write no host file.
+    return trace, state, json.loads(trace["metadata"]["agent_reward_info"]["report"])
 
 
 def _assert_refused(trace: dict, state: dict, report: dict) -> None:
@@ -199,7 +204,7 @@ def test_a_subprocess_agent_gets_an_allowlisted_environment_and_no_control_plane
     trace, state, report = _attack(tiny_model, tmp_path, "subprocess", control_token=CONTROL)
     assert CONTROL not in report["credentials"] and DECOY not in report["credentials"]
     extra = {k for k in report["env"] if not any(fnmatch.fnmatchcase(k, p) for p in HOST_ENV)}
-    assert extra <= SESSION_VARS and {"HRL_AGENT_KEY", "OPENAI_API_KEY"} <= extra, extra
+    assert extra <= SESSION_VARS | SANDBOX_VARS and {"HRL_AGENT_KEY", "OPENAI_API_KEY"} <= extra, extra
     _assert_refused(trace, state, report)
 
 
