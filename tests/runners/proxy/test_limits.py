@@ -6,8 +6,10 @@ refused before any tokenizing, and recorded as why, not as its prompt ids)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,21 @@ def _register(p: Any, **body: Any) -> httpx.Response:
 
 
 # ---- sub-agents ---------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _tokenizing_a_big_prompt(tiny_model: str) -> Iterator[tuple[Any, str, httpx.Client, Any]]:
+    """A proxy, a session and a prompt under the byte cap but over the context window, posted from a thread and
+    being tokenized now: (proxy, token, an HTTP client, the request's future)."""
+    text = "def f(x):\n    return x + 1  # a line of code\n" * 16_000  # 720 KB: ~0.2 s to tokenize at ~4 MB/s
+    opts = {"turns": ["ok"], "max_model_len": CONTEXT}
+    with running_proxy(tiny_model, open_sessions=False, engine_options=opts, max_prompt_bytes=64 << 20) as p:
+        token = _register(p).json()["token"]
+        with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as http:
+            big = pool.submit(http.post, f"{p.url}/s/{token}/v1/chat/completions", json=_chat(text))
+            while not p.proxy.tokenizing and not big.done():
+                threading.Event().wait(0.001)
+            yield p, token, http, big
 
 
 def test_opencode_subagents_past_the_cap_are_429s_and_counted(tiny_model):
@@ -132,17 +149,10 @@ def test_health_answers_while_a_large_prompt_is_tokenized(tiny_model, tmp_path):
     `tokenizing` is counted on the loop around the worker's run, so a /health answered while the big request is
     still open and `tokenizing` is 1 was served during the tokenizing (tokenized on the loop, /health would wait
     behind it: the request would be answered first)."""
-    text = "def f(x):\n    return x + 1  # a line of code\n" * 16_000  # 720 KB: ~0.2 s to tokenize at ~4 MB/s
-    opts = {"turns": ["ok"], "max_model_len": CONTEXT}
-    with running_proxy(tiny_model, open_sessions=False, engine_options=opts, max_prompt_bytes=64 << 20) as p:
-        token = _register(p).json()["token"]
-        with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as http:
-            big = pool.submit(http.post, f"{p.url}/s/{token}/v1/chat/completions", json=_chat(text))
-            while not p.proxy.tokenizing and not big.done():
-                threading.Event().wait(0.001)
-            health = http.get(f"{p.url}/health")
-            during = p.proxy.tokenizing == 1 and not big.done()
-            r = big.result()
+    with _tokenizing_a_big_prompt(tiny_model) as (p, token, http, big):
+        health = http.get(f"{p.url}/health")
+        during = p.proxy.tokenizing == 1 and not big.done()
+        r = big.result()
         trace = p.end(token)
     assert health.status_code == 200 and during
     assert r.status_code == 400 and "exceeds the context window" in r.json()["error"]["message"]
@@ -207,16 +217,9 @@ def test_5mb_prompts_beside_64_streaming_sessions(tiny_model, tmp_path):
 def test_a_session_ended_while_its_prompt_is_tokenized_gets_a_409(tiny_model):
     """The loop serves the control plane while a prompt is tokenized: a session ended meanwhile (its owner, the
     idle reaper) records nothing more, and the request is told so."""
-    text = "def f(x):\n    return x + 1  # a line of code\n" * 16_000
-    opts = {"turns": ["ok"], "max_model_len": CONTEXT}
-    with running_proxy(tiny_model, open_sessions=False, engine_options=opts, max_prompt_bytes=64 << 20) as p:
-        token = _register(p).json()["token"]
-        with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as http:
-            big = pool.submit(http.post, f"{p.url}/s/{token}/v1/chat/completions", json=_chat(text))
-            while not p.proxy.tokenizing and not big.done():
-                threading.Event().wait(0.001)
-            trace = p.end(token)
-            r = big.result()
+    with _tokenizing_a_big_prompt(tiny_model) as (p, token, _, big):
+        trace = p.end(token)
+        r = big.result()
         assert token not in p.proxy.sessions and p.proxy.tokenizing == 0
     assert r.status_code == 409 and "ended" in r.json()["error"]["message"]
     assert trace["calls"] == [] and trace["failure_reason"] == "no_llm_calls"
