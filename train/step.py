@@ -95,6 +95,7 @@ async def start_trainer(
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
         await publisher.publish(state["checkpoint"], cfg.trainer.mode, state["version"])
+    if state["checkpoint"] or state["iteration"]:  # a resumed run (its steps so far may have published nothing)
         on_event("resumed", state)
     await asyncio.to_thread(trainer.offload, offload_plan(engine, trainer))  # the first rollouts run beside it
     return trainer, state

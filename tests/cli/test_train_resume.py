@@ -36,6 +36,9 @@ OVERRIDES = [
     "-c", "rollout.agent_options.step_limit=1", "-c", "proxy.default_max_tokens=16",  # the tiny model's turns are noise
     "-c", "train.drop_zero_variance=true",  # all rewards are 0, so no group has a gradient: skip the no-op compute
 ]  # fmt: skip
+# Every step trains on nothing (all rewards 0), so none publishes: the version stays 0 and no checkpoint is
+# written; what these tests hold to is the process side (no trace lost or run twice, nothing left behind).
+# Version continuity across a resume, with steps that publish: tests/train/test_loop.py.
 KILL_DEADLINE_S = 240.0
 
 
@@ -101,9 +104,10 @@ def _lines(path: Path) -> int:
     return path.read_text().count("\n") if path.is_file() else 0
 
 
-def _version(run: Path) -> int | None:
+def _iteration(run: Path) -> int | None:
+    """The committed iteration of the run's state.json."""
     try:
-        return int(json.loads((run / "state.json").read_text())["version"])
+        return int(json.loads((run / "state.json").read_text())["iteration"])
     except (OSError, ValueError, KeyError):
         return None  # not there yet (written atomically, so never half)
 
@@ -118,7 +122,7 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
     env = {**os.environ, "TMPDIR": str(scratch)}
     t0 = time.monotonic()
 
-    # 1. A real run, killed once iteration 0 is committed (v1) and iteration 1 has some traces and agents running.
+    # 1. A real run, killed once iteration 0 is committed and iteration 1 has some traces and agents running.
     args = [*HRL, "--recipe", "swe", "--model", tiny_model, "--run-dir", str(run), "--iterations", str(ITERATIONS)]
     with (scratch / "first.log").open("w") as log:
         first = subprocess.Popen([*args, *OVERRIDES], env=env, stdout=log, stderr=log, start_new_session=True)
@@ -127,7 +131,7 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
         while True:
             assert first.poll() is None, (scratch / "first.log").read_text()[-3000:]
             assert time.monotonic() - t0 < KILL_DEADLINE_S, "iteration 1 never got under way"
-            if _version(run) == 1 and 1 <= _lines(partial) < PER_ITERATION:
+            if _iteration(run) == 1 and 1 <= _lines(partial) < PER_ITERATION:
                 agents = [p for p in _descendants(first.pid) if "mini" in _cmdline(p)]
                 if agents:
                     break
@@ -143,7 +147,7 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
         first.wait()
     kill_s = time.monotonic() - t0
     state = json.loads((run / "state.json").read_text())
-    assert (state["iteration"], state["version"]) == (1, 1)
+    assert (state["iteration"], state["version"]) == (1, 0)
     assert 1 <= len(before) < PER_ITERATION and sandboxes, (before, sandboxes)
 
     # 2. Resume from what is on disk.
@@ -156,7 +160,7 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
         f"{len(killed)} processes below hrl ({len(sandboxes)} sandboxes); resumed run ended at {total_s:.0f}s"
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resuming at iteration 1, version 1" in resumed.stderr, resumed.stderr[-4000:]
+    assert "resuming at iteration 1, version 0" in resumed.stderr, resumed.stderr[-4000:]
     assert f"iteration 1: {PER_ITERATION} episodes ({len(before)} already done)" in resumed.stderr
     assert f"removed {len(sandboxes)} sandboxes left by the interrupted process" in resumed.stderr
 
@@ -168,20 +172,22 @@ def test_hrl_train_resume_after_kill_9_loses_and_repeats_nothing(tiny_model: str
         assert len(traces) == PER_ITERATION == len(set(ids)) == len(set(episodes)), episodes
         assert all(re.fullmatch(rf"it{it}:.+#[0-{GROUP - 1}]", e) for e in episodes), episodes
         assert len({t["group_id"] for t in traces}) == TASKS
-        # each token came from the policy of its iteration: the resumed engine serves v1 as version 1 again
+        # no step published: every token came from version 0, before the kill and after the resume
         served = {v for t in traces for call in t["calls"] for _, v in call["versions"]}
-        assert served == {it}, (it, served)
+        assert served == {0}, (it, served)
         if it == 1:
             assert set(before) <= set(ids)
 
-    # One metrics line per step, versions 1..N in order; the resumed process published v2 first.
+    # One metrics line per step, each empty and counted (the count goes on across the resume); step 1 is the
+    # resumed process's first.
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["step"], m["version"]) for m in metrics] == [(i, i + 1) for i in range(ITERATIONS)]
+    assert [(m["step"], m["version"], m["train/empty_steps"]) for m in metrics] == [
+        (i, 0, i + 1) for i in range(ITERATIONS)
+    ]
     first_step = re.search(r"^step +(\d+) +v(\d+) ", resumed.stderr, re.MULTILINE)
-    assert first_step and first_step.groups() == ("1", "2"), resumed.stderr[-4000:]
+    assert first_step and first_step.groups() == ("1", "0"), resumed.stderr[-4000:]
     state = json.loads((run / "state.json").read_text())
-    assert (state["iteration"], state["version"]) == (ITERATIONS, ITERATIONS)
-    assert Path(state["checkpoint"]) == run / "checkpoints" / f"v{ITERATIONS:04d}"
+    assert state == {"iteration": ITERATIONS, "version": 0, "checkpoint": None}
 
     # Nothing of the killed run survives it: no process, no sandbox.
     assert _alive(killed) == []
@@ -214,7 +220,7 @@ def test_hrl_train_async_resume_after_kill_9_loses_and_repeats_nothing(tiny_mode
             assert first.poll() is None, (scratch / "first.log").read_text()[-3000:]
             assert time.monotonic() - t0 < KILL_DEADLINE_S, "step 1 never got under way"
             if (
-                _version(run) == 1
+                _iteration(run) == 1
                 and _descendants(first.pid)
                 and any("mini" in _cmdline(p) for p in _descendants(first.pid))
             ):
@@ -240,7 +246,7 @@ def test_hrl_train_async_resume_after_kill_9_loses_and_repeats_nothing(tiny_mode
     assert len(ids) == len(set(ids)) and len(episodes) == len(set(episodes)), episodes  # nothing twice
     assert {t["trace_id"] for t in before} <= set(ids)  # nothing lost
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [(m["step"], m["version"]) for m in metrics] == [(i, i + 1) for i in range(ITERATIONS)]
+    assert [(m["step"], m["version"]) for m in metrics] == [(i, 0) for i in range(ITERATIONS)]  # none published
     assert json.loads((run / "state.json").read_text())["iteration"] == ITERATIONS
     assert _alive(killed) == []
     assert _with_env("TMPDIR", str(scratch)) == []

@@ -67,7 +67,7 @@ def servers_one_may_kill(servers: list[VLLMEngine], loop: asyncio.AbstractEventL
 
 
 def _options(servers: list[VLLMEngine], **routing) -> dict:
-    return {"replicas": [{"name": f"r{i}", "engine": s.base_url} for i, s in enumerate(servers)], **routing}
+    return {"replicas": [{"name": f"r{i}", "engine": s.address} for i, s in enumerate(servers)], **routing}
 
 
 def _prefix_counters(
@@ -126,7 +126,8 @@ def test_a_publish_reaches_both_vllm_replicas_as_one_version(tiny_model, tiny_lo
     assert report["acked"] == ["r0", "r1"] and not report["failed"]
     assert [s["version"] for s in state] == [version, version]
     for s in servers:  # each server lists the adapter under the same versioned name
-        names = {m["id"] for m in httpx.get(f"{s.base_url}/v1/models", timeout=30).json()["data"]}
+        with httpx.Client(transport=httpx.HTTPTransport(uds=s.unix), timeout=30) as http:  # its private socket
+            names = {m["id"] for m in http.get("http://localhost/v1/models").json()["data"]}
         assert f"hrl-v{version}" in names, names
     assert all(c["versions"] == [[0, version]] for c in trace["calls"])
 
