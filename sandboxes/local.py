@@ -111,7 +111,15 @@ class LocalBackend:
         self.env_allow = (*HOST_ENV, *(p for p in env_passthrough if p))
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> LocalSandbox:
-        root = await asyncio.to_thread(_make_root, Path(self.root), run_id, episode_id)
+        # The thread makes the folder even if this task is cancelled meanwhile (a run ending with episodes still
+        # starting): then it is removed here, since no sandbox object will ever close it.
+        making = asyncio.ensure_future(asyncio.to_thread(_make_root, Path(self.root), run_id, episode_id))
+        try:
+            root = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(shutil.rmtree, await making, True)
+            raise
         sandbox = LocalSandbox(self, root, spec)
         try:
             await asyncio.to_thread(_lay_out, root, spec)
