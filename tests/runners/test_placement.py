@@ -317,3 +317,109 @@ def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluste
     second = list(read_traces(run / "traces" / "iter-0001.jsonl"))
     assert len(second) == 4
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
+
+
+# What an agent placed by Ray runs in its sandbox (a white-box agent in subprocess mode: as a local sandbox's
+# command, in its own namespaces): every port the host listens on (the replicas' engine_app on the node address,
+# Ray's own ports), every unix socket, the control-token file, the environment, and the control routes through its
+# relay. It reports through what it says with its own reward (kept aside in the trace, never trained on).
+SCAN_AGENT = r"""
+import json, os, socket, urllib.request, urllib.error
+
+
+def _call(url, method, path, headers):
+    req = urllib.request.Request(url + path, data=b"{}" if method == "POST" else None, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception as e:
+        return repr(e)
+
+
+def run(task, session):
+    scan = json.loads(task.scan)
+    answered = []
+    for host in scan["hosts"]:
+        for port in scan["ports"]:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                answered.append(f"{host}:{port}")
+            except OSError:
+                pass
+    for path in scan["unix"]:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(1)
+        try:
+            s.connect("\0" + path[1:] if path.startswith("@") else path)
+            answered.append(path)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    try:
+        token_file = open(scan["token_file"]).read()
+    except OSError as e:
+        token_file = type(e).__name__
+    url, mine = os.environ["HRL_URL"], {"Authorization": "Bearer " + session.api_key}
+    routes = {f"{m} {p}/{who}": _call(url, m, p, h) for m, p in (("GET", "/sessions"), ("POST", "/sessions"),
+              ("POST", "/publish"), ("POST", "/pause"), ("POST", f"/s/{session.token}/end"))
+              for who, h in (("anon", {}), ("as_agent", mine))}
+    from openai import OpenAI  # OPENAI_BASE_URL and OPENAI_API_KEY point at the session, through the relay
+
+    OpenAI().chat.completions.create(model=session.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    report = {"answered": answered, "token_file": token_file, "routes": routes, "env": sorted(os.environ)}
+    session.reward(1.0, {"report": json.dumps(report)})
+
+
+def score(task, answer):
+    return 0.5
+"""
+
+
+def test_an_agent_placed_by_ray_reaches_only_its_proxy(ray_cluster, tiny_model, tmp_path):
+    """The sandbox attack under `--placement ray` on the two-node cluster: the agents, on both node agents, reach
+    their shard's proxy data plane through the relay and nothing else: not the replicas' engine_app ports on the
+    node address, not Ray's ports, not another socket, not a control route; the state folder is empty to them."""
+    from tests.runners.proxy.test_agent_attacks import _host_addresses, _listening_ports, _unix_sockets
+
+    (tmp_path / "agent.py").write_text(SCAN_AGENT)
+    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
+    cfg["rollout"]["mode"] = "subprocess"
+    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
+    state = Path.home() / ".local" / "state" / "hrl"  # the node agents' own: their environment is Ray's
+    planted = not (state / "control-token").exists()
+    if planted:
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "control-token").write_text("a-control-token-no-agent-may-read")
+    out = tmp_path / "traces.jsonl"
+
+    async def main() -> tuple[list[int], list[dict]]:
+        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4) as placed:
+            ports = sorted({*_listening_ports(), 8000})  # the replicas' engine_app and Ray's ports among them
+            scan = json.dumps({"hosts": _host_addresses(), "ports": ports, "unix": _unix_sockets(),
+                               "token_file": str(state / "control-token")})  # fmt: skip
+            tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="hi").model_dump() | {"scan": scan}
+                     for i in range(4)]  # fmt: skip
+            await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
+            return ports, list(read_traces(out))
+
+    try:
+        ports, written = asyncio.run(main())
+    finally:
+        if planted:
+            (state / "control-token").unlink(missing_ok=True)
+    assert len(written) == 4 and {t["metadata"]["node"] for t in written} == {0, 1}, [
+        (t["failure_reason"], t["metadata"].get("error")) for t in written
+    ]
+    for t in written:
+        report = json.loads(t["metadata"]["agent_reward_info"]["report"])
+        tcp = [a for a in report["answered"] if not a.startswith("/") and not a.startswith("@")]
+        unix = [a for a in report["answered"] if a.startswith(("/", "@"))]
+        assert tcp == ["127.0.0.1:8000"], report["answered"]  # the relay, inside its own namespace
+        assert all(Path(u).name == "proxy.sock" and Path(u).parent.name.startswith("hrl-proxy-") for u in unix), unix
+        assert report["token_file"] in ("FileNotFoundError", "PermissionError"), report["token_file"]
+        assert all(code in (401, 403, 404) for code in report["routes"].values()), report["routes"]
+        assert t["reward"] == 0.5 and len(t["calls"]) == 1  # the verifier's reward; its own call went through
+    print(f"\nray: {len(ports)} ports tried from {len(written)} agents on both nodes; each reached only its relay")
