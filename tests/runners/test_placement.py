@@ -25,6 +25,7 @@ from hrl.runners.placement import RunConfig
 from hrl.runners.placement.ray import _replica_engine_options, ray_placement
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
+from tests.runners.proxy.test_agent_attacks import SCAN
 from tests.runners.tasks.test_verifier import mini_task
 
 pytestmark = pytest.mark.timeout(600)
@@ -323,8 +324,10 @@ def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluste
 # command, in its own namespaces): every port the host listens on (the replicas' engine_app on the node address,
 # Ray's own ports), every unix socket, the control-token file, the environment, and the control routes through its
 # relay. It reports through what it says with its own reward (kept aside in the trace, never trained on).
-SCAN_AGENT = r"""
-import json, os, socket, urllib.request, urllib.error
+SCAN_AGENT = (
+    SCAN
+    + r"""
+import json, os, urllib.request, urllib.error
 
 
 def _call(url, method, path, headers):
@@ -339,29 +342,7 @@ def _call(url, method, path, headers):
 
 
 def run(task, session):
-    scan = json.loads(task.scan)
-    answered = []
-    for host in scan["hosts"]:
-        for port in scan["ports"]:
-            try:
-                socket.create_connection((host, port), timeout=1).close()
-                answered.append(f"{host}:{port}")
-            except OSError:
-                pass
-    for path in scan["unix"]:
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(1)
-        try:
-            s.connect("\0" + path[1:] if path.startswith("@") else path)
-            answered.append(path)
-        except OSError:
-            pass
-        finally:
-            s.close()
-    try:
-        token_file = open(scan["token_file"]).read()
-    except OSError as e:
-        token_file = type(e).__name__
+    answered, token_file = scan_everything(json.loads(task.scan))
     url, mine = os.environ["HRL_URL"], {"Authorization": "Bearer " + session.api_key}
     routes = {f"{m} {p}/{who}": _call(url, m, p, h) for m, p in (("GET", "/sessions"), ("POST", "/sessions"),
               ("POST", "/publish"), ("POST", "/pause"), ("POST", f"/s/{session.token}/end"))
@@ -376,6 +357,7 @@ def run(task, session):
 def score(task, answer):
     return 0.5
 """
+)
 
 
 def test_an_agent_placed_by_ray_reaches_only_its_proxy(ray_cluster, tiny_model, tmp_path):

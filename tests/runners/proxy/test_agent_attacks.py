@@ -25,7 +25,39 @@ from hrl.sandboxes import SandboxSpec, get_backend
 IMAGE = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
 CONTROL = "a-control-token-the-agent-never-sees-0123456789"
 
-ATTACK = r"""
+# What an agent tries around it (run inside its sandbox): every TCP port on every host address, every unix socket
+# (paths and abstract names), and the control-token file. Returns (what answered, the file's text or why not).
+SCAN = r"""
+def scan_everything(scan):
+    import socket
+    answered = []
+    for host in scan["hosts"]:
+        for port in scan["ports"]:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                answered.append(f"{host}:{port}")
+            except OSError:
+                pass
+    for path in scan["unix"]:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(1)
+        try:
+            s.connect("\0" + path[1:] if path.startswith("@") else path)
+            answered.append(path)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    try:
+        token_file = open(scan["token_file"]).read()
+    except OSError as e:
+        token_file = type(e).__name__
+    return answered, token_file
+"""
+
+ATTACK = (
+    SCAN
+    + r"""
 import json, sys, urllib.request
 base, mine, victim = "http://127.0.0.1:8000", sys.argv[1], sys.argv[2]
 def call(method, path, body=None, headers=None):
@@ -55,33 +87,11 @@ out["no_token"] = call("POST", "/v1/chat/completions", chat)
 out["garbage"] = call("POST", f"/s/{mine}/v1/chat/completions", b"\xff{not json", {"Content-Type": "application/json"})
 out["bad_field"] = call("POST", f"/s/{mine}/v1/chat/completions", {**chat, "max_tokens": "abc"})
 out["own_call"] = call("POST", f"/s/{mine}/v1/chat/completions", chat)
-import socket
 scan = json.loads(sys.argv[3])
-answered = []
-for host in scan["hosts"]:
-    for port in scan["ports"]:
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-            answered.append(f"{host}:{port}")
-        except OSError:
-            pass
-for path in scan["unix"]:
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(1)
-    try:
-        s.connect("\0" + path[1:] if path.startswith("@") else path)
-        answered.append(path)
-    except OSError:
-        pass
-    finally:
-        s.close()
-out["answered"] = answered
-try:
-    out["token_file"] = open(scan["token_file"]).read()
-except OSError as e:
-    out["token_file"] = type(e).__name__
+out["answered"], out["token_file"] = scan_everything(scan)
 print(json.dumps(out))
 """
+)
 
 
 def _listening_ports() -> list[int]:
