@@ -44,8 +44,9 @@ EPILOG = """Examples:
 def default_control_token_file() -> Path:
     """Where `hrl serve` writes its control token without --control-token-file: $HRL_STATE_DIR/control-token
     (default ~/.local/state/hrl/control-token)."""
-    base = os.environ.get("HRL_STATE_DIR") or str(Path.home() / ".local" / "state" / "hrl")
-    return Path(base) / "control-token"
+    from hrl.sandboxes.local import state_dir  # the folder local sandboxes empty: one definition of where it is
+
+    return state_dir() / "control-token"
 
 
 def write_control_token(path: Path, token: str) -> None:
