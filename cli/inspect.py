@@ -145,7 +145,9 @@ def _short(trace_id: Any) -> str:
 
 def _outcome(s: dict[str, Any]) -> Text:
     """`ok`, or the failure reason when there is one (the status is then `failed`)."""
-    flag = Text(" degenerate", style="yellow") if s.get("degenerate") else ""
+    flag = Text(" degenerate", style="yellow") if s.get("degenerate") else Text("")
+    if s.get("dropped_media"):
+        flag.append(" media", style="yellow")
     if s["failure_reason"]:
         return Text.assemble((str(s["failure_reason"]), "red"), flag)
     return Text.assemble((str(s["status"]), "green" if s["status"] == "ok" else "yellow"), flag)
@@ -193,7 +195,7 @@ def _totals(agg: dict[str, Any]) -> Text:
     lat, tok = agg["latency_s"], agg["tokens"]
     first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · {reward}"
     flags = [f"{agg[k]} {name}" for k, name in (("degenerate", "degenerate"), ("tool_parse_errors",
-             "tool parse errors")) if agg.get(k)]  # fmt: skip
+             "tool parse errors"), ("dropped_media", "with dropped media")) if agg.get(k)]  # fmt: skip
     first += "".join(f" · {f}" for f in flags)
     second = (
         f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
@@ -225,6 +227,10 @@ def _call_label(c: dict[str, Any], first: bool) -> Text:
         label.append(f"\nerror: {c['error']}", style="red")
     if c.get("tool_parse_error"):
         label.append(f"\ntool call not parsed (sent as text): {c['tool_parse_error']}", style="yellow")
+    if c.get("dropped_media"):
+        from hrl.runners.summary import media_text
+
+        label.append(f"\ndropped media (proxy.media: drop): {media_text(c['dropped_media'])}", style="yellow")
     return label
 
 
@@ -249,7 +255,8 @@ def _reward_label(trace: Trace) -> Text:
 
 def _trace_tree(trace: Trace) -> Tree:
     """trace → calls and tool events in time order (a tool sorts after the call that asked for it) → outcome."""
-    from hrl.runners.summary import describe_calls
+    from hrl.runners.summary import describe_calls, media_text
+    from hrl.runners.trace import dropped_media
 
     calls = describe_calls(trace)
     agent, model = trace.get("agent") or {}, trace.get("model") or {}
@@ -271,6 +278,8 @@ def _trace_tree(trace: Trace) -> Tree:
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
     if trace.get("degenerate"):
         tree.add(Text("degenerate: one model call for an agentic task", style="bold yellow"))
+    if media := dropped_media(trace):
+        tree.add(Text(f"dropped media: {media_text(media)} (left out of training by default)", style="bold yellow"))
     return tree
 
 

@@ -44,7 +44,7 @@ def report(
         typer.Option(
             "--json",
             help="Print {out, traces, steps, bytes} (an eval run's rows; cut_lines: files whose last line a crash cut "
-            "short) as JSON.",
+            "short; dropped_media: traces whose requests lost media to proxy.media: drop) as JSON.",
         ),
     ] = False,
 ) -> None:
@@ -55,6 +55,7 @@ def report(
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, read_plan
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
+    from hrl.runners.trace import dropped_media
 
     run = load_source(sources)
     warn_cut_lines(run)
@@ -64,6 +65,8 @@ def report(
     }  # fmt: skip
     if run.cut_lines:
         info["cut_lines"] = run.cut_lines
+    if media := sum(bool(dropped_media(t)) for _, t in run.traces):  # flagged in the table too
+        info["dropped_media"] = media
     if (harnesses := eval_rows(run)) is not None:  # an `hrl eval` run: its table, as `hrl eval` printed it
         info["eval"] = harnesses
         if not as_json:
@@ -71,7 +74,8 @@ def report(
     if not as_json:
         n = info["steps"]
         steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"
-        err.print(f"{steps}, {info['traces']} traces → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
+        flagged = f" ({media} with dropped media)" if media else ""
+        err.print(f"{steps}, {info['traces']} traces{flagged} → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
     emit(info, as_json=as_json, human=str(path))
 
 

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from hrl.runners.errors import UsageError
-from hrl.runners.trace import branches, full_len, prompt_len, sampled_versions
+from hrl.runners.trace import branches, dropped_media, full_len, prompt_len, sampled_versions
 
 __all__ = [
     "TraceSelectionError",
     "describe_branches",
     "describe_calls",
+    "media_text",
     "percentile",
     "select_trace",
     "summarize_file",
@@ -61,6 +62,7 @@ def describe_calls(trace: Trace) -> list[dict[str, Any]]:
                 "total_s": round(_span(c), 3),
                 "error": c.get("error"),
                 "tool_parse_error": c.get("tool_parse_error"),
+                "dropped_media": c.get("dropped_media") or {},  # media left out of its request, by kind
                 "agent": c.get("agent"),  # None: the root agent
                 "trainable": c.get("trainable", True),
             }
@@ -120,6 +122,7 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "call_errors": sum(1 for c in calls if c.get("error")),
         "tool_parse_errors": sum(1 for c in calls if c.get("tool_parse_error")),
         "degenerate": bool(trace.get("degenerate")),
+        "dropped_media": dropped_media(trace),
         "branches": len(paths),
         "prompt_tokens": sum(prompt_len(c) for c in calls),
         "response_tokens": sum(len(c["response_ids"]) for c in calls),
@@ -132,6 +135,11 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "dialects": sorted({c["dialect"] for c in calls}),
         "tools": dict(sorted(Counter(t.get("name", "?") for t in tools).items())),
     }
+
+
+def media_text(counts: dict[str, int]) -> str:
+    """Dropped media for people: `1 image, 2 documents`."""
+    return ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in sorted(counts.items()))
 
 
 def select_trace(traces: list[Trace], trace_id: str) -> Trace:
@@ -180,6 +188,7 @@ def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:
         "failures": dict(Counter(s["failure_reason"] for s in sums if s["failure_reason"])),
         "degenerate": sum(s["degenerate"] for s in sums),
         "tool_parse_errors": sum(s["tool_parse_errors"] for s in sums),
+        "dropped_media": sum(bool(s["dropped_media"]) for s in sums),  # traces with media dropped
         "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "rewarded": len(rewards),
         "calls": sum(s["calls"] for s in sums),

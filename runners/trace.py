@@ -38,6 +38,7 @@ __all__ = [
     "all_prompt_ids",
     "branches",
     "call_prompt_ids",
+    "dropped_media",
     "encode_trace",
     "expand_versions",
     "full_len",
@@ -99,6 +100,7 @@ class TraceCall(TypedDict):
     trainable: NotRequired[bool]  # False: recorded, never trained on (an untrained critic); absent: True
     tool_parse_error: NotRequired[str]  # tool-call markup the parser could not read (it reached the agent as text)
     sampling: NotRequired[dict[str, dict[str, float]]]  # {asked, used}: the agent's sampling knobs, and those used
+    dropped_media: NotRequired[dict[str, int]]  # media parts left out of the request, by kind (proxy.media: drop)
 
 
 class ToolEvent(TypedDict):
@@ -131,6 +133,7 @@ class Trace(TypedDict):
     rejected: NotRequired[list[dict[str, Any]]]  # the last 100 of those: {at, dialect, status, error}
     agents: NotRequired[list[AgentNode]]  # the tree of agents, root first; only when there are sub-agents
     degenerate: NotRequired[bool]  # True: one model call for an agentic task (it offered tools); absent: not
+    dropped_media: NotRequired[dict[str, int]]  # media left out of its calls' requests, by kind; absent: none
 
 
 class AgentNode(TypedDict):
@@ -190,6 +193,13 @@ def validate_trace(obj: Any) -> None:
 def is_infra_failure(trace: dict[str, Any]) -> bool:
     """Did the machinery (not the policy) fail this episode? Such traces are left out of training and counted."""
     return trace.get("failure_reason") in INFRA_FAILURES
+
+
+def dropped_media(trace: dict[str, Any]) -> dict[str, int]:
+    """Media parts (image, document, audio, video) the proxy left out of the trace's requests (`proxy.media:
+    drop`), by kind; {} for none. The model answered without seeing what the agent showed it, so training leaves
+    such a trace out unless `train.keep_dropped_media`."""
+    return dict(trace.get("dropped_media") or {})
 
 
 def call_prompt_ids(trace: dict[str, Any], index: int) -> list[int]:

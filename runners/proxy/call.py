@@ -61,6 +61,7 @@ class CallRecord:
     agent: str | None = None  # the sub-agent that made the call (None: the session's own agent)
     trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)
     replica: str | None = None  # the engine replica that generated it (behind a ReplicaSet; the last, after a failover)
+    dropped_media: dict[str, int] | None = None  # media parts left out of the prompt by kind (proxy.media: drop)
 
     @property
     def full_ids(self) -> list[int]:

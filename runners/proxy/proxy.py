@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, field_validator
 from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call, PromptPlan
-from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult, text_bytes
+from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult, MediaPolicy, admit_media, text_bytes
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import ChildLimitError, Session
 from hrl.runners.proxy.subagents import recognise_subagent
@@ -68,6 +68,13 @@ class ProxyConfig(BaseModel):
         description="The most sub-agents (child sessions, registered or recognised) one session's tree may open; "
         "a request for one more is a 429 in the dialect's shape, counted as proxy/children_refused and in the "
         "trace's metadata.children_refused.",
+    )
+    media: MediaPolicy = Field(
+        "refuse",
+        description="A request holding media (an image, a document, audio, video: hrl's engines serve text only). "
+        "refuse: a 400 in the dialect's shape naming the part (messages[2].content[1]: an image part; …). drop: "
+        "the parts are left out and counted, per call and per trace (dropped_media: {image: n, document: m}); "
+        "hrl train leaves such traces out unless train.keep_dropped_media.",
     )
     tokenizer_threads: int = Field(
         0,
@@ -309,7 +316,9 @@ class Proxy:
         cannot fit: the call is recorded as failed, with why and without its prompt ids.
 
         The text is redacted, rendered and tokenized in a worker thread (the tokenizer lets go of the GIL), so the
-        loop serves everyone else meanwhile; a prompt over `max_prompt_bytes` is refused before any of that."""
+        loop serves everyone else meanwhile; a prompt over `max_prompt_bytes` is refused before any of that, and
+        one holding media by `proxy.media: refuse` (a MediaRefusedError, before anything is recorded)."""
+        admit_media(req.media, self.config.media)
         size = self._check_size(req)
         if size > self.max_prompt_bytes:
             raise self._refuse(session, dialect, req, body_hash, f"prompt of {size} bytes of text is over the "
@@ -326,7 +335,8 @@ class Proxy:
         return session.open_call(dialect, req, plan, body_hash)
 
     async def count_tokens(self, req: ChatRequest) -> int:
-        """The prompt tokens of a request as it stands (nothing recorded); off the loop, size-checked like `begin`."""
+        """The prompt tokens of a request as it stands (nothing recorded); off the loop, checked like `begin`."""
+        admit_media(req.media, self.config.media)
         size = self._check_size(req)
         if size > self.max_prompt_bytes:
             raise ContextLengthError(f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} "

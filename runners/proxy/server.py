@@ -36,7 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
-from hrl.runners.proxy.dialects import BadRequestError, check_request, get_dialect
+from hrl.runners.proxy.dialects import BadRequestError, MediaRefusedError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.proxy import Proxy, SessionEndedError, UnknownSessionError
 from hrl.runners.proxy.session import ChildLimitError
@@ -292,6 +292,8 @@ class _Handler:
             return fail(429, f"{e} ({e.hint})")
         except SessionEndedError as e:
             return fail(409, str(e))
+        except MediaRefusedError as e:  # proxy.media: refuse; well formed, so not called malformed
+            return fail(400, str(e))
         except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
             return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
                         f"({type(e).__name__}: {e})")  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 
 from hrl.errors import HrlError
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
-from hrl.runners.proxy.dialects.base import ChatRequest
+from hrl.runners.proxy.dialects.base import ChatRequest, media_counts
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
 from hrl.runners.trace import INFRA_FAILURES, SCHEMA
 
@@ -213,6 +213,7 @@ class Session:
             body_hash=body_hash,
             agent=self.agent,
             trainable=self.trainable,
+            dropped_media=media_counts(req.media) or None,  # what proxy.media let through without its media
         )
         return Call(self, record, plan, req)
 
@@ -260,6 +261,8 @@ class Session:
             extras["degenerate"] = True
         if self.replica_switches:
             extras["replica_switches"] = self.replica_switches
+        if dropped := _dropped_media(self.calls):
+            extras["dropped_media"] = dropped
         env = meta.get("env") or {}
         replica = next((c.replica for c in reversed(self.calls) if c.replica), None)
         if replica is not None:  # behind a ReplicaSet: the replica that served the session last
@@ -349,6 +352,16 @@ def is_degenerate(calls: list[CallRecord], agentic: set[str | None]) -> bool:
     return len(main) == 1 and main[0].has_tools
 
 
+def _dropped_media(calls: list[CallRecord]) -> dict[str, int]:
+    """The trace's flag: media parts dropped over all its calls' requests, by kind (a part that a conversation
+    sends again in each later request counts in each)."""
+    total: dict[str, int] = {}
+    for c in calls:
+        for kind, n in (c.dropped_media or {}).items():
+            total[kind] = total.get(kind, 0) + n
+    return total
+
+
 def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) -> list[dict[str, Any]]:
     out = []
     for i, c in enumerate(calls):
@@ -385,6 +398,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["tool_parse_error"] = c.tool_parse_error
         if c.sampling:
             d["sampling"] = c.sampling
+        if c.dropped_media:
+            d["dropped_media"] = c.dropped_media
         out.append(d)
     return out
 

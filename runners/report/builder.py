@@ -21,7 +21,7 @@ from hrl.runners.metrics import harness_rewards, trace_metrics
 from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
-from hrl.runners.summary import describe_calls, summarize_trace
+from hrl.runners.summary import describe_calls, media_text, summarize_trace
 
 __all__ = ["build_report", "render_report", "write_report"]
 
@@ -187,9 +187,11 @@ def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, A
 
 
 def _flags(s: dict[str, Any]) -> str | None:
-    """What a trace is flagged for: `degenerate`, tool calls that did not parse; None when nothing."""
+    """What a trace is flagged for: `degenerate`, tool calls that did not parse, media the proxy dropped; None when
+    nothing."""
     flags = ["degenerate"] if s["degenerate"] else []
     flags += [f"{s['tool_parse_errors']} tool parse errors"] if s["tool_parse_errors"] else []
+    flags += [f"dropped media: {media_text(s['dropped_media'])}"] if s["dropped_media"] else []
     return ", ".join(flags) or None
 
 

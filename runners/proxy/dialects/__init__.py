@@ -10,6 +10,7 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     Dialect,
+    MediaRefusedError,
     StreamEncoder,
     check_request,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "Dialect",
+    "MediaRefusedError",
     "StreamEncoder",
     "check_request",
     "get_dialect",

@@ -4,9 +4,11 @@
 messages where they stand, so a conversation that grows by appending still converts by appending; a leading run
 of them is joined into one. A user turn's `tool_result` blocks become tool messages and its text blocks a user
 message, in block order; an assistant turn's `tool_use` blocks become `tool_calls` (arguments serialised with
-`json.dumps(input, ensure_ascii=False)`) and its `thinking` blocks `reasoning_content`. Images and documents
-are dropped. Tool call ids pass through unchanged both ways, so the `tool_result` blocks Claude Code sends back
-name the calls the proxy produced. Every SSE event carries its `event:` line: the SDKs skip events without one.
+`json.dumps(input, ensure_ascii=False)`) and its `thinking` blocks `reasoning_content`. `image` and `document`
+blocks, in a turn or in a `tool_result`'s content, are media, refused or dropped by `proxy.media`
+(`base.admit_media`); other blocks without text (`redacted_thinking`, server tool blocks) are left out. Tool
+call ids pass through unchanged both ways, so the `tool_result` blocks Claude Code sends back name the calls the
+proxy produced. Every SSE event carries its `event:` line: the SDKs skip events without one.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from hrl.runners.proxy.dialects.base import (
     BadRequestError,
     ChatRequest,
     ChatResult,
+    MediaPart,
     SSETemplate,
     join_text,
+    note_media,
     part_text,
     sampling,
     sse,
@@ -53,14 +57,14 @@ def _blocks(content: Any, at: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{at}[{j}]", b) for j, b in enumerate(content)]
 
 
-def _assistant(content: Any, at: str) -> dict[str, Any]:
+def _assistant(content: Any, at: str, media: list[MediaPart]) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for where, block in _blocks(content, at):
         kind = block.get("type")
         if kind == "text":
-            texts.append(part_text(block, where) or "")
+            texts.append(part_text(block, where, media) or "")
         elif kind == "thinking":  # its signature is not checked; redacted_thinking blocks are dropped
             thinking = block.get("thinking") or ""
             if not isinstance(thinking, str):
@@ -75,6 +79,8 @@ def _assistant(content: Any, at: str) -> dict[str, Any]:
             calls.append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
             )
+        else:
+            note_media(block, where, media)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
@@ -83,43 +89,45 @@ def _assistant(content: Any, at: str) -> dict[str, Any]:
     return msg
 
 
-def _user(content: Any, at: str) -> list[dict[str, Any]]:
+def _user(content: Any, at: str, media: list[MediaPart]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for where, block in _blocks(content, at):
         if block.get("type") == "text":
-            texts.append(part_text(block, where) or "")
+            texts.append(part_text(block, where, media) or "")
         elif block.get("type") == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise BadRequestError(f"{where}: a tool_result block needs 'tool_use_id'")
             if texts:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
-            result = join_text(block.get("content"), "\n\n", f"{where}.content")
+            result = join_text(block.get("content"), "\n\n", f"{where}.content", media)
             out.append({"role": "tool", "content": result, "tool_call_id": block["tool_use_id"]})
+        else:
+            note_media(block, where, media)
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequestError("'messages' must be a non-empty list")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         raise BadRequestError("'system' must be a string or a list of text blocks")
-    text = join_text(system, "\n\n", "system")
+    text = join_text(system, "\n\n", "system", media)
     out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         at = f"messages[{i}].content"
         if role == "user":
-            out += _user(m.get("content"), at)
+            out += _user(m.get("content"), at, media)
         elif role == "assistant":
-            out.append(_assistant(m.get("content"), at))
+            out.append(_assistant(m.get("content"), at, media))
         elif role == "system":
-            out.append({"role": "system", "content": join_text(m.get("content"), "\n\n", at)})
+            out.append({"role": "system", "content": join_text(m.get("content"), "\n\n", at, media)})
         else:
             raise BadRequestError(f"messages[{i}].role: must be user, assistant or system, not {role!r}")
     return merge_leading_system(out)
@@ -165,12 +173,14 @@ class AnthropicDialect:
         functions = [f for f in (_tool(t) for t in tools) if f is not None]
         choice = body.get("tool_choice")
         none = isinstance(choice, dict) and choice.get("type") == "none"
+        media: list[MediaPart] = []
         return ChatRequest(
             model=str(body.get("model") or model or ""),
-            messages=_messages(body),
+            messages=_messages(body, media),
             tools=functions if functions and not none else None,
             stream=bool(body.get("stream")),
             **sampling(body, max_tokens="max_tokens", temperature="temperature", top_p="top_p", top_k="top_k"),
+            media=media,
         )
 
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:

@@ -7,23 +7,31 @@ encodes a stream as SSE events, and shapes errors the way that dialect's clients
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from hrl.runners.proxy.jsonio import dumps
 from hrl.runners.proxy.template import ParsedReply
 
 __all__ = [
     "HOLE",
+    "MEDIA_PARTS",
     "TEXT_PARTS",
     "BadRequestError",
     "ChatRequest",
     "ChatResult",
     "Dialect",
+    "MediaPart",
+    "MediaPolicy",
+    "MediaRefusedError",
     "SSETemplate",
     "StreamEncoder",
+    "admit_media",
     "as_object",
     "check_request",
     "join_text",
+    "media_counts",
+    "media_kind",
+    "note_media",
     "part_text",
     "sampling",
     "sse",
@@ -34,6 +42,19 @@ __all__ = [
 
 class BadRequestError(ValueError):
     """The request body is not valid for its dialect; answered with a 400 in that dialect's error shape."""
+
+
+class MediaRefusedError(BadRequestError):
+    """The request holds media (an image, a document, audio, video) the served model cannot take, and
+    `proxy.media` is `refuse`: a 400 in the dialect's error shape naming the part."""
+
+
+@dataclass(frozen=True)
+class MediaPart:
+    """A media part a dialect found while flattening a request into text (and left out of that text)."""
+
+    at: str  # its path in the dialect's own names, e.g. messages[2].content[1]
+    kind: str  # image | document | audio | video
 
 
 @dataclass
@@ -56,6 +77,7 @@ class ChatRequest:
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: generate up to max_tokens whatever the model samples
     extra: dict[str, Any] = field(default_factory=dict)  # dialect-specific bits the encoder needs back
+    media: list[MediaPart] = field(default_factory=list)  # media parts left out of `messages` (see admit_media)
 
 
 @dataclass
@@ -221,11 +243,70 @@ class SSETemplate:
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "summary_text": "text",
               "reasoning_text": "text", "refusal": "refusal"}  # fmt: skip
 
+# a media part's type → its kind: Chat (image_url, input_audio, file; vLLM's audio_url, video_url), Responses
+# (input_image, input_file), Anthropic (image, document). A Gemini part has no type: its inlineData / fileData
+# carries media, of the kind its mimeType names.
+MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "file": "document",
+               "input_file": "document", "document": "document", "input_audio": "audio", "audio_url": "audio",
+               "video_url": "video"}  # fmt: skip
+_GEMINI_MEDIA = ("inlineData", "fileData", "inline_data", "file_data")  # the REST API takes either spelling
+_MIME_KINDS = {"image": "image", "audio": "audio", "video": "video"}  # a mimeType's top level → kind; else document
 
-def part_text(part: Any, at: str) -> str | None:
-    """The text of one content part; None for a part the template cannot take (an image, a file: dropped). A part
-    that is not an object, or a text part whose text is missing or not a string, is a BadRequestError naming the
-    field (`at`: the part's path in the dialect's own names). A bare string is taken as text."""
+MediaPolicy = Literal["refuse", "drop"]
+_INPUT = {"image": "vision", "audio": "audio", "video": "video", "document": "document"}  # kind → the input it needs
+
+
+def media_kind(part: dict[str, Any]) -> str | None:
+    """`image`, `document`, `audio` or `video` for a content part that carries media, else None (text, a tool
+    call, a thinking block, a type hrl does not know: those keep their own handling)."""
+    kind = part.get("type")
+    if isinstance(kind, str) and kind in MEDIA_PARTS:
+        return MEDIA_PARTS[kind]
+    for key in _GEMINI_MEDIA:
+        if key in part:
+            data = part[key] if isinstance(part[key], dict) else {}
+            mime = data.get("mimeType") or data.get("mime_type")
+            return _MIME_KINDS.get(mime.split("/")[0], "document") if isinstance(mime, str) else "document"
+    return None
+
+
+def note_media(part: Any, at: str, media: list[MediaPart]) -> bool:
+    """Whether `part` carries media; if so it is added to `media` (`at`: its path in the dialect's names)."""
+    kind = media_kind(part) if isinstance(part, dict) else None
+    if kind is not None:
+        media.append(MediaPart(at, kind))
+    return kind is not None
+
+
+def media_counts(media: list[MediaPart]) -> dict[str, int]:
+    """Media parts by kind, e.g. {"image": 2, "document": 1}; {} for none."""
+    counts: dict[str, int] = {}
+    for part in media:
+        counts[part.kind] = counts.get(part.kind, 0) + 1
+    return counts
+
+
+def admit_media(media: list[MediaPart], policy: MediaPolicy) -> dict[str, int]:
+    """The one rule for media in a request: hrl's engines serve text only, so `refuse` (the default) answers a
+    MediaRefusedError naming the first part, and `drop` lets the request through without its media, which the
+    call and its trace then record (`dropped_media`: what this returns). A model that takes images is the place
+    to admit them here."""
+    if media and policy == "refuse":
+        first, more = media[0], len(media) - 1
+        article = "an" if first.kind[0] in "aeiou" else "a"
+        others = f" (and {more} more media part{'s' if more > 1 else ''})" if more else ""
+        raise MediaRefusedError(
+            f"{first.at}: {article} {first.kind} part{others}; this model has no {_INPUT[first.kind]} input "
+            "(set proxy.media: drop to drop media and flag the trace)"
+        )
+    return media_counts(media)
+
+
+def part_text(part: Any, at: str, media: list[MediaPart]) -> str | None:
+    """The text of one content part; None for a part the template cannot take: a media part (an image, a file:
+    added to `media`, see `admit_media`) or a type hrl does not know. A part that is not an object, or a text part
+    whose text is missing or not a string, is a BadRequestError naming the field (`at`: the part's path in the
+    dialect's own names). A bare string is taken as text."""
     if isinstance(part, str):
         return part
     _need(isinstance(part, dict), at, "an object (a content part)", part)
@@ -233,6 +314,7 @@ def part_text(part: Any, at: str) -> str | None:
     _need(kind is None or isinstance(kind, str), f"{at}.type", "a string", kind)
     field = TEXT_PARTS.get(kind) if kind is not None else "text" if "text" in part else None
     if field is None:
+        note_media(part, at, media)
         return None
     if field not in part:
         raise BadRequestError(f"{at}.{field}: missing (a {kind or 'text'} part needs its text)")
@@ -241,15 +323,16 @@ def part_text(part: Any, at: str) -> str | None:
     return text  # type: ignore[no-any-return]
 
 
-def join_text(content: Any, sep: str, where: str = "content") -> str:
-    """Flatten content given as a string or a list of parts into text, the parts' texts joined with `sep`."""
+def join_text(content: Any, sep: str, where: str, media: list[MediaPart]) -> str:
+    """Flatten content given as a string or a list of parts into text, the parts' texts joined with `sep`; the
+    media parts it leaves out are added to `media`."""
     if content is None or isinstance(content, str):
         return content or ""
     _need(isinstance(content, list), where, "a string or a list of content parts", content)
-    texts = (part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+    texts = (part_text(part, f"{where}[{i}]", media) for i, part in enumerate(content))
     return sep.join(t for t in texts if t is not None)
 
 
-def text_of(content: Any, where: str = "content") -> str:
+def text_of(content: Any, where: str, media: list[MediaPart]) -> str:
     """Flatten Chat Completions message content (a string or a list of parts) into text."""
-    return join_text(content, "", where)
+    return join_text(content, "", where, media)

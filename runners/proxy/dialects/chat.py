@@ -1,4 +1,8 @@
-"""OpenAI Chat Completions (`POST /v1/chat/completions`): opencode, Qwen Code, mini-swe-agent, aider."""
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): opencode, Qwen Code, mini-swe-agent, aider.
+
+Content given as a list of parts is joined into text; `image_url`, `input_audio` and `file` parts (and vLLM's
+`audio_url`, `video_url`) are media, refused or dropped by `proxy.media` (`base.admit_media`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from hrl.runners.proxy.dialects.base import (
     BadRequestError,
     ChatRequest,
     ChatResult,
+    MediaPart,
     SSETemplate,
     as_object,
     sampling,
@@ -24,10 +29,10 @@ _KNOBS = {k: k for k in ("temperature", "top_p", "top_k", "min_p", "repetition_p
                          "frequency_penalty")}  # fmt: skip
 
 
-def _message(m: Any, i: int) -> dict[str, Any]:
+def _message(m: Any, i: int, media: list[MediaPart]) -> dict[str, Any]:
     if not isinstance(m, dict) or "role" not in m:
         raise BadRequestError(f"messages[{i}]: each message needs a role")
-    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"), f"messages[{i}].content")}
+    out: dict[str, Any] = {"role": m["role"], "content": text_of(m.get("content"), f"messages[{i}].content", media)}
     calls = m.get("tool_calls") or []
     if not isinstance(calls, list):
         raise BadRequestError(f"'tool_calls' must be a list, got {type(calls).__name__}")
@@ -69,14 +74,16 @@ class ChatDialect:
         if body.get("tool_choice") == "none":
             tools = None
         limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        media: list[MediaPart] = []
         return ChatRequest(
             model=str(body.get("model") or model or ""),
-            messages=[_message(m, i) for i, m in enumerate(messages)],
+            messages=[_message(m, i, media) for i, m in enumerate(messages)],
             tools=tools,
             stream=bool(body.get("stream")),
             **sampling(body, max_tokens=limit, seed="seed", **_KNOBS),
             include_usage=bool(as_object(body.get("stream_options"), "stream_options").get("include_usage")),
             ignore_eos=bool(body.get("ignore_eos")),
+            media=media,
         )
 
     def _msg(self, result: ChatResult) -> dict[str, Any]:

@@ -10,6 +10,8 @@ in part order. Calls keep the `id` they carry; a call without one gets `call_{tu
 same history always converts the same), and a response without one takes the id of the earliest unanswered
 call of the same name in the model turn before it. Declarations' schemas get their Gemini type names
 ("OBJECT", "STRING") lower-cased. `thoughtSignature`, `thinkingConfig` and `responseMimeType` are ignored.
+`inlineData` and `fileData` parts, in a turn or in a `functionResponse`'s `parts`, are media (of the kind their
+`mimeType` names), refused or dropped by `proxy.media` (`base.admit_media`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from hrl.runners.proxy.dialects.base import (
     BadRequestError,
     ChatRequest,
     ChatResult,
+    MediaPart,
     SSETemplate,
     as_object,
+    note_media,
     sampling,
     sse,
 )
@@ -73,9 +77,11 @@ def _parts(content: Any, at: str) -> list[dict[str, Any]]:
     return parts
 
 
-def _text(part: dict[str, Any], at: str) -> str | None:
-    """A part's text (None for a part without: a call, a response, inline data), its type checked."""
+def _text(part: dict[str, Any], at: str, media: list[MediaPart]) -> str | None:
+    """A part's text (None for a part without: a call, a response, or media, which is added to `media`), its type
+    checked."""
     if "text" not in part:
+        note_media(part, at, media)
         return None
     if not isinstance(part["text"], str):
         raise BadRequestError(f"{at}.text: must be a string, got {type(part['text']).__name__}")
@@ -91,7 +97,7 @@ def _object(value: Any, at: str) -> dict[str, Any]:
     return value or {}
 
 
-def _model_turn(parts: list[dict[str, Any]], turn: int) -> dict[str, Any]:
+def _model_turn(parts: list[dict[str, Any]], turn: int, media: list[MediaPart]) -> dict[str, Any]:
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -104,7 +110,7 @@ def _model_turn(parts: list[dict[str, Any]], turn: int) -> dict[str, Any]:
             args = json.dumps(_object(fc.get("args"), f"{at}.functionCall.args"), ensure_ascii=False)
             call_id = fc.get("id") or f"call_{turn}_{len(calls)}"
             calls.append({"id": call_id, "type": "function", "function": {"name": fc["name"], "arguments": args}})
-        elif (text := _text(part, at)) is not None:
+        elif (text := _text(part, at, media)) is not None:
             (thoughts if part.get("thought") else texts).append(text)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
@@ -114,7 +120,9 @@ def _model_turn(parts: list[dict[str, Any]], turn: int) -> dict[str, Any]:
     return msg
 
 
-def _user_turn(parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _user_turn(
+    parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[str, str]], media: list[MediaPart]
+) -> list[dict[str, Any]]:
     """Messages of a user turn; `unanswered` holds (name, id) of the calls before it and loses those answered."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
@@ -135,14 +143,22 @@ def _user_turn(parts: list[dict[str, Any]], turn: int, unanswered: list[tuple[st
                 texts = []
             content = json.dumps(_object(fr.get("response"), f"{at}.functionResponse.response"), ensure_ascii=False)
             out.append({"role": "tool", "content": content, "tool_call_id": call_id})
-        elif (text := _text(part, at)) is not None:
+            _response_media(fr, f"{at}.functionResponse", media)
+        elif (text := _text(part, at, media)) is not None:
             texts.append(text)
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _response_media(fr: dict[str, Any], at: str, media: list[MediaPart]) -> None:
+    """A functionResponse's own `parts` (a tool's image or file): media, added to `media`."""
+    parts = fr.get("parts")
+    for k, part in enumerate(parts if isinstance(parts, list) else []):
+        note_media(part, f"{at}.parts[{k}]", media)
+
+
+def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, Any]]:
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise BadRequestError("'contents' must be a non-empty list")
@@ -151,7 +167,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         text = system or ""
     else:
         parts = _parts(system, "systemInstruction")
-        texts = (_text(p, f"systemInstruction.parts[{j}]") for j, p in enumerate(parts))
+        texts = (_text(p, f"systemInstruction.parts[{j}]", media) for j, p in enumerate(parts))
         text = "\n\n".join(t for t in texts if t is not None)
     out: list[dict[str, Any]] = [{"role": "system", "content": text}] if text else []
     unanswered: list[tuple[str, str]] = []
@@ -159,11 +175,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         parts = _parts(content, f"contents[{turn}]")
         role = content.get("role") or "user"
         if role == "model":
-            msg = _model_turn(parts, turn)
+            msg = _model_turn(parts, turn, media)
             unanswered = [(c["function"]["name"], c["id"]) for c in msg.get("tool_calls", [])]
             out.append(msg)
         elif role in ("user", "function", "tool"):
-            out += _user_turn(parts, turn, unanswered)
+            out += _user_turn(parts, turn, unanswered, media)
         else:
             raise BadRequestError(f"a content's role must be 'user' or 'model', not {role!r}")
     return out
@@ -224,9 +240,10 @@ class GeminiDialect:
         calling = as_object(as_object(body.get("toolConfig"), "toolConfig").get("functionCallingConfig"),
                             "toolConfig.functionCallingConfig")  # fmt: skip
         mode = calling.get("mode")
+        media: list[MediaPart] = []
         return ChatRequest(
             model=str(model or body.get("model") or ""),
-            messages=_messages(body),
+            messages=_messages(body, media),
             tools=tools if tools and mode != "NONE" else None,
             stream=bool(body.get("stream")),
             **sampling(
@@ -239,6 +256,7 @@ class GeminiDialect:
                 presence_penalty="presencePenalty",
                 frequency_penalty="frequencyPenalty",
             ),
+            media=media,
         )
 
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:

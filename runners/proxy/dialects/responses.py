@@ -2,9 +2,11 @@
 
 Input items become chat messages: `instructions` and system/developer messages → system; a run of assistant-side
 items (reasoning, assistant message, function_call) → one assistant message whose `tool_calls` are the function
-calls and whose `reasoning_content` is the reasoning text; `function_call_output` → a tool message. Non-function
-tools (web_search, namespace, custom…) are dropped: the chat template can only offer functions. Tool call ids
-pass through unchanged, so the history Codex sends back names the same calls the proxy produced.
+calls and whose `reasoning_content` is the reasoning text; `function_call_output` → a tool message (its output a
+string or a list of parts). `input_image` and `input_file` parts, in a message or in a function call's output,
+are media, refused or dropped by `proxy.media` (`base.admit_media`). Non-function tools (web_search, namespace,
+custom…) are dropped: the chat template can only offer functions. Tool call ids pass through unchanged, so the
+history Codex sends back names the same calls the proxy produced.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hrl.runners.proxy.dialects.base import (
     BadRequestError,
     ChatRequest,
     ChatResult,
+    MediaPart,
     SSETemplate,
     join_text,
     sampling,
@@ -66,7 +69,7 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return "".join(texts[0]) if texts[0] else "\n\n".join(texts[1])
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, Any]]:
     items = body.get("input")
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
@@ -91,13 +94,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message" and item.get("role") == "assistant":
             msg = assistant()
-            msg["content"] += join_text(item.get("content"), "", f"input[{i}].content")
+            msg["content"] += join_text(item.get("content"), "", f"input[{i}].content", media)
         elif kind == "message":
             role = _ROLES.get(item.get("role", ""))
             if role is None:
                 raise BadRequestError(f"input[{i}].role: unknown message role {item.get('role')!r}")
             turn = None
-            out.append({"role": role, "content": join_text(item.get("content"), "\n\n", f"input[{i}].content")})
+            out.append({"role": role, "content": join_text(item.get("content"), "\n\n", f"input[{i}].content", media)})
         elif kind == "reasoning":
             text = _reasoning_text(item)
             if text:
@@ -115,7 +118,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(item.get("call_id"), str):
                 raise BadRequestError("a function_call_output item needs 'call_id'")
             turn = None
-            output = join_text(item.get("output"), "\n\n", f"input[{i}].output")
+            output = join_text(item.get("output"), "\n\n", f"input[{i}].output", media)
             out.append({"role": "tool", "content": output, "tool_call_id": item["call_id"]})
         else:
             raise BadRequestError(
@@ -176,9 +179,10 @@ class ResponsesDialect:
             raise BadRequestError("'tools' must be a list")
         functions = [f for f in (_tool(t) for t in tools) if f is not None]
         choice = body.get("tool_choice", "auto")
+        media: list[MediaPart] = []
         return ChatRequest(
             model=str(body.get("model") or model or ""),
-            messages=_messages(body),
+            messages=_messages(body, media),
             tools=functions if functions and choice != "none" else None,
             stream=bool(body.get("stream")),
             **sampling(body, max_tokens="max_output_tokens", temperature="temperature", top_p="top_p"),
@@ -186,6 +190,7 @@ class ResponsesDialect:
                 "tool_choice": choice if choice in ("auto", "none", "required") else "auto",
                 "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
             },
+            media=media,
         )
 
     def output(self, result: ChatResult, rid: str) -> list[dict[str, Any]]:
