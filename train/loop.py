@@ -91,6 +91,11 @@ class LoopConfig(BaseModel):
         "(the demo: in_place = 'sed -i', the fix written in place; success among them = the right operator).",
     )
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
+    keep_dropped_media: bool = Field(
+        False,
+        description="Train on traces whose requests lost media to proxy.media: drop (the model answered without "
+        "seeing an image or document the agent sent). Default: left out, counted per step as train/dropped_media.",
+    )
     seed: int = 0
     wandb: bool = Field(False, description="Also log metrics to Weights & Biases.")
     trainer: TrainerConfig

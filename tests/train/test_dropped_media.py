@@ -1,0 +1,43 @@
+"""A trace whose requests lost media to `proxy.media: drop` is left out of training by default, counted as
+`train/dropped_media`, and trained on with `train.keep_dropped_media`: traces from the real proxy, a real step."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from hrl.train.loop import LoopConfig
+from hrl.train.step import trainable, update_from_traces
+from hrl.train.trainer import Trainer, TrainerConfig
+from tests.proxy_helpers import running_proxy
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+@pytest.fixture(scope="module")
+def traces(tiny_model) -> list[dict]:
+    """One group of three: two text-only episodes (rewards 1 and 0) and one whose image was dropped (reward 1)."""
+    episodes = [("plain-1", "fix it", 1.0), ("plain-0", "fix it", 0.0), ("image", [{"type": "text", "text": "fix it"},
+                                                                                     IMAGE], 1.0)]  # fmt: skip
+    out = []
+    with running_proxy(tiny_model, media="drop") as p:
+        for token, content, reward in episodes:
+            p.call(p.proxy.open_session, token, {"group_id": "g", "task_id": "t"})
+            body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8}
+            r = httpx.post(f"{p.url}/s/{token}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            out.append(p.end(token, reward=reward))
+    assert [bool(t.get("dropped_media")) for t in out] == [False, False, True]
+    return out
+
+
+def test_a_trace_with_dropped_media_is_left_out_unless_kept(tiny_model, traces):
+    assert [trainable(t) for t in traces] == [True, True, False]
+    assert [trainable(t, keep_dropped_media=True) for t in traces] == [True, True, True]
+    trainer = Trainer(TrainerConfig(model=tiny_model, mode="full", device="cpu"))
+    left_out = update_from_traces(trainer, traces, LoopConfig(trainer=trainer.config))
+    assert left_out["train/trained_traces"] == 2 and left_out["train/traces"] == 2
+    assert left_out["train/dropped_media"] == 1
+    kept = update_from_traces(trainer, traces, LoopConfig(trainer=trainer.config, keep_dropped_media=True))
+    assert kept["train/trained_traces"] == 3 and kept["train/traces"] == 3
+    assert kept["train/dropped_media"] == 0
