@@ -36,6 +36,8 @@ EPILOG = """Examples:
 
   hrl serve --model ./tiny --sampling honest   # temperature 1, no-op top_p/top_k/penalties: traces to train on
 
+  hrl serve --model ./tiny --media drop   # answer requests holding images without them, flagged in the trace
+
   hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000 --port 8100 --workers 4
       # 4 proxy processes on ports 8100-8103 sharing one vLLM; a session lives in the worker it registered at
 """
@@ -121,6 +123,13 @@ def serve(
             "traces with your own trainer). Each call records what was asked and what was used."
         ),
     ] = "agent",
+    media: Annotated[
+        str,
+        typer.Option(
+            help="A request holding an image, document or audio part (the engines serve text only). refuse: a 400 "
+            "naming the part; drop: answered without it, counted in the trace (dropped_media)."
+        ),
+    ] = "refuse",
     workers: Annotated[
         int,
         typer.Option(
@@ -145,12 +154,16 @@ def serve(
         from hrl.runners.errors import UsageError
 
         raise UsageError(f"unknown --sampling {sampling!r}", hint="use --sampling agent or --sampling honest")
+    if media not in ("refuse", "drop"):
+        from hrl.runners.errors import UsageError
+
+        raise UsageError(f"unknown --media {media!r}", hint="use --media refuse or --media drop")
     check_engine(engine)  # fail on a bad engine name, model path or a taken port before anything loads
     check_port_free(host, port)
     path = materialize_model(model)
     check_model(path)
     options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout, "tool_parser": tool_parser,
-               "reasoning_parser": reasoning_parser, "sampling": sampling}  # fmt: skip
+               "reasoning_parser": reasoning_parser, "sampling": sampling, "media": media}  # fmt: skip
     token_file = control_token_file or default_control_token_file()
     if workers > 1:
         _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
