@@ -361,6 +361,7 @@ def _claude_body(**over: Any) -> dict[str, Any]:
 def test_anthropic_parses_a_claude_code_turn() -> None:
     req = get_dialect("anthropic").parse(_claude_body(), None)
     assert (req.model, req.max_tokens, req.stream) == ("fake-model", 32000, True)
+    assert [(m.at, m.kind) for m in req.media] == [("messages[3].content[1].content[1]", "image")]  # proxy.media
     assert req.messages == [
         {
             "role": "system",
