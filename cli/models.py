@@ -25,6 +25,8 @@ TINY_EPILOG = """Examples:
   hrl models tiny ./tiny-oss --family gpt-oss   # Harmony template and special tokens
 
   hrl models tiny ./tiny-sw --sliding-window 32  # every layer attends to its last 32 positions
+
+  hrl models tiny ./tiny-vl --vision            # images in: CLIP tower + projector + Qwen2 (LLaVA's layout)
 """
 
 
@@ -48,6 +50,15 @@ def tiny(
             "(as Mistral v0.1). Default: full attention.",
         ),
     ] = None,
+    vision: Annotated[
+        bool,
+        typer.Option(
+            "--vision",
+            help="A vision-language model: the same tokenizer plus <|vision_start|> <|image_pad|> <|vision_end|>, "
+            "a chat template with image parts, an image processor (4 tokens an image) and a CLIP tower + "
+            "projector before the Qwen2 decoder (LLaVA's layout). Hermes family, full attention only.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Build a tiny chat model offline: BPE tokenizer, a family's chat template and special tokens (default: ChatML
@@ -56,12 +67,33 @@ def tiny(
     from hrl.train.tiny.families import family_spec
 
     family_spec(family)  # an unknown family fails before anything is written
+    if vision:
+        _tiny_vision(out_dir, seed, family, sliding_window, as_json)
+        return
     t0 = time.monotonic()
     window = f", sliding window {sliding_window}" if sliding_window else ""
     err.print(f"building tiny model in {out_dir} (seed {seed}, family {family}{window})")
     path = build_tiny_model(out_dir, seed=seed, family=family, cfg=TinyModelConfig(sliding_window=sliding_window))
     files = sorted(p.name for p in path.iterdir())
     result = {"path": str(path), "seed": seed, "family": family, "sliding_window": sliding_window, "files": files,
+              "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
+    emit(result, as_json=as_json, human=str(path))
+
+
+def _tiny_vision(out_dir: Path, seed: int, family: str, sliding_window: int | None, as_json: bool) -> None:
+    """`hrl models tiny --vision`: the tiny vision-language model; other families and windows are refused before
+    anything is written (its template is the Hermes one with image parts, its decoder attends fully)."""
+    from hrl.runners.errors import UsageError
+    from hrl.train.tiny import build_tiny_vision_model
+
+    if family != "hermes" or sliding_window is not None:
+        raise UsageError("--vision builds the Hermes family with full attention only",
+                         hint="drop --family/--sliding-window, or --vision")  # fmt: skip
+    t0 = time.monotonic()
+    err.print(f"building tiny vision-language model in {out_dir} (seed {seed})")
+    path = build_tiny_vision_model(out_dir, seed=seed)
+    files = sorted(p.name for p in path.iterdir())
+    result = {"path": str(path), "seed": seed, "family": family, "vision": True, "files": files,
               "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
     emit(result, as_json=as_json, human=str(path))
 
