@@ -26,7 +26,7 @@ TINY_EPILOG = """Examples:
 
   hrl models tiny ./tiny-sw --sliding-window 32  # every layer attends to its last 32 positions
 
-  hrl models tiny ./tiny-vl --vision            # images in: CLIP tower + projector + Qwen2 (LLaVA's layout)
+  hrl models tiny ./tiny-vl --vision            # images in: Idefics3's layout, 4 tokens an image
 """
 
 
@@ -54,9 +54,10 @@ def tiny(
         bool,
         typer.Option(
             "--vision",
-            help="A vision-language model: the same tokenizer plus <|vision_start|> <|image_pad|> <|vision_end|>, "
-            "a chat template with image parts, an image processor (4 tokens an image) and a CLIP tower + "
-            "projector before the Qwen2 decoder (LLaVA's layout). Hermes family, full attention only.",
+            help="A vision-language model (Idefics3's layout, which transformers and vLLM load without "
+            "torchvision): the same tokenizer plus <image> and its wrapping tokens, the chat template with image "
+            "parts, an image processor (4 tokens an image), a vision tower and connector before the decoder. "
+            "Hermes family, full attention only.",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,

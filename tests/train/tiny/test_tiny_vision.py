@@ -44,13 +44,15 @@ def test_the_processor_loads_from_the_folder_and_expands_the_image_into_its_plac
     inputs = _inputs(processor, _image(0))
     ids = inputs["input_ids"][0].tolist()
     tok = processor.tokenizer
-    start, pad, end = (tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", IMAGE_TOKEN, "<|vision_end|>"))
+    around, glob, image = (
+        tok.convert_tokens_to_ids(t) for t in ("<fake_token_around_image>", "<global-img>", IMAGE_TOKEN)
+    )
     config = json.loads((vision_model / "config.json").read_text())
-    assert config["image_token_index"] == pad and config["text_config"]["vocab_size"] == len(tok)
-    at = ids.index(start)
-    assert ids[at + 1 : at + 2 + CFG.image_tokens] == [pad] * CFG.image_tokens + [end]  # (28 / 14)² = 4 pads
-    assert ids.count(pad) == CFG.image_tokens
-    assert tuple(inputs["pixel_values"].shape) == (1, 3, CFG.image_size, CFG.image_size)
+    assert config["image_token_id"] == image and config["text_config"]["vocab_size"] == len(tok)
+    at = ids.index(around)
+    run = [around, glob] + [image] * CFG.image_tokens + [around]  # (56 / 14)² patches, 2×2 per token: 4 image tokens
+    assert ids[at : at + len(run)] == run and ids.count(image) == CFG.image_tokens == 4
+    assert tuple(inputs["pixel_values"].shape) == (1, 1, 3, CFG.image_size, CFG.image_size)  # (batch, views, C, H, W)
     # text tokenizes as the tiny chat model's tokenizer does: the vision tokens only come on top
     assert tok.encode("def add(a, b):\n    return a + b\n") == build_tiny_tokenizer(0).encode(
         "def add(a, b):\n    return a + b\n"
@@ -75,15 +77,15 @@ def test_the_image_reaches_the_logits_and_a_text_loss_reaches_tower_projector_an
     # (eps 1.2e-7 on logits of magnitude ~10: far below 1e-4)
     ids = inputs["input_ids"][0]  # (T,)
     first = ids.tolist().index(processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
-    after = ids.tolist().index(processor.tokenizer.convert_tokens_to_ids("<|vision_end|>"))
+    after = first + CFG.image_tokens  # the closing <fake_token_around_image>
     moved = (logits.detach()[0] - other_logits[0]).abs().max(dim=-1).values  # (T,)
     assert float(moved[:first].max()) < 1e-4 and float(moved[after:].max()) > 1e-2
 
     loss = torch.nn.functional.cross_entropy(logits[0, after:-1], ids[after + 1 :])  # the text positions only
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
-    for part in ("vision_tower.embeddings.patch_embedding.weight", "multi_modal_projector.linear_1.weight",
-                 "language_model.layers.0.self_attn.q_proj.weight"):  # fmt: skip
+    for part in ("vision_model.embeddings.patch_embedding.weight", "connector.modality_projection.proj.weight",
+                 "text_model.layers.0.self_attn.q_proj.weight"):  # fmt: skip
         (grad,) = [g for name, g in grads.items() if name.endswith(part)]
         assert grad is not None and float(grad.abs().sum()) > 0, part
 
