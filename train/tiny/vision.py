@@ -45,8 +45,8 @@ VISION_TEMPLATE = CHATML_TOOLS_TEMPLATE.replace(_TEXT_ONLY, _WITH_IMAGES)
 
 @dataclass(frozen=True)
 class TinyVisionConfig:
-    """Shape of the tiny vision-language model: ~0.45M parameters (0.4M of them the decoder's). The decoder has the tiny chat model's shape (head
-    size 32, the smallest vLLM's CPU attention takes); the tower is smaller still (its attention runs on sdpa)."""
+    """Shape of the tiny vision-language model: ~0.45M parameters, 0.4M of them the decoder's, which has the tiny chat
+    model's shape (head size 32, the smallest vLLM's CPU attention takes); the tower is smaller (attention on sdpa)."""
 
     vocab_size: int = 1024  # the BPE's; the image tokens come on top
     hidden_size: int = 128
