@@ -202,10 +202,11 @@ async def _run(
 
 def _sandbox_of(run: Any) -> str:
     """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
-    from hrl.runners.whitebox.harness import needs_sandbox
+    from hrl.runners.whitebox.harness import needs_sandbox, resolve_mode
 
     if not needs_sandbox(run.rollout.agent, run.verifier or None):
-        return "none (in-process agent)" if run.rollout.mode == "inprocess" else "none (subprocess)"
+        mode, why = resolve_mode(run.rollout.mode, run.rollout.agent, run.verifier or None)
+        return f"none (agent {'in process' if mode == 'inprocess' else 'in a subprocess'}: {why})"
     return str(run.rollout.sandbox)
 
 

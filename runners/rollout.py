@@ -54,10 +54,12 @@ class RolloutConfig(BaseModel):
     )
     memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
-    mode: Literal["inprocess", "subprocess"] = Field(
-        "inprocess",
-        description="White-box (python:) agents only: run on the event loop, or in a subprocess with "
-        "OPENAI_BASE_URL / OPENAI_API_KEY set (for synchronous code).",
+    mode: Literal["auto", "inprocess", "subprocess"] = Field(
+        "auto",
+        description="White-box (python:) agents only: `subprocess` (a worker process with OPENAI_BASE_URL / "
+        "OPENAI_API_KEY set; in its own namespace where bubblewrap runs), `inprocess` (on hrl's event loop: "
+        "trusted code only), or `auto`: subprocess where bubblewrap runs and the agent needs no "
+        "session.sandbox, else in process.",
     )
 
     @property

@@ -13,10 +13,12 @@ token, and a subprocess agent gets an allowlist of the host's environment:
 - any other verifier (`tests`): the episode gets a sandbox laid out with the task (`session.sandbox`, to run the
   agent's tools in), which the verifier then grades.
 
-`rollout.mode`: `inprocess` (on the event loop; default) or `subprocess` (`python -m hrl.runners.whitebox.worker`
-with OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL set, for synchronous code). Where bubblewrap runs, the
-subprocess runs as a local sandbox's command does: the host's files read-only, a private temp folder, its own
-network namespace where the proxy's data plane (relayed from its unix socket) is the one thing it reaches.
+`rollout.mode`: `subprocess` (`python -m hrl.runners.whitebox.worker` with OPENAI_BASE_URL / OPENAI_API_KEY /
+OPENAI_MODEL set; plain or async functions), `inprocess` (on hrl's event loop), or `auto` (default; `resolve_mode`).
+Where bubblewrap runs, the subprocess runs as a local sandbox's command does: the host's files read-only, a private
+temp folder, its own network namespace where the proxy's data plane (relayed from its unix socket) is the one thing
+it reaches. An in-process agent shares hrl's process (its memory, vLLM's socket): trusted code only, whose tools
+run model-written code in `session.sandbox`, never in the agent's own process.
 """
 
 from __future__ import annotations
@@ -41,7 +43,15 @@ from hrl.runners.tasks.task import Task
 from hrl.runners.trace import write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
 
-__all__ = ["AgentLoadError", "PythonRollouts", "is_python_agent", "load_function", "needs_sandbox", "split_spec"]
+__all__ = [
+    "AgentLoadError",
+    "PythonRollouts",
+    "is_python_agent",
+    "load_function",
+    "needs_sandbox",
+    "resolve_mode",
+    "split_spec",
+]
 
 RESULT_MARK = "HRL_RESULT "  # the subprocess worker's last stdout line: HRL_RESULT {"reward": …}
 RELAY_PORT = 8000  # where a namespaced subprocess agent finds the proxy (its own loopback)
@@ -54,6 +64,21 @@ class AgentLoadError(UsageError):
 
 def is_python_agent(agent: str) -> bool:
     return agent.startswith("python:") or agent.partition(":")[0].endswith(".py")
+
+
+def resolve_mode(mode: str, agent: str, verifier: dict[str, Any] | None) -> tuple[str, str]:
+    """(`inprocess` | `subprocess`, why) for `rollout.mode`. `auto`: a subprocess in its own namespace where
+    bubblewrap runs (closed like a local sandbox), unless the episode hands the agent a sandbox to run its tools in
+    (`session.sandbox` lives in hrl's process); else in process."""
+    if mode != "auto":
+        return mode, f"rollout.mode: {mode}"
+    if needs_sandbox(agent, verifier):
+        return "inprocess", "its tools run in session.sandbox, which lives in hrl's process"
+    from hrl.sandboxes.local import LocalBackend
+
+    if not LocalBackend().isolate:
+        return "inprocess", "bubblewrap does not run here, so a subprocess would not be closed either"
+    return "subprocess", "closed in its own namespace (bubblewrap)"
 
 
 def needs_sandbox(agent: str, verifier: dict[str, Any] | None) -> bool:
@@ -150,10 +175,11 @@ class PythonRollouts:
         self.verifier_options = options
         self.score: Callable[..., Any] | None = None
         self.verifier: Any = None
+        self.mode, self.mode_reason = resolve_mode(config.mode, self.spec, verifier or {"name": "python"})
 
     def prepare(self) -> None:
         """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
-        if self.config.mode == "subprocess":
+        if self.mode == "subprocess":
             split_spec(self.spec, self.base_dir)  # a wrong spec fails here, not in every episode's process
         elif self.fn is None:
             self.fn = load_function(self.spec, self.base_dir)
@@ -171,7 +197,7 @@ class PythonRollouts:
         return {
             "task_id": task.instance_id,
             "group_id": ep.group_id,
-            "agent": {"name": f"python:{self.spec.removeprefix('python:')}", "version": self.config.mode},
+            "agent": {"name": f"python:{self.spec.removeprefix('python:')}", "version": self.mode},
             "env": {"sandbox": "none" if self.verifier is None else self.config.sandbox},
             "model": {"name": self.stack.proxy.config.model_name},
             "metadata": {"episode": ep.key, "run": self.config.run_id},
@@ -224,7 +250,7 @@ class PythonRollouts:
         try:
             async with asyncio.timeout(budget):
                 returned = await (
-                    self._subprocess(task, ws) if self.config.mode == "subprocess" else self._inprocess(task, ws)
+                    self._subprocess(task, ws) if self.mode == "subprocess" else self._inprocess(task, ws)
                 )
         except TimeoutError:
             return {"failure_reason": "agent_timeout"}, {}

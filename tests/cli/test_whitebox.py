@@ -25,12 +25,13 @@ def test_rollout_of_the_langgraph_recipe(tiny_model, tmp_path):
     out = hrl("rollout", "--recipe", "langgraph-react", "--model", tiny_model, "--limit", "3", "-n", "2", "--json",
               "--out", "t.jsonl", cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "sandbox none (in-process agent)" in out.stderr and "Warning" not in out.stderr
+    assert "sandbox none (agent in a subprocess: closed in its own namespace" in out.stderr, out.stderr
+    assert "Warning" not in out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     traces = list(read_traces(tmp_path / "t.jsonl"))
     assert len(lines) == len(traces) == 6
     assert all(t["failure_reason"] is None and t["reward"] in (0.0, 0.1, 1.0) and t["calls"] for t in traces)
-    assert {t["agent"]["name"] for t in traces} == {"python:agent.py:run"}
+    assert {(t["agent"]["name"], t["agent"]["version"]) for t in traces} == {("python:agent.py:run", "subprocess")}
     assert all("got" in t["reward_info"] for t in traces)  # scored by the recipe's verifier, hrl.recipes.arithmetic
 
 

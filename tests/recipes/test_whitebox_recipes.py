@@ -45,6 +45,7 @@ def test_langgraph_react_calls_its_tool_and_is_scored_by_the_verifier(tiny_model
     turns = [{"tool_calls": [{"name": "calculator", "arguments": {"expression": _expr(task.problem_statement)}}]},
              f"{task.answer}"]  # fmt: skip
     trace = _episode(tiny_model, "langgraph-react", turns, tmp_path)["trace"]
+    assert trace["agent"]["version"] == "subprocess"  # rollout.mode auto: closed in its own namespace
     assert [c["finish_reason"] for c in trace["calls"]] == ["tool_calls", "stop"]
     assert trace["calls"][1]["parent"] == trace["calls"][0]["call_id"]  # the ReAct loop extends one branch
     assert [t["name"] for t in trace["tools"]] == ["calculator"]
@@ -59,6 +60,7 @@ def test_langgraph_react_wrong_answer_gets_only_format_credit(tiny_model, tmp_pa
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_agents_sdk_handoff_is_a_child_branch_of_the_same_trace(tiny_model, tmp_path, monkeypatch, api):
     monkeypatch.setenv("HRL_AGENTS_API", api)
+    monkeypatch.setenv("HRL_SANDBOX_ENV_PASSTHROUGH", "HRL_AGENTS_API")  # a closed agent sees only what is named
     task = load_tasks(load_recipe("agents-sdk")["tasks"])[0]
     turns = [{"tool_calls": [{"name": "transfer_to_specialist", "arguments": {}}]}, f"{task.answer}"]
     trace = _episode(tiny_model, "agents-sdk", turns, tmp_path)["trace"]

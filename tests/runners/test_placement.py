@@ -125,6 +125,7 @@ def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path)
                       "    client = session.openai()")
     )  # fmt: skip
     cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
+    cfg["rollout"]["mode"] = "inprocess"  # the agent hands its key out through a file on this host
     cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
     cfg["engine_options"] = {"turns": ["Done.", LONG], "token_delay_s": 0.05}
     tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(2)]
@@ -293,7 +294,8 @@ def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_mode
 def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluster, tiny_model, tmp_path):
     """The trainer in the driver, rollouts on the node agents: step 1's tokens come from the version step 0 published."""
     # a step whose groups all score alike trains on nothing and publishes nothing: the samples of a task take turns
-    # (a counter file per task on this host, shared by both simulated nodes) answering whole or cut short
+    # (a counter file per task on this host, shared by both simulated nodes) answering whole or cut short; in process,
+    # since a closed agent cannot write to this host
     (tmp_path / "agent.py").write_text(
         AGENT.replace("max_tokens=16)", "max_tokens=16 if _turn(task) % 2 else 1)")
         + f"\n\ndef _turn(task):\n    import itertools, os\n    for n in itertools.count():\n        try:\n"
@@ -303,7 +305,7 @@ def test_hrl_train_placement_ray_publishes_each_step_to_every_replica(ray_cluste
     write_tasks([mini_task("local", instance_id=f"t{i}", problem_statement="say done") for i in range(2)],
                 tmp_path / "tasks.jsonl")  # fmt: skip
     recipe = {"model": tiny_model, "engine": "scripted", "engine_options": {"turns": ["Done."]}, "tasks": "tasks.jsonl",
-              "rollout": {"agent": "agent.py:run"}, "verifier": {"name": "python", "function": "agent.py:score"},
+              "rollout": {"agent": "agent.py:run", "mode": "inprocess"}, "verifier": {"name": "python", "function": "agent.py:score"},
               "train": {"iterations": 2, "tasks_per_iteration": 2, "group_size": 2, "concurrency": 4},
               "trainer": {"mode": "lora", "lora_rank": 4, "lora_alpha": 8},
               "placement": {"address": ray_cluster.address, "engine_replicas": 2}}  # fmt: skip
