@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hrl.train.tiny.chatml import CHATML_TOOLS_TEMPLATE
 from hrl.train.tiny.families import family_spec
-from hrl.train.tiny.model import build_tiny_tokenizer
+from hrl.train.tiny.model import TinyModelConfig, build_tiny_tokenizer
 
 __all__ = ["IMAGE_TOKEN", "VISION_TEMPLATE", "VISION_TOKENS", "TinyVisionConfig", "build_tiny_vision_model"]
 
@@ -44,18 +44,11 @@ VISION_TEMPLATE = CHATML_TOOLS_TEMPLATE.replace(_TEXT_ONLY, _WITH_IMAGES)
 
 
 @dataclass(frozen=True)
-class TinyVisionConfig:
+class TinyVisionConfig(TinyModelConfig):
     """Shape of the tiny vision-language model: ~0.45M parameters, 0.4M of them the decoder's, which has the tiny chat
-    model's shape (head size 32, the smallest vLLM's CPU attention takes); the tower is smaller (attention on sdpa)."""
+    model's shape and fields (head size 32, the smallest vLLM's CPU attention takes; `vocab_size` is the BPE's, the
+    image tokens come on top); the tower is smaller (attention on sdpa)."""
 
-    vocab_size: int = 1024  # the BPE's; the image tokens come on top
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 32768
-    initializer_range: float = 0.2  # the decoder's, as the tiny chat model's
     vision_layers: int = 2
     vision_hidden_size: int = 32
     vision_heads: int = 2
