@@ -230,6 +230,7 @@ def _line(m: dict[str, Any]) -> str:
         f"  grad {m.get('train/grad_norm', 0):.2f}  {m.get('time/rollout_s', m.get('time/step_s', 0)):.0f}s"
         + (f"  failures {fails}" if fails else "")
         + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
+        + (f"  left out for dropped media {int(m['train/dropped_media'])}" if m.get("train/dropped_media") else "")
         + ("  trained on nothing: not published" if m.get("train/empty") else "")
         + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )

@@ -41,3 +41,11 @@ def test_a_trace_with_dropped_media_is_left_out_unless_kept(tiny_model, traces):
     kept = update_from_traces(trainer, traces, LoopConfig(trainer=trainer.config, keep_dropped_media=True))
     assert kept["train/trained_traces"] == 3 and kept["train/traces"] == 3
     assert kept["train/dropped_media"] == 0
+
+
+def test_hrl_trains_step_line_says_how_many_traces_dropped_media_left_out():
+    from hrl.cli.train import _line
+
+    step = {"step": 3, "version": 2, "trace/reward": 0.5, "trace/count": 8}
+    assert "dropped media" not in _line(step)
+    assert "left out for dropped media 2" in _line({**step, "train/dropped_media": 2.0})
