@@ -89,6 +89,7 @@ def _register() -> None:
         inspect,
         models,
         recipes,
+        regrade,
         report,
         rollout,
         sandbox,
@@ -108,6 +109,7 @@ def _register() -> None:
     app.command("eval", epilog=evaluation.EPILOG)(evaluation.eval_)
     app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
     app.command("report", epilog=report.EPILOG)(report.report)
+    app.command("regrade", epilog=regrade.EPILOG)(regrade.regrade)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
 
 

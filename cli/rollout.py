@@ -107,6 +107,7 @@ def rollout(
         run_config,
         run_settings,
     )
+    from hrl.runners.tasks.regrade import archive_dir
     from hrl.runners.whitebox.harness import is_python_agent
 
     if not recipe and tasks is None:
@@ -132,7 +133,9 @@ def rollout(
     for name in harnesses(cfg):
         say_context(name, model, cfg)
     roll["run_id"] = run_id or roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
-    hide_from_sandboxes(cfg, task_file, out)
+    archive = archive_dir(out)  # tasks and long diffs for `hrl regrade`: hidden from every sandbox, as --out is
+    archive.mkdir(parents=True, exist_ok=True)  # a folder hides only once it exists
+    hide_from_sandboxes(cfg, task_file, out, archive)
     run = run_config(cfg)
     rc = asyncio.run(_run(run, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
     raise typer.Exit(rc)

@@ -24,6 +24,7 @@ from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.harbor import task_version
 from hrl.runners.tasks.harbor_verifier import as_harbor
+from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task, snapshot_version
 from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.tasks.workspace import WorkspaceError
@@ -104,6 +105,7 @@ class AgentRollouts:
         options = dict(verifier or {})
         name = options.pop("name", "tests")
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
+        self.verifier_section = {"name": name, **options}  # archived with each episode, for `hrl regrade`
         self._install: AgentInstall | None = None
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
@@ -137,6 +139,8 @@ class AgentRollouts:
             raise
         except (SandboxError, WorkspaceError, OSError) as e:
             outcome, extra = {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
+        if "patch" in extra:  # the agent's diff, graded: archived with its task for `hrl regrade`
+            extra = await archived(trace_file, task, self.verifier_section, extra)
         trace = self._end(session.token, trace_file, outcome, extra)
         self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
         return trace
@@ -171,7 +175,7 @@ class AgentRollouts:
             "episode_s": round(time.monotonic() - t0, 3),
             "agent_stdout_tail": result.stdout_tail[-2000:],
             "agent_stderr_tail": result.stderr_tail[-2000:],
-            "patch": verdict.patch[:20000],
+            "patch": verdict.patch,  # cut to PATCH_INLINE in the trace, archived whole beside it (`archived`)
         }
         return outcome, extra
 

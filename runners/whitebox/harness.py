@@ -39,6 +39,7 @@ from typing import Any
 from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.serving.stack import Stack
+from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task
 from hrl.runners.trace import write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
@@ -218,6 +219,9 @@ class PythonRollouts:
             self._end(token, trace_file, {"failure_reason": "cancelled"}, {})
             raise
         extra["episode_s"] = round(time.monotonic() - t0, 3)
+        if "patch" in extra:  # graded by the tests: the diff and the task archived for `hrl regrade`
+            section = {"name": self.verifier_name, **self.verifier_options}
+            extra = await archived(trace_file, task, section, extra)
         trace = self._end(token, trace_file, outcome, extra)
         self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
         return trace
@@ -236,7 +240,7 @@ class PythonRollouts:
                 outcome, extra = await self._attempt(task, ws)
                 if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
                     verdict = await self.verifier.verify(sandbox, task)
-                    outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch[:20000]}
+                    outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch}
         except (SandboxError, OSError) as e:
             return {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
         return outcome, extra
