@@ -25,6 +25,7 @@ class Episode:
     index: int  # k within the group
     iteration: int  # the batch (sync) or group number (async) it belongs to
     agent: str = ""  # the harness it runs under, in a run of several (rollout.agents); "" = the run's one harness
+    version: int | None = None  # every token sampled by this policy version (a held-out evaluation); None = live
 
     @property
     def task_id(self) -> str:

@@ -128,7 +128,7 @@ class AgentRollouts:
     async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
         inst = self.prepare()
-        session = self.stack.proxy.open_session(meta=self._meta(ep, task))
+        session = self.stack.proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         outcome: dict[str, Any] = {}
         extra: dict[str, Any] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,12 @@ class SimulatedAgent:
         tool_time_sigma: float = 1.0,
         max_tokens: int = 12,
         reward: Callable[[str], float] = letter_reward,
+        between_turns: Callable[[Any, int], Awaitable[None]] | None = None,
     ) -> None:
+        """`between_turns(ep, turn)`: awaited after each turn's tool pause (a test holding an episode open across
+        a weight publish, say)."""
         self.proxy, self.url, self.rng = proxy, url, random.Random(seed)
+        self.between_turns = between_turns
         self.min_turns, self.max_turns = min_turns, max_turns
         self.mu, self.sigma = math.log(tool_time_median_s) if tool_time_median_s > 0 else None, tool_time_sigma
         self.max_tokens, self.reward = max_tokens, reward
@@ -52,7 +56,7 @@ class SimulatedAgent:
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
-        token = self.proxy.open_session(meta=meta).token
+        token = self.proxy.open_session(meta=meta, version=getattr(ep, "version", None)).token
         turns = self.rng.randint(self.min_turns, self.max_turns)
         pauses = [self.rng.lognormvariate(self.mu, self.sigma) if self.mu is not None else 0.0 for _ in range(turns)]
         msgs: list[dict[str, Any]] = [{"role": "user", "content": str(ep.task.get("problem_statement", "go"))}]
@@ -67,6 +71,8 @@ class SimulatedAgent:
                 text = data["choices"][0]["message"]["content"] or ""
                 msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"result {turn}"}]
                 await asyncio.sleep(pauses[turn])
+                if self.between_turns is not None and turn < turns - 1:
+                    await self.between_turns(ep, turn)
         except asyncio.CancelledError:
             self._end(token, trace_file, failure_reason="cancelled")
             raise

@@ -17,6 +17,11 @@ GRPO groups only), updates and publishes while rollouts go on.
 - `train.task_sampler=signal` draws each new group's task by the signal weights of the traces finished so far
   (rebuilt from the run's traces on resume); groups are drawn one at a time, so a task may recur within a batch.
   `balanced` takes the strata of `train.sampler_key` in turn, by group number, as the sync loop does.
+- Held-out evaluation (`eval_tasks`, `hrl.train.heldout`): the whole set before the first rollout and after the last
+  step (no training episode runs then), and with `train.eval_every` the slice at each such step k, beside the
+  training rollouts: its episodes are pinned to version k (the policy of step k), so none mixes versions while
+  step k trains and publishes k+1. A LoRA publish keeps version k loaded beside k+1; a full-weight publish, which
+  replaces the weights, waits for the evaluation to end. Its row is logged before step k's.
 """
 
 from __future__ import annotations
@@ -263,13 +268,14 @@ async def train_async(
     eval_tasks: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run `cfg.iterations` updates asynchronously, publishing through `publisher` (the proxy, so agents never see
-    an update). `eval_tasks`: held-out tasks, evaluated before the first update and after the last
-    (`hrl.train.heldout`; the policy moves under in-flight episodes, so there are no evaluations between)."""
+    an update). `eval_tasks`: held-out tasks, evaluated before the first update, after the last, and every
+    `eval_every` steps between, each evaluation pinned to the version of its step (the module docstring)."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
     version, history, dropped_total = state["version"], [], 0
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
-    evals = Evaluations(eval_tasks, cfg, run, rollouts, periodic=False)
+    evals = Evaluations(eval_tasks, cfg, run, rollouts)
+    held: asyncio.Task[Any] | None = None  # the evaluation of this step, running beside its rollouts
     try:
         await evals.at(0, version, sink, on_event)  # before any rollout of the run
     except BaseException:
@@ -282,6 +288,8 @@ async def train_async(
     try:
         for step in range(state["iteration"], cfg.iterations):
             t0 = time.monotonic()
+            if evals.due(step):  # pinned to `version`: the publish below never reaches its episodes
+                held = asyncio.create_task(evals.at(step, version, sink, on_event))
             batch = await producer.take(acfg.batch_traces)
             t1 = time.monotonic()
             fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
@@ -293,7 +301,12 @@ async def train_async(
                 metrics |= unpublished(publisher, version)
             else:
                 path = await save_checkpoint(trainer, run, version + 1)
+                if held is not None and cfg.trainer.mode != "lora":  # new full weights would replace the eval's
+                    await held
                 metrics |= await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
+            if held is not None:  # its row (step `step`) is logged before this step's
+                await held  # an evaluation that raised ends the run with its error
+                held = None
             version = metrics["version"]
             metrics.update(
                 {
@@ -318,6 +331,9 @@ async def train_async(
         await producer.stop()  # no training episode runs while the final policy is evaluated
         await evals.at(cfg.iterations, version, sink, on_event)
     finally:
+        if held is not None:
+            held.cancel()
+            await asyncio.gather(held, return_exceptions=True)
         sink.close()
         feeder.cancel()
         await producer.stop()

@@ -6,16 +6,21 @@ Each evaluation runs `train.eval_episodes` episodes per task through the same ha
 training, writes their traces to `eval/step-NNNN.jsonl` in the run directory (apart from the training traces: they
 never reach a batch, the task sampler or a resume's bookkeeping), and logs one metrics.jsonl row of its own:
 
-- `eval/success`   share of episodes with reward ≥ `train.success_reward` (a failed episode is no success)
+- `eval/success`   share of successful episodes: the trace's `success` (the task's own rule, apart from a shaped
+                   reward) where the verifier said it, else reward ≥ `train.success_reward` (`succeeded`)
 - `eval/reward`    mean reward, an episode without one counted as 0
 - `eval/turns`     mean agent turns
-- `eval/episodes`, `eval/tasks`, `eval/failed` (episodes with a failure_reason), `eval/version` (the policy)
+- `eval/episodes`, `eval/tasks`, `eval/failed` (episodes with a failure_reason), `eval/version` (the policy: every
+  token of every episode of the evaluation is sampled by it, `Episode.version`)
 - with `train.eval_markers` ({name: text}): `eval/has/<name>`, the share of episodes whose sampled text (every
   call's response ids, decoded) contains the text, and `eval/success_given/<name>`, the success rate among them
 
 A step's evaluation happens before that step's rollouts, with the policy those rollouts use, so `eval/success` at
-step k and `trace/reward` at step k describe the same weights. A resume runs again an evaluation whose row was not
-logged (its partial trace file is replaced).
+step k and `trace/reward` at step k describe the same weights. In an `--async` run (`train.async_loop`) the
+evaluation of step k runs beside the training rollouts while step k trains and publishes: its episodes' sessions
+are opened pinned to version k, so no eval episode mixes versions (LoRA publishes keep that adapter loaded beside
+the new one; a full-weight publish waits for the evaluation to end). A resume runs again an evaluation whose row
+was not logged (its partial trace file is replaced).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.metrics import TURNS, trace_metrics
 from hrl.runners.rundir import RunDir
 
-__all__ = ["EvalEpisode", "Evaluations", "eval_row", "eval_steps", "evaluate"]
+__all__ = ["EvalEpisode", "Evaluations", "eval_row", "eval_steps", "evaluate", "succeeded"]
 
 
 class EvalEpisode(Episode):
@@ -46,14 +51,21 @@ def eval_steps(iterations: int, every: int) -> dict[int, bool]:
     return steps | {0: True, iterations: True}
 
 
-def _marker_rows(
-    rewards: list[float], texts: list[str], markers: dict[str, str], success_reward: float
-) -> dict[str, float | None]:
+def succeeded(trace: dict[str, Any], success_reward: float = 1.0) -> bool:
+    """Whether an episode solved its task: the trace's `success` (the task's own rule, apart from a shaped reward)
+    where the verifier said it, else (null, or a trace written before the key existed) reward ≥ `success_reward`;
+    an episode without a reward is no success."""
+    if isinstance(trace.get("success"), bool):
+        return bool(trace["success"])
+    return trace.get("reward") is not None and float(trace["reward"]) >= success_reward
+
+
+def _marker_rows(wins: list[bool], texts: list[str], markers: dict[str, str]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, text in markers.items():
-        hits = [r for r, said in zip(rewards, texts, strict=True) if text in said]
+        hits = [w for w, said in zip(wins, texts, strict=True) if text in said]
         out[f"eval/has/{name}"] = len(hits) / len(texts) if texts else None
-        out[f"eval/success_given/{name}"] = sum(r >= success_reward for r in hits) / len(hits) if hits else None
+        out[f"eval/success_given/{name}"] = sum(hits) / len(hits) if hits else None
     return out
 
 
@@ -74,14 +86,15 @@ def eval_row(
     """The metrics.jsonl row of one evaluation (see the module docstring); `markers` need `decode`."""
     n = len(traces)
     rewards = [float(t["reward"]) if t.get("reward") is not None else 0.0 for t in traces]
+    wins = [succeeded(t, success_reward) for t in traces]
     turns = [trace_metrics(t)[TURNS] for t in traces]
     marks = {}
     if markers and decode is not None:
         texts = [sampled_text(t, decode) for t in traces]
-        marks = _marker_rows(rewards, texts, markers, success_reward)
+        marks = _marker_rows(wins, texts, markers)
     return marks | {
         "step": step,
-        "eval/success": sum(r >= success_reward for r in rewards) / n if n else None,
+        "eval/success": sum(wins) / n if n else None,
         "eval/reward": sum(rewards) / n if n else None,
         "eval/turns": sum(turns) / n if n else None,
         "eval/episodes": float(n),
@@ -94,11 +107,12 @@ def eval_row(
 async def evaluate(
     tasks: list[dict[str, Any]], rollouts: Rollouts, run: RunDir, step: int, version: int, cfg: Any, whole: bool
 ) -> dict[str, Any]:
-    """Run one evaluation of the live policy (`version`) and return its row; `whole`: every task, else the slice.
+    """Run one evaluation of policy `version` and return its row; `whole`: every task, else the slice. Every
+    episode's session is pinned to `version`, so a publish during the evaluation never reaches it.
     `cfg` is the loop's config (eval_episodes, eval_slice, eval_markers, concurrency, success_reward, seed)."""
     picked = tasks if whole else random.Random(cfg.seed).sample(tasks, min(cfg.eval_slice, len(tasks)))
     episodes = [
-        EvalEpisode(t, k, step, harness_for(rollouts, j))
+        EvalEpisode(t, k, step, harness_for(rollouts, j), version)
         for j, t in enumerate(picked)
         for k in range(cfg.eval_episodes)
     ]
@@ -130,9 +144,12 @@ class Evaluations:
         self.steps = eval_steps(cfg.iterations, cfg.eval_every if periodic else 0) if self.tasks else {}
         self.done = set(run.eval_rows())
 
+    def due(self, step: int) -> bool:
+        return step in self.steps and step not in self.done
+
     async def at(self, step: int, version: int, sink: Any, on_event: Any) -> dict[str, Any] | None:
-        """Evaluate the live policy if `step` is due and not logged yet; log and return its row."""
-        if step not in self.steps or step in self.done:
+        """Evaluate policy `version` if `step` is due and not logged yet; log and return its row."""
+        if not self.due(step):
             return None
         whole = self.steps[step]
         n = len(self.tasks) if whole else min(self.cfg.eval_slice, len(self.tasks))

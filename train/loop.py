@@ -80,7 +80,8 @@ class LoopConfig(BaseModel):
         0,
         ge=0,
         description="With eval_tasks: also evaluate every N steps, on eval_slice of them (the whole set is "
-        "evaluated at step 0 and after the last step either way; sync loop only). 0 = only then.",
+        "evaluated at step 0 and after the last step either way; in an async run, beside the rollouts, pinned to the "
+        "step's version). 0 = only then.",
     )
     eval_slice: int = Field(8, ge=1, description="Held-out tasks of an evaluation between the first and the last.")
     eval_episodes: int = Field(1, ge=1, description="Episodes per held-out task in an evaluation.")

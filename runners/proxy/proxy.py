@@ -190,12 +190,18 @@ class Proxy:
         return self.config.max_prompt_bytes or self.max_context * BYTES_PER_TOKEN
 
     # ---- sessions ------------------------------------------------------------------------------------------
-    def open_session(self, token: str | None = None, meta: dict[str, Any] | None = None) -> Session:
-        """Register a session (default token: 128 random bits); its owner ends it with `end_session`."""
+    def open_session(
+        self, token: str | None = None, meta: dict[str, Any] | None = None, version: int | None = None
+    ) -> Session:
+        """Register a session (default token: 128 random bits); its owner ends it with `end_session`. `version`:
+        every call of the session and its sub-agents is served by that policy version, whatever the version policy
+        (a held-out evaluation of one policy while training publishes newer ones); None = the version policy's."""
         token = self._token(token)
         if token in self.sessions:
             raise ValueError(f"session {token} already exists")
         session = self.sessions[token] = Session(token, meta, self.config.max_children)
+        session.pinned_version = version
+        session.held_version = version is not None
         return session
 
     def open_child(self, parent: str, name: str, trainable: bool = True, token: str | None = None) -> Session:
@@ -470,13 +476,20 @@ class Proxy:
             self._waiting -= 1
 
     def _pinned(self, session: Session) -> int | None:
-        """`pin`: a session keeps the version its first call got, while the engine still holds it."""
-        if self.config.version_policy != "pin":
+        """`pin`: a session keeps the version its first call got, while the engine still holds it. A session opened
+        with a version keeps it under any policy, and fails its call (an EngineError) rather than mix versions once
+        the engine no longer holds it."""
+        if self.config.version_policy != "pin" and not session.held_version:
             return None
         if session.pinned_version is None:
             session.pinned_version = self.engine.version
         loaded = getattr(self.engine, "loaded_versions", None)
         if loaded is not None and session.pinned_version not in loaded():
+            if session.held_version:
+                raise EngineError(
+                    f"policy version {session.pinned_version}, which this session must keep, is no longer loaded by "
+                    f"the {self.engine.name} engine (loaded: {sorted(loaded())})"
+                )
             return None  # evicted: the rest of this trace follows the live policy (its versions say so)
         return session.pinned_version
 

@@ -86,6 +86,7 @@ class Session:
         self.calls: list[CallRecord] = []
         self.tools: list[dict[str, Any]] = []
         self.pinned_version: int | None = None  # `pin` policy: the version this session's calls are served by
+        self.held_version = False  # opened with a version: kept under any policy, never left for the live one
         self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
@@ -330,6 +331,15 @@ class ChildSession(Session):
     def pinned_version(self, value: int | None) -> None:
         if value is not None or not hasattr(self._root, "pinned_version"):
             self._root.pinned_version = value
+
+    @property  # type: ignore[override]
+    def held_version(self) -> bool:  # opened with a version: the whole agent tree keeps it
+        return self._root.held_version
+
+    @held_version.setter
+    def held_version(self, value: bool) -> None:
+        if value or not hasattr(self._root, "held_version"):
+            self._root.held_version = value
 
     def reject(self, dialect: str, status: int, message: str) -> None:
         self.root.reject(dialect, status, f"[{self.agent}] {message}")

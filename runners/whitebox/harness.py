@@ -208,7 +208,7 @@ class PythonRollouts:
         self.prepare()
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
         proxy = self.stack.proxy
-        opened = proxy.open_session(meta=self._meta(ep, task))
+        opened = proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
         token = opened.token  # the agent gets this session's agent key; hrl ends the episode in process
         ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, opened.issue_agent_key(), task=task)
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
