@@ -62,12 +62,16 @@ def eval_(
         Path | None, typer.Option("--run-dir", help="Where the traces and the table go (default: runs/eval-TIME).")
     ] = None,
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON array.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the rows (intervals, pass@k, infra, agreement) as a JSON array.")
+    ] = False,
 ) -> None:
     """Run every task under every harness named in --agents (K episodes per task each), through the recording
-    proxy, and print one row per harness: success rate, mean reward, mean turns, tokens per episode, failures by
-    reason. With --baseline, the baseline model runs the same episodes first, and the row shows both and the delta.
-    The traces go to a run directory (one step per model × harness) that `hrl report` renders with the same table."""
+    proxy, and print one row per harness: success rate with its Wilson 95 % interval (infrastructure failures left
+    out of it and counted apart), mean reward, pass@K with -n K, mean turns, tokens per episode, failures by reason;
+    below, how often each pair of harnesses agrees per task. With --baseline, the baseline model runs the same
+    episodes first, and the row shows both and the delta. The traces go to a run directory (one step per model ×
+    harness) that `hrl report` renders with the same table."""
     from hrl.cli.checks import check_model, check_run, grade_by_source, say_context
     from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model, run_settings
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.metrics import TURNS, trace_metrics
+from hrl.runners.report.stats import succeeded
 from hrl.runners.rundir import RunDir
 
 __all__ = ["EvalEpisode", "Evaluations", "eval_row", "eval_steps", "evaluate", "succeeded"]
@@ -49,15 +50,6 @@ def eval_steps(iterations: int, every: int) -> dict[int, bool]:
     """{step: whole set?}: steps 0 and `iterations` on every task, and each `every`-th step between on the slice."""
     steps = dict.fromkeys(range(every, iterations, every), False) if every > 0 else {}
     return steps | {0: True, iterations: True}
-
-
-def succeeded(trace: dict[str, Any], success_reward: float = 1.0) -> bool:
-    """Whether an episode solved its task: the trace's `success` (the task's own rule, apart from a shaped reward)
-    where the verifier said it, else (null, or a trace written before the key existed) reward ≥ `success_reward`;
-    an episode without a reward is no success."""
-    if isinstance(trace.get("success"), bool):
-        return bool(trace["success"])
-    return trace.get("reward") is not None and float(trace["reward"]) >= success_reward
 
 
 def _marker_rows(wins: list[bool], texts: list[str], markers: dict[str, str]) -> dict[str, float | None]:

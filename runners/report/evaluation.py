@@ -11,17 +11,19 @@ failures by reason), and with a baseline model its numbers before and after and 
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from hrl.runners.durable import write_atomically
 from hrl.runners.report.run import Run
+from hrl.runners.report.stats import agreement, pass_at_k, succeeded, wilson
 from hrl.runners.summary import summarize_trace
+from hrl.runners.trace import is_infra_failure
 
 __all__ = ["EVAL_FILE", "SCHEMA", "eval_rows", "eval_table_html", "eval_table_text", "harness_numbers", "read_plan",
-           "write_plan"]  # fmt: skip
+           "solved_tasks", "write_plan"]  # fmt: skip
 
 EVAL_FILE = "eval.json"
 SCHEMA = "hrl.eval/1"
@@ -41,21 +43,62 @@ def read_plan(run_dir: str | Path) -> dict[str, Any] | None:
     return plan if plan.get("schema") == SCHEMA else None
 
 
-def harness_numbers(traces: list[Trace]) -> dict[str, Any]:
-    """One cell's numbers. Success: reward ≥ 1 (the task solved in full), over every episode, failed ones included;
-    turns and tokens are means per episode (tokens: prompt + response of every call)."""
+def harness_numbers(traces: list[Trace], k: int = 1) -> dict[str, Any]:
+    """One cell's numbers. Success: the trace's `success` (else reward ≥ 1: `stats.succeeded`) over the episodes the
+    infrastructure did not fail (`trace.INFRA_FAILURES`: counted in `infra`, left out of every rate, as they say
+    nothing of the policy), with its Wilson 95 % interval; a policy failure (timeout, crash) is no success. pass@k
+    for k = 1 and `k` (episodes per task) averages the unbiased estimate over the tasks with ≥ k graded episodes.
+    Turns and tokens are means per episode (tokens: prompt + response of every call)."""
     n = len(traces)
+    graded = [t for t in traces if not is_infra_failure(t)]
+    wins = sum(succeeded(t) for t in graded)
     summaries = [summarize_trace(t) for t in traces]
-    rewards = [float(t["reward"]) for t in traces if t.get("reward") is not None]
+    rewards = [float(t["reward"]) for t in graded if t.get("reward") is not None]
     return {
         "episodes": n,
-        "success": sum(r >= 1.0 for r in rewards),
-        "success_rate": sum(r >= 1.0 for r in rewards) / n if n else None,
+        "graded": len(graded),
+        "infra": n - len(graded),
+        "success": wins,
+        "success_rate": wins / len(graded) if graded else None,
+        "success_ci": wilson(wins, len(graded)),
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "pass_at_k": _pass_at(graded, k),
         "mean_turns": sum(s["turns"] for s in summaries) / n if n else None,
         "tokens": sum(s["prompt_tokens"] + s["response_tokens"] for s in summaries) / n if n else None,
         "failures": dict(sorted(Counter(str(t["failure_reason"]) for t in traces if t.get("failure_reason")).items())),
     }
+
+
+def _by_task(graded: list[Trace]) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = defaultdict(list)
+    for t in graded:
+        out[str(t.get("task_id"))].append(succeeded(t))
+    return out
+
+
+def _pass_at(graded: list[Trace], k: int) -> dict[str, float | None]:
+    """{"1": pass@1, "k": pass@k} (one key when k = 1), each None when no task has k graded episodes."""
+    tasks = _by_task(graded).values()
+    out: dict[str, float | None] = {}
+    for j in sorted({1, k}):
+        est = [pass_at_k(len(w), sum(w), j) for w in tasks if len(w) >= j]
+        out[str(j)] = sum(est) / len(est) if est else None
+    return out
+
+
+def solved_tasks(traces: list[Trace]) -> dict[str, bool]:
+    """{task: solved?} of one cell: more than half its graded episodes succeeded (with one episode: that one)."""
+    return {task: 2 * sum(w) > len(w) for task, w in _by_task([t for t in traces if not is_infra_failure(t)]).items()}
+
+
+def _agreement(cells: dict[str, list[Trace]]) -> list[dict[str, Any]]:
+    """Per pair of harnesses: the share of the tasks both graded on which they agree (solved or not), with its
+    Wilson 95 % interval."""
+    pairs = agreement({agent: solved_tasks(traces) for agent, traces in cells.items()})
+    return [
+        {"agents": [a, b], "agree": same, "tasks": n, "rate": same / n if n else None, "ci": wilson(same, n)}
+        for (a, b), (same, n) in pairs.items()
+    ]
 
 
 def eval_rows(run: Run) -> list[dict[str, Any]] | None:
@@ -66,17 +109,21 @@ def eval_rows(run: Run) -> list[dict[str, Any]] | None:
     if plan is None:
         return None
     traces = {it.index: it.traces for it in run.iterations}
+    k = int(plan.get("n", 1))
+    mine = {c["agent"]: traces.get(c["iteration"], []) for c in plan["cells"] if c["role"] == "model"}
+    pairs = _agreement(mine) if len(mine) > 1 else []
     rows = []
     for agent in plan["agents"]:
         cells = {
-            c["role"]: harness_numbers(traces.get(c["iteration"], [])) for c in plan["cells"] if c["agent"] == agent
+            c["role"]: harness_numbers(traces.get(c["iteration"], []), k) for c in plan["cells"] if c["agent"] == agent
         }
         after, before = cells.get("model"), cells.get("baseline")
         delta = None
         if after is not None and before is not None:
             keys = ("success_rate", "mean_reward", "mean_turns", "tokens")
             delta = {k: None if after[k] is None or before[k] is None else after[k] - before[k] for k in keys}
-        rows.append({"agent": agent, "model": after, "baseline": before, "delta": delta})
+        agree = [p for p in pairs if agent == p["agents"][0]]  # each pair once, under its first harness
+        rows.append({"agent": agent, "model": after, "baseline": before, "delta": delta, "agreement": agree})
     return rows
 
 
@@ -103,6 +150,13 @@ def _signed(x: float | None, fmt: str) -> str:
     return f"{x / 1000:+.1f}k" if fmt == "k" and abs(x) >= 1000 else f"{x:+.0f}" if fmt == "k" else f"{x:+.2f}"
 
 
+def _rate(m: dict[str, Any]) -> str:
+    """`40% (2/5) [12–77%]`: the rate, its counts and its Wilson 95 % interval."""
+    ci = m.get("success_ci")
+    band = f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}%]" if ci else ""
+    return f"{_pct(m['success_rate'])} ({m['success']}/{m['graded']}){band}"
+
+
 def _failures(numbers: dict[str, Any] | None) -> str:
     if not numbers or not numbers["failures"]:
         return "none"
@@ -113,10 +167,13 @@ def _cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells, the same for the terminal and the HTML report."""
     with_baseline = any(r["baseline"] is not None for r in rows)
     if not with_baseline:
-        head = ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "failures"]
+        ks = sorted({int(j) for r in rows if r["model"] for j in r["model"]["pass_at_k"]} - {1})
+        head = ["harness", "episodes", "success", "reward", *[f"pass@{j}" for j in ks], "turns", "tokens/ep",
+                "infra", "failures"]  # fmt: skip
         body = [
-            [r["agent"], str(m["episodes"]), f"{_pct(m['success_rate'])} ({m['success']}/{m['episodes']})",
-             _num(m["mean_reward"]), _num(m["mean_turns"], 1), _tokens(m["tokens"]), _failures(m)]
+            [r["agent"], str(m["episodes"]), _rate(m), _num(m["mean_reward"]),
+             *[_pct(m["pass_at_k"].get(str(j))) for j in ks], _num(m["mean_turns"], 1), _tokens(m["tokens"]),
+             str(m["infra"]), _failures(m)]
             for r in rows if (m := r["model"]) is not None
         ]  # fmt: skip
         return head, body
@@ -126,7 +183,7 @@ def _cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     for r in rows:
         b, a, d = r["baseline"], r["model"], r["delta"] or {}
         body.append([
-            r["agent"], str(a["episodes"]), _pct(b["success_rate"]), _pct(a["success_rate"]),
+            r["agent"], str(a["episodes"]), _rate(b), _rate(a),
             _signed(d.get("success_rate"), "pp"), _num(b["mean_reward"]), _num(a["mean_reward"]),
             _signed(d.get("mean_reward"), ""), _num(b["mean_turns"], 1), _num(a["mean_turns"], 1),
             _tokens(b["tokens"]), _tokens(a["tokens"]), _failures(b), _failures(a),
@@ -143,7 +200,19 @@ def eval_table_text(rows: list[dict[str, Any]], plan: dict[str, Any] | None = No
         models = f"{plan['baseline']} → {plan['model']}" if plan.get("baseline") else str(plan["model"])
         n, tasks = plan.get("n", 1), plan.get("task_count", "?")
         lines.insert(0, f"model {models}; {tasks} tasks × {n} episode{'s' * (n != 1)} per task and harness")
+    lines.append(NOTE)
+    lines += [
+        f"agreement {a} ~ {b}: {_pct(p['rate'])} of {p['tasks']} tasks"
+        + (f" [{100 * p['ci'][0]:.0f}–{100 * p['ci'][1]:.0f}%]" if p["ci"] else "")
+        for r in rows for p in r.get("agreement") or [] for a, b in [p["agents"]]
+    ]  # fmt: skip
     return "\n".join(lines)
+
+
+NOTE = (
+    "success: successes / episodes the infrastructure did not fail (infra: left out of every rate), "
+    "[Wilson 95% interval]"
+)
 
 
 def eval_table_html(rows: list[dict[str, Any]]) -> str:
@@ -151,4 +220,5 @@ def eval_table_html(rows: list[dict[str, Any]]) -> str:
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in line) + "</tr>" for line in body)
     table = f'<table id="eval"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
-    return f'<h2>Harnesses (one step per model × harness)</h2><div class="wrap">{table}</div>'
+    notes = "".join(f"<p>{escape(line)}</p>" for line in eval_table_text(rows).splitlines()[len(body) + 1 :])
+    return f'<h2>Harnesses (one step per model × harness)</h2><div class="wrap">{table}</div>{notes}'

@@ -30,9 +30,12 @@ def test_eval_prints_one_row_per_harness_and_report_repeats_it(tmp_path: Path):
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == "model hrl:tiny-agent; 1 tasks × 1 episode per task and harness"
-    assert lines[1].split() == ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "failures"]
+    assert lines[1].split() == ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "infra", "failures"]
+    assert lines[2].split()[2:5] == ["0%", "(0/1)", "[0–79%]"]  # Wilson 95 % of 0/1: [0, z²/(1 + z²)]
     assert lines[2].startswith("mini-swe-agent  1 ") and lines[3].startswith("codex ")
-    assert lines[3].endswith("context_overflow 1")
+    assert lines[3].endswith("context_overflow 1")  # the policy's failure: in the rate, not infra
+    assert lines[4].startswith("success: successes / episodes the infrastructure did not fail")
+    assert lines[5].startswith("agreement mini-swe-agent ~ codex: 100% of 1 tasks")  # neither solves it
     assert len(list((tmp_path / "ev" / "traces").glob("iter-*.jsonl"))) == 2
     report = _hrl("report", "ev", cwd=tmp_path)
     assert report.returncode == 0, report.stderr

@@ -35,11 +35,28 @@ def test_numbers_of_one_harness():
         _trace(3, 1.0, 1),
     ]
     m = harness_numbers(traces)
-    assert (m["episodes"], m["success"], m["success_rate"]) == (4, 2, 0.5)  # failed episodes count in the rate
-    assert m["mean_reward"] == 2 / 3  # over the episodes that have a reward
+    # the sandbox_error is the infrastructure's: out of the rate; the agent_exit is the policy's: in it, no success
+    assert (m["episodes"], m["infra"], m["graded"], m["success"], m["success_rate"]) == (4, 1, 3, 2, 2 / 3)
+    lo, hi = m["success_ci"]  # Wilson 2/3: centre (2/3 + z²/6) / (1 + z²/3), as stats.wilson; a real interval
+    assert 0 < lo < 2 / 3 < hi < 1
+    assert m["mean_reward"] == 2 / 3  # over the graded episodes that have a reward
     assert m["mean_turns"] == 6 / 4 and m["tokens"] == 6 * 15 / 4
     assert m["failures"] == {"agent_exit": 1, "sandbox_error": 1}
-    assert harness_numbers([])["success_rate"] is None
+    assert harness_numbers([])["success_rate"] is None and harness_numbers([])["success_ci"] is None
+
+
+def test_success_is_the_traces_key_beside_the_reward():
+    shaped = [{**_trace(0, 1.0, 1), "success": False}, {**_trace(1, 0.4, 1), "success": True}, _trace(2, 1.0, 1)]
+    m = harness_numbers(shaped)
+    assert (m["success"], m["mean_reward"]) == (2, 2.4 / 3)  # the third has no key: reward 1.0 is its success
+
+
+def test_pass_at_k_over_tasks():
+    # task0: 1 of 2 solved (pass@1 1/2, pass@2 1); task1: 0 of 2 (0, 0); task2: one graded of two (pass@2: left out)
+    traces = [_trace(0, 1.0, 1), _trace(0, 0.0, 1), _trace(1, 0.0, 1), _trace(1, 0.0, 1), _trace(2, 1.0, 1),
+              _trace(2, None, 0, "verifier_error")]  # fmt: skip
+    m = harness_numbers(traces, k=2)
+    assert m["pass_at_k"] == {"1": (0.5 + 0 + 1) / 3, "2": (1 + 0) / 2}
 
 
 def _eval_run(tmp_path: Path, baseline: bool) -> Path:
@@ -69,8 +86,13 @@ def test_one_row_per_harness(tmp_path: Path):
     assert rows[0]["model"]["success_rate"] == 1.0 and rows[1]["model"]["success_rate"] == 0.5
     assert rows[0]["baseline"] is None and rows[0]["delta"] is None
     text = eval_table_text(rows).splitlines()
-    assert text[0].split() == ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "failures"]
-    assert text[2].split()[:4] == ["codex", "2", "50%", "(1/2)"] and text[2].endswith("agent_exit 1")
+    assert text[0].split() == ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "infra", "failures"]
+    assert text[2].split()[:5] == ["codex", "2", "50%", "(1/2)", "[9–91%]"] and text[2].endswith("agent_exit 1")
+    assert text[3].startswith("success: successes / episodes the infrastructure did not fail")
+    # per task: mini-swe-agent solved both, codex task1 only: they agree on 1 task of 2
+    assert rows[0]["agreement"] == [{"agents": ["mini-swe-agent", "codex"], "agree": 1, "tasks": 2, "rate": 0.5,
+                                     "ci": rows[0]["agreement"][0]["ci"]}] and rows[1]["agreement"] == []  # fmt: skip
+    assert text[4].startswith("agreement mini-swe-agent ~ codex: 50% of 2 tasks [")
 
 
 def test_baseline_before_after_and_delta(tmp_path: Path):
@@ -81,7 +103,7 @@ def test_baseline_before_after_and_delta(tmp_path: Path):
     assert mini["delta"]["success_rate"] == 1.0 and mini["delta"]["mean_turns"] == -2.0
     assert rows[1]["delta"]["success_rate"] == 0.0
     line = eval_table_text(rows).splitlines()[1]
-    assert line.split()[:5] == ["mini-swe-agent", "2", "0%", "100%", "+100"]
+    assert line.split()[:8] == ["mini-swe-agent", "2", "0%", "(0/2)", "[0–66%]", "100%", "(2/2)", "[34–100%]"]
     html = render_report(run)
     assert '<table id="eval">' in html and "success before" in html and "+100 pp" in html
 
