@@ -254,6 +254,8 @@ def before_after(rows: dict[int, dict[str, Any]]) -> str:
         ratio = f"  ({b / a:.1f}×)" if key == "eval/success" and a > 0 else ""
         lines.append(f"  {label:<19} {a:<11.3f} {b:<11.3f} {b - a:+.3f}{ratio}")
     lines.append(f"  {'episodes':<19} {start['eval/episodes']:<11.0f} {end['eval/episodes']:<11.0f}")
+    if start.get("eval/version") is not None and end.get("eval/version") is not None:  # every token sampled by it
+        lines.append(f"  {'policy version':<19} {start['eval/version']:<11.0f} {end['eval/version']:<11.0f}")
     return "\n".join(lines)
 
 

@@ -92,3 +92,6 @@ def test_the_before_after_table_has_a_row_per_eval_marker():
                                                      ["mean", "reward", "0.100", "0.100"]]  # fmt: skip
     assert "in_place            0.250       0.750       +0.500" in before_after(rows)
     assert not any("success | in_place" in ln for ln in lines)  # no success among none at the end: no row
+    assert not any(ln.split()[:2] == ["policy", "version"] for ln in lines)  # rows without eval/version: no line
+    versioned = {k: r | {"eval/version": float(k)} for k, r in rows.items() if k != 5}
+    assert before_after(versioned).splitlines()[-1].split() == ["policy", "version", "0", "10"]  # the pinned one
