@@ -15,8 +15,15 @@ Grading (`eval_script`, `parse_log`) takes everything from the package (`hrl[swe
 `eval_script` column, which a row may carry too): the eval script its test spec builds for the repository and
 version (activate the `testbed` environment, the repository's install step, reset the test files, apply the test
 patch, the repository's test command between the `>>>>> Start/End Test Output` markers), and the log parser of
-`MAP_REPO_TO_PARSER` over the log between the markers. A repository the package does not know (SWE-Gym's) runs the
-package's own pytest command (`pytest -rA`) in the same script shape and is read by its pytest parser.
+`MAP_REPO_TO_PARSER` over the log between the markers (the whole log when nothing between them reads, as the
+package's `get_logs_eval` falls back). A repository the package does not know (SWE-Gym's) runs the package's own
+pytest command (`pytest -rA`) in the same script shape and is read by its pytest parser.
+
+Resolution (`resolve`) is the package's too: `get_eval_tests_report` with the evaluation type `get_eval_report` picks
+(`FAIL_ONLY` for the repositories in `FAIL_ONLY_REPOS`, SWE-bench Multimodal's JavaScript ones whose parsers list only
+failing tests: a test fails only when it reads FAILED; else `PASS_AND_FAIL`: PASSED/XFAIL succeed, FAILED/ERROR or
+absent fail, anything else, SKIPPED among them, is left out), then `get_resolution_status`. A SWE-smith row is
+resolved by the swesmith package's own `get_eval_tests_report` (the same PASS_AND_FAIL rule, its copy).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from hrl.runners.errors import PrerequisiteError
@@ -32,7 +40,10 @@ from hrl.runners.tasks.r2egym import is_r2e_row
 from hrl.runners.tasks.swesmith import is_smith_row
 from hrl.runners.tasks.swesmith import profile_for as _smith_profile
 
-__all__ = ["adapt_row", "command", "eval_script", "image_for", "parse_log", "require_package", "specs_for"]
+__all__ = [
+    "RESOLVED_FULL", "Resolution", "adapt_row", "command", "eval_script", "image_for", "lists_only_failures",
+    "parse_log", "require_package", "resolve", "specs_for",
+]  # fmt: skip
 
 ENV_NAME = "testbed"
 REPO_DIR = "/testbed"
@@ -40,6 +51,7 @@ SWEBENCH_NAMESPACE = "swebench"
 SWEGYM_NAMESPACE = "xingyaoww"
 IMAGE_KEYS = ("image", "image_name", "docker_image")
 HINT = "pip install 'hrl[swebench]' (the official swebench package, 4.x)"
+RESOLVED_FULL = "RESOLVED_FULL"  # the package's ResolvedStatus.FULL: the task counts as solved
 
 
 def require_package() -> None:
@@ -160,10 +172,63 @@ def parse_log(task: Any, log: str) -> dict[str, str]:
     parser = _named_parser(row.get("log_parser")) or MAP_REPO_TO_PARSER.get(task.repo)
     if parser is None:
         from swebench.harness.log_parsers.python import parse_log_pytest as parser
+    spec = _test_spec(row)
+    results: dict[str, str] = {}
     if c.START_TEST_OUTPUT in log and c.END_TEST_OUTPUT in log:
-        log = log.split(c.START_TEST_OUTPUT, 1)[1].split(c.END_TEST_OUTPUT, 1)[0]
-    results: dict[str, str] = parser(log, _test_spec(row))
-    return results
+        results = parser(log.split(c.START_TEST_OUTPUT, 1)[1].split(c.END_TEST_OUTPUT, 1)[0], spec)
+    return results or parser(log, spec)
+
+
+def lists_only_failures(task: Any, log: str) -> bool:
+    """Whether an empty parse of `log` is a clean run: a FAIL_ONLY repository's parser lists failing tests only, so
+    a run that reached its test command (the start marker) and failed none reads as nothing."""
+    c = _constants()
+    return task.repo in c.FAIL_ONLY_REPOS and c.START_TEST_OUTPUT in log
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The package's verdict on one graded run: its status, the evaluation type it used, and its report (per
+    FAIL_TO_PASS / PASS_TO_PASS list: the tests that succeeded and those that failed; the rest were left out)."""
+
+    status: str  # RESOLVED_FULL | RESOLVED_PARTIAL | RESOLVED_NO
+    eval_type: str  # pass_and_fail | fail_only
+    report: dict[str, dict[str, list[str]]]
+    package: str  # which package and version decided, e.g. "swebench 4.1.0"
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == RESOLVED_FULL
+
+    def counts(self, key: str) -> tuple[int, int]:
+        """(succeeded, counted) of one list (FAIL_TO_PASS or PASS_TO_PASS); left-out tests are not counted."""
+        part = self.report[key]
+        return len(part["success"]), len(part["success"]) + len(part["failure"])
+
+    def left_out(self, tests: list[str]) -> list[str]:
+        """The listed tests the report neither passed nor failed (a SKIPPED test under PASS_AND_FAIL)."""
+        decided = {t for part in self.report.values() for t in part["success"] + part["failure"]}
+        return [t for t in tests if t not in decided]
+
+
+def resolve(task: Any, results: dict[str, str]) -> Resolution:
+    """The official resolution of `results` (a log parser's {test: status}) for the task's FAIL_TO_PASS and
+    PASS_TO_PASS: the package's `get_eval_tests_report` and `get_resolution_status`, called as `get_eval_report`
+    calls them (a SWE-smith row: the swesmith package's report function, as its harness calls it)."""
+    from importlib.metadata import version
+
+    from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+
+    c = _constants()
+    gold = {c.FAIL_TO_PASS: list(task.FAIL_TO_PASS), c.PASS_TO_PASS: list(task.PASS_TO_PASS)}
+    if task.grader == "swesmith":
+        from swesmith.harness.grading import get_eval_tests_report as smith_report
+
+        report, eval_type, package = smith_report(results, gold), c.EvalType.PASS_AND_FAIL, "swesmith"
+    else:
+        eval_type = c.EvalType.FAIL_ONLY if task.repo in c.FAIL_ONLY_REPOS else c.EvalType.PASS_AND_FAIL
+        report, package = get_eval_tests_report(results, gold, eval_type=eval_type), "swebench"
+    return Resolution(get_resolution_status(report), eval_type.value, report, f"{package} {version(package)}")
 
 
 def _named_parser(name: Any) -> Any:

@@ -16,9 +16,20 @@ Lifecycle, per episode:
    (R2E-Gym rows): the image's own run_tests.sh, scored 1 when its outcomes are exactly the row's
    `expected_output_json` (`r2egym.py`).
 
-Reward: "binary" (default) = 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0; "partial" = the
-fraction of listed tests that pass. An episode failure is data: a diff that does not apply, or reaches into the
-test runner, scores 0 with the reason in `reward_info`. A failure of grading itself (sandbox error, the test
+Resolution, the task's own pass/fail rule (`Verdict.success`), by `TestVerifierConfig.resolution`:
+
+- `official` (default): SWE-bench-family rows (`grader: swebench`, `swesmith`) are resolved by the official
+  package's report functions (`swebench.resolve`): the repository's evaluation type (FAIL_ONLY for SWE-bench
+  Multimodal's JavaScript repositories, else PASS_AND_FAIL), a SKIPPED test left out, RESOLVED_FULL = success.
+- `strict`: hrl's rule: every FAIL_TO_PASS and PASS_TO_PASS test PASSED or XFAIL; SKIPPED or absent fails.
+
+`grader: pytest` tasks (hrl's own, no official package) always use the strict rule; `grader: r2egym` R2E-Gym's
+(exactly the expected outcomes). `reward_info["resolution"]["rule"]` names the rule that decided.
+
+Reward: "binary" (default) = 1 when the task is resolved, else 0; "partial" = the fraction of the tests the rule
+counted that succeeded (the official rule's left-out tests are not counted). `success` is the rule's verdict
+whatever the reward: a shaped reward never changes it. An episode failure is data: a diff that does not apply, or
+reaches into the test runner, scores 0 (success false) with the reason in `reward_info`. A failure of grading itself (sandbox error, the test
 patch or setup failing, a test command that prints no pytest summary or runs past its limit) is a Verdict with
 `failure_reason="verifier_error"` and `reward=None`, never a silent 0.
 """
@@ -42,7 +53,10 @@ from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
 from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
-__all__ = ["PythonVerifierConfig", "TestVerifier", "TestVerifierConfig", "Verdict", "Verifier"]
+__all__ = [
+    "PythonVerifierConfig", "TestVerifier", "TestVerifierConfig", "Verdict", "Verifier", "binary_success",
+    "score_tests",
+]  # fmt: skip
 
 
 @dataclass
@@ -51,14 +65,31 @@ class Verdict:
     reward_info: dict[str, Any] = field(default_factory=dict)
     failure_reason: str | None = None  # "verifier_error": grading itself failed
     patch: str = ""  # the agent's diff as collected (before guards)
+    success: bool | None = None  # the task's own pass/fail rule, apart from the (maybe shaped) reward; None: unknown
 
     def trace_fields(self) -> dict[str, Any]:
         """The fields of an `hrl.trace/1` record this verdict fills."""
-        return {"reward": self.reward, "reward_info": self.reward_info, "failure_reason": self.failure_reason}
+        return {
+            "reward": self.reward, "reward_info": self.reward_info, "failure_reason": self.failure_reason,
+            "success": None if self.failure_reason else self.success,
+        }  # fmt: skip
 
     @classmethod
     def error(cls, message: str, **info: Any) -> Verdict:
         return cls(None, {"error": message, **info}, failure_reason="verifier_error")
+
+    @classmethod
+    def failed(cls, info: dict[str, Any]) -> Verdict:
+        """The agent's work fails the task before any test decides (a diff that does not apply, a guard)."""
+        return cls(0.0, info, success=False)
+
+
+def binary_success(reward: float | None) -> bool | None:
+    """Success where a verifier says nothing of it: a reward of exactly 0 or 1 is a binary rule's verdict; any other
+    number (a fraction, a shaped score) says nothing about the task's own rule, and no reward is no grade."""
+    if reward is None or reward not in (0.0, 1.0):
+        return None
+    return reward == 1.0
 
 
 class Verifier(Protocol):
@@ -108,7 +139,16 @@ class TestVerifierConfig(BaseModel):
         120.0, gt=0, description="Limit for each setup step (layout, patches, setup_cmd), s."
     )
     reward: Literal["binary", "partial"] = Field(
-        "binary", description="binary: 1 iff all listed tests pass. partial: fraction of listed tests passing."
+        "binary",
+        description="binary: 1 iff the task is resolved. partial: the fraction of the tests the resolution rule "
+        "counts that succeed (success stays the rule's pass/fail).",
+    )
+    resolution: Literal["official", "strict"] = Field(
+        "official",
+        description="How SWE-bench-family rows (grader swebench, swesmith) are resolved. official: the package's "
+        "report functions (its evaluation type per repository, FAIL_ONLY for SWE-bench Multimodal's JavaScript "
+        "ones; a SKIPPED test left out). strict: every listed test PASSED or XFAIL (skipped or absent fails). "
+        "grader pytest tasks always use the strict rule.",
     )
     protected: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PROTECTED),
@@ -165,7 +205,7 @@ class TestVerifier:
         try:
             patch = await collect_diff(sandbox, self.config.setup_timeout_s)
         except WorkspaceError as exc:  # the agent broke the repository's git state: its episode, its 0
-            return Verdict(0.0, {**_empty_counts(task), "diff_error": str(exc)})
+            return Verdict.failed({**_empty_counts(task), "diff_error": str(exc)})
         except (SandboxError, OSError) as exc:
             return Verdict.error(f"cannot read the agent's diff: {exc}")
         verdict = await self.grade(task, patch)
@@ -178,9 +218,9 @@ class TestVerifier:
         kept, dropped = filter_patch(patch, task.test_patch, cfg.protected, roots)
         info: dict[str, Any] = {**_empty_counts(task), "dropped": dropped} if dropped else _empty_counts(task)
         if len(patch.encode("utf-8", "surrogateescape")) > cfg.max_diff_bytes:
-            return Verdict(0.0, {**info, "patch_error": f"diff larger than {cfg.max_diff_bytes} bytes"})
+            return Verdict.failed({**info, "patch_error": f"diff larger than {cfg.max_diff_bytes} bytes"})
         if cfg.forbid_runner_hooks and (hooks := runner_hooks(kept)):
-            return Verdict(0.0, {**info, "guard": "the diff reaches into the test runner", "hooks": hooks})
+            return Verdict.failed({**info, "guard": "the diff reaches into the test runner", "hooks": hooks})
         episode = f"grade-{task.instance_id[:40]}-{uuid.uuid4().hex[:8]}"
         try:
             async with await self.backend.create(self.sandbox_spec(task), cfg.run_id, episode) as sandbox:
@@ -201,7 +241,7 @@ class TestVerifier:
         try:
             await apply_patch(sandbox, patch, "agent", cfg.setup_timeout_s)
         except WorkspaceError as exc:
-            return Verdict(0.0, {**info, "patch_error": str(exc)})
+            return Verdict.failed({**info, "patch_error": str(exc)})
         swebench = task.grader != "pytest"  # the test patch: in the eval script, or none at all
         try:
             if not swebench:
@@ -222,35 +262,60 @@ class TestVerifier:
         run = await sandbox.exec(["bash", "-c", command], timeout_s=limit, env=env)
         log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
         if run.timed_out:  # the tests hang on the agent's code: its failure, scored 0 (not a grading error)
-            return Verdict(0.0, {**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
+            return Verdict.failed({**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
         results = family.parse_log(task, run.stdout) if family else parse_summary(run.stdout)
-        if not results:
+        if not results and not (task.grader == "swebench" and _swebench.lists_only_failures(task, run.stdout)):
             what = f"no test results {task.repo}'s log parser can read" if swebench else "no pytest -rA summary"
             return Verdict.error(f"the test command printed {what} (exit {run.exit_code})", log=log)
         return self._score(task, results, {**info, "exit_code": run.exit_code, "log": log})
 
     def _score(self, task: Task, results: dict[str, str], info: dict[str, Any]) -> Verdict:
-        if task.grader == "r2egym":  # R2E-Gym's rule: exactly the expected outcomes, tests that should fail included
-            exact, matching = _r2egym.score(task, results)
-            reward = (
-                matching / len(task.FAIL_TO_PASS) if self.config.reward == "partial" and task.FAIL_TO_PASS else exact
-            )
-            info["fail_to_pass"] = {"passed": matching, "total": len(task.FAIL_TO_PASS)}
-            info["pass_to_pass"] = {"passed": 0, "total": 0}
-            info["tests"] = {t: results.get(t, "MISSING") for t in task.FAIL_TO_PASS}
-            return Verdict(reward, info)
-        tests = {t: outcome(results, t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
-        f2p = sum(tests[t] in PASSING for t in task.FAIL_TO_PASS)
-        p2p = sum(tests[t] in PASSING for t in task.PASS_TO_PASS)
-        total = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)
-        if self.config.reward == "partial":
-            reward = (f2p + p2p) / total if total else 0.0
-        else:
-            reward = float(total > 0 and f2p + p2p == total)
-        info["fail_to_pass"] = {"passed": f2p, "total": len(task.FAIL_TO_PASS)}
-        info["pass_to_pass"] = {"passed": p2p, "total": len(task.PASS_TO_PASS)}
-        info["tests"] = tests
-        return Verdict(reward, info)
+        return score_tests(task, results, self.config, info)
+
+
+def score_tests(
+    task: Task, results: dict[str, str], config: TestVerifierConfig, info: dict[str, Any] | None = None
+) -> Verdict:
+    """The verdict on one graded run: `results` ({test: status}, as the task's log parser read the test output)
+    resolved by the task's rule (the module docstring), scored as `config.reward` asks."""
+    info = dict(info or {})
+    if task.grader == "r2egym":  # R2E-Gym's rule: exactly the expected outcomes, tests that should fail included
+        exact, matching = _r2egym.score(task, results)
+        partial = config.reward == "partial" and task.FAIL_TO_PASS
+        info["fail_to_pass"] = {"passed": matching, "total": len(task.FAIL_TO_PASS)}
+        info["pass_to_pass"] = {"passed": 0, "total": 0}
+        info["tests"] = {t: results.get(t, "MISSING") for t in task.FAIL_TO_PASS}
+        info["resolution"] = {"rule": "r2egym"}
+        return Verdict(matching / len(task.FAIL_TO_PASS) if partial else exact, info, success=exact == 1.0)
+    if task.grader in ("swebench", "swesmith") and config.resolution == "official":
+        return _official(task, results, config, info)
+    tests = {t: outcome(results, t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
+    f2p = sum(tests[t] in PASSING for t in task.FAIL_TO_PASS)
+    p2p = sum(tests[t] in PASSING for t in task.PASS_TO_PASS)
+    total = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)
+    success = total > 0 and f2p + p2p == total
+    info["fail_to_pass"] = {"passed": f2p, "total": len(task.FAIL_TO_PASS)}
+    info["pass_to_pass"] = {"passed": p2p, "total": len(task.PASS_TO_PASS)}
+    info["tests"] = tests
+    info["resolution"] = {"rule": "strict"}
+    reward = ((f2p + p2p) / total if total else 0.0) if config.reward == "partial" else float(success)
+    return Verdict(reward, info, success=success)
+
+
+def _official(task: Task, results: dict[str, str], config: TestVerifierConfig, info: dict[str, Any]) -> Verdict:
+    """The official package's resolution (`swebench.resolve`). Partial reward: the share of the tests its report
+    counted (passed or failed, not left out) that passed; 1 when it counted none, as it then resolves the task."""
+    res = _swebench.resolve(task, results)
+    (f2p, f2p_n), (p2p, p2p_n) = res.counts("FAIL_TO_PASS"), res.counts("PASS_TO_PASS")
+    info["fail_to_pass"] = {"passed": f2p, "total": len(task.FAIL_TO_PASS)}
+    info["pass_to_pass"] = {"passed": p2p, "total": len(task.PASS_TO_PASS)}
+    info["tests"] = {t: results.get(t, "MISSING") for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
+    left_out = res.left_out(task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    info["resolution"] = {"rule": "official", "package": res.package, "eval_type": res.eval_type,
+                          "status": res.status} | ({"left_out": left_out} if left_out else {})  # fmt: skip
+    counted = f2p_n + p2p_n
+    reward = ((f2p + p2p) / counted if counted else 1.0) if config.reward == "partial" else float(res.resolved)
+    return Verdict(reward, info, success=res.resolved)
 
 
 def _empty_counts(task: Task) -> dict[str, Any]:
