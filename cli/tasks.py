@@ -1,4 +1,4 @@
-"""`hrl tasks`: SWE-bench-format task files — list, validate with the real verifier, synthesize offline."""
+"""`hrl tasks`: SWE-bench-format task files — list, validate and check with the real verifier, synthesize offline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hrl.runners.errors import UsageError
 
 __all__ = ["app"]
 
-app = typer.Typer(help="Task files: list, validate, synthesize.", no_args_is_help=True)
+app = typer.Typer(help="Task files: list, validate, check, synthesize.", no_args_is_help=True)
 
 
 def _say(event: dict[str, Any]) -> None:
@@ -79,6 +79,60 @@ def validate(
     human = "\n".join(f"{'✓' if c.ok else '✗'} {c.instance_id}  {'; '.join(c.problems)}" for c in checks)
     emit(rows, as_json=as_json, human=human + f"\n{sum(c.ok for c in checks)}/{len(checks)} tasks valid")
     if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def _check_line(c: Any) -> str:
+    """A task's class and, when not ok, why: the tests that changed (flaky) or what failed."""
+    cached = "  (cached)" if c.cached else ""
+    why = f"  {'; '.join(c.problems[:3])}" if c.problems else ""
+    return f"{c.status:<12} {c.instance_id}{cached}{why}"
+
+
+@app.command(
+    "check",
+    epilog="Examples:\n\n  hrl tasks check recipes/swe/tasks.jsonl --runs 3\n\n"
+    "  hrl tasks check my.jsonl --sandbox local --runs 5 --json > checks.jsonl\n\n"
+    "  hrl tasks check terminal-bench/ --concurrency 4        # Harbor folders: solve.sh is the gold\n\n"
+    "  hrl tasks check my.jsonl --recheck                     # grade again whatever the cache holds",
+)
+def check(
+    file: Annotated[Path, typer.Argument(help="Task file, or a folder of Harbor tasks.")],
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Runs of each patch (K); 2 or more see flaky tests.")] = 3,
+    sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
+    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes graded at once.")] = 2,
+    recheck: Annotated[bool, typer.Option("--recheck", help="Grade again even where the cache has a result.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per task (JSONL).")] = False,
+) -> None:
+    """Grade each task's gold solution K times and no change K times, each in a fresh sandbox, and class it: ok,
+    gold_fails (the gold never scores 1), noop_passes (no change scores 1), flaky (a test's outcome changed between
+    runs of one patch; the tests are named) or infra (grading failed). Results are cached by the task's content hash
+    ($HRL_CACHE/task-checks); `hrl train` and `hrl eval` leave out the tasks checked and not ok."""
+    import json
+    import sys
+
+    from hrl.cli.checks import check_sandbox
+    from hrl.runners.tasks.checks import STATUSES, check_tasks
+    from hrl.runners.tasks.task import load_tasks
+
+    check_sandbox(sandbox)
+    tasks = load_tasks(file)
+    done = [0]
+
+    def progress(event: dict[str, Any]) -> None:  # long runs: one line a task, on stderr
+        done[0] += 1
+        how = "cached" if event["cached"] else f"{event['seconds']:.0f} s"
+        err.print(f"[{done[0]}/{len(tasks)}] {event['status']} {event['instance_id']} ({how})", markup=False)
+
+    checks = check_tasks(tasks, runs=runs, sandbox=sandbox, concurrency=concurrency, recheck=recheck,
+                         on_event=progress)  # fmt: skip
+    if as_json:
+        sys.stdout.write("".join(json.dumps(c.to_dict()) + "\n" for c in checks))
+    else:
+        counts = ", ".join(f"{s} {n}" for s in STATUSES if (n := sum(c.status == s for c in checks)))
+        emit(None, as_json=False, human="\n".join(map(_check_line, checks)) + f"\n{len(checks)} tasks: {counts}")
+    sys.stdout.flush()
+    if any(c.status != "ok" for c in checks):
         raise typer.Exit(1)
 
 

@@ -19,9 +19,10 @@ from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, snapshot_f
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict
 from hrl.sandboxes import get_backend
 
-__all__ = ["TaskCheck", "check_task", "validate_tasks", "validate_tasks_async"]
+__all__ = ["Grade", "TaskCheck", "check_task", "graders", "validate_tasks", "validate_tasks_async"]
 
 Events = Callable[[dict[str, Any]], None]
+Grade = Callable[[Task], Awaitable[Verdict]]
 
 
 @dataclass
@@ -111,8 +112,7 @@ async def validate_tasks_async(
         harbor = HarborVerifier(get_backend(sandbox), run_id="hrl-validate")
         check: Callable[[Task], Awaitable[TaskCheck]] = lambda task: check_harbor_task(harbor, task)  # noqa: E731
     else:
-        cfg = (config or TestVerifierConfig()).model_copy(update={"reward": "binary"})
-        verifier = TestVerifier(get_backend(sandbox), cfg)
+        verifier = TestVerifier(get_backend(sandbox), _binary(config))
         check = lambda task: check_task(verifier, task)  # noqa: E731
 
     async def one(task: Task) -> TaskCheck:
@@ -122,6 +122,28 @@ async def validate_tasks_async(
         return checked
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def _binary(config: TestVerifierConfig | None, **update: Any) -> TestVerifierConfig:
+    """The verifier's config with a binary reward: a check asks whether the tests pass, not how many."""
+    return (config or TestVerifierConfig()).model_copy(update={"reward": "binary", **update})
+
+
+def graders(
+    tasks: Sequence[Task], sandbox: str, config: TestVerifierConfig | None = None, run_id: str = "hrl-validate"
+) -> tuple[Grade, Grade]:
+    """(gold, no change): each grades one task once, in a fresh sandbox of `sandbox`. The gold is the task's gold
+    patch through `TestVerifier.grade`, or for Harbor task folders solution/solve.sh (`HarborVerifier.solve`); no
+    change is an empty diff, or the untouched environment."""
+    from hrl.runners.tasks.harbor import HarborTask
+
+    if any(isinstance(t, HarborTask) for t in tasks):
+        from hrl.runners.tasks.harbor_verifier import HarborVerifier
+
+        harbor = HarborVerifier(get_backend(sandbox), run_id=run_id)
+        return harbor.solve, lambda task: harbor.grade(task, "")
+    verifier = TestVerifier(get_backend(sandbox), _binary(config, run_id=run_id))
+    return lambda task: verifier.grade(task, task.gold_patch), lambda task: verifier.grade(task, "")
 
 
 def validate_tasks(
