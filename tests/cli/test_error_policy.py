@@ -132,6 +132,10 @@ CASES = [
     Case("missing trace file", ("inspect", "{tmp}/no.jsonl"), USAGE, "no such file or directory"),
     Case("missing trace file", ("report", "{tmp}/no.jsonl"), USAGE, "no such file or directory"),
     Case("folder with no traces", ("report", "{tmp}/empty"), USAGE, "neither a run directory nor"),
+    Case("missing trace file", ("regrade", "{tmp}/no.jsonl"), USAGE, "no run directory or trace file"),
+    Case("folder with no traces", ("regrade", "{tmp}/empty"), USAGE, "is not a run directory"),
+    Case("run with no traces", ("regrade", "{tmp}/run"), USAGE, "holds no trace files"),
+    Case("nothing to regrade", ("regrade", "{tmp}/traces.jsonl"), FAILURE, "can be regraded (1 not regradable"),
     Case("--resume without a run", ("train", "--run-dir", "{tmp}/empty", "--resume"), USAGE, "existing run"),
     Case(
         "new run in an old run dir",
