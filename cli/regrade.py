@@ -64,7 +64,9 @@ def regrade(
         err.print(f"[{len(done)}/{todo}] {ep.episode}: recorded {ep.recorded:g}, regraded "
                   f"{'-' if ep.regraded is None else format(ep.regraded, 'g')}  {mark}", markup=False)  # fmt: skip
 
-    hide = [str(p.resolve()) for f in files for p in (f, archive_dir(f))]
+    hide = [str(p.resolve()) for f in files for p in (f, archive_dir(f))]  # hidden tests: no grading sandbox reads them
+    if source.is_dir():
+        hide.append(str(source.resolve()))
     result = asyncio.run(regrade(episodes, sandbox=sandbox, concurrency=concurrency, hide_paths=hide, on_done=on_done))
     summary = {"source": str(source), **result.summary()}
     emit(summary, as_json=as_json, human=_human(result))

@@ -105,6 +105,8 @@ class Episode:
     apart: str = ""  # "grading_failed" | "not_graded" | "not_regradable"; "" = to regrade
     why: str = ""
     regraded: float | None = None
+    recorded_success: bool | None = None  # the trace's `success` (absent in older traces: reward == 1)
+    regraded_success: bool | None = None
     regraded_info: dict[str, Any] = field(default_factory=dict)
     recorded_info: dict[str, Any] = field(default_factory=dict)
 
@@ -162,6 +164,7 @@ def _episode(file: Path, trace: dict[str, Any], fallback: dict[str, Any]) -> Epi
         task_id=trace.get("task_id"), recorded=trace.get("reward"),
         sandbox=str((trace.get("env") or {}).get("sandbox") or "local"),
         recorded_info=dict(trace.get("reward_info") or {}),
+        recorded_success=trace["success"] if "success" in trace else _success_of(trace.get("reward")),
     )  # fmt: skip
     if ep.recorded is None:
         grading_failed = trace.get("failure_reason") == "verifier_error"
@@ -180,6 +183,11 @@ def _episode(file: Path, trace: dict[str, Any], fallback: dict[str, Any]) -> Epi
     except (OSError, KeyError, ValueError) as e:
         return _unregradable(ep, f"its archive cannot be read ({type(e).__name__}: {e})")
     return ep
+
+
+def _success_of(reward: float | None) -> bool | None:
+    """The trace format's fallback where no `success` was recorded: reward == 1 (no reward: no grade)."""
+    return None if reward is None else reward == 1.0
 
 
 _NOT_ARCHIVED = {
@@ -285,6 +293,7 @@ async def regrade(
             assert ep.task is not None
             verdict = await verifier.grade(ep.task, ep.patch)
         ep.regraded, ep.regraded_info = verdict.reward, dict(verdict.reward_info)
+        ep.regraded_success = getattr(verdict, "success", _success_of(verdict.reward))
         ep.why = _why(ep) if ep.regraded is None or not ep.agrees else ""
         on_done(ep)
 
