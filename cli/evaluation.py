@@ -65,6 +65,9 @@ def eval_(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the rows (intervals, pass@k, infra, agreement) as a JSON array.")
     ] = False,
+    include_unchecked: Annotated[
+        bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
+    ] = False,
 ) -> None:
     """Run every task under every harness named in --agents (K episodes per task each), through the recording
     proxy, and print one row per harness: success rate with its Wilson 95 % interval (infrastructure failures left
@@ -98,6 +101,7 @@ def eval_(
     roll["run_id"] = roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
     hide_from_sandboxes(cfg, task_file, run_dir)
     plan = _plan(names, model, baseline, models, task_file, n)
+    plan["include_unchecked"] = include_unchecked
     rc = asyncio.run(_run(cfg, plan, engine, task_file, limit, concurrency, run_dir, as_json))
     raise typer.Exit(rc)
 
@@ -124,10 +128,13 @@ async def _run(
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
     from hrl.runners.report.run import load_run
     from hrl.runners.rundir import RunDir
+    from hrl.runners.tasks.checks import filter_checked
     from hrl.runners.tasks.task import load_tasks
 
     settings = run_config(cfg)
-    task_list = load_tasks(task_file)[: limit or None]
+    task_list, checks = filter_checked(load_tasks(task_file), plan["include_unchecked"])  # `hrl tasks check`
+    task_list, plan["task_checks"] = task_list[: limit or None], checks.to_dict()
+    err.print(checks.line(), markup=False)
     plan["task_count"] = len(task_list)
     run = RunDir(run_dir)
     run.create({**cfg, "model": plan["model"], "eval": {k: v for k, v in plan.items() if k != "cells"}})

@@ -133,6 +133,14 @@ def train(
         ),
     ] = "",
     config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
+    include_unchecked: Annotated[
+        bool,
+        typer.Option(
+            "--include-unchecked",
+            help="Use every task, even those `hrl tasks check` found not ok (left out by default; unchecked ones are "
+            "always used).",
+        ),
+    ] = False,
 ) -> None:
     """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
     from hrl.runners.rundir import RunDir
@@ -145,7 +153,7 @@ def train(
             )
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "--placement": placement,
-                 "-c": config}  # fmt: skip
+                 "-c": config, "--include-unchecked": include_unchecked}  # fmt: skip
         if given := [name for name, value in fixed.items() if value]:
             raise UsageError(
                 f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
@@ -172,7 +180,7 @@ def train(
     with run.locked():
         if resume and cfg != run.config():
             run.save_config(cfg)  # the extended run: a later plain --resume goes on to the new iteration count
-        _start(run, cfg, resume)
+        _start(run, cfg, resume, include_unchecked)
     err.print(
         f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"
         f"      a trace as a tree: hrl inspect {run.path} --trace <id>",
@@ -180,7 +188,7 @@ def train(
     )
 
 
-def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
+def _start(run: Any, cfg: dict[str, Any], resume: bool, include_unchecked: bool = False) -> None:
     """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
     if not resume:
         if run.exists():
@@ -195,7 +203,7 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool) -> None:
 
     held = [Path(cfg["eval_tasks"])] if cfg.get("eval_tasks") else []
     hide_from_sandboxes(cfg, cfg["tasks"], run.path, *held)  # no sandbox may read the tasks or the run
-    asyncio.run(_train(cfg, run))
+    asyncio.run(_train(cfg, run, include_unchecked))
 
 
 def _remove_leftovers(cfg: dict[str, Any]) -> None:
@@ -266,15 +274,35 @@ def _per_harness(m: dict[str, Any]) -> dict[str, float]:
     return {name: round(v, 3) for name, v in harness_rewards(m).items()}
 
 
-async def _train(cfg: dict[str, Any], run: Any) -> None:
+def _checked_tasks(cfg: dict[str, Any], run: Any, include_unchecked: bool) -> tuple[list[Any], list[Any] | None]:
+    """The training and held-out tasks, less those `hrl tasks check` found not ok (said on stderr, and kept in the
+    run's task_checks.json, which a resumed run takes its tasks from again)."""
+    from hrl.runners.tasks.checks import select_for_run
+    from hrl.runners.tasks.task import load_tasks
+
+    tasks, report = select_for_run(load_tasks(cfg["tasks"]), run.path, "tasks", include_unchecked)
+    err.print(report.line("tasks"), markup=False, highlight=False)
+    if not tasks:
+        raise UsageError(
+            f"every task of {cfg['tasks']} was left out: `hrl tasks check` found none ok",
+            hint="fix the tasks and `hrl tasks check --recheck` them, or train on them anyway with --include-unchecked",
+        )
+    if not cfg.get("eval_tasks"):
+        return tasks, None
+    heldout, report = select_for_run(load_tasks(cfg["eval_tasks"]), run.path, "eval_tasks", include_unchecked)
+    err.print(report.line("held-out tasks"), markup=False, highlight=False)
+    return tasks, heldout or None
+
+
+async def _train(cfg: dict[str, Any], run: Any, include_unchecked: bool = False) -> None:
     from hrl.cli.config import run_config
     from hrl.runners.placement import placed
-    from hrl.runners.tasks.task import load_tasks
     from hrl.train.async_loop import train_async
     from hrl.train.loop import train as train_sync
 
-    tasks = [t.model_dump() for t in load_tasks(cfg["tasks"])]
-    heldout = [t.model_dump() for t in load_tasks(cfg["eval_tasks"])] if cfg.get("eval_tasks") else None
+    checked, held = _checked_tasks(cfg, run, include_unchecked)
+    tasks = [t.model_dump() for t in checked]
+    heldout = [t.model_dump() for t in held] if held else None
     loop_cfg, async_cfg = _training(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # every call at the policy's own distribution
     settings = run_config(cfg)

@@ -19,11 +19,21 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hrl.runners.tasks.checks import check_tasks, classify, content_hash, filter_checked, read_check
+from hrl.runners.tasks.checks import (
+    TaskCheckResult,
+    cache_dir,
+    check_tasks,
+    classify,
+    content_hash,
+    filter_checked,
+    read_check,
+    select_for_run,
+)
 from hrl.runners.tasks.patches import file_diff
 from hrl.runners.tasks.task import PYTEST, Task, write_tasks
 from hrl.runners.tasks.verifier import Verdict
@@ -145,7 +155,10 @@ def test_five_tasks_are_classed_cached_and_filtered(tmp_path: Path, counter: str
 
     again = check_tasks(tasks, runs=2, sandbox="local", cache=cache)  # from the cache: nothing graded
     assert all(r.cached for r in again) and [r.status for r in again] == [r.status for r in results]
-    assert not any(r.cached for r in check_tasks(tasks[:1], runs=3, sandbox="local", cache=cache))  # more runs
+    # graded again for more runs, another sandbox kind or another hrl version; an infra result is always retried
+    assert not results[0].reusable(3, "local") and not results[0].reusable(2, "docker")
+    assert not replace(results[0], hrl_version="0.0.1").reusable(2, "local")
+    assert not replace(results[0], status="infra").reusable(2, "local")
 
     new = _task("never-checked", counter, gold=GOOD + "# other\n")
     kept, report = filter_checked([*tasks, new], cache=cache)
@@ -157,6 +170,22 @@ def test_five_tasks_are_classed_cached_and_filtered(tmp_path: Path, counter: str
     assert "noop_passes: noop-passes; flaky: flaky); 1 unchecked (`hrl tasks check` them)" in line, line
     everything, loose = filter_checked([*tasks, new], include_unchecked=True, cache=cache)
     assert len(everything) == 6 and loose.left_out == {} and loose.not_ok_used == report.left_out
+
+
+def test_a_resumed_run_takes_the_tasks_its_first_start_took(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's task_checks.json decides on resume: a check made since (here: every task found flaky) changes
+    nothing for a run already under way."""
+    monkeypatch.setenv("HRL_CACHE", str(tmp_path / "cache"))
+    tasks = [_task("a", "/unused"), _task("b", "/unused", gold=GOOD + "# b\n")]
+    kept, first = select_for_run(tasks, tmp_path, "tasks")
+    assert [t.instance_id for t in kept] == ["a", "b"] and first.unchecked == ["a", "b"]
+    for task in tasks:  # both checked since, and not ok
+        known = TaskCheckResult(task.instance_id, content_hash(task), "flaky", 2, "local")
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        (cache_dir() / f"{known.content_hash.removeprefix('sha256:')}.json").write_text(json.dumps(known.to_dict()))
+    assert filter_checked(tasks)[0] == []  # a new run would leave both out
+    again, report = select_for_run(tasks, tmp_path, "tasks")
+    assert [t.instance_id for t in again] == ["a", "b"] and report == first
 
 
 @pytest.mark.xfail(
