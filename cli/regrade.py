@@ -25,6 +25,9 @@ EPILOG = """Examples:
 
   hrl regrade runs/demo --json | jq '.disagreements[] | {episode, recorded, regraded, why}'
 
+Counted apart, not as disagreements: episodes whose grading failed when they ran (verifier_error), episodes
+never graded, and those that cannot be regraded (Harbor tasks: their sandbox's final state is not archived).
+
 Exit codes: 0 every regraded episode agrees; 1 a disagreement; 3 regrading failed for some episode (and none
 disagreed).
 """
@@ -38,11 +41,7 @@ def regrade(
         bool, typer.Option("--json", help="One JSON document: counts and every episode listed.")
     ] = False,
 ) -> None:
-    """Re-run the verifier on each episode's archived diff and task; report agreement with the recorded rewards.
-
-    Episodes whose grading failed when they ran (verifier_error), episodes never graded and those that cannot be
-    regraded (Harbor tasks: their sandbox's final state is not archived) are counted apart, not as disagreements.
-    """
+    """Re-run the verifier on each episode's archived diff and task; report agreement with the recorded rewards."""
     from hrl.runners.tasks.regrade import archive_dir, collect, regrade, trace_files
 
     if sandbox:
