@@ -197,7 +197,8 @@ class AgentRollouts:
         if ended is None:
             raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)")
         meta = {**ended.get("metadata", {}), **extra, "error": "the proxy session ended before the episode did"}
-        return {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None, "metadata": meta}
+        return {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None, "success": None,
+                "metadata": meta}  # fmt: skip
 
     def _end(self, token: str, trace_file: Path, outcome: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         try:

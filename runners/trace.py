@@ -36,6 +36,7 @@ __all__ = [
     "TraceWriter",
     "add_version",
     "all_prompt_ids",
+    "binary_success",
     "branches",
     "call_prompt_ids",
     "dropped_media",
@@ -48,6 +49,7 @@ __all__ = [
     "read_traces",
     "redact_trace",
     "sampled_versions",
+    "trace_success",
     "validate_trace",
     "write_trace",
 ]
@@ -125,6 +127,7 @@ class Trace(TypedDict):
     failure_reason: str | None  # one of FAILURE_REASONS
     reward: float | None
     reward_info: dict[str, Any]
+    success: NotRequired[bool | None]  # the task's own pass/fail rule, apart from a shaped reward; absent: older
     started_at: float  # epoch seconds
     ended_at: float
     calls: list[TraceCall]
@@ -171,6 +174,8 @@ def validate_trace(obj: Any) -> None:
     reason = obj.get("failure_reason")
     if reason is not None and reason not in FAILURE_REASONS:
         raise ValueError(f"unknown failure_reason {reason!r}")
+    if obj.get("success") is not None and not isinstance(obj["success"], bool):
+        raise ValueError(f"success must be true, false or null, not {obj['success']!r}")
     full_len: dict[str, int] = {}  # call id -> prompt + response length, so validation stays linear
     for i, call in enumerate(obj["calls"]):
         miss = [k for k in _CALL_REQUIRED if k not in call]
@@ -193,6 +198,28 @@ def validate_trace(obj: Any) -> None:
 def is_infra_failure(trace: dict[str, Any]) -> bool:
     """Did the machinery (not the policy) fail this episode? Such traces are left out of training and counted."""
     return trace.get("failure_reason") in INFRA_FAILURES
+
+
+def binary_success(reward: float | None, info: dict[str, Any] | None = None) -> bool | None:
+    """Success where a verifier gave none beside its reward: `info["success"]` when it is a bool (a verifier may say
+    it there), else a reward of exactly 0 or 1 read as a binary rule's verdict. Any other number (a fraction, a
+    shaped score) says nothing of the task's own rule, and no reward is no grade: None."""
+    said = (info or {}).get("success")
+    if isinstance(said, bool):
+        return said
+    if reward is None or reward not in (0.0, 1.0):
+        return None
+    return reward == 1.0
+
+
+def trace_success(trace: dict[str, Any]) -> bool | None:
+    """Whether the episode solved its task by the task's own rule: the trace's `success`; for a trace written before
+    that field existed, `reward == 1.0` (None without a reward)."""
+    if "success" in trace:
+        value = trace["success"]
+        return value if isinstance(value, bool) else None
+    reward = trace.get("reward")
+    return None if reward is None else reward == 1.0
 
 
 def dropped_media(trace: dict[str, Any]) -> dict[str, int]:

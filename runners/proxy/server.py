@@ -241,7 +241,9 @@ class _Handler:
 
     async def _end(self, request: web.Request, token: str) -> web.Response:
         body = await _json_or_empty(request)
-        outcome = {k: body[k] for k in ("status", "failure_reason", "reward", "reward_info") if k in body}
+        outcome = {k: body[k] for k in ("status", "failure_reason", "reward", "reward_info", "success") if k in body}
+        if outcome.get("success") is not None and not isinstance(outcome["success"], bool):
+            return _error(400, "'success' must be true, false or null (the task's own pass/fail, apart from reward)")
         try:
             trace = self.proxy.end_session(token, **outcome, extra=body.get("metadata") or {})
         except UnknownSessionError:

@@ -22,11 +22,12 @@ from hrl.errors import HrlError
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest, media_counts
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
-from hrl.runners.trace import INFRA_FAILURES, SCHEMA
+from hrl.runners.trace import INFRA_FAILURES, SCHEMA, binary_success
 
 __all__ = ["Call", "CallRecord", "ChildLimitError", "ChildSession", "PromptPlan", "Session"]
 
 _Rendered = tuple[list[dict[str, Any]], str, str]
+UNSAID: Any = object()  # `to_trace(success=…)` not given: read from the reward
 _SIDE_MARKERS = ("title generator", "generate a title", "generate a short title", "memory extraction")
 
 
@@ -247,7 +248,10 @@ class Session:
         reward: float | None = None,
         reward_info: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        success: Any = UNSAID,
     ) -> dict[str, Any]:
+        """The session as an `hrl.trace/1` record. `success`: the task's own pass/fail (apart from a shaped
+        reward), None for unknown; not given, it is `binary_success(reward, reward_info)`."""
         ended = time.time()
         agentic = {c.agent for c in self.calls if c.has_tools}  # the agents that use tools (per sub-agent)
         last = self.last_turn()
@@ -281,6 +285,7 @@ class Session:
             "failure_reason": failure_reason,
             "reward": reward,
             "reward_info": reward_info or {},
+            "success": binary_success(reward, reward_info) if success is UNSAID else success,
             "started_at": round(t0, 3),
             "ended_at": round(ended, 3),
             "calls": _encode_calls(self.calls, t0, agentic),

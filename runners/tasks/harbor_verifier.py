@@ -13,6 +13,8 @@ Per episode:
    `bash /tests/test.sh` runs at the workdir with [verifier] env, under [verifier] timeout_sec, with no network
    unless `network: host`.
 4. The reward is /logs/verifier/reward.txt (a number), else reward.json (`{"reward": x}`, or one number).
+   Success (the trace's `success`) is a reward of 1, for a reward of 0 or 1 (Harbor's tests pass or fail); a
+   fractional reward says nothing of it (null), unless reward.json says `"success": true|false` beside it.
 
 A test.sh past its limit scores 0 with the reason in `reward_info["timeout"]` (the agent's state hangs the tests:
 its episode), and so does one that exits non-zero without a reward file (`reward_info["failed"]`: `set -e` tests
@@ -37,6 +39,7 @@ from hrl.runners.errors import UsageError
 from hrl.runners.tasks.harbor import HarborTask, build_image, image_tag
 from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import Verdict
+from hrl.runners.trace import binary_success
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 __all__ = ["HarborVerifier", "HarborVerifierConfig", "as_harbor"]
@@ -183,11 +186,11 @@ class HarborVerifier:
             run = await sandbox.exec(["bash", "/tests/test.sh"], timeout_s=limit, env=dict(task.verifier_env))
             log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
             if run.timed_out:  # the agent's state hangs the tests: its episode, scored 0
-                return Verdict(0.0, {"timeout": f"tests/test.sh ran past {limit:g} s", "log": log})
+                return Verdict.failed({"timeout": f"tests/test.sh ran past {limit:g} s", "log": log})
             found = await _read_reward(sandbox)
         info = {"exit_code": run.exit_code, "log": log}
         if found is None and run.exit_code != 0:  # the tests failed on the agent's state before scoring it
-            return Verdict(0.0, {**info, "failed": f"tests/test.sh exited {run.exit_code} and wrote no reward"})
+            return Verdict.failed({**info, "failed": f"tests/test.sh exited {run.exit_code} and wrote no reward"})
         if found is None:  # it passed and said nothing: the test script itself is broken
             return Verdict.error(f"tests/test.sh exited 0 but wrote no {REWARD_DIR}/reward.txt or reward.json", log=log)
         name, data = found
@@ -240,7 +243,8 @@ def _reward(name: str, text: str, info: dict[str, Any]) -> Verdict:
         return Verdict.error(f"{REWARD_DIR}/{name} holds no reward: {exc}", **info)
     if not math.isfinite(float(value)):
         return Verdict.error(f"{REWARD_DIR}/{name} holds {value}, not a finite reward", **info)
-    return Verdict(float(value), {**info, "reward_file": name})
+    info = {**info, "reward_file": name}
+    return Verdict(float(value), info, success=binary_success(float(value), info.get("rewards")))
 
 
 async def _root(sandbox: Sandbox, script: str, timeout_s: float) -> None:

@@ -54,8 +54,7 @@ from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_dif
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 __all__ = [
-    "PythonVerifierConfig", "TestVerifier", "TestVerifierConfig", "Verdict", "Verifier", "binary_success",
-    "score_tests",
+    "PythonVerifierConfig", "TestVerifier", "TestVerifierConfig", "Verdict", "Verifier", "score_tests",
 ]  # fmt: skip
 
 
@@ -82,14 +81,6 @@ class Verdict:
     def failed(cls, info: dict[str, Any]) -> Verdict:
         """The agent's work fails the task before any test decides (a diff that does not apply, a guard)."""
         return cls(0.0, info, success=False)
-
-
-def binary_success(reward: float | None) -> bool | None:
-    """Success where a verifier says nothing of it: a reward of exactly 0 or 1 is a binary rule's verdict; any other
-    number (a fraction, a shaped score) says nothing about the task's own rule, and no reward is no grade."""
-    if reward is None or reward not in (0.0, 1.0):
-        return None
-    return reward == 1.0
 
 
 class Verifier(Protocol):
@@ -121,7 +112,10 @@ class PythonVerifierConfig(BaseModel):
     """`verifier: {name: python}`: a white-box agent's answer scored by a Python function, with no sandbox."""
 
     function: str = Field(
-        "", description="score(task, answer) -> reward | (reward, info), as MODULE:FUNCTION or FILE.py:FUNCTION."
+        "",
+        description="score(task, answer) -> reward | (reward, info) | (reward, info, success), as MODULE:FUNCTION or "
+        "FILE.py:FUNCTION. success (the task's own pass/fail, apart from a shaped reward) may also be info's "
+        "'success'; said nowhere, it is reward == 1 for a reward of 0 or 1, else null.",
     )
     hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (set by hrl).")
 

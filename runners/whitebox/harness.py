@@ -8,8 +8,10 @@ episode. Where the recipe has a verifier, it scores the episode (an agent's own 
 the harness records. The agent holds its session's agent key (sub-agents of its own tree), never the control
 token, and a subprocess agent gets an allowlist of the host's environment:
 
-- `verifier: {name: python, function: verify.py:score}`: `score(task, answer) -> float | (float, info)` (sync
-  or async), `answer` being the last reply of a trainable agent of the episode;
+- `verifier: {name: python, function: verify.py:score}`: `score(task, answer) -> float | (float, info) |
+  (float, info, success)` (sync or async), `answer` being the last reply of a trainable agent of the episode;
+  `success` (the trace's: the task's own pass/fail beside a maybe shaped reward) is the third item, else
+  `info["success"]`, else `reward == 1` for a reward of 0 or 1 and null for any other;
 - any other verifier (`tests`): the episode gets a sandbox laid out with the task (`session.sandbox`, to run the
   agent's tools in), which the verifier then grades.
 
@@ -41,7 +43,7 @@ from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task
-from hrl.runners.trace import write_trace
+from hrl.runners.trace import binary_success, write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
 
 __all__ = [
@@ -337,8 +339,11 @@ class PythonRollouts:
             out = await call_maybe_async(self.score, task, answer)
         except Exception as e:
             return {"failure_reason": "verifier_error"}, {"error": f"{type(e).__name__}: {e}"}
-        reward, info = out if isinstance(out, tuple) else (out, {})
-        return {"reward": float(reward), "reward_info": dict(info or {})}, {}
+        reward, info, *said = out if isinstance(out, tuple) else (out, {})  # (reward, info, success): success said
+        success = said[0] if said else binary_success(float(reward), info)
+        if success is not None and not isinstance(success, bool):
+            return {"failure_reason": "verifier_error"}, {"error": f"score returned success {success!r}, not a bool"}
+        return {"reward": float(reward), "reward_info": dict(info or {}), "success": success}, {}
 
     def _end(self, token: str, trace_file: Path, outcome: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         proxy = self.stack.proxy
@@ -348,6 +353,6 @@ class PythonRollouts:
             ended = proxy.ended(token)
             if ended is None:
                 raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)") from None
-            trace = {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None}
+            trace = {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None, "success": None}
         write_trace(trace_file, trace)
         return trace
