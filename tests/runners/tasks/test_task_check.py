@@ -5,7 +5,7 @@ test, and one whose PASS_TO_PASS holds a skipped test. Then the cache, and what 
 The flaky test is flaky every time, by construction. A local sandbox starts from nothing (its own folders, its own
 /tmp, the host's files read-only under bubblewrap), so what can differ between two fresh sandboxes is the host. A
 unix socket in a host folder still takes connections inside a read-only mount (a read-only file system refuses
-writes to files, folders and links only), so the task's `env` names one, and a server in this test process counts
+writes to files, folders and links only), so the flaky task's `env` names one, and a server in this test process counts
 the connections per state of m.py (the gold's and the base's apart): the first run of a patch reads 1 and passes,
 the second reads 2 and fails, whatever order the runs go in. Nothing depends on timing or chance.
 """
@@ -114,24 +114,27 @@ def counter() -> Iterator[str]:
         folder.rmdir()
 
 
-def _task(name: str, counter: str, *, base: str = BUGGY, gold: str = GOOD, p2p: tuple[str, ...] = ()) -> Task:
+def _task(name: str, *, base: str = BUGGY, gold: str = GOOD, p2p: tuple[str, ...] = (), counter: str = "") -> Task:
+    """A task on tests/test_m.py (FAIL_TO_PASS test_fix, PASS_TO_PASS test_keep and `p2p`); only a task given the
+    `counter` socket reaches it (test_counter fails on its own elsewhere, unlisted), so no other task's runs count."""
     cmd = PYTEST.replace("python", sys.executable, 1)  # the host's pytest: a local sandbox runs on this machine
     return Task(
         instance_id=name, repo="local/m", repo_snapshot={"m.py": base}, problem_statement="f(1) should be 2",
         FAIL_TO_PASS=[f"{T}test_fix"], PASS_TO_PASS=[f"{T}test_keep", *(T + t for t in p2p)],
         test_patch=file_diff("tests/test_m.py", None, TESTS), patch=file_diff("m.py", base, gold),
-        env={"PYTHONPATH": ".", "HRL_CHECK_COUNTER": counter}, test_cmd=f"{cmd} tests/test_m.py",
+        env={"PYTHONPATH": ".", **({"HRL_CHECK_COUNTER": counter} if counter else {})},
+        test_cmd=f"{cmd} tests/test_m.py",
     )  # fmt: skip
 
 
 def check_file_tasks(counter: str) -> list[Task]:
     """The five tasks of `EXPECTED`, in its order."""
     return [
-        _task("sound", counter),
-        _task("gold-fails", counter, gold=BUGGY.replace("x - 1", "x + 2")),
-        _task("noop-passes", counter, base=GOOD, gold=GOOD + "# done\n"),
-        _task("flaky", counter, p2p=("test_counter",)),
-        _task("skipped-p2p", counter, p2p=("test_skipped",)),
+        _task("sound"),
+        _task("gold-fails", gold=BUGGY.replace("x - 1", "x + 2")),
+        _task("noop-passes", base=GOOD, gold=GOOD + "# done\n"),
+        _task("flaky", p2p=("test_counter",), counter=counter),
+        _task("skipped-p2p", p2p=("test_skipped",)),
     ]
 
 
@@ -160,7 +163,7 @@ def test_five_tasks_are_classed_cached_and_filtered(tmp_path: Path, counter: str
     assert not replace(results[0], hrl_version="0.0.1").reusable(2, "local")
     assert not replace(results[0], status="infra").reusable(2, "local")
 
-    new = _task("never-checked", counter, gold=GOOD + "# other\n")
+    new = _task("never-checked", gold=GOOD + "# other\n")
     kept, report = filter_checked([*tasks, new], cache=cache)
     assert [t.instance_id for t in kept] == [i for i, s in EXPECTED.items() if s == "ok"] + ["never-checked"]
     assert report.left_out == {i: s for i, s in EXPECTED.items() if s != "ok"}
@@ -176,7 +179,7 @@ def test_a_resumed_run_takes_the_tasks_its_first_start_took(tmp_path: Path, monk
     """The run's task_checks.json decides on resume: a check made since (here: every task found flaky) changes
     nothing for a run already under way."""
     monkeypatch.setenv("HRL_CACHE", str(tmp_path / "cache"))
-    tasks = [_task("a", "/unused"), _task("b", "/unused", gold=GOOD + "# b\n")]
+    tasks = [_task("a"), _task("b", gold=GOOD + "# b\n")]
     kept, first = select_for_run(tasks, tmp_path, "tasks")
     assert [t.instance_id for t in kept] == ["a", "b"] and first.unchecked == ["a", "b"]
     for task in tasks:  # both checked since, and not ok
@@ -192,13 +195,13 @@ def test_a_resumed_run_takes_the_tasks_its_first_start_took(tmp_path: Path, monk
     strict=True, reason="grader: pytest counts a SKIPPED PASS_TO_PASS test as failing (runners/tasks/verifier.py)"
 )
 def test_a_skipped_pass_to_pass_test_does_not_fail_the_gold(tmp_path: Path) -> None:
-    [result] = check_tasks([_task("skipped-p2p", "/unused", p2p=("test_skipped",))], runs=1, sandbox="local",
+    [result] = check_tasks([_task("skipped-p2p", p2p=("test_skipped",))], runs=1, sandbox="local",
                            cache=tmp_path)  # fmt: skip
     assert result.status == "ok", result.problems
 
 
 def test_the_content_hash_follows_grading_not_wording(tmp_path: Path) -> None:
-    task = _task("a", "/nowhere")
+    task = _task("a", counter="/nowhere")
     reworded = task.model_copy(update={"instance_id": "b", "problem_statement": "fix f"})
     assert content_hash(reworded) == content_hash(task)
     assert content_hash(task.model_copy(update={"patch": ""})) != content_hash(task)
