@@ -59,9 +59,9 @@ def inspect(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON (an object with --trace).")] = False,
 ) -> None:
-    """Summarize trace files: outcome, agent, calls, turns, tokens, branches and timing per trace; with --trace (or
-    a file of one trace) the calls and tool events in time order, as a tree. For a run directory: reward,
-    failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
+    """Summarize trace files: outcome, reward, success (the task's own pass/fail), agent, calls, turns, tokens,
+    branches and timing per trace; with --trace (or a file of one trace) the calls and tool events in time order, as
+    a tree. For a run directory: reward, success rate, failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
     from hrl.cli.report import warn_cut_lines
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
@@ -165,7 +165,9 @@ def _summary_table(sums: list[dict[str, Any]]) -> Table:
     table.add_column("task", max_width=16, overflow="ellipsis", no_wrap=True)
     table.add_column("agent", max_width=14, overflow="ellipsis", no_wrap=True)
     table.add_column("status", max_width=16, overflow="ellipsis", no_wrap=True)
-    for name, width in (("reward", 6), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2), ("time", 6)):
+    columns = (("reward", 6), ("success", 7), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2),
+               ("time", 6))  # fmt: skip
+    for name, width in columns:
         table.add_column(name, justify="right", no_wrap=True, min_width=width)
     for s in sums:
         reward = "-" if s["reward"] is None else f"{s['reward']:.3g}"
@@ -175,6 +177,7 @@ def _summary_table(sums: list[dict[str, Any]]) -> Table:
             Text(str(s["agent"] or "-")),
             _outcome(s),
             reward,
+            _yes_no(s.get("success")),
             str(s["calls"]),
             str(s["turns"]),
             _num(s["prompt_tokens"]),
@@ -192,6 +195,7 @@ def _totals(agg: dict[str, Any]) -> Text:
     unrewarded = agg["traces"] - agg["rewarded"]
     reward = "no rewarded trace" if agg["reward_mean"] is None else f"mean reward {agg['reward_mean']:.3g}"
     reward += f" ({unrewarded} without a reward)" if unrewarded else ""
+    reward += f" · success {agg['succeeded']}/{agg['graded']}" if agg.get("graded") else ""
     lat, tok = agg["latency_s"], agg["tokens"]
     first = f"{agg['traces']} traces: {status}" + (f" ({fails})" if fails else "") + f" · {reward}"
     flags = [f"{agg[k]} {name}" for k, name in (("degenerate", "degenerate"), ("tool_parse_errors",
@@ -239,9 +243,16 @@ def _tool_label(t: dict[str, Any]) -> Text:
     return Text(f"tool {t.get('name', '?')}  @{_secs(t.get('started_at'))}  {_secs(dur)}", style="magenta")
 
 
+def _yes_no(success: bool | None) -> str:
+    return "-" if success is None else "yes" if success else "no"
+
+
 def _reward_label(trace: Trace) -> Text:
+    from hrl.runners.trace import trace_success
+
     reward = trace.get("reward")
     label = Text("reward " + ("-" if reward is None else f"{reward:g}"), style="bold")
+    label.append(f" · success {_yes_no(trace_success(trace))}", style="bold")
     info = trace.get("reward_info") or {}
     parts = [
         f"{k} {v['passed']}/{v['total']}" if isinstance(v, dict) and {"passed", "total"} <= v.keys() else f"{k} {v}"
@@ -374,19 +385,20 @@ def _m(row: dict[str, Any], key: str) -> float | None:
 
 def _run_table(rows: list[dict[str, Any]]) -> Table:
     table = _table()
-    for name in ("iter", "n", "reward"):
+    for name in ("iter", "n", "reward", "success"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("failures", max_width=20, overflow="fold")
     for name in ("time p50/p95", "llm", "tool", "tokens p/r", "stale avg/max"):
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
-        reward = _m(r, "trace/reward")
+        reward, success = _m(r, "trace/reward"), _m(r, "trace/success")
         fails = "\n".join(f"{k} {n}" for k, n in sorted(r["failures"].items()))  # one reason per line
         stale = _m(r, "trace/staleness")
         table.add_row(
             str(r["iteration"]),
             str(r["traces"]),
             "-" if reward is None else f"{reward:.3g}",
+            "-" if success is None else f"{success:.3g}",  # the share of its graded traces that succeeded
             Text(fails or "-", style="red" if fails else ""),
             f"{_secs(_m(r, 'trace/latency_s/p50'))}/{_secs(_m(r, 'trace/latency_s/p95'))}",
             _secs(_m(r, "trace/llm_latency_s/p50")),
@@ -407,6 +419,7 @@ def _round(v: float | None) -> int | None:
 
 _TRENDS = (
     ("reward", "trace/reward"),
+    ("success", "trace/success"),
     ("failed", None),
     ("time p50", "trace/latency_s/p50"),
     ("llm p50", "trace/llm_latency_s/p50"),

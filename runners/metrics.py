@@ -11,6 +11,9 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/turns`              non-side calls (agent turns).
 - `trace/failures/<reason>`  1 for the trace's `failure_reason` (absent when it did not fail).
 - `trace/reward`             the verifier's reward.
+- `trace/success`            1 when the task's own pass/fail rule passed, 0 when not (the trace's `success`, else
+  `reward == 1.0` for older traces); absent when unknown. Per step its mean is the success rate, which a shaped
+  reward does not move.
 - `trace/policy_version_min` / `trace/policy_version_max`: oldest / newest policy version of a sampled token.
 - `trace/env_version`        `env.version` when it is a number (or a numeric string).
 - `trace/staleness`          trainer version at use − `trace/policy_version_min` (needs `trainer_version`).
@@ -82,6 +85,7 @@ LLM_LATENCY_S = "trace/llm_latency_s"
 TOOL_LATENCY_S = "trace/tool_latency_s"
 TURNS = "trace/turns"
 REWARD = "trace/reward"
+SUCCESS = "trace/success"
 POLICY_VERSION_MIN = "trace/policy_version_min"
 POLICY_VERSION_MAX = "trace/policy_version_max"
 ENV_VERSION = "trace/env_version"
@@ -101,6 +105,7 @@ TRACE_METRICS = (
     TOOL_LATENCY_S,
     TURNS,
     REWARD,
+    SUCCESS,
     POLICY_VERSION_MIN,
     POLICY_VERSION_MAX,
     ENV_VERSION,
@@ -178,6 +183,7 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
     }
     optional = {
         REWARD: _number(s["reward"]),
+        SUCCESS: None if s["success"] is None else float(s["success"]),
         MERGE_RATIO: _number(s["merge_ratio"]),
         POLICY_VERSION_MIN: _number(min(s["versions"], default=None)),
         POLICY_VERSION_MAX: _number(max(s["versions"], default=None)),

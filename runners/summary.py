@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hrl.runners.errors import UsageError
-from hrl.runners.trace import branches, dropped_media, full_len, prompt_len, sampled_versions
+from hrl.runners.trace import branches, dropped_media, full_len, prompt_len, sampled_versions, trace_success
 
 __all__ = [
     "TraceSelectionError",
@@ -116,6 +116,7 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "status": trace["status"],
         "failure_reason": trace.get("failure_reason"),
         "reward": trace.get("reward"),
+        "success": trace_success(trace),  # the task's own pass/fail; older traces: reward == 1.0
         "calls": len(calls),
         "side_calls": len(calls) - len(main),
         "turns": len(main),
@@ -182,6 +183,7 @@ def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:
     traces = list(traces)
     sums = [summarize_trace(t) for t in traces]
     rewards = [s["reward"] for s in sums if s["reward"] is not None]
+    graded = [s["success"] for s in sums if s["success"] is not None]
     return {
         "traces": len(sums),
         "status": dict(Counter(s["status"] for s in sums)),
@@ -191,6 +193,8 @@ def summarize_file(traces: Iterable[Trace]) -> dict[str, Any]:
         "dropped_media": sum(bool(s["dropped_media"]) for s in sums),  # traces with media dropped
         "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
         "rewarded": len(rewards),
+        "succeeded": sum(graded),  # of `graded`: traces whose success is known
+        "graded": len(graded),
         "calls": sum(s["calls"] for s in sums),
         "branches": sum(s["branches"] for s in sums),
         "tokens": {k: sum(s[f"{k}_tokens"] for s in sums) for k in ("prompt", "response", "trained")},

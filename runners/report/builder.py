@@ -66,8 +66,9 @@ def smoothed(values: list[float | None], alpha: float = 0.4) -> list[float | Non
 
 
 def _reward_plot(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
-    """Training reward per step with its smoothed line and its range, and held-out success where evaluated (the
-    policy of step k: `hrl.train.heldout`), on one step axis."""
+    """Training reward per step with its smoothed line and its range, the training traces' success rate (the
+    tasks' own pass/fail, which a shaped reward does not move), and held-out success where evaluated (the policy of
+    step k: `hrl.train.heldout`), on one step axis."""
     steps = sorted({float(it["iteration"]) for it in iters} | {float(k) for k in evals})
     at = {float(it["iteration"]): i for i, it in enumerate(iters)}
 
@@ -77,6 +78,9 @@ def _reward_plot(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) 
     mean = _series(iters, "trace/reward")
     series = [("mean", on_axis(mean)), ("smoothed", on_axis(smoothed(mean)))]
     series += [(stat, on_axis(v)) for stat, v in _stats(iters, "trace/reward", "min", "max")]
+    success = _series(iters, "trace/success")  # the tasks' own pass/fail rate, apart from a shaped reward
+    if any(v is not None for v in success):
+        series.append(("success", on_axis(success)))
     if evals:
         held = [evals[int(x)].get("eval/success") if int(x) in evals and x == int(x) else None for x in steps]
         series.append(("held-out success", held))
@@ -162,6 +166,7 @@ def _trace_row(iteration: int, trace: Trace, version: int | None) -> dict[str, A
         "outcome": s["failure_reason"] or s["status"],
         "flags": _flags(s),
         "reward": s["reward"],
+        "success": None if s["success"] is None else "yes" if s["success"] else "no",
         "turns": s["turns"],
         "calls": s["calls"],
         "branches": s["branches"],
@@ -216,6 +221,7 @@ _COLUMNS = (
     ("outcome", "outcome"),
     ("flags", "flags"),
     ("reward", "reward"),
+    ("success", "success"),
     ("turns", "turns"),
     ("calls", "calls"),
     ("branches", "branches"),
@@ -254,12 +260,14 @@ def _options(values: list[Any]) -> str:
 def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     fails = sum(1 for r in rows if r["outcome"] != "ok")
     rewards = [r["reward"] for r in rows if isinstance(r["reward"], int | float)]
+    graded = [r["success"] for r in rows if r["success"] is not None]
     model = run.config.get("model") or (run.config.get("trainer") or {}).get("model")
     facts = [
         ("steps", str(len(iters))),
         ("traces", str(len(rows))),
         ("failed", str(fails)),
         ("mean reward", f"{sum(rewards) / len(rewards):.3g}" if rewards else "–"),
+        ("success", f"{graded.count('yes')}/{len(graded)}" if graded else "–"),
         ("policy version", str(run.state.get("version", "–"))),
         ("model", str(model or "–")),
     ]

@@ -131,6 +131,7 @@ def test_sequential_trace():
         "trace/tool_latency_s": pytest.approx(1.0 + 1.5),  # 2.0→3.0 and 4.5→6.0; the side call does not count
         "trace/turns": 3.0,  # c1, c2, c3 (s1 is a side call)
         "trace/reward": 1.0,
+        "trace/success": 1.0,  # no `success` key (an older trace): reward == 1.0
         "trace/policy_version_min": 5.0,
         "trace/policy_version_max": 6.0,
         "trace/env_version": 3.0,  # "3" is numeric

@@ -5,7 +5,11 @@ top-level `success` that a shaped reward never changes; older traces without it 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +102,28 @@ def test_a_python_verifier_says_success_beside_its_reward(
 
     trace = asyncio.run(main())
     assert trace["failure_reason"] is None and trace["reward"] == reward and trace["success"] is success
+
+
+def test_inspect_and_report_show_success_beside_the_reward(tmp_path: Path) -> None:
+    """A shaped 0.1 that failed, a 1.0 that passed, a fraction said to pass, and an older trace without the key
+    (reward 1.0: read as a success): `hrl inspect` per trace and in its totals, `hrl report` in its table."""
+    from hrl.runners.report.builder import render_report
+    from hrl.runners.report.run import load_source
+    from hrl.runners.trace import encode_trace
+
+    said = [{"reward": 0.1, "success": False}, {"reward": 1.0}, {"reward": 0.4, "success": True}]
+    traces = [Session(f"s{i}" * 8, {"trace_id": f"t{i}" * 6}).to_trace(**kw) for i, kw in enumerate(said)]  # type: ignore[arg-type]
+    older = Session("s3" * 8, {"trace_id": "t3" * 6}).to_trace(reward=1.0)
+    del older["success"]
+    path = tmp_path / "traces.jsonl"
+    path.write_text("".join(encode_trace(t) for t in [*traces, older]))
+    env = {**os.environ, "NO_COLOR": "1"}
+    out = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(path), "--json"], capture_output=True,
+                         text=True, timeout=60, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [d["success"] for d in json.loads(out.stdout)] == [False, True, True, True]
+    human = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(path)], capture_output=True, text=True,
+                           timeout=60, env=env)  # fmt: skip
+    assert "mean reward 0.625 · success 3/4" in human.stdout, human.stdout  # (0.1 + 1 + 0.4 + 1) / 4
+    html = render_report(load_source([path]))
+    assert "<th" in html and ">success</th>" in html and ">no</td>" in html
