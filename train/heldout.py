@@ -129,11 +129,9 @@ def _decoder(model: str) -> Callable[[list[int]], str]:
 class Evaluations:
     """The run's evaluation schedule (`eval_steps`), minus what metrics.jsonl already holds (a resume)."""
 
-    def __init__(
-        self, tasks: list[dict[str, Any]] | None, cfg: Any, run: RunDir, rollouts: Rollouts, periodic: bool = True
-    ) -> None:
+    def __init__(self, tasks: list[dict[str, Any]] | None, cfg: Any, run: RunDir, rollouts: Rollouts) -> None:
         self.tasks, self.cfg, self.run, self.rollouts = tasks or [], cfg, run, rollouts
-        self.steps = eval_steps(cfg.iterations, cfg.eval_every if periodic else 0) if self.tasks else {}
+        self.steps = eval_steps(cfg.iterations, cfg.eval_every) if self.tasks else {}
         self.done = set(run.eval_rows())
 
     def due(self, step: int) -> bool:
