@@ -127,3 +127,15 @@ def test_inspect_and_report_show_success_beside_the_reward(tmp_path: Path) -> No
     assert "mean reward 0.625 · success 3/4" in human.stdout, human.stdout  # (0.1 + 1 + 0.4 + 1) / 4
     html = render_report(load_source([path]))
     assert "<th" in html and ">success</th>" in html and ">no</td>" in html
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "want"),
+    [("reward.txt", "1\n", True), ("reward.txt", "0", False), ("reward.txt", "0.5", None),
+     ("reward.json", '{"reward": 0.5, "success": true}', True), ("reward.json", '{"reward": 1.0, "style": 0.5}', True)],
+)  # fmt: skip
+def test_a_harbor_reward_file_gives_success(name: str, text: str, want: bool | None) -> None:
+    from hrl.runners.tasks.harbor_verifier import _reward
+
+    verdict = _reward(name, text, {})
+    assert verdict.failure_reason is None and verdict.success is want
