@@ -1,17 +1,21 @@
 """Per-test outcomes from pytest's `-rA` short summary (the log format SWE-bench's harness parses too).
 
 Summary lines look like `PASSED path::test[id]`, `FAILED path::test[id] - AssertionError: …`,
-`ERROR path - ImportError …` (a collection error names the file). SKIPPED lines carry no node id and are ignored.
+`ERROR path - ImportError …` (a collection error names the file). A summary's SKIPPED line carries no node id, only
+where the skip was raised (`SKIPPED [1] path:line: reason`: `skip_locations`); the node id of a skipped test comes
+from pytest's `-v` progress line (`path::test SKIPPED (reason) [ 50%]`), which hrl's own test command asks for.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["PASSING", "failure_sections", "outcome", "parse_summary"]
+__all__ = ["PASSING", "failure_sections", "outcome", "parse_summary", "skip_locations"]
 
 PASSING = frozenset({"PASSED", "XFAIL"})  # XFAIL: an expected failure happened, the test "passes"
 _LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)\s*$")
+_VERBOSE_SKIP = re.compile(r"^(\S+::.*?) SKIPPED(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*$")
+_SKIP_WHERE = re.compile(r"^SKIPPED \[\d+\] (.+?):\d+: ")
 _HEADER = re.compile(r"^_{3,} (.+?) _{3,}$")
 _SECTION = re.compile(r"^={3,} ([A-Za-z ]+?) ={3,}$")
 
@@ -37,7 +41,16 @@ def parse_summary(output: str) -> dict[str, str]:
     for test_id, status in split.items():  # `PASSED x` then `ERROR x - teardown failed`: the error wins
         if status not in PASSING and merged[test_id] in PASSING:
             merged[test_id] = status
+    for line in output.splitlines():  # `-v`: a skipped test's id (the summary's own lines win)
+        if (m := _VERBOSE_SKIP.match(line)) and m.group(1) not in merged:
+            merged[m.group(1)] = "SKIPPED"
     return merged
+
+
+def skip_locations(output: str) -> set[str]:
+    """The files skips were raised in, from the summary's `SKIPPED [n] path:line: reason` lines: a test's own
+    file for a skip mark, the code under test when that code calls `pytest.skip`."""
+    return {m.group(1) for line in output.splitlines() if (m := _SKIP_WHERE.match(line))}
 
 
 def outcome(results: dict[str, str], test_id: str) -> str:

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = "hrl/swe-py:bookworm"
-PYTEST = "python -m pytest -rA --tb=short -p no:cacheprovider -o addopts=''"
+PYTEST = "python -m pytest -rA -v --tb=short -p no:cacheprovider -o addopts=''"  # -v: skipped tests' ids
 
 
 class TaskFormatError(HrlError):

@@ -21,10 +21,14 @@ Resolution, the task's own pass/fail rule (`Verdict.success`), by `TestVerifierC
 - `official` (default): SWE-bench-family rows (`grader: swebench`, `swesmith`) are resolved by the official
   package's report functions (`swebench.resolve`): the repository's evaluation type (FAIL_ONLY for SWE-bench
   Multimodal's JavaScript repositories, else PASS_AND_FAIL), a SKIPPED test left out, RESOLVED_FULL = success.
+  `grader: pytest` tasks (hrl's own, no official package) by the same rule for PASS_TO_PASS: a SKIPPED one is left
+  out (a test the repository skips here, e.g. for a missing optional dependency). Every FAIL_TO_PASS test must pass
+  (a fix makes its own tests pass), and a skip raised from a file the agent's diff changed (the code under test
+  calling `pytest.skip`) is no skip: it fails (rule `pytest`).
 - `strict`: hrl's rule: every FAIL_TO_PASS and PASS_TO_PASS test PASSED or XFAIL; SKIPPED or absent fails.
 
-`grader: pytest` tasks (hrl's own, no official package) always use the strict rule; `grader: r2egym` R2E-Gym's
-(exactly the expected outcomes). `reward_info["resolution"]["rule"]` names the rule that decided.
+`grader: r2egym` tasks use R2E-Gym's rule (exactly the expected outcomes). `reward_info["resolution"]["rule"]`
+names the rule that decided.
 
 Reward: "binary" (default) = 1 when the task is resolved, else 0; "partial" = the fraction of the tests the rule
 counted that succeeded (the official rule's left-out tests are not counted). `success` is the rule's verdict
@@ -48,7 +52,8 @@ from hrl.runners.tasks import r2egym as _r2egym
 from hrl.runners.tasks import swebench as _swebench
 from hrl.runners.tasks import swesmith as _swesmith
 from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
-from hrl.runners.tasks.results import PASSING, outcome, parse_summary
+from hrl.runners.tasks.patches import patch_paths
+from hrl.runners.tasks.results import PASSING, outcome, parse_summary, skip_locations
 from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
 from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
@@ -141,8 +146,8 @@ class TestVerifierConfig(BaseModel):
         "official",
         description="How SWE-bench-family rows (grader swebench, swesmith) are resolved. official: the package's "
         "report functions (its evaluation type per repository, FAIL_ONLY for SWE-bench Multimodal's JavaScript "
-        "ones; a SKIPPED test left out). strict: every listed test PASSED or XFAIL (skipped or absent fails). "
-        "grader pytest tasks always use the strict rule.",
+        "ones; a SKIPPED test left out; grader pytest tasks: a SKIPPED PASS_TO_PASS test left out unless the skip "
+        "comes from a file the diff changed). strict: every listed test PASSED or XFAIL (skipped or absent fails).",
     )
     protected: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PROTECTED),
@@ -258,6 +263,8 @@ class TestVerifier:
         if run.timed_out:  # the tests hang on the agent's code: its failure, scored 0 (not a grading error)
             return Verdict.failed({**info, "timeout": f"the tests ran past {limit:g} s", "log": log})
         results = family.parse_log(task, run.stdout) if family else parse_summary(run.stdout)
+        if not family and (planted := sorted(skip_locations(run.stdout) & set(patch_paths(patch)))):
+            info = {**info, "skips_from_the_diff": planted}  # the agent's code skips tests: they count as failed
         if not results and not (task.grader == "swebench" and _swebench.lists_only_failures(task, run.stdout)):
             what = f"no test results {task.repo}'s log parser can read" if swebench else "no pytest -rA summary"
             return Verdict.error(f"the test command printed {what} (exit {run.exit_code})", log=log)
@@ -284,14 +291,17 @@ def score_tests(
     if task.grader in ("swebench", "swesmith") and config.resolution == "official":
         return _official(task, results, config, info)
     tests = {t: outcome(results, t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS}
+    lenient = task.grader == "pytest" and config.resolution == "official" and "skips_from_the_diff" not in info
+    left_out = [t for t in task.PASS_TO_PASS if tests[t] == "SKIPPED"] if lenient else []
     f2p = sum(tests[t] in PASSING for t in task.FAIL_TO_PASS)
     p2p = sum(tests[t] in PASSING for t in task.PASS_TO_PASS)
-    total = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)
+    total = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS) - len(left_out)
     success = total > 0 and f2p + p2p == total
     info["fail_to_pass"] = {"passed": f2p, "total": len(task.FAIL_TO_PASS)}
     info["pass_to_pass"] = {"passed": p2p, "total": len(task.PASS_TO_PASS)}
     info["tests"] = tests
-    info["resolution"] = {"rule": "strict"}
+    rule = "pytest" if task.grader == "pytest" and config.resolution == "official" else "strict"
+    info["resolution"] = {"rule": rule} | ({"left_out": left_out} if left_out else {})
     reward = ((f2p + p2p) / total if total else 0.0) if config.reward == "partial" else float(success)
     return Verdict(reward, info, success=success)
 

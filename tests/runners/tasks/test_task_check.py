@@ -68,11 +68,9 @@ def test_skipped():
     raise AssertionError("never runs")
 """
 T = "tests/test_m.py::"
-# A SKIPPED PASS_TO_PASS test: the official SWE-bench rule leaves it out, so the gold resolves and the task is ok.
-# The verifier's rule for `grader: pytest` tasks still counts it failing (pytest's -rA summary names no node id for
-# a skipped test, and results.py reads none), so the check says gold_fails, truthfully: the reward training would
-# get. When the verifier leaves skipped tests out there too, this becomes "ok" (and the xfail below passes).
-SKIPPED_P2P = "gold_fails"
+# A SKIPPED PASS_TO_PASS test (a mark in the task's own test file): left out, as the official SWE-bench rule does,
+# so the gold resolves and the task is ok.
+SKIPPED_P2P = "ok"
 EXPECTED = {
     "sound": "ok", "gold-fails": "gold_fails", "noop-passes": "noop_passes", "flaky": "flaky",
     "skipped-p2p": SKIPPED_P2P,
@@ -191,9 +189,6 @@ def test_a_resumed_run_takes_the_tasks_its_first_start_took(tmp_path: Path, monk
     assert [t.instance_id for t in again] == ["a", "b"] and report == first
 
 
-@pytest.mark.xfail(
-    strict=True, reason="grader: pytest counts a SKIPPED PASS_TO_PASS test as failing (runners/tasks/verifier.py)"
-)
 def test_a_skipped_pass_to_pass_test_does_not_fail_the_gold(tmp_path: Path) -> None:
     [result] = check_tasks([_task("skipped-p2p", p2p=("test_skipped",))], runs=1, sandbox="local",
                            cache=tmp_path)  # fmt: skip

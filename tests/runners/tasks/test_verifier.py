@@ -128,6 +128,29 @@ def test_reward_hacks_do_not_pay(backend_name: str, hack: str) -> None:
         assert open_door.reward == 1.0, open_door.reward_info
 
 
+def test_a_skipped_pass_to_pass_test_is_left_out_unless_the_diff_raises_the_skip(backend_name: str) -> None:
+    """The repository skips test_clamp here (a mark in its own test file): left out, as SWE-bench's rule does, so the
+    gold patch resolves the task; `resolution: strict` fails it. The agent's code calling `pytest.skip` is no skip."""
+    skipping = TESTS.replace("def test_clamp", "@pytest.mark.skip(reason='not here')\ndef test_clamp")
+    task, v = (
+        mini_task(backend_name, test_patch=file_diff("tests/test_mini.py", None, "import pytest\n" + skipping)),
+        verifier(backend_name),
+    )
+    gold = run(v.grade(task, task.patch))
+    assert gold.reward == 1.0 and gold.success, gold.reward_info
+    assert gold.reward_info["resolution"] == {"rule": "pytest", "left_out": ["tests/test_mini.py::test_clamp"]}
+    assert gold.reward_info["tests"]["tests/test_mini.py::test_clamp"] == "SKIPPED"
+    strict = run(verifier(backend_name, resolution="strict").grade(task, task.patch))
+    assert strict.reward == 0.0 and strict.success is False, strict.reward_info
+    # past the runner-hooks guard (no `import pytest` in the diff): the skip's location gives it away
+    planted = GOOD.replace(
+        "    return max(", "    import sys\n\n    sys.modules['py' + 'test'].skip('later')\n    return max("
+    )
+    hack = run(verifier(backend_name).grade(mini_task(backend_name), file_diff("mini/__init__.py", BUGGY, planted)))
+    assert hack.reward_info["tests"]["tests/test_mini.py::test_clamp"] == "SKIPPED", hack.reward_info
+    assert hack.reward == 0.0 and hack.reward_info["skips_from_the_diff"] == ["mini/__init__.py"], hack.reward_info
+
+
 def test_deleting_or_editing_tests_in_the_repo_does_not_pay(backend_name: str) -> None:
     task, v = mini_task(backend_name, tests_in_snapshot=True), verifier(backend_name)
     gold = run(v.grade(task, task.patch))
