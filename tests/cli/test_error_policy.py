@@ -114,6 +114,9 @@ CASES = [
     ),
     Case("missing task file", ("tasks", "ls", "{tmp}/no.jsonl"), USAGE, "no.jsonl does not exist"),
     Case("missing task file", ("tasks", "validate", "{tmp}/no.jsonl"), USAGE, "no.jsonl does not exist"),
+    Case("missing task file", ("tasks", "check", "{tmp}/no.jsonl"), USAGE, "no.jsonl does not exist"),
+    Case("unknown sandbox", ("tasks", "check", "{tmp}/tasks.jsonl", "--sandbox", "nope"), USAGE, "sandbox 'nope'"),
+    Case("bounded flag", ("tasks", "check", "{tmp}/tasks.jsonl", "--runs", "0"), USAGE, "'--runs'"),
     Case(
         "missing sdist",
         ("tasks", "synth", "--package", "x", "--out", "{tmp}/o.jsonl", "--sdist", "{tmp}/x.tgz"),
