@@ -48,6 +48,8 @@ REWARD_DIR = "/logs/verifier"
 # As root: no reward file may outlive the agent, and the tests' user may write the new one.
 CLEAN = f"rm -rf /tests {REWARD_DIR} && mkdir -p /tests {REWARD_DIR} /logs/agent && chmod 777 /logs {REWARD_DIR}"
 REWARD_FILES = ("reward.txt", "reward.json")
+FINAL_REPO = "hrl/harbor-final"  # the kept final images, one tag per episode (`hrl regrade`)
+FINAL_LABEL = "hrl.final"  # on each: `docker image prune -a --filter label=hrl.final` removes them all
 REWARD_BYTES = 65536  # a reward file is a number or a small JSON object: what lies past this is no reward
 
 
@@ -69,6 +71,11 @@ class HarborVerifierConfig(BaseModel):
     )
     solve_timeout_s: float = Field(
         0.0, ge=0, description="Limit for solution/solve.sh; 0 = [agent] timeout_sec or 600."
+    )
+    keep_final: bool = Field(
+        True,
+        description="carry: container: keep the agent's committed image (tagged hrl/harbor-final:<id>, "
+        "labelled hrl.final=1), named in reward_info['final_image'], so `hrl regrade` can grade it again.",
     )
     log_chars: int = Field(3000, ge=0, description="How much of test.sh's output tail goes into reward_info['log'].")
     hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (docker: none).")
@@ -119,7 +126,7 @@ class HarborVerifier:
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
         """Nothing to lay out: the image is the task's starting state."""
 
-    async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
+    async def verify(self, sandbox: Sandbox, task: Task, keep: bool = True) -> Verdict:
         h, cfg, started = as_harbor(task), self.config, time.monotonic()
         committed: str | None = None
         try:
@@ -127,8 +134,11 @@ class HarborVerifier:
                 commit = getattr(sandbox, "commit", None)
                 if commit is None:
                     return Verdict.error("carry: container needs a docker sandbox that can commit")
-                committed = await commit({"hrl.task": h.instance_id[:60]})
+                committed = await commit({"hrl.task": h.instance_id[:60], FINAL_LABEL: "1"})
                 verdict = await self._test(h, committed, None)
+                if cfg.keep_final and keep:  # the snapshot `hrl regrade` grades again
+                    verdict.reward_info["final_image"] = await self._keep(committed)
+                    committed = None
             else:
                 verdict = await self._test(h, self.sandbox_spec(h).image, await self._pack_workdir(sandbox))
         except (SandboxError, OSError) as exc:
@@ -136,6 +146,32 @@ class HarborVerifier:
         finally:
             if committed is not None:
                 await _quietly(self.backend, committed)
+        verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
+        return verdict
+
+    async def _keep(self, image: str) -> str:
+        """Tag a committed image `hrl/harbor-final:<its id>`, so it outlives the episode; the tag."""
+        api = await self.backend.connect()  # type: ignore[attr-defined]
+        tag = image.removeprefix("sha256:")[:32]
+        await self.backend.call(api.tag, image, FINAL_REPO, tag)  # type: ignore[attr-defined]
+        return f"{FINAL_REPO}:{tag}"
+
+    async def regrade(self, task: Task, image: str) -> Verdict:
+        """The task's tests again on an episode's kept final image (`final_image`); a missing image raises
+        FileNotFoundError (the snapshot was removed: nothing to regrade)."""
+        import docker
+
+        h, started = as_harbor(task), time.monotonic()
+        api = await self.backend.connect()  # type: ignore[attr-defined]
+        try:
+            await self.backend.call(api.inspect_image, image)  # type: ignore[attr-defined]
+        except docker.errors.ImageNotFound as exc:
+            raise FileNotFoundError(f"its final image {image} was removed") from exc
+        await self.provision(h)
+        try:
+            verdict = await self._test(h, image, None)
+        except (SandboxError, OSError) as exc:
+            verdict = Verdict.error(f"grading sandbox failed: {exc}")
         verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
         return verdict
 
@@ -167,7 +203,7 @@ class HarborVerifier:
                 await sandbox.copy_in(str(h.folder / "solution"), "/solution")
                 run = await sandbox.exec(["bash", "/solution/solve.sh"], timeout_s=limit)
                 await _root(sandbox, "rm -rf /solution", cfg.setup_timeout_s)
-                verdict = await self.verify(sandbox, h)
+                verdict = await self.verify(sandbox, h, keep=False)  # a gold run: no episode to regrade
         except (SandboxError, OSError) as exc:
             return Verdict.error(f"solution sandbox failed: {exc}")
         verdict.reward_info["solve"] = {"exit_code": run.exit_code, "timed_out": run.timed_out, "s": run.duration_s}

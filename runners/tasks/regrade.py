@@ -12,7 +12,10 @@ many episodes ran it:
 
 The trace's `metadata.archive` names them relative to the trace file's folder, with the verifier's settings:
 `{"verifier": {"name": "tests", …}, "task": "traces.archive/tasks/….json", "patch": "…diff" (when not inline)}`.
-A Harbor episode's final state is its sandbox's filesystem, which is not archived: it is set apart, never guessed.
+A Harbor episode archives its task the same way (its `task_dir` leads back to tests/); its final state is the
+agent's container, committed and kept as the image the trace's `reward_info.final_image` names
+(`hrl/harbor-final:<id>`, verifier setting `keep_final`, carry: container). Regrading runs tests/test.sh again in a
+fresh container of it; an episode whose image was removed, or that carried its workdir only, is set apart.
 """
 
 from __future__ import annotations
@@ -60,10 +63,10 @@ def archive_episode(trace_file: Path, task: Task, verifier: dict[str, Any], extr
     settings.setdefault("name", "tests")
     archive: dict[str, Any] = {"verifier": settings}
     patch = str(extra.get("patch") or "")
-    if settings["name"] == "tests":
+    if settings["name"] in ("tests", "harbor"):
         folder = archive_dir(trace_file)
         archive["task"] = _store(folder / "tasks", task.model_dump_json(), ".json", trace_file.parent)
-        if len(patch) > PATCH_INLINE:
+        if len(patch) > PATCH_INLINE and settings["name"] == "tests":
             archive["patch"] = _store(folder / "patches", default_redactor().text(patch), ".diff", trace_file.parent)
     return {**extra, "patch": patch[:PATCH_INLINE], "archive": archive}
 
@@ -175,6 +178,8 @@ def _episode(file: Path, trace: dict[str, Any], fallback: dict[str, Any]) -> Epi
     if archive is None:
         return _from_fallback(ep, meta, fallback)
     ep.verifier = {k: v for k, v in archive.get("verifier", {}).items() if k not in _PRIVATE}
+    if ep.verifier.get("name") == "harbor":
+        return _harbor(ep, file, archive)
     if ep.verifier.get("name") != "tests":
         return _unregradable(ep, _NOT_ARCHIVED.get(ep.verifier.get("name", ""), _OTHER).format(ep.verifier.get("name")))
     try:
@@ -185,14 +190,27 @@ def _episode(file: Path, trace: dict[str, Any], fallback: dict[str, Any]) -> Epi
     return ep
 
 
+def _harbor(ep: Episode, file: Path, archive: dict[str, Any]) -> Episode:
+    """A Harbor episode: its archived task and the kept final image its trace names (`ep.patch` holds the tag)."""
+    image = ep.recorded_info.get("final_image")
+    if not image:
+        return _unregradable(ep, _NOT_ARCHIVED["harbor"])
+    try:
+        ep.task = Task.model_validate_json((file.parent / archive["task"]).read_text())
+    except (OSError, KeyError, ValueError) as e:
+        return _unregradable(ep, f"its archive cannot be read ({type(e).__name__}: {e})")
+    ep.patch = str(image)
+    return ep
+
+
 def _success_of(reward: float | None) -> bool | None:
     """The trace format's fallback where no `success` was recorded: reward == 1 (no reward: no grade)."""
     return None if reward is None else reward == 1.0
 
 
 _NOT_ARCHIVED = {
-    "harbor": "a Harbor episode's final state is its sandbox's filesystem, which is not archived: it cannot be "
-    "regraded (its recorded reward stands unchecked)",
+    "harbor": "a Harbor episode whose trace names no kept final image (carry: workdir, keep_final: false, or an older hrl): it "
+    "cannot be regraded (its recorded reward stands unchecked)",
     "python": "a python verifier scores the agent's last reply, which the trace keeps as token ids only",
 }
 _OTHER = "verifier {} has no archived final state to regrade"
@@ -284,14 +302,19 @@ async def regrade(
         key = (sandbox or ep.sandbox, repr(sorted(ep.verifier.items())))
         if key not in verifiers:
             options = {k: v for k, v in ep.verifier.items() if k != "name"}
-            verifiers[key] = make_verifier("tests", get_backend(key[0]), run_id="hrl-regrade",
+            verifiers[key] = make_verifier(ep.verifier.get("name", "tests"), get_backend(key[0]), run_id="hrl-regrade",
                                            hide_paths=list(hide_paths), **options)  # fmt: skip
         return verifiers[key]
 
     async def one(ep: Episode, verifier: Any) -> None:
         async with gate:
             assert ep.task is not None
-            verdict = await verifier.grade(ep.task, ep.patch)
+            try:
+                verdict = await (verifier.regrade if verifier.name == "harbor" else verifier.grade)(ep.task, ep.patch)
+            except FileNotFoundError as e:  # a Harbor episode's kept image is gone: nothing to regrade
+                _unregradable(ep, str(e))
+                on_done(ep)
+                return
         ep.regraded, ep.regraded_info = verdict.reward, dict(verdict.reward_info)
         ep.regraded_success = getattr(verdict, "success", _success_of(verdict.reward))
         ep.why = _why(ep) if ep.regraded is None or not ep.agrees else ""
