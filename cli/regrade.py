@@ -41,7 +41,8 @@ def regrade(
         bool, typer.Option("--json", help="One JSON document: counts and every episode listed.")
     ] = False,
 ) -> None:
-    """Re-run the verifier on each episode's archived diff and task; report agreement with the recorded rewards."""
+    """Re-run the verifier on each episode's archived diff and task (a Harbor episode: its kept final image); report
+    agreement with the recorded rewards."""
     from hrl.runners.tasks.regrade import archive_dir, collect, regrade, trace_files
 
     if sandbox:
@@ -53,7 +54,7 @@ def regrade(
     todo = sum(not e.apart for e in episodes)
     if not todo:
         raise HrlError(f"no episode of {source} can be regraded ({_apart_line(episodes)})",
-                       hint="regrading needs episodes graded by the tests verifier, written by this hrl")  # fmt: skip
+                       hint="regrading needs episodes graded by the tests or harbor verifier, written by this hrl")  # fmt: skip
     err.print(f"regrading {todo} of {len(episodes)} episodes from {source}", markup=False)
     done: list[Any] = []
 
