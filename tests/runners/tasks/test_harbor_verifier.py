@@ -28,7 +28,7 @@ async def _agent_then_verify(verifier: HarborVerifier, task, script: str):
 
 def test_the_agent_never_sees_the_tests_and_cannot_plant_a_reward(tmp_path: Path):
     task = load_harbor_tasks(write_task(tmp_path, "reward-file"))[0]
-    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test")
+    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test", keep_final=False)
     plant = "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && printf 'exit 0' > /tests/test.sh"
     seen, verdict = asyncio.run(_agent_then_verify(verifier, task, plant))
     assert "No such file or directory" in seen and seen.strip().endswith("/app")  # the image's WORKDIR
@@ -38,7 +38,7 @@ def test_the_agent_never_sees_the_tests_and_cannot_plant_a_reward(tmp_path: Path
 @pytest.mark.parametrize("carry", ["container", "workdir"])
 def test_the_agents_changes_carry_over(tmp_path: Path, carry: str):
     """container: a change outside the workdir counts; workdir: only the workdir reaches the clean image."""
-    verifier = HarborVerifier(get_backend("docker"), carry=carry, run_id="hrl-test")
+    verifier = HarborVerifier(get_backend("docker"), carry=carry, run_id="hrl-test", keep_final=False)
     fix = load_harbor_tasks(write_task(tmp_path, "reward-file"))[0]
     _, fixed = asyncio.run(_agent_then_verify(verifier, fix, "sed -i 's/a - b/a + b/' /app/calc.py"))
     assert fixed.reward == 1.0, fixed.reward_info
@@ -48,11 +48,11 @@ def test_the_agents_changes_carry_over(tmp_path: Path, carry: str):
     assert answered.reward_info["rewards"] == {"reward": answered.reward, "style": 0.5}
 
 
-def test_the_committed_image_is_removed(tmp_path: Path):
+def test_the_committed_image_is_removed_unless_kept(tmp_path: Path):
     import docker
 
     task = load_harbor_tasks(write_task(tmp_path, "reward-file"))[0]
-    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test")
+    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test", keep_final=False)
     client = docker.from_env()
     before = {i.id for i in client.images.list(filters={"label": "hrl.task=reward-file", "dangling": True})}
     asyncio.run(_agent_then_verify(verifier, task, "true"))
