@@ -74,8 +74,9 @@ class HarborVerifierConfig(BaseModel):
     )
     keep_final: bool = Field(
         True,
-        description="carry: container: keep the agent's committed image (tagged hrl/harbor-final:<id>, "
-        "labelled hrl.final=1), named in reward_info['final_image'], so `hrl regrade` can grade it again.",
+        description="Keep each episode's final state as an image (tagged hrl/harbor-final:<id>, labelled "
+        "hrl.final=1; carry: container = the agent's committed container, workdir = the clean image with its "
+        "workdir), named in reward_info['final_image'], so `hrl regrade` can grade it again.",
     )
     log_chars: int = Field(3000, ge=0, description="How much of test.sh's output tail goes into reward_info['log'].")
     hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (docker: none).")
@@ -140,7 +141,8 @@ class HarborVerifier:
                     verdict.reward_info["final_image"] = await self._keep(committed)
                     committed = None
             else:
-                verdict = await self._test(h, self.sandbox_spec(h).image, await self._pack_workdir(sandbox))
+                workdir = await self._pack_workdir(sandbox)
+                verdict = await self._test(h, self.sandbox_spec(h).image, workdir, keep=cfg.keep_final and keep)
         except (SandboxError, OSError) as exc:
             verdict = Verdict.error(f"grading sandbox failed: {exc}")
         finally:
@@ -210,7 +212,18 @@ class HarborVerifier:
         return verdict
 
     # ---- grading --------------------------------------------------------------------------------------------
-    async def _test(self, task: HarborTask, image: str, workdir_tar: bytes | None) -> Verdict:
+    async def _test(self, task: HarborTask, image: str, workdir_tar: bytes | None, keep: bool = False) -> Verdict:
+        """test.sh in a fresh container of `image` (with `workdir_tar` laid out at the workdir); `keep`: the grading
+        container, workdir laid out and before any test ran, kept as the episode's final image (carry: workdir)."""
+        kept: list[str] = []
+        verdict = await self._run_tests(task, image, workdir_tar, kept if keep else None)
+        if kept:
+            verdict.reward_info["final_image"] = kept[0]
+        return verdict
+
+    async def _run_tests(
+        self, task: HarborTask, image: str, workdir_tar: bytes | None, kept: list[str] | None
+    ) -> Verdict:
         cfg = self.config
         spec = self.sandbox_spec(task).model_copy(update={"image": image, "network": cfg.network})
         async with await self.backend.create(spec, cfg.run_id, _episode("grade", task)) as sandbox:
@@ -218,6 +231,9 @@ class HarborVerifier:
             await sandbox.copy_in(str(task.folder / "tests"), "/tests")
             if workdir_tar is not None:
                 await self._unpack_workdir(sandbox, workdir_tar)
+                if kept is not None:  # the clean image with the agent's workdir, as graded, kept for regrading
+                    labels = {"hrl.task": task.instance_id[:60], FINAL_LABEL: "1"}
+                    kept.append(await self._keep(await sandbox.commit(labels)))  # type: ignore[attr-defined]
             limit = cfg.timeout_s or task.verifier_timeout_s
             run = await sandbox.exec(["bash", "/tests/test.sh"], timeout_s=limit, env=dict(task.verifier_env))
             log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)

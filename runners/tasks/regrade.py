@@ -14,8 +14,8 @@ The trace's `metadata.archive` names them relative to the trace file's folder, w
 `{"verifier": {"name": "tests", …}, "task": "traces.archive/tasks/….json", "patch": "…diff" (when not inline)}`.
 A Harbor episode archives its task the same way (its `task_dir` leads back to tests/); its final state is the
 agent's container, committed and kept as the image the trace's `reward_info.final_image` names
-(`hrl/harbor-final:<id>`, verifier setting `keep_final`, carry: container). Regrading runs tests/test.sh again in a
-fresh container of it; an episode whose image was removed, or that carried its workdir only, is set apart.
+(`hrl/harbor-final:<id>`, verifier setting `keep_final`; carry: workdir keeps the clean image with its workdir).
+Regrading runs tests/test.sh again in a fresh container of it; an episode whose image was removed is set apart.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def _success_of(reward: float | None) -> bool | None:
 
 
 _NOT_ARCHIVED = {
-    "harbor": "a Harbor episode whose trace names no kept final image (carry: workdir, keep_final: false, or an older hrl): it "
+    "harbor": "a Harbor episode whose trace names no kept final image (keep_final: false, or an older hrl): it "
     "cannot be regraded (its recorded reward stands unchecked)",
     "python": "a python verifier scores the agent's last reply, which the trace keeps as token ids only",
 }

@@ -39,11 +39,13 @@ def _regrade(source: Path) -> dict:
     return json.loads(run.stdout)
 
 
-def test_harbor_episodes_regrade_from_their_kept_final_image(tmp_path: Path):
+@pytest.mark.parametrize("carry", ["container", "workdir"])
+def test_harbor_episodes_regrade_from_their_kept_final_image(tmp_path: Path, carry: str):
+    """container: the agent's committed container is kept; workdir: the clean image with the agent's workdir."""
     import docker
 
     task = load_harbor_tasks(write_task(tmp_path / "tasks", "reward-file"))[0]
-    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test")
+    verifier = HarborVerifier(get_backend("docker"), carry=carry, run_id="hrl-test")
 
     async def both():
         return await asyncio.gather(_episode(verifier, task, FIX), _episode(verifier, task, "true"))
@@ -58,7 +60,7 @@ def test_harbor_episodes_regrade_from_their_kept_final_image(tmp_path: Path):
         run.mkdir()
         for verdict, altered in ((fixed, False), (untouched, False), (fixed, True)):
             name = "altered.jsonl" if altered else "traces.jsonl"
-            meta = archive_episode(run / name, task, {"name": "harbor"}, {"patch": ""})
+            meta = archive_episode(run / name, task, {"name": "harbor", "carry": carry}, {"patch": ""})
             record = trace(task.instance_id, verdict.reward, meta, env={"sandbox": "docker"})
             record["reward_info"] = dict(verdict.reward_info)
             if altered:
