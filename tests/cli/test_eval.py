@@ -22,6 +22,19 @@ def _hrl(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=ENV)
 
 
+def _codex_tails(run_dir: Path) -> str:
+    """What codex printed and what the proxy refused, for a row that is not the expected one."""
+    out = []
+    for path in sorted((run_dir / "traces").glob("iter-*.jsonl")):
+        for line in path.read_text().splitlines():
+            trace = json.loads(line)
+            if trace["agent"].get("name") == "codex":
+                meta = trace["metadata"]
+                keys = ("agent_exit_code", "agent_s", "agent_stdout_tail", "agent_stderr_tail")
+                out.append(json.dumps({k: meta.get(k) for k in keys} | {"rejected": trace.get("rejected")}, indent=1))
+    return "\n".join(out)
+
+
 def test_eval_prints_one_row_per_harness_and_report_repeats_it(tmp_path: Path):
     run = _hrl(
         "eval", "--agents", "mini-swe-agent,codex", "--recipe", "demo", "--model", "hrl:tiny-agent", "--limit", "1",
@@ -33,7 +46,7 @@ def test_eval_prints_one_row_per_harness_and_report_repeats_it(tmp_path: Path):
     assert lines[1].split() == ["harness", "episodes", "success", "reward", "turns", "tokens/ep", "infra", "failures"]
     assert lines[2].split()[2:5] == ["0%", "(0/1)", "[0–79%]"]  # Wilson 95 % of 0/1: [0, z²/(1 + z²)]
     assert lines[2].startswith("mini-swe-agent  1 ") and lines[3].startswith("codex ")
-    assert lines[3].endswith("context_overflow 1")  # the policy's failure: in the rate, not infra
+    assert lines[3].endswith("context_overflow 1"), _codex_tails(tmp_path / "ev")  # the policy's failure, not infra
     assert lines[4].startswith("success: successes / episodes the infrastructure did not fail")
     assert lines[5].startswith("agreement mini-swe-agent ~ codex: 100% of 1 tasks")  # neither solves it
     assert len(list((tmp_path / "ev" / "traces").glob("iter-*.jsonl"))) == 2
