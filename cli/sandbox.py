@@ -56,14 +56,29 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.
     emit(rows, as_json=as_json, human="\n".join(f"{r['id']} {r['status']:<8} {r['run']} {r['episode']}" for r in rows))
 
 
-@app.command("prune", epilog="Examples:\n\n  hrl sandbox prune --run hrl-1a2b3c4d\n\n  hrl sandbox prune --all")
+PRUNE_EXAMPLES = (
+    "Examples:\n\n  hrl sandbox prune --run hrl-1a2b3c4d\n\n  hrl sandbox prune --all\n\n"
+    "  hrl sandbox prune --run hrl-1a2b3c4d --final-images"
+)
+
+
+@app.command("prune", epilog=PRUNE_EXAMPLES)
 def prune(
     run: Annotated[str, typer.Option(help="Remove the sandboxes of this run id.")] = "",
     all_runs: Annotated[bool, typer.Option("--all", help="Remove every hrl sandbox, of live runs too.")] = False,
+    final_images: Annotated[
+        bool,
+        typer.Option(
+            "--final-images",
+            help="Also remove the final images kept for `hrl regrade` (Harbor episodes, hrl/harbor-final); those "
+            "episodes can then no longer be regraded.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Remove sandboxes left behind by crashed runs (docker containers and local temp dirs); with --all, also the
-    scratch dirs (proxy sockets, repo snapshots) of hrl processes that are gone."""
+    scratch dirs (proxy sockets, repo snapshots) of hrl processes that are gone; with --final-images, the run's
+    (or every run's) kept final images too."""
     import asyncio
 
     from hrl.runners.scratch import sweep_scratch
@@ -82,8 +97,13 @@ def prune(
                 out[name] = 0
         if all_runs:
             out["scratch"] = await asyncio.to_thread(sweep_scratch)
+        if final_images:
+            from hrl.runners.tasks.harbor_verifier import FINAL_LABEL
+
+            out["final_images"] = await get_backend("docker").prune_images(f"{FINAL_LABEL}=1", run or None)
         return out
 
     counts = asyncio.run(go())
     human = f"removed {counts['docker']} containers, {counts['local']} local sandboxes"
-    emit(counts, as_json=as_json, human=human + (f", {counts['scratch']} scratch dirs" if all_runs else ""))
+    human += f", {counts['scratch']} scratch dirs" if all_runs else ""
+    emit(counts, as_json=as_json, human=human + (f", {counts['final_images']} final images" if final_images else ""))

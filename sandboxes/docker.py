@@ -240,6 +240,18 @@ class DockerBackend:
                 removed += 1
         return removed
 
+    async def prune_images(self, label: str, run_id: str | None = None) -> int:
+        """Remove the images labelled `label` (`key=value`), of `run_id` only when given; how many."""
+        api = await self.connect()
+        labels = [label] + ([f"hrl.run={run_id}"] if run_id is not None else [])
+        images = await self.call(api.images, filters={"label": labels})
+        removed = 0
+        for image in images:
+            with contextlib.suppress(docker.errors.NotFound):
+                await self.call(api.remove_image, image["Id"], force=True)
+                removed += 1
+        return removed
+
 
 class DockerSandbox:
     """A running container. Use as `async with await backend.create(...) as sandbox:`."""

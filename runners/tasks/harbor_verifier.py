@@ -49,7 +49,7 @@ REWARD_DIR = "/logs/verifier"
 CLEAN = f"rm -rf /tests {REWARD_DIR} && mkdir -p /tests {REWARD_DIR} /logs/agent && chmod 777 /logs {REWARD_DIR}"
 REWARD_FILES = ("reward.txt", "reward.json")
 FINAL_REPO = "hrl/harbor-final"  # the kept final images, one tag per episode (`hrl regrade`)
-FINAL_LABEL = "hrl.final"  # on each: `docker image prune -a --filter label=hrl.final` removes them all
+FINAL_LABEL = "hrl.final"  # on each, with hrl.run: `hrl sandbox prune --run RUN --final-images` removes them
 REWARD_BYTES = 65536  # a reward file is a number or a small JSON object: what lies past this is no reward
 
 
@@ -135,7 +135,7 @@ class HarborVerifier:
                 commit = getattr(sandbox, "commit", None)
                 if commit is None:
                     return Verdict.error("carry: container needs a docker sandbox that can commit")
-                committed = await commit({"hrl.task": h.instance_id[:60], FINAL_LABEL: "1"})
+                committed = await commit({"hrl.task": h.instance_id[:60], "hrl.run": cfg.run_id, FINAL_LABEL: "1"})
                 verdict = await self._test(h, committed, None)
                 if cfg.keep_final and keep:  # the snapshot `hrl regrade` grades again
                     verdict.reward_info["final_image"] = await self._keep(committed)
@@ -232,7 +232,7 @@ class HarborVerifier:
             if workdir_tar is not None:
                 await self._unpack_workdir(sandbox, workdir_tar)
                 if kept is not None:  # the clean image with the agent's workdir, as graded, kept for regrading
-                    labels = {"hrl.task": task.instance_id[:60], FINAL_LABEL: "1"}
+                    labels = {"hrl.task": task.instance_id[:60], "hrl.run": cfg.run_id, FINAL_LABEL: "1"}
                     kept.append(await self._keep(await sandbox.commit(labels)))  # type: ignore[attr-defined]
             limit = cfg.timeout_s or task.verifier_timeout_s
             run = await sandbox.exec(["bash", "/tests/test.sh"], timeout_s=limit, env=dict(task.verifier_env))

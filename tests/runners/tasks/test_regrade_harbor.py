@@ -45,7 +45,8 @@ def test_harbor_episodes_regrade_from_their_kept_final_image(tmp_path: Path, car
     import docker
 
     task = load_harbor_tasks(write_task(tmp_path / "tasks", "reward-file"))[0]
-    verifier = HarborVerifier(get_backend("docker"), carry=carry, run_id="hrl-test")
+    run_id = f"hrl-test-regrade-{carry}"  # its own: the kept images are pruned by run at the end
+    verifier = HarborVerifier(get_backend("docker"), carry=carry, run_id=run_id)
 
     async def both():
         return await asyncio.gather(_episode(verifier, task, FIX), _episode(verifier, task, "true"))
@@ -73,6 +74,10 @@ def test_harbor_episodes_regrade_from_their_kept_final_image(tmp_path: Path, car
         client.images.remove(images[0], force=True)  # the snapshot gone: set apart, not a disagreement
         gone = _regrade(run / "altered.jsonl")
         assert gone["disagreements"] == [] and "removed" in gone["not_regradable"][0]["why"], gone
+        cmd = [sys.executable, "-m", "hrl.cli", "sandbox", "prune", "--run", run_id, "--final-images", "--json"]
+        pruned = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert pruned.returncode == 0 and json.loads(pruned.stdout)["final_images"] == 1, pruned.stdout + pruned.stderr
+        assert not client.images.list(filters={"label": f"hrl.run={run_id}"})  # the other kept image, by its run
     finally:
         for image in images:
             try:
