@@ -22,7 +22,7 @@ from hrl.train.offload import OffloadPlan, resolve_offload
 from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
-from hrl.train.weight_sync import ipc_update_info
+from hrl.train.weight_sync import ipc_updates
 
 if TYPE_CHECKING:
     from hrl.train.loop import LoopConfig
@@ -106,7 +106,7 @@ def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
     trainer process on CUDA); anything else keeps the disk reload."""
     attach = getattr(engine, "attach_weights", None)  # vLLM's only
     if callable(attach) and tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
-        attach(lambda: ipc_update_info(trainer.named_weights()))
+        attach(lambda bucket_bytes: ipc_updates(trainer.named_weights(), bucket_bytes))
 
 
 def _ipc_weights(engine: Any, tcfg: TrainerConfig, cuda: bool) -> bool:

@@ -117,6 +117,15 @@ class VLLMEngineConfig(BaseModel):
         "CUDA tensors through vLLM's native weight-transfer API (colocated, one trainer process, tensor parallel 1); "
         "falls back to disk when the trainer attached no weights.",
     )
+    ipc_bucket_mb: int = Field(
+        512,
+        ge=0,
+        description="weight_sync=ipc: MiB per bucket. The trainer's tensors are flattened into buckets of at most "
+        "this size (a larger tensor goes alone) in one staging buffer on its GPU, sent as one handle and one "
+        "/update_weights request per bucket (vLLM's packed format; the buffer takes max(bucket, largest tensor) "
+        "of GPU memory during a publish). 0 = one handle per tensor, all in one request; so are servers older "
+        "than the four-phase weight-transfer API.",
+    )
     enforce_eager: bool = Field(True, description="Skip torch.compile and graph capture: starts faster on CPU.")
     startup_timeout_s: float = Field(300, gt=0, description="Seconds to wait for /health before giving up.")
     request_timeout_s: float = Field(600, gt=0, description="Seconds allowed for a control call (pause, load, reload).")
@@ -144,7 +153,9 @@ class VLLMEngine:
         self.last_publish_s = 0.0
         self.last_publish_tier = ""
         self.sleeping = 0  # the sleep level the server is in now (0 = awake)
-        self._weights: Any = None  # weight_sync=ipc: () -> (update_info, tensors to keep alive), from the trainer
+        # weight_sync=ipc, from the trainer: bucket bytes (0 = unpacked) -> (update_infos, tensors to keep alive)
+        self._weights: Any = None
+        self._ipc_bucket_bytes = 0  # what /init_weight_transfer_engine agreed: 0 = unpacked
         self._version = 0
         self._full_version = 0  # version of the base weights the server holds now
         self._loras: dict[int, str] = {}  # LoRA version -> adapter name loaded on the server
@@ -174,9 +185,7 @@ class VLLMEngine:
             await self._read_models()
             await self._read_contract()
             if self.config.weight_sync == "ipc":
-                await self._call(
-                    "POST", "/init_weight_transfer_engine", json={"init_info": self.contract.ipc_init_info()}
-                )
+                await self._init_ipc()
         except BaseException:
             await self.close()
             raise
@@ -210,6 +219,13 @@ class VLLMEngine:
             contract.require(f"sleep_level {cfg.sleep_level}", SLEEP)
         if cfg.weight_sync == "ipc":
             contract.require("weight_sync=ipc", IPC_TWO_PHASE)
+
+    async def _init_ipc(self) -> None:
+        """Agree the IPC wire form with the server: packed buckets where it takes them and ipc_bucket_mb > 0."""
+        packed = self.config.ipc_bucket_mb > 0 and self.contract.ipc_packed
+        init = {"init_info": self.contract.ipc_init_info(packed)}
+        await self._call("POST", "/init_weight_transfer_engine", json=init)
+        self._ipc_bucket_bytes = self.config.ipc_bucket_mb * 2**20 if packed else 0
 
     def check_publish(self, kind: PublishKind) -> None:
         """Raise now (not at the first publish, after a whole rollout) when the server cannot take `kind`."""
@@ -404,15 +420,7 @@ class VLLMEngine:
         try:
             await self._settle()
             if self._weights is not None and self.config.weight_sync == "ipc":
-                info, keep = await asyncio.to_thread(self._weights)
-                if self.contract.ipc_phases == 4:  # vLLM ≥ 0.2x: start / update (may be chunked) / finish
-                    await self._call("POST", "/start_weight_update")
-                    await self._call("POST", "/update_weights", json={"update_info": info})
-                    await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
-                else:  # older: one update call applies the weights
-                    await self._call("POST", "/update_weights", json={"update_info": info})
-                del keep  # the server has copied every tensor it was handed
-                self.last_publish_tier = "cuda-ipc"
+                await self._publish_ipc(new)
             else:
                 rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
                 await self._call("POST", "/collective_rpc", json=rpc)
@@ -426,9 +434,25 @@ class VLLMEngine:
             if not was_paused:
                 await self.resume()
 
+    async def _publish_ipc(self, new: int) -> None:
+        """The trainer's live weights by CUDA IPC: one `/update_weights` per update the source gives (per bucket when
+        packed; each bucket is packed only after the server has answered for the previous one, whose staging buffer
+        it reuses), between start and finish on the four-phase servers."""
+        updates, keep = await asyncio.to_thread(self._weights, self._ipc_bucket_bytes)
+        four = self.contract.ipc_phases == 4  # vLLM ≥ 0.2x: start / update (one per bucket) / finish
+        if four:
+            await self._call("POST", "/start_weight_update")
+        while (info := await asyncio.to_thread(next, updates, None)) is not None:
+            await self._call("POST", "/update_weights", json={"update_info": info})
+        if four:
+            await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+        del keep  # the server has copied every tensor it was handed
+        self.last_publish_tier = "cuda-ipc"
+
     def attach_weights(self, source: Any) -> bool:
-        """weight_sync=ipc: `source()` gives the update_info of the trainer's live weights (train/weight_sync.py)
-        and the tensors to keep alive; full publishes then skip the disk. False (ignored) with weight_sync=disk."""
+        """weight_sync=ipc: `source(bucket_bytes)` gives the update_infos of the trainer's live weights, one request
+        each, and the tensors to keep alive (train/weight_sync.py `ipc_updates`); full publishes then skip the disk.
+        False (ignored) with weight_sync=disk."""
         if self.config.weight_sync != "ipc":
             return False
         self._weights = source

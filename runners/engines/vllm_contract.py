@@ -80,11 +80,17 @@ class Contract:
             return 4
         return 2 if all(self.serves(r) for r in IPC_TWO_PHASE) else 0
 
-    def ipc_init_info(self) -> dict[str, Any]:
+    @property
+    def ipc_packed(self) -> bool:
+        """Whether the server takes packed buckets (one IPC buffer per request, `tensor_sizes` to split it): the
+        four-phase servers do; the older update-only ones take one handle per tensor."""
+        return self.ipc_phases == 4
+
+    def ipc_init_info(self, packed: bool = False) -> dict[str, Any]:
         """The `/init_weight_transfer_engine` payload this server's revision takes: the four-phase servers agree on
-        the `packed` wire setting at init (hrl sends unpacked per-tensor handles); the older update-only ones take
-        no fields there."""
-        return {"packed": False} if self.ipc_phases == 4 else {}
+        the `packed` wire setting at init (the worker decodes every update as the trainer packs it); the older
+        update-only ones take no fields there."""
+        return {"packed": packed and self.ipc_packed} if self.ipc_phases == 4 else {}
 
     def missing(self, routes: Iterable[str]) -> list[str]:
         """The routes (and route options) a feature needs that this server does not serve."""

@@ -43,3 +43,125 @@ def test_another_process_rebuilds_the_weights_from_the_handles():
     for (_, w), g in zip(weights, got, strict=True):
         assert torch.equal(w.cpu(), g)
     del keep
+
+
+# ---- packed buckets ------------------------------------------------------------------------------------------
+BUCKET = 256  # bytes
+
+
+class _Tiny(torch.nn.Module):
+    """A state dict laid out so that every bucket but the last is filled exactly (see test_bucket_count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(8, 8, bias=False)  # a.weight float32 (8, 8): 256 B, one bucket
+        self.b = torch.nn.Linear(8, 8, bias=False).to(torch.bfloat16)  # b.weight bfloat16 (8, 8): 128 B
+        self.count = torch.nn.Module()
+        self.count.register_buffer("steps", torch.arange(16) * 2**40 + 7)  # int64 (16,): 128 B, all 8 bytes used
+        self.embed = torch.nn.Embedding(32, 8, dtype=torch.bfloat16)  # (32, 8): 512 B, larger than a bucket
+        self.norm = torch.nn.Module()
+        self.norm.scale = torch.nn.Parameter(torch.tensor(-0.3))  # 0-d float32: 4 B
+        self.norm.weight = torch.nn.Parameter(torch.randn(63))  # float32 (63,): 252 B, with scale one bucket
+        self.tail = torch.nn.Linear(10, 1, bias=False).to(torch.bfloat16)  # (1, 10): 20 B, the last bucket
+
+
+def _state() -> list[tuple[str, torch.Tensor]]:
+    return [(k, v.detach()) for k, v in _Tiny().state_dict().items()]
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def test_bucket_count_is_the_arithmetic_ceil_and_an_oversized_tensor_goes_alone():
+    from hrl.train.weight_sync import bucket_groups
+
+    state = _state()
+    sizes = [t.numel() * t.element_size() for _, t in state]
+    small = sum(n for n in sizes if n <= BUCKET)  # 788 B; packed without a gap (the layout of _Tiny)
+    big = [i for i, n in enumerate(sizes) if n > BUCKET]
+    groups = bucket_groups(sizes, BUCKET)
+    assert len(groups) == -(-small // BUCKET) + len(big) == 5
+    assert [[state[i][0] for i in g] for g in groups if set(g) & set(big)] == [["embed.weight"]]
+    assert all(sum(sizes[i] for i in g) <= BUCKET for g in groups if not set(g) & set(big))
+    assert sorted(i for g in groups for i in g) == list(range(len(state)))  # each tensor once, in order
+    assert bucket_groups(sizes, 10**9) == [list(range(len(state)))]  # one bucket holds them all
+
+
+def test_cpu_tensors_cannot_travel_packed_either():
+    from hrl.train.weight_sync import ipc_updates
+
+    with pytest.raises(ValueError, match="CUDA IPC needs CUDA tensors"):
+        ipc_updates(_state(), BUCKET)
+
+
+def _fake_share(tensor: torch.Tensor, name: str) -> dict[str, tuple]:
+    return {"cpu": (name, tensor.numel())}  # the CUDA-IPC edge, faked: what the buffer is, not where
+
+
+def test_one_update_per_bucket_one_buffer_exported_once():
+    from hrl.train.weight_sync import buffer_bytes, ipc_updates
+
+    state = _state()
+    updates, keep = ipc_updates(state, BUCKET, share=_fake_share)
+    infos = list(updates)
+    assert len(infos) == 5 and len(keep) == 1 and keep[0].numel() == buffer_bytes(state, BUCKET) == 512
+    assert len({i["ipc_handles_pickled"] for i in infos}) == 1  # the worker maps the staging buffer once
+    handle = pickle.loads(base64.b64decode(infos[0]["ipc_handles_pickled"]))
+    assert handle == {"cpu": ("the weights' staging buffer", 512)}  # a dict, not a list: vLLM's packed form
+    assert [n for i in infos for n in i["names"]] == [k for k, _ in state]
+    unpacked, refs = ipc_updates(state, 0, share=_fake_share)
+    (info,) = list(unpacked)
+    assert "tensor_sizes" not in info and len(refs) == len(state)
+
+
+def _packed(state: list[tuple[str, torch.Tensor]]) -> list[tuple[dict, bytes]]:
+    """Each bucket's metadata and the bytes the worker would read from the staging buffer when it arrives."""
+    from hrl.train.weight_sync import buffer_bytes, pack_buckets
+
+    buffer = torch.zeros(buffer_bytes(state, BUCKET), dtype=torch.uint8)
+    return [(meta, buffer[: sum(meta["tensor_sizes"])].numpy().tobytes()) for meta in pack_buckets(state, BUCKET, buffer)]  # fmt: skip
+
+
+# vLLM's receiving side for a packed bucket, minus the CUDA rebuild: packed_ipc_consumer's own steps (trim to the
+# content, dtypes by name, unpack_tensor). packed_tensor.py is loaded by its file: it imports only torch, and the
+# vllm package's import would take seconds.
+UNPACK = r"""
+import importlib.util, json, pathlib, sys, torch
+from safetensors.torch import save_file
+root = pathlib.Path(importlib.util.find_spec("vllm").origin).parent
+spec = importlib.util.spec_from_file_location("packed_tensor", root / "distributed/weight_transfer/packed_tensor.py")
+pt = importlib.util.module_from_spec(spec); spec.loader.exec_module(pt)
+work = pathlib.Path(sys.argv[1])
+out = {}
+for i, meta in enumerate(json.loads((work / "meta.json").read_text())):
+    packed = torch.frombuffer(bytearray((work / f"{i}.bin").read_bytes()), dtype=torch.uint8)
+    packed = packed[: sum(meta["tensor_sizes"])]
+    dtypes = [getattr(torch, d) for d in meta["dtype_names"]]
+    for name, t in pt.unpack_tensor(packed, meta["names"], meta["shapes"], dtypes, meta["tensor_sizes"]):
+        out[name] = t.clone()
+save_file(out, str(work / "out.safetensors"))
+"""
+
+
+@pytest.mark.vllm
+def test_vllms_unpack_gives_every_tensor_back_bit_for_bit(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    state = _state()
+    buckets = _packed(state)
+    (tmp_path / "meta.json").write_text(json.dumps([m for m, _ in buckets]))
+    for i, (_, raw) in enumerate(buckets):
+        (tmp_path / f"{i}.bin").write_bytes(raw)
+    python = os.environ["HRL_VLLM_PYTHON"]
+    subprocess.run([python, "-c", UNPACK, str(tmp_path)], check=True, timeout=120)
+    got = load_file(str(tmp_path / "out.safetensors"))
+    assert sorted(got) == sorted(k for k, _ in state)
+    for name, want in state:
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        assert torch.equal(_bytes(got[name]), _bytes(want)), name
