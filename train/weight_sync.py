@@ -11,8 +11,9 @@ Two wire forms, agreed with the server at `/init_weight_transfer_engine` (`packe
 vLLM ships the producer of the packed form too (`packed_ipc_producer` in vllm/distributed/weight_transfer/
 packed_tensor.py), but it cannot be imported in the trainer's environment, so the few lines that fill the buffer are
 written here, to the same rules: one buffer exported once and rewritten for each bucket after the server has answered
-the previous request, a bucket closed when the next tensor would overflow it. One difference: a tensor larger than a
-bucket goes alone (the buffer is sized to the largest tensor) where vLLM's producer refuses it.
+the previous request, a bucket closed when the next tensor would overflow it. Two differences: a tensor larger than a
+bucket goes alone (the buffer is sized to the largest tensor) where vLLM's producer refuses it, and a bucket is laid
+out widest dtype first, so that each tensor's offset suits its dtype (`pack_buckets`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def pack_buckets(
     next."""
     tensors = [t for _, t in named]
     for group in bucket_groups([t.numel() * t.element_size() for t in tensors], bucket_bytes):
+        # widest elements first: every tensor then starts at a multiple of its element size, which the worker's
+        # `.view(dtype)` of its slice needs (vLLM's producer packs in arrival order, where a float32 tensor after
+        # an odd-length bfloat16 one would be refused); the worker loads the names in any order
+        group = sorted(group, key=lambda i: -tensors[i].element_size())
         fill, sizes = 0, []
         for i in group:
             flat = _flat(tensors[i])

@@ -61,8 +61,11 @@ class _Tiny(torch.nn.Module):
         self.count.register_buffer("steps", torch.arange(16) * 2**40 + 7)  # int64 (16,): 128 B, all 8 bytes used
         self.embed = torch.nn.Embedding(32, 8, dtype=torch.bfloat16)  # (32, 8): 512 B, larger than a bucket
         self.norm = torch.nn.Module()
-        self.norm.scale = torch.nn.Parameter(torch.tensor(-0.3))  # 0-d float32: 4 B
-        self.norm.weight = torch.nn.Parameter(torch.randn(63))  # float32 (63,): 252 B, with scale one bucket
+        # one bucket: 2 + 252 + 2 B. Packed in this order, the float32 tensor would start at byte 2, which vLLM's
+        # unpack cannot view as float32 (a view's offset must be a multiple of its element size)
+        self.norm.scale = torch.nn.Parameter(torch.tensor(-0.3, dtype=torch.bfloat16))  # 0-d bfloat16: 2 B
+        self.norm.weight = torch.nn.Parameter(torch.randn(63))  # float32 (63,): 252 B
+        self.norm.shift = torch.nn.Parameter(torch.tensor(0.7, dtype=torch.bfloat16))  # 0-d bfloat16: 2 B
         self.tail = torch.nn.Linear(10, 1, bias=False).to(torch.bfloat16)  # (1, 10): 20 B, the last bucket
 
 
@@ -110,7 +113,8 @@ def test_one_update_per_bucket_one_buffer_exported_once():
     assert len({i["ipc_handles_pickled"] for i in infos}) == 1  # the worker maps the staging buffer once
     handle = pickle.loads(base64.b64decode(infos[0]["ipc_handles_pickled"]))
     assert handle == {"cpu": ("the weights' staging buffer", 512)}  # a dict, not a list: vLLM's packed form
-    assert [n for i in infos for n in i["names"]] == [k for k, _ in state]
+    assert sorted(n for i in infos for n in i["names"]) == sorted(k for k, _ in state)  # each once
+    assert infos[3]["names"] == ["norm.weight", "norm.scale", "norm.shift"]  # float32 first: offsets 0, 252, 254
     unpacked, refs = ipc_updates(state, 0, share=_fake_share)
     (info,) = list(unpacked)
     assert "tensor_sizes" not in info and len(refs) == len(state)
@@ -165,3 +169,44 @@ def test_vllms_unpack_gives_every_tensor_back_bit_for_bit(tmp_path):
     for name, want in state:
         assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
         assert torch.equal(_bytes(got[name]), _bytes(want)), name
+
+
+def _packed_worker(jobs, results) -> None:
+    """What vLLM's worker does with packed updates (packed_ipc_consumer), in torch alone: map the staging buffer
+    once, then per bucket split it by tensor_sizes, view each piece as its dtype and shape, copy it out."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    uuid, buffer = str(torch.cuda.get_device_properties(0).uuid), None
+    while (info := jobs.get()) is not None:
+        if buffer is None:
+            args = list(pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))[uuid])
+            args[6] = 0  # the worker's device index
+            buffer = rebuild_cuda_tensor(*args)
+        pieces = buffer[: sum(info["tensor_sizes"])].split(info["tensor_sizes"])
+        dtypes = [getattr(torch, d) for d in info["dtype_names"]]
+        got = [p.view(d).view(s).cpu() for p, d, s in zip(pieces, dtypes, info["shapes"], strict=True)]
+        results.put(list(zip(info["names"], got, strict=True)))  # the ack: the producer may pack the next bucket
+
+
+@pytest.mark.gpu
+def test_another_process_unpacks_every_bucket_from_the_one_buffer():
+    import torch.multiprocessing as mp
+
+    from hrl.train.weight_sync import ipc_updates
+
+    state = [(k, v.cuda()) for k, v in _state()]
+    updates, keep = ipc_updates(state, BUCKET)
+    ctx = mp.get_context("spawn")
+    jobs, results = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_packed_worker, args=(jobs, results))
+    proc.start()
+    got: dict[str, torch.Tensor] = {}
+    for info in updates:  # the next bucket overwrites the buffer only after the worker has answered
+        jobs.put(info)
+        got |= dict(results.get(timeout=120))
+    jobs.put(None)
+    proc.join(60)
+    assert sorted(got) == sorted(k for k, _ in state)
+    for name, want in state:
+        assert got[name].dtype == want.dtype and torch.equal(_bytes(got[name]), _bytes(want.cpu())), name
+    del keep
