@@ -8,8 +8,9 @@ Phases, each in its own try/except (a failing phase reports its error and the ne
   colocate   the colocated update's memory path on a Qwen2.5-3B shape: a full step, the trainer's offload (weights,
              masters and moments to pinned host memory, cache freed), vLLM's share taken by another process, then
              onload and a second step: GiB moved, seconds, what the trainer keeps, peaks, the state bit for bit
-  sync       the weight-sync primitives at 7B size: safetensors save + load to the GPU, a CUDA-IPC bucket copy to a
-             second process, LoRA adapter bytes and load
+  sync       the weight-sync primitives at 7B size: safetensors save + load to the GPU, the CUDA-IPC copy to a
+             second process in packed buckets (the trainer's packer) and one handle per tensor, LoRA adapter bytes
+             and load
   publish    the disk tier without vLLM at 7B size: save the weights as the trainer does, load them into a second
              copy of the model in place, compare the two copies' logprobs: seconds, bytes, the largest difference
   tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
@@ -68,6 +69,7 @@ def _load(name: str) -> Any:
 
 
 device_mod, logprobs_mod, offload_mod = _load("device"), _load("logprobs"), _load("offload")
+weight_sync_mod = _load("weight_sync")
 
 
 def _load_tree() -> Any:
@@ -370,45 +372,40 @@ class Bench:
         return out
 
     def _ipc(self, state: dict[str, torch.Tensor], nbytes: int) -> dict[str, Any]:
-        """Flatten the weights into buckets, hand each to a second process by CUDA IPC (shared memory on the CPU),
-        which copies it into its own buffer and acknowledges: the colocated full-weight sync path."""
+        """The colocated full-weight sync path, both ways `weight_sync: ipc` sends: packed buckets (the trainer's own
+        packer, train/weight_sync.py, at the default `ipc_bucket_mb` 512: one buffer, refilled once the receiver has
+        answered for the previous bucket) and one CUDA-IPC handle per tensor (`ipc_bucket_mb: 0`). A second process
+        (an inference engine's worker in a real colocated run) copies each into its own buffer and acknowledges.
+        On the CPU the tensors travel by shared memory, each a copy: --tiny's seconds say nothing."""
         import torch.multiprocessing as mp
 
-        bucket = (1 if self.tiny else 1024) * 2**20  # bytes
-        flat = [v.flatten().view(torch.uint8) for v in state.values()]
+        bucket = 2**16 if self.tiny else 512 * 2**20  # bytes; --tiny's weights fill a few 64 KiB buckets
+        named, cpu = list(state.items()), self.device.type != "cuda"
         ctx = mp.get_context("spawn")
         jobs, acks = ctx.Queue(), ctx.Queue()
         proc = ctx.Process(target=_receiver, args=(jobs, acks, str(self.device)), daemon=True)
         proc.start()
         assert acks.get(timeout=120) == "ready"
-        t0, sent, buf, fill = time.perf_counter(), 0, None, 0
-        buf = torch.empty(bucket, dtype=torch.uint8, device=self.device)
-        for t in [*flat, None]:
-            if t is not None and fill + t.numel() <= bucket:
-                buf[fill : fill + t.numel()].copy_(t)
-                fill += t.numel()
-                continue
-            if fill:
-                self.sync()
-                jobs.put(buf[:fill] if self.device.type == "cuda" else buf[:fill].clone())
-                sent += acks.get(timeout=300)
-                fill = 0
-            if t is not None:
-                for i in range(0, t.numel(), bucket):  # a tensor bigger than a bucket goes in pieces
-                    piece = t[i : i + bucket]
-                    if piece.numel() == bucket:
-                        buf.copy_(piece)
-                        self.sync()
-                        jobs.put(buf if self.device.type == "cuda" else buf.clone())
-                        sent += acks.get(timeout=300)
-                    else:
-                        buf[: piece.numel()].copy_(piece)
-                        fill = piece.numel()
+        t0, sent, buckets = time.perf_counter(), 0, 0
+        buf = torch.empty(weight_sync_mod.buffer_bytes(named, bucket), dtype=torch.uint8, device=self.device)
+        for meta in weight_sync_mod.pack_buckets(named, bucket, buf):  # synchronises before it yields
+            fill = sum(meta["tensor_sizes"])
+            jobs.put(buf[:fill].clone() if cpu else buf[:fill])
+            sent, buckets = sent + acks.get(timeout=300), buckets + 1
+        packed_s = time.perf_counter() - t0
+        del buf
+        t0 = time.perf_counter()
+        for t in state.values():  # all handles at once, as the unpacked update sends them in one request
+            jobs.put(t.clone() if cpu else t)
+        per_tensor = sum(acks.get(timeout=300) for _ in state)
+        per_tensor_s = time.perf_counter() - t0
         jobs.put(None)
-        dt = time.perf_counter() - t0
         proc.join(60)
-        assert sent == nbytes, (sent, nbytes)
-        return {"ipc_bucket_mib": bucket // 2**20, "ipc_s": round(dt, 2), "ipc_gib_per_s": sig(nbytes / GIB / dt)}
+        assert sent == per_tensor == nbytes, (sent, per_tensor, nbytes)
+        return {"ipc_bucket_mib": bucket / 2**20, "ipc_buckets": buckets, "ipc_s": round(packed_s, 2),
+                "ipc_gib_per_s": sig(nbytes / GIB / packed_s), "ipc_tensors": len(state),
+                "ipc_per_tensor_s": round(per_tensor_s, 2), "ipc_per_tensor_gib_per_s": sig(nbytes / GIB / per_tensor_s),
+                "ipc_packed_speedup": sig(per_tensor_s / packed_s)}  # fmt: skip
 
     def _adapter(self, model: Any) -> dict[str, Any]:
         from peft import LoraConfig, get_peft_model
@@ -498,6 +495,7 @@ def _receiver(jobs: Any, acks: Any, device: str) -> None:
     dest = None
     acks.put("ready")
     while (t := jobs.get()) is not None:
+        t = t.reshape(-1).view(torch.uint8)  # a bucket already is; a tensor of the per-tensor path becomes its bytes
         if dest is None or dest.numel() < t.numel():
             dest = torch.empty(t.numel(), dtype=torch.uint8, device=device)
         dest[: t.numel()].copy_(t)

@@ -40,7 +40,8 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     assert co["share_ok"] and co["share_bytes"] == co["offload_bytes"] and co["state_equal"]
     assert not any("gib" in k for k in co)  # GPU memory figures: none on the CPU
     assert rows["sync"]["adapter_tensors"] == 2 * 7 * 2  # A and B of 7 projections in 2 layers
-    assert rows["sync"]["ipc_gib_per_s"] > 0
+    assert rows["sync"]["ipc_gib_per_s"] > 0 and rows["sync"]["ipc_per_tensor_gib_per_s"] > 0
+    assert 1 < rows["sync"]["ipc_buckets"] < rows["sync"]["ipc_tensors"]  # 64 KiB buckets of several tensors each
     pub = rows["publish"]
     # the same weights through the same kernels in one process give the same logprobs to the last bit; the copy's
     # own weights gave others (so the comparison can fail)
