@@ -112,18 +112,32 @@ def buffer_bytes(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -
     return max([bucket_bytes, *(t.numel() * t.element_size() for _, t in named)])
 
 
+def _releaser(refs: list[torch.Tensor]) -> Callable[[], None]:
+    """Drop the tensors the handles point into, then let CUDA reclaim what the worker has let go of: a freed
+    staging buffer the worker had mapped waits in torch's IPC limbo until `ipc_collect` (one bucket a publish, else)."""
+
+    def release() -> None:
+        cuda = any(t.device.type == "cuda" for t in refs)
+        refs.clear()
+        if cuda:
+            torch.cuda.ipc_collect()
+
+    return release
+
+
 def ipc_updates(
     named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, share: Share = cuda_handle
-) -> tuple[Iterator[dict[str, Any]], list[torch.Tensor]]:
-    """The update_infos of one publish, one `/update_weights` request each, and the tensors to keep alive until
-    `/finish_weight_update` has returned. `bucket_bytes` 0: one unpacked update (a handle per tensor); else packed
-    buckets in one staging buffer on the weights' device, exported once (`share`) so the worker maps it once."""
+) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
+    """The update_infos of one publish, one `/update_weights` request each, and what to call once the server has
+    finished the update (`/finish_weight_update` returned: its layerwise reload reads them up to there), never
+    before. `bucket_bytes` 0: one unpacked update (a handle per tensor); else packed buckets in one staging buffer
+    on the weights' device, exported once (`share`) so the worker maps it once."""
     if bucket_bytes <= 0:
         info, refs = ipc_update_info(named, share)
-        return iter([info]), refs
+        return iter([info]), _releaser(refs)
     named = list(named)
     if not named:
-        return iter([]), []
+        return iter([]), _releaser([])
     for name, tensor in named:
         if tensor.device != named[0][1].device:
             where = named[0][1].device
@@ -131,4 +145,4 @@ def ipc_updates(
     buffer = torch.empty(buffer_bytes(named, bucket_bytes), dtype=torch.uint8, device=named[0][1].device)  # (bytes,)
     handle = _pickled(share(buffer, "the weights' staging buffer"))
     updates = ({**meta, "ipc_handles_pickled": handle} for meta in pack_buckets(named, bucket_bytes, buffer))
-    return updates, [buffer]
+    return updates, _releaser([buffer])

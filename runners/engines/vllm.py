@@ -153,7 +153,7 @@ class VLLMEngine:
         self.last_publish_s = 0.0
         self.last_publish_tier = ""
         self.sleeping = 0  # the sleep level the server is in now (0 = awake)
-        # weight_sync=ipc, from the trainer: bucket bytes (0 = unpacked) -> (update_infos, tensors to keep alive)
+        # weight_sync=ipc, from the trainer: bucket bytes (0 = unpacked) -> (update_infos, release once finished)
         self._weights: Any = None
         self._ipc_bucket_bytes = 0  # what /init_weight_transfer_engine agreed: 0 = unpacked
         self._version = 0
@@ -438,21 +438,23 @@ class VLLMEngine:
         """The trainer's live weights by CUDA IPC: one `/update_weights` per update the source gives (per bucket when
         packed; each bucket is packed only after the server has answered for the previous one, whose staging buffer
         it reuses), between start and finish on the four-phase servers."""
-        updates, keep = await asyncio.to_thread(self._weights, self._ipc_bucket_bytes)
-        four = self.contract.ipc_phases == 4  # vLLM ≥ 0.2x: start / update (one per bucket) / finish
-        if four:
-            await self._call("POST", "/start_weight_update")
-        while (info := await asyncio.to_thread(next, updates, None)) is not None:
-            await self._call("POST", "/update_weights", json={"update_info": info})
-        if four:
-            await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
-        del keep  # the server has copied every tensor it was handed
+        updates, release = await asyncio.to_thread(self._weights, self._ipc_bucket_bytes)
+        try:
+            four = self.contract.ipc_phases == 4  # vLLM ≥ 0.2x: start / update (one per bucket) / finish
+            if four:
+                await self._call("POST", "/start_weight_update")
+            while (info := await asyncio.to_thread(next, updates, None)) is not None:
+                await self._call("POST", "/update_weights", json={"update_info": info})
+            if four:
+                await self._call("POST", "/finish_weight_update", json={"weight_version": str(new)})
+        finally:
+            await asyncio.to_thread(release)  # the server has copied every tensor it was handed (or failed)
         self.last_publish_tier = "cuda-ipc"
 
     def attach_weights(self, source: Any) -> bool:
         """weight_sync=ipc: `source(bucket_bytes)` gives the update_infos of the trainer's live weights, one request
-        each, and the tensors to keep alive (train/weight_sync.py `ipc_updates`); full publishes then skip the disk.
-        False (ignored) with weight_sync=disk."""
+        each, and a function to call once the server has finished with them (train/weight_sync.py `ipc_updates`);
+        full publishes then skip the disk. False (ignored) with weight_sync=disk."""
         if self.config.weight_sync != "ipc":
             return False
         self._weights = source

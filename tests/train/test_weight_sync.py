@@ -107,17 +107,19 @@ def test_one_update_per_bucket_one_buffer_exported_once():
     from hrl.train.weight_sync import buffer_bytes, ipc_updates
 
     state = _state()
-    updates, keep = ipc_updates(state, BUCKET, share=_fake_share)
+    updates, release = ipc_updates(state, BUCKET, share=_fake_share)
     infos = list(updates)
-    assert len(infos) == 5 and len(keep) == 1 and keep[0].numel() == buffer_bytes(state, BUCKET) == 512
+    assert len(infos) == 5 and buffer_bytes(state, BUCKET) == 512
     assert len({i["ipc_handles_pickled"] for i in infos}) == 1  # the worker maps the staging buffer once
     handle = pickle.loads(base64.b64decode(infos[0]["ipc_handles_pickled"]))
     assert handle == {"cpu": ("the weights' staging buffer", 512)}  # a dict, not a list: vLLM's packed form
     assert sorted(n for i in infos for n in i["names"]) == sorted(k for k, _ in state)  # each once
     assert infos[3]["names"] == ["norm.weight", "norm.scale", "norm.shift"]  # float32 first: offsets 0, 252, 254
-    unpacked, refs = ipc_updates(state, 0, share=_fake_share)
+    release()
+    unpacked, release = ipc_updates(state, 0, share=_fake_share)
     (info,) = list(unpacked)
-    assert "tensor_sizes" not in info and len(refs) == len(state)
+    assert "tensor_sizes" not in info and len(info["names"]) == len(state)
+    release()
 
 
 def _packed(state: list[tuple[str, torch.Tensor]]) -> list[tuple[dict, bytes]]:
@@ -195,7 +197,7 @@ def test_another_process_unpacks_every_bucket_from_the_one_buffer():
     from hrl.train.weight_sync import ipc_updates
 
     state = [(k, v.cuda()) for k, v in _state()]
-    updates, keep = ipc_updates(state, BUCKET)
+    updates, release = ipc_updates(state, BUCKET)
     ctx = mp.get_context("spawn")
     jobs, results = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=_packed_worker, args=(jobs, results))
@@ -209,4 +211,4 @@ def test_another_process_unpacks_every_bucket_from_the_one_buffer():
     assert sorted(got) == sorted(k for k, _ in state)
     for name, want in state:
         assert got[name].dtype == want.dtype and torch.equal(_bytes(got[name]), _bytes(want.cpu())), name
-    del keep
+    release()

@@ -58,7 +58,12 @@ async def _publish(bucket_mb: int, routes: tuple[str, ...] = IPC_FOUR_PHASE) -> 
     engine = VLLMEngine(cfg)
     try:
         await engine.start()
-        assert engine.attach_weights(lambda bucket_bytes: ipc_updates(_weights(), bucket_bytes, share=_fake_share))
+
+        def source(bucket_bytes: int) -> tuple[Any, Any]:
+            updates, release = ipc_updates(_weights(), bucket_bytes, share=_fake_share)
+            return updates, lambda: (seen.append(("release", None)), release())
+
+        assert engine.attach_weights(source)
         await engine.publish("/unused", "full", 1)
         assert engine.last_publish_tier == "cuda-ipc"
     finally:
@@ -75,11 +80,12 @@ def _updates(seen: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 def test_one_request_per_bucket_between_start_and_finish():
     seen = asyncio.run(_publish(bucket_mb=1))
     assert seen[0] == ("/init_weight_transfer_engine", {"init_info": {"packed": True}})
-    routes = [r for r, _ in seen if r.endswith("weight_update") or r == "/update_weights"]
+    routes = [r for r, _ in seen if r.endswith("weight_update") or r in ("/update_weights", "release")]
     updates = _updates(seen)
     # 5 × 512 KiB into 1 MiB buckets: ceil(5 / 2) = 3, exactly filled but the last; the 2 MiB tensor alone: 1 more
     assert len(updates) == -(-5 // 2) + 1 == 4
-    assert routes == ["/start_weight_update", *["/update_weights"] * 4, "/finish_weight_update"]
+    # the staging buffer is let go once the server has finished with it, not before
+    assert routes == ["/start_weight_update", *["/update_weights"] * 4, "/finish_weight_update", "release"]
     assert [u["names"] for u in updates] == [["layers.0.weight", "layers.1.weight"], ["embed.weight"],
                                              ["layers.2.weight", "layers.3.weight"], ["layers.4.weight"]]  # fmt: skip
     assert updates[1]["tensor_sizes"] == [2 * MIB] and updates[1]["dtype_names"] == ["bfloat16"]
