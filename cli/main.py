@@ -95,6 +95,7 @@ def _register() -> None:
         sandbox,
         serve,
         tasks,
+        top,
         train,
     )
 
@@ -111,6 +112,7 @@ def _register() -> None:
     app.command("report", epilog=report.EPILOG)(report.report)
     app.command("regrade", epilog=regrade.EPILOG)(regrade.regrade)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
+    app.command("top", epilog=top.EPILOG)(top.top)
 
 
 _register()

@@ -296,6 +296,7 @@ def _checked_tasks(cfg: dict[str, Any], run: Any, include_unchecked: bool) -> tu
 
 async def _train(cfg: dict[str, Any], run: Any, include_unchecked: bool = False) -> None:
     from hrl.cli.config import run_config
+    from hrl.runners.live import live_status
     from hrl.runners.placement import placed
     from hrl.train.async_loop import train_async
     from hrl.train.loop import train as train_sync
@@ -329,11 +330,12 @@ async def _train(cfg: dict[str, Any], run: Any, include_unchecked: bool = False)
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     async with placed(settings, settings.model, settings.engine, loop_cfg.concurrency, say=say) as here:
         rollouts, publisher = here.rollouts, here.publisher
-        if async_cfg is not None:
-            history = await train_async(tasks, loop_cfg, async_cfg, run, publisher, rollouts,
-                                        on_event, heldout)  # fmt: skip
-        else:
-            history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)
+        with live_status(run.path, lambda: publisher.engine.version):  # <run>/live.json, for `hrl top`
+            if async_cfg is not None:
+                history = await train_async(tasks, loop_cfg, async_cfg, run, publisher, rollouts,
+                                            on_event, heldout)  # fmt: skip
+            else:
+                history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)
     curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)
     if len(curve) > 2:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hrl.runners.live import live_episode
 from hrl.runners.trace import write_trace
 
 __all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "harness_for", "run_episodes"]
@@ -73,13 +74,14 @@ async def guarded_episode(rollouts: Rollouts, ep: Episode, trace_file: Path) -> 
     """`rollouts.episode`, except that raising is not an option: an exception becomes an `internal_error` trace
     (appended to trace_file). Cancellation still propagates (the runner writes its `cancelled` trace)."""
     started = time.time()
-    try:
-        return await rollouts.episode(ep, trace_file)
-    except Exception as e:
-        detail = "".join(traceback.format_exception(e))
-        trace = failed_trace(ep, "internal_error", f"{type(e).__name__}: {e}\n{detail}", started)
-        await asyncio.to_thread(write_trace, trace_file, trace)
-        return trace
+    with live_episode(ep.key, ep.task_id, ep.version):  # in <run>/live.json while it runs (`hrl top`)
+        try:
+            return await rollouts.episode(ep, trace_file)
+        except Exception as e:
+            detail = "".join(traceback.format_exception(e))
+            trace = failed_trace(ep, "internal_error", f"{type(e).__name__}: {e}\n{detail}", started)
+            await asyncio.to_thread(write_trace, trace_file, trace)
+            return trace
 
 
 async def run_episodes(rollouts: Rollouts, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[Any]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
+from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.proxy.session import Session
 from hrl.runners.serving.stack import Stack
@@ -149,6 +150,7 @@ class AgentRollouts:
         self, ep: Any, task: Task, inst: AgentInstall, proxy_session: Session
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg, token = self.config, proxy_session.token
+        phase("sandbox")
         await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
         limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
         spec = self.verifier.sandbox_spec(task).model_copy(update=limits)
@@ -161,7 +163,9 @@ class AgentRollouts:
             env = proxy_session.meta["env"]
             proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
             await self.verifier.prepare(session.sandbox, task)
+            phase("agent")
             result = await session.run(budget)
+            phase("grading")
             verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
         outcome = verdict.trace_fields()
         last = self.stack.proxy.sessions[token].last_turn() if token in self.stack.proxy.sessions else None

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.errors import UsageError
+from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.regrade import archived
@@ -230,17 +231,21 @@ class PythonRollouts:
 
     async def _run(self, task: Task, ws: WhiteboxSession, label: str) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.verifier is None:
+            phase("agent")
             return await self._attempt(task, ws)
         from hrl.sandboxes import SandboxError, get_backend
 
         spec = self.verifier.sandbox_spec(task)
+        phase("sandbox")
         try:
             backend = get_backend(self.config.sandbox)
             async with await backend.create(spec, self.config.run_id or "hrl-python", label) as sandbox:
                 await self.verifier.prepare(sandbox, task)
                 ws.sandbox = sandbox  # type: ignore[attr-defined]
+                phase("agent")
                 outcome, extra = await self._attempt(task, ws)
                 if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
+                    phase("grading")
                     verdict = await self.verifier.verify(sandbox, task)
                     outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch}
         except (SandboxError, OSError) as e:
@@ -271,6 +276,7 @@ class PythonRollouts:
                 extra["agent_reward_info"] = info
             if self.score is None:
                 return {}, extra
+            phase("grading")
             outcome, more = await self._verify(task, ws)
             return outcome, {**extra, **more}
         return {"reward": reward, "reward_info": info}, {}

@@ -138,6 +138,11 @@ CASES = [
     Case("missing trace file", ("regrade", "{tmp}/no.jsonl"), USAGE, "no run directory or trace file"),
     Case("folder with no traces", ("regrade", "{tmp}/empty"), USAGE, "is not a run directory"),
     Case("run with no traces", ("regrade", "{tmp}/run"), USAGE, "holds no trace files"),
+    Case("missing run dir", ("top", "{tmp}/no-run"), USAGE, "run directory not found"),
+    Case("folder that is not a run", ("top", "{tmp}/empty"), USAGE, "is not a run directory"),
+    Case("--json without --once", ("top", "{tmp}/run", "--json"), USAGE, "it needs --once"),
+    Case("bounded flag", ("top", "{tmp}/run", "--interval", "0"), USAGE, "'--interval'"),
+    Case("live view without a terminal", ("top", "{tmp}/run"), USAGE, "needs a terminal"),
     Case("nothing to regrade", ("regrade", "{tmp}/traces.jsonl"), FAILURE, "can be regraded (1 not regradable"),
     Case("--resume without a run", ("train", "--run-dir", "{tmp}/empty", "--resume"), USAGE, "existing run"),
     Case(
