@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["bucket_groups", "cuda_handle", "ipc_update_info", "ipc_updates", "pack_buckets"]
+__all__ = ["bucket_groups", "buffer_bytes", "cuda_handle", "ipc_update_info", "ipc_updates", "pack_buckets"]
 
 Share = Callable[[torch.Tensor, str], dict[str, tuple[Any, ...]]]  # tensor, name -> {GPU uuid: rebuild args}
 
