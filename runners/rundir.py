@@ -12,6 +12,8 @@ run/
   eval/step-0000.jsonl              the traces of the held-out evaluation before step 0 (hrl.train.heldout)
   checkpoints/v0004/                peft adapter (LoRA) or full HF checkpoint + optimizer.pt
   lock                              flock'ed by the process training here (the kernel drops it when that dies)
+  live.json                         the episodes in flight, rewritten every second while the run lives, for
+                                    `hrl top` (`runners/live.py`; not part of the commit point)
   eval.json                         `hrl eval` runs only: which (model, harness) each trace file holds
                                     (`runners/report/evaluation.py`)
 
