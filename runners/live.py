@@ -45,7 +45,7 @@ class LiveStatus:
         self.version, self.interval_s = version, interval_s
         self.episodes: dict[str, dict[str, Any]] = {}
         self.started_at = time.time()
-        self._lock = threading.Lock()
+        self._lock, self._writing = threading.Lock(), threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="hrl-live-status", daemon=True)
 
@@ -59,7 +59,8 @@ class LiveStatus:
         self._thread.join()
         with self._lock:
             self.episodes.clear()
-        self.write(state)
+        with contextlib.suppress(OSError):  # never hides why the run ended; `hrl top` reads it as stale
+            self.write(state)
 
     def start(self, key: str, task: str, pinned: int | None) -> None:
         """An episode starts on the live version (or the one it is pinned to: a held-out evaluation)."""
@@ -89,8 +90,9 @@ class LiveStatus:
         """Replace the file whole (temp file + rename: a reader never sees half of it). No fsync: a status that a
         crash loses is rewritten by the next heartbeat, or reported stale."""
         tmp = self.path.with_name(f".{LIVE_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.snapshot(state), default=str))
-        tmp.replace(self.path)
+        with self._writing:  # the heartbeat and a last write share the temp file
+            tmp.write_text(json.dumps(self.snapshot(state), default=str))
+            tmp.replace(self.path)
 
     def _version(self) -> int | None:
         try:
@@ -105,7 +107,9 @@ class LiveStatus:
 
 
 @contextlib.contextmanager
-def live_status(run_dir: str | Path, version: Callable[[], int | None], interval_s: float = 1.0) -> Iterator[None]:
+def live_status(
+    run_dir: str | Path, version: Callable[[], int | None], interval_s: float = 1.0
+) -> Iterator[LiveStatus]:
     """Keep `<run>/live.json` while the block runs; episodes started inside it (in tasks created inside it) show up.
     Ends `finished`, `interrupted` (Ctrl-C, a cancel) or `failed` (an exception)."""
     status = LiveStatus(run_dir, version, interval_s)
@@ -113,7 +117,7 @@ def live_status(run_dir: str | Path, version: Callable[[], int | None], interval
     token = _STATUS.set(status)
     end = "failed"  # an exception
     try:
-        yield
+        yield status
         end = "finished"
     except (KeyboardInterrupt, asyncio.CancelledError):
         end = "interrupted"
