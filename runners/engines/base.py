@@ -95,7 +95,7 @@ class Generation:
 class Routed(Protocol):
     """What an engine that places generations (`routes = True`: a replica set) learns of the proxy call it serves,
     passed as `generate(..., call=)`: the key that keeps a session on one replica, and where to note the replica
-    that served the call and any failover. The proxy's `Call` is one."""
+    that served the call, any failover and any move for load. The proxy's `Call` is one."""
 
     @property
     def sticky_key(self) -> str: ...
@@ -103,6 +103,8 @@ class Routed(Protocol):
     def ran_on(self, replica: str) -> None: ...
 
     def switched(self, source: str, target: str, after_tokens: int, error: str) -> None: ...
+
+    def moved(self, source: str, target: str, loads: dict[str, int]) -> None: ...
 
 
 class Engine(Protocol):

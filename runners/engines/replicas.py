@@ -3,50 +3,44 @@
 `ReplicaSet` is an `Engine` over N replica engines (each its own server: a vLLM URL, or an engine exposed by
 `runners.engines.remote`). The proxy hands it each generation with the call it serves, and it:
 
-- places the session on a replica by rendezvous (HRW) hashing of the session's root token over the replica
-  names: every proxy shard computes the same owner without talking to the others, adding a replica moves about
-  1/N of the sessions, and sub-agent / compaction sessions (children: `ChildSession.root`) follow their parent;
+- places the session on a replica by its routing policy (`routing.py`): by default `cache_aware`, the session
+  stays where it was first placed (the least-loaded replica) until that replica is more than `move_threshold`
+  requests busier than the least-loaded one, then moves (counted: `moves`, and the trace's `replica_moves`);
+  `hrw` pins it to its rendezvous-hash owner, `round_robin` spreads its calls. Sub-agent / compaction sessions
+  (children: `ChildSession.root`) follow their parent;
 - admits a generation only while its replica is under budget (`max_inflight` requests in flight, and, on vLLM,
   `max_kv_cache_usage` and `max_waiting` read from its `/metrics`); over budget the request waits here, the
   agent stays blocked on its HTTP call, never a 429;
-- skips unhealthy replicas, and when one dies under a generation, continues it on the next replica in HRW order
+- skips unhealthy replicas, and when one dies under a generation, continues it on another (the policy's next pick)
   from the tokens already sampled: the call and the trace record the switch (`replica_switches`), nothing is lost;
 - fans pause, publish and resume out to every replica, each acknowledged and retried; a replica that still
   fails is fenced (no new generation goes to it) until a later publish brings it to the agreed version, so no
   trace mixes tokens of replicas that disagree on what a version number means. `last_fanout` reports each step.
 
 Each call records its replica (`replica` in the trace's call), each trace the one that served it (`env.replica`).
+`take_stats` reports the routing counters and each replica's prefix-cache hit rate (absent where its engine keeps
+no prefix-cache counters: the embedded engine has no prefix cache).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.routing import Router, RoutingConfig, hrw_rank
 from hrl.runners.errors import ContextLengthError, EngineError
 
 if TYPE_CHECKING:
     from hrl.runners.engines.base import Routed
 
 __all__ = ["Replica", "ReplicaSet", "ReplicaSetConfig", "RoutingConfig", "hrw_rank", "parse_vllm_metrics"]
-
-
-def _score(key: str, name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{name}\0{key}".encode(), digest_size=8).digest(), "big")
-
-
-def hrw_rank(key: str, names: list[str]) -> list[str]:
-    """The replica names in rendezvous order for `key`: the first owns it, the next takes over if it is gone."""
-    return sorted(names, key=lambda n: _score(key, n), reverse=True)
 
 
 def parse_vllm_metrics(text: str) -> dict[str, float]:
@@ -76,29 +70,6 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class RoutingConfig(BaseModel):
-    policy: Literal["hrw", "round_robin"] = Field(
-        "hrw",
-        description="hrw: a session sticks to its rendezvous-hash replica (its prefix cache stays warm); "
-        "round_robin: each generation goes to the next replica (for comparison; sessions do not stick).",
-    )
-    load_factor: float = Field(
-        0.0,
-        ge=0,
-        description="hrw with bounded loads: a generation whose replica already has more than load_factor × the "
-        "mean in-flight count goes to the next replica in its HRW order (e.g. 1.25); 0 = always the owner.",
-    )
-    max_inflight: int = Field(0, ge=0, description="Most generations in flight per replica; 0 = no ceiling.")
-    max_kv_cache_usage: float = Field(
-        0.95, ge=0, le=1, description="vLLM replicas: admit while their KV-cache use (from /metrics) is below this."
-    )
-    max_waiting: int = Field(
-        0, ge=0, description="vLLM replicas: admit while fewer requests than this wait in their queue; 0 = any."
-    )
-    poll_s: float = Field(1.0, gt=0, description="How often replicas' health (and vLLM's /metrics) is read.")
-    publish_retries: int = Field(2, ge=0, description="Retries of a replica's failed pause / publish / resume.")
-
-
 class ReplicaSpec(BaseModel):
     name: str = Field("", description="Its name in routing and traces; default r0, r1, ….")
     engine: str = Field("scripted", description="embedded | vllm | scripted | remote | an http:// vLLM URL.")
@@ -124,6 +95,12 @@ class Replica:
     inflight: int = 0
     served: int = 0  # generations admitted
     metrics: dict[str, float] = field(default_factory=dict)
+    external: int = 0  # requests its engine ran or queued beyond ours at the last poll (another shard's)
+
+    @property
+    def load(self) -> int:
+        """Requests on it now as far as this router knows: ours in flight, plus the others last seen."""
+        return self.inflight + self.external
 
     def over_budget(self, cfg: RoutingConfig) -> bool:
         if cfg.max_inflight and self.inflight >= cfg.max_inflight:
@@ -177,7 +154,9 @@ class ReplicaSet:
         self.last_fanout: dict[str, Any] = {}
         self.switches = 0  # generations moved off a dead replica
         self.waits = 0  # generations that waited for their replica's budget
-        self._turn = -1  # round_robin's last pick
+        self.router = Router(config)
+        self._marks: dict[str, tuple[float, float]] = {}  # replica -> prefix (queries, hits) at the last take_stats
+        self._taken = (0, 0, 0)  # moves, rehomes, switches at the last take_stats
 
     # ---- the Engine protocol -------------------------------------------------------------------------------
     @property
@@ -260,28 +239,21 @@ class ReplicaSet:
         ranked = hrw_rank(key, [r.name for r in self.usable()])
         return self.replicas[ranked[0]] if ranked else None
 
-    def _pick(self, key: str) -> Replica | None:
-        if self.config.policy == "round_robin":
-            usable = self.usable()
-            if not usable:
-                return None
-            self._turn = (self._turn + 1) % len(usable)
-            return usable[self._turn]
-        if self.config.load_factor > 0:
-            ranked = [self.replicas[n] for n in hrw_rank(key, [r.name for r in self.usable()])]
-            if len(ranked) > 1:
-                mean = (sum(r.inflight for r in ranked) + 1) / len(ranked)
-                cap = max(1, math.ceil(self.config.load_factor * mean))
-                return next((r for r in ranked if r.inflight < cap), ranked[0])
-        return self.owner(key)
+    def _loads(self) -> dict[str, int]:
+        return {r.name: r.load for r in self.usable()}
 
-    async def _admit(self, key: str) -> Replica:
+    async def _admit(self, key: str, call: Routed | None = None) -> Replica:
         """Wait until the session's replica is under budget (or another takes the session over); count it in."""
         waited = False
         async with self._changed:
             while True:
-                replica = self._pick(key)
+                loads = self._loads()
+                name = self.router.pick(key, loads)
+                replica = self.replicas[name] if name is not None else None
                 if replica is not None and not replica.over_budget(self.config):
+                    moved_from = self.router.placed(key, replica.name, loads)
+                    if moved_from is not None and call is not None:
+                        call.moved(moved_from, replica.name, {n: loads[n] for n in (moved_from, replica.name)})
                     replica.inflight += 1
                     replica.served += 1
                     self.waits += waited
@@ -307,10 +279,13 @@ class ReplicaSet:
         """Generate on the call's replica; if that replica dies mid-way, go on from the sampled tokens on the next."""
         key = call.sticky_key if call is not None else request_id
         sampled: list[int] = []
+        lost: tuple[str, str] | None = None  # (replica, error) of a failover under way
         while True:
-            replica = await self._admit(key)
+            replica = await self._admit(key, call)
             if call is not None:
                 call.ran_on(replica.name)
+                if lost is not None:
+                    call.switched(lost[0], replica.name, len(sampled), lost[1])
             self._serving[request_id] = replica
             left = params.max_tokens - len(sampled)
             try:
@@ -326,11 +301,10 @@ class ReplicaSet:
             except (EngineError, OSError) as e:
                 if request_id in self._aborted or not await self._lost(replica):
                     raise  # the call's own failure, on a live replica
-                if self.owner(key) is None:
+                if not self.usable():
                     raise EngineError(f"every engine replica is down (the last, {replica.name}: {e})") from e
                 self.switches += 1
-                if call is not None:
-                    call.switched(replica.name, self.owner(key).name, len(sampled), str(e))  # type: ignore[union-attr]
+                lost = (replica.name, str(e))
             finally:
                 self._serving.pop(request_id, None)
                 self._aborted.discard(request_id)
@@ -358,6 +332,9 @@ class ReplicaSet:
         async with self._changed:
             for r, (ok, metrics) in zip(self.replicas.values(), probes, strict=True):
                 r.healthy, r.metrics = ok, metrics or r.metrics
+                if metrics:  # what its engine holds beyond our in-flight generations: another shard's
+                    busy = metrics.get("running", 0.0) + metrics.get("waiting", 0.0)
+                    r.external = max(0, int(busy) - r.inflight)
                 if ok:  # published elsewhere (the driver fans out to the replicas itself)
                     r.version = max(r.version, r.engine.version)
             self._fence_laggards()
@@ -404,9 +381,37 @@ class ReplicaSet:
         return self.last_fanout
 
     def describe(self) -> list[dict[str, Any]]:
-        """Each replica's state, for logs and tests."""
+        """Each replica's state, for logs and tests; `prefix_hit_rate` None where its engine keeps no counters."""
         return [
             {"name": r.name, "healthy": r.healthy, "fenced": r.fenced, "version": r.version, "inflight": r.inflight,
-             "served": r.served, **r.metrics}
+             "external": r.external, "served": r.served, **r.metrics, "prefix_hit_rate": _hit_rate(r.metrics)}
             for r in self.replicas.values()
         ]  # fmt: skip
+
+    def take_stats(self) -> dict[str, float]:
+        """The routing metrics since the last call: `routing/moves` (cache_aware sessions moved for load),
+        `routing/rehomes` (re-placed off a dead or fenced replica), `routing/switches` (generations failed over
+        mid-way), and `routing/<replica>/prefix_hit_rate` (prefix-cache hits over queries, in tokens, from the
+        counters its engine reports at the last poll). A replica without such counters, or with no query since the
+        last call, has no rate: absent, never 0."""
+        counts = (self.router.moves, self.router.rehomes, self.switches)
+        out = {f"routing/{k}": float(now - then)
+               for k, now, then in zip(("moves", "rehomes", "switches"), counts, self._taken, strict=True)}  # fmt: skip
+        self._taken = counts
+        for r in self.replicas.values():
+            if "prefix_queries" not in r.metrics:
+                continue
+            mark = (r.metrics["prefix_queries"], r.metrics.get("prefix_hits", 0.0))
+            queries0, hits0 = self._marks.get(r.name, (0.0, 0.0))
+            if mark[0] < queries0:  # the server restarted: its counters began again
+                queries0, hits0 = 0.0, 0.0
+            if mark[0] > queries0:
+                out[f"routing/{r.name}/prefix_hit_rate"] = round((mark[1] - hits0) / (mark[0] - queries0), 4)
+            self._marks[r.name] = mark
+        return out
+
+
+def _hit_rate(metrics: dict[str, float]) -> float | None:
+    """Prefix-cache hits over queries since the engine started; None without counters or queries."""
+    queries = metrics.get("prefix_queries", 0.0)
+    return round(metrics.get("prefix_hits", 0.0) / queries, 4) if queries else None

@@ -100,6 +100,7 @@ class ScriptedEngine:
         self._blocks: OrderedDict[int, None] = OrderedDict()  # the prefix cache: block hashes, least recent first
         self.busy_s = 0.0  # time with at least one sequence admitted (see `busy`)
         self.admitted = 0  # sequences decoding now
+        self.waiting = 0  # sequences waiting for a slot (max_batch)
         self.seq_s = 0.0  # Σ over sequences of the time each was admitted (mean batch = seq_s / busy_s)
         self._busy_since = 0.0
         self.prompt_tokens = 0  # paced prefill: prompt tokens seen, and those served from the prefix cache
@@ -149,10 +150,20 @@ class ScriptedEngine:
         """Seconds with at least one sequence admitted, up to now."""
         return self.busy_s + (time.monotonic() - self._busy_since if self.admitted else 0.0)
 
+    async def read_metrics(self) -> dict[str, float]:
+        """What vLLM's /metrics says, in the names `parse_vllm_metrics` gives them: sequences decoding and waiting
+        for a slot, and the paced prefix cache's counters (prompt tokens seen, those served from the cache)."""
+        return {"running": float(self.admitted), "waiting": float(self.waiting),
+                "prefix_queries": float(self.prompt_tokens), "prefix_hits": float(self.cached_tokens)}  # fmt: skip
+
     @contextlib.asynccontextmanager
     async def _admitted(self) -> AsyncIterator[None]:
         if self._slots is not None:
-            await self._slots.acquire()
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
         t0 = time.monotonic()
         if not self.admitted:
             self._busy_since = t0

@@ -92,6 +92,12 @@ class Call:
                                       "after_tokens": after_tokens, "at": round(time.time() - root.started_at, 3),
                                       "error": error[:300]})  # fmt: skip
 
+    def moved(self, source: str, target: str, loads: dict[str, int]) -> None:
+        """The session moved to a less-loaded replica (cache_aware routing), kept in the trace (`replica_moves`)."""
+        root = self.session.root
+        root.replica_moves.append({"call_id": self.call_id, "from": source, "to": target, "loads": loads,
+                                   "at": round(time.time() - root.started_at, 3)})  # fmt: skip
+
     def add(self, delta: TokenDelta) -> None:
         """Append an engine delta: its ids, logprobs, the version that sampled them, and a finish reason."""
         rec = self.record

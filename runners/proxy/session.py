@@ -92,7 +92,8 @@ class Session:
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
-        self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (routing.py)
+        self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (replicas.py)
+        self.replica_moves: list[dict[str, Any]] = []  # the session moved to a less-loaded replica (engines/routing.py)
         self.agent_key_digest: bytes | None = None  # of the tree's scoped credential (issue_agent_key), not the key
 
     def issue_agent_key(self) -> str:
@@ -266,6 +267,8 @@ class Session:
             extras["degenerate"] = True
         if self.replica_switches:
             extras["replica_switches"] = self.replica_switches
+        if self.replica_moves:
+            extras["replica_moves"] = self.replica_moves
         if dropped := _dropped_media(self.calls):
             extras["dropped_media"] = dropped
         env = meta.get("env") or {}

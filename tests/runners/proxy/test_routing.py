@@ -56,7 +56,8 @@ vllm:gpu_cache_usage_perc{model_name="m"} 0.1
 
 
 def test_sessions_stick_to_their_hrw_replica_and_children_follow_the_parent(tiny_model):
-    with running_proxy(tiny_model, engine="replicas", engine_options=_replicas(2)) as p:
+    opts = {**_replicas(2), "policy": "hrw"}
+    with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
         replicas = p.proxy.engine
         tokens = [f"sess-{i}" for i in range(8)]
         for t in tokens:
@@ -94,7 +95,7 @@ def test_over_budget_requests_wait_in_the_proxy_never_a_429(tiny_model):
 
 def test_a_dead_replica_s_generation_continues_on_the_next_one(tiny_model):
     """Replica r? dies mid-stream: the agent gets one whole answer, the trace records the switch."""
-    opts = _replicas(2, decode_tps=40)
+    opts = {**_replicas(2, decode_tps=40), "policy": "hrw"}
     with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
         owner = hrw_rank("victim", ["r0", "r1"])[0]
         other = "r1" if owner == "r0" else "r0"
@@ -192,7 +193,7 @@ def test_round_robin_spreads_one_session_over_the_replicas(tiny_model):
 def test_bounded_loads_send_a_hot_owner_s_overflow_to_the_next_replica(tiny_model):
     """load_factor 1: with one generation in flight on a session's owner, a second concurrent one goes to the next
     replica in HRW order; alone, each session is served by its owner."""
-    opts = {**_replicas(2, decode_tps=60), "load_factor": 1.0}
+    opts = {**_replicas(2, decode_tps=60), "policy": "hrw", "load_factor": 1.0}
     same = [t for t in (f"s{i}" for i in range(50)) if hrw_rank(t, ["r0", "r1"])[0] == "r0"][:2]
     with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
 

@@ -161,7 +161,8 @@ def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny
     owner = hrw_rank("victim", ["r0", "r1"])[0]
     other = "r1" if owner == "r0" else "r0"
     want = 3000
-    with running_proxy(tiny_model, engine="replicas", engine_options=_options(servers, poll_s=0.2)) as p:
+    opts = _options(servers, policy="hrw", poll_s=0.2)  # the victim is its HRW owner's session
+    with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
         killed = threading.Event()
         p.call(_cut_after_first_tokens, p.proxy.engine.replicas[owner].engine, servers[int(owner[1])], killed)
         body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": want,
