@@ -233,11 +233,14 @@ def unpublished(publisher: Publisher, version: int) -> dict[str, Any]:
 
 
 def _proxy_window(publisher: Publisher) -> dict[str, float]:
-    """`proxy/queue_depth` and `proxy/cpu_us_per_token` since the previous step; both start a new window."""
+    """`proxy/queue_depth`, `proxy/cpu_us_per_token` and, behind engine replicas, `routing/*` (moves, per-replica
+    prefix-cache hit rate: `ReplicaSet.take_stats`) since the previous step; each starts a new window."""
     stats = publisher.stats
     depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0  # this step's, then reset
     cpu = publisher.take_cpu_per_token()
-    return {"proxy/queue_depth": float(depth), **({} if cpu is None else {"proxy/cpu_us_per_token": cpu})}
+    routing = getattr(publisher.engine, "take_stats", None)  # engine replicas: routing/* of the window
+    return {"proxy/queue_depth": float(depth), **({} if cpu is None else {"proxy/cpu_us_per_token": cpu}),
+            **(routing() if callable(routing) else {})}  # fmt: skip
 
 
 def commit(run: RunDir, sink: MetricsSink, metrics: dict[str, Any], path: str) -> None:

@@ -393,11 +393,13 @@ class ReplicaSet:
         `routing/rehomes` (re-placed off a dead or fenced replica), `routing/switches` (generations failed over
         mid-way), and `routing/<replica>/prefix_hit_rate` (prefix-cache hits over queries, in tokens, from the
         counters its engine reports at the last poll). A replica without such counters, or with no query since the
-        last call, has no rate: absent, never 0."""
-        counts = (self.router.moves, self.router.rehomes, self.switches)
-        out = {f"routing/{k}": float(now - then)
-               for k, now, then in zip(("moves", "rehomes", "switches"), counts, self._taken, strict=True)}  # fmt: skip
-        self._taken = counts
+        last call, has no rate: absent, never 0; so are the counts of a set that routed nothing (the Ray driver's)."""
+        out: dict[str, float] = {}
+        if any(r.served for r in self.replicas.values()):  # a set that routes (not the Ray driver's control set)
+            counts = (self.router.moves, self.router.rehomes, self.switches)
+            out = {f"routing/{k}": float(now - then)
+                   for k, now, then in zip(("moves", "rehomes", "switches"), counts, self._taken, strict=True)}  # fmt: skip
+            self._taken = counts
         for r in self.replicas.values():
             if "prefix_queries" not in r.metrics:
                 continue

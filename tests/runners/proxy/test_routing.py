@@ -12,6 +12,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from hrl.runners.engines.base import SamplingParams
 from hrl.runners.engines.remote import serve_engine
 from hrl.runners.engines.replicas import hrw_rank, parse_vllm_metrics
 from hrl.runners.engines.scripted import ScriptedEngine, ScriptedEngineConfig
@@ -207,3 +208,31 @@ def test_bounded_loads_send_a_hot_owner_s_overflow_to_the_next_replica(tiny_mode
         alone = [(_chat(p.url, f"{t}-b").status_code, p.end(f"{t}-b")["env"]["replica"]) for t in same]
     assert sorted(together) == ["r0", "r1"]
     assert [r for _, r in alone] == [hrw_rank(f"{t}-b", ["r0", "r1"])[0] for t in same]
+
+
+def test_cache_aware_moves_a_session_off_an_overloaded_replica_and_the_trace_records_it(tiny_model):
+    """Another shard's 3 generations held open on the session's replica (threshold 2): its next call moves, once."""
+    opts = {**_replicas(2), "move_threshold": 2, "poll_s": 3600}  # the default policy; refreshed by hand only
+    with running_proxy(tiny_model, engine="replicas", engine_options=opts) as p:
+        rs = p.proxy.engine
+        assert _chat(p.url, "mover", "turn 0").status_code == 200
+        home = hrw_rank("mover", ["r0", "r1"])[0]  # both idle at its placement: the HRW tie-break
+        other = "r1" if home == "r0" else "r0"
+
+        async def hold(i: int):
+            gen = rs.replicas[home].engine.generate(f"foreign-{i}", [7, 8, 9], SamplingParams(max_tokens=64))
+            await gen.__anext__()
+            return gen
+
+        held = [p.call_async(hold, i).result(30) for i in range(3)]
+        p.call_async(rs.refresh).result(30)
+        assert _chat(p.url, "mover", "turn 1").status_code == 200
+        for gen in held:
+            p.call_async(gen.aclose).result(30)
+        trace = p.end("mover")
+        stats = p.call(rs.take_stats)
+    assert [c["replica"] for c in trace["calls"]] == [home, other]
+    (move,) = trace["replica_moves"]
+    assert (move["from"], move["to"], move["loads"]) == (home, other, {home: 3, other: 0})
+    assert move["call_id"] == trace["calls"][1]["call_id"]
+    assert stats["routing/moves"] == 1.0
