@@ -1,5 +1,6 @@
-"""`hrl inspect`: a trace file as a summary table, one trace as a tree of calls and tool events, its branches;
-a run directory as one row per iteration with sparkline trends."""
+"""`hrl inspect`: a trace file as a summary table; one trace as the conversation the agent lived (a tree of its
+calls, each with what the model was shown and what it said, decoded with the model's tokenizer, the tool events
+between them, the outcome), and its branches; a run directory as one row per iteration with sparkline trends."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ EPILOG = """Examples:
 
   hrl inspect a.jsonl b.jsonl                        # several files (or a folder of them) as one table
 
-  hrl inspect traces.jsonl --trace 3f2a              # one trace (id prefix) as a tree of calls and tools
+  hrl inspect traces.jsonl --trace 3f2a              # one trace (id prefix or session): the conversation
+
+  hrl inspect traces.jsonl --trace 3f2a --full -m Qwen/Qwen3-8B   # every line, decoded with that tokenizer
 
   hrl inspect traces.jsonl --trace 3f2a --samples    # ... plus its branches (the training samples)
 
   hrl inspect traces.jsonl --json | jq '.[] | select(.status != "ok") | .failure_reason'
 
-  hrl inspect traces.jsonl --trace 3f2a --json | jq '.call_details[] | [.call_id, .response_tokens]'
+  hrl inspect traces.jsonl --trace 3f2a --json | jq '.conversation.calls[] | [.call_id, .reply.tool_calls]'
 
   hrl inspect runs/demo                              # a run: one row per iteration, trends as sparklines
 
@@ -52,16 +55,31 @@ def inspect(
         ),
     ],
     trace_id: Annotated[
-        str | None, typer.Option("--trace", "-t", help="Show only this trace (an id or a unique id prefix).")
+        str | None,
+        typer.Option("--trace", "-t", help="Show only this trace (an id, a unique id prefix, or its session token)."),
     ] = None,
     samples: Annotated[
         bool, typer.Option("--samples", help="Also list the branches: the root-to-leaf paths that become samples.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print summaries as JSON (an object with --trace).")] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="With --trace: every line of every text (else long ones are cut).")
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="With --trace: decode with this model's tokenizer (default: the run's or the trace's).",
+        ),
+    ] = None,
 ) -> None:
     """Summarize trace files: outcome, reward, success (the task's own pass/fail), agent, calls, turns, tokens,
-    branches and timing per trace; with --trace (or a file of one trace) the calls and tool events in time order, as
-    a tree. For a run directory: reward, success rate, failures by reason, latencies, tokens and staleness per iteration, with trends (--json: per iteration)."""
+    branches and timing per trace. With --trace (or a file of one trace) the conversation: each call in time order
+    with its timing, the prompt tokens it added (the task, tool results) and the model's reply (reasoning, text,
+    tool calls with arguments) decoded with the model's tokenizer, the tool events, then reward, tests and the test
+    output. For a run directory: reward, success rate, failures by reason, latencies, tokens and staleness per
+    iteration, with trends (--json: per iteration)."""
     from hrl.cli.report import warn_cut_lines
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
@@ -74,17 +92,38 @@ def inspect(
         return
     traces = [t for _, t in run.traces]
     chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
+    single = trace_id is not None or (len(chosen) == 1 and not as_json)  # one trace: its conversation
+    conv = _conversation(chosen[0], run, model, full) if single else None
     if as_json:
-        emit(_json_result(chosen, single=trace_id is not None, samples=samples), as_json=True)
+        emit(_json_result(chosen, conv, samples=samples), as_json=True)
         return
     if not traces:
         err.print(f"no traces in {' '.join(map(str, sources))}", markup=False, highlight=False)
         return
-    _render(_stdout_console(), chosen, samples=samples)
+    _render(_stdout_console(), chosen, conv, samples=samples)
 
 
-def _json_result(traces: list[Trace], *, single: bool, samples: bool) -> Any:
-    """Per-trace summaries (+ `samples` = branches); a single trace also gets its calls and tool events."""
+def _conversation(trace: Trace, run: Any, model: str | None, full: bool) -> dict[str, Any]:
+    """The trace's conversation, decoded with `model`'s tokenizer (default: the run's or the trace's model); without
+    one, a note on stderr says so once and the conversation has token counts in place of text."""
+    from hrl.runners.conversation import conversation, load_template, model_of
+    from hrl.runners.errors import UsageError
+
+    template, note = load_template(model or model_of([trace], run.config), run.config.get("proxy"))
+    if template is None and model is not None:
+        raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
+    if note:
+        err.print(f"Note: {note}: showing token counts without text (--model DIR decodes with that tokenizer)",
+                  markup=False, highlight=False)  # fmt: skip
+    return conversation(trace, template, max_lines=None if full else _MAX_LINES, note=note)
+
+
+_MAX_LINES = 20  # lines of one text shown without --full
+
+
+def _json_result(traces: list[Trace], conv: dict[str, Any] | None, *, samples: bool) -> Any:
+    """Per-trace summaries (+ `samples` = branches); a single trace also gets its calls, tool events and
+    conversation."""
     from hrl.runners.summary import describe_branches, describe_calls, summarize_trace
 
     out = []
@@ -92,11 +131,11 @@ def _json_result(traces: list[Trace], *, single: bool, samples: bool) -> Any:
         s = summarize_trace(t)
         if samples:
             s["samples"] = describe_branches(t)
-        if single:
+        if conv is not None:
             s |= {"reward_info": t.get("reward_info") or {}, "call_details": describe_calls(t)}
-            s["tool_events"] = t.get("tools") or []
+            s |= {"tool_events": t.get("tools") or [], "conversation": conv}
         out.append(s)
-    return out[0] if single else out
+    return out[0] if conv is not None else out
 
 
 def _stdout_console() -> Console:
@@ -107,13 +146,14 @@ def _stdout_console() -> Console:
     return Console(file=sys.stdout, width=width, no_color=no_color, highlight=False, emoji=False)
 
 
-def _render(console: Console, traces: list[Trace], *, samples: bool) -> None:
-    """Table of summaries; the tree when one trace is shown; totals when several; branches with --samples."""
+def _render(console: Console, traces: list[Trace], conv: dict[str, Any] | None, *, samples: bool) -> None:
+    """Table of summaries; the conversation when one trace is shown; totals when several; branches with
+    --samples."""
     from hrl.runners.summary import summarize_file, summarize_trace
 
     console.print(_summary_table([summarize_trace(t) for t in traces]))
     console.print()
-    console.print(_trace_tree(traces[0]) if len(traces) == 1 else _totals(summarize_file(traces)))
+    console.print(_trace_tree(traces[0], conv) if conv is not None else _totals(summarize_file(traces)))
     if samples:
         console.print()
         console.print(Text("branches (training samples)", style="bold"))
@@ -253,19 +293,46 @@ def _reward_label(trace: Trace) -> Text:
     reward = trace.get("reward")
     label = Text("reward " + ("-" if reward is None else f"{reward:g}"), style="bold")
     label.append(f" · success {_yes_no(trace_success(trace))}", style="bold")
-    info = trace.get("reward_info") or {}
-    parts = [
-        f"{k} {v['passed']}/{v['total']}" if isinstance(v, dict) and {"passed", "total"} <= v.keys() else f"{k} {v}"
-        for k, v in info.items()
-    ]
-    if parts:
-        text = " · ".join(parts)
+    from hrl.runners.conversation import info_text
+
+    info = {k: v for k, v in (trace.get("reward_info") or {}).items() if k not in ("tests", "log")}  # own nodes
+    if text := info_text(info):
         label.append("  " + (text if len(text) <= 70 else text[:69] + "…"))
     return label
 
 
-def _trace_tree(trace: Trace) -> Tree:
-    """trace → calls and tool events in time order (a tool sorts after the call that asked for it) → outcome."""
+def _turn(node: Tree, turn: dict[str, Any]) -> None:
+    """Under a call's line: the prompt tokens it added, then the reply (reasoning, text, each tool call)."""
+    given, reply = turn["input"], turn["reply"]
+    if given["text"] is not None:
+        head = (
+            f"prompt ({given['tokens']} tokens)"
+            if given["since"] is None
+            else f"+{given['tokens']} prompt tokens after {given['since']} (tool results, new messages)"
+        )
+        node.add(Text.assemble((head, "dim"), "\n", given["text"]))
+    if reply["reasoning"]:
+        node.add(Text.assemble(("reasoning", "dim"), "\n", (reply["reasoning"], "italic")))
+    if reply["text"]:
+        node.add(Text.assemble(("says", "dim"), "\n", reply["text"]))
+    for call in reply["tool_calls"]:
+        node.add(Text.assemble(("tool call ", "bold magenta"), (call["name"], "bold"), " ", call["arguments"]))
+
+
+def _outcome_nodes(tree: Tree, outcome: dict[str, Any]) -> None:
+    """Each test's outcome (failing ones first) and the test output's tail, under the reward line."""
+    if tests := outcome["tests"]:
+        bad = sorted(tests.items(), key=lambda kv: (kv[1] in ("PASSED", "XFAIL"), kv[0]))
+        lines = "\n".join(f"{o}  {t}" for t, o in bad)
+        ok = sum(o in ("PASSED", "XFAIL") for o in tests.values())
+        tree.add(Text.assemble((f"tests: {ok}/{len(tests)} passed", "bold"), "\n", lines))
+    if outcome["log"]:
+        tree.add(Text.assemble(("test output", "bold"), "\n", outcome["log"]))
+
+
+def _trace_tree(trace: Trace, conv: dict[str, Any]) -> Tree:
+    """trace → calls (each with what it was shown and what it said) and tool events in time order (a tool sorts
+    after the call that asked for it) → outcome: reward, tests, test output."""
     from hrl.runners.summary import describe_calls, media_text
     from hrl.runners.trace import dropped_media
 
@@ -279,12 +346,15 @@ def _trace_tree(trace: Trace) -> Tree:
     tree = Tree(head)
     nodes = _agent_nodes(tree, trace)
     firsts = {c.get("agent"): i for i, c in reversed(list(enumerate(calls)))}
-    events = [((c["started_at"] or 0.0, 0), c.get("agent"), _call_label(c, firsts[c.get("agent")] == i))
+    turns = conv["calls"]
+    events = [((c["started_at"] or 0.0, 0), c.get("agent"), _call_label(c, firsts[c.get("agent")] == i), turns[i])
               for i, c in enumerate(calls)]  # fmt: skip
-    events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t)) for t in trace.get("tools") or []]
-    for _, agent, label in sorted(events, key=lambda e: e[0]):
-        nodes(agent).add(label)
-    tree.add(_reward_label(trace))
+    events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t), None) for t in trace.get("tools") or []]
+    for _, agent, label, turn in sorted(events, key=lambda e: e[0]):
+        node = nodes(agent).add(label)
+        if turn is not None:
+            _turn(node, turn)
+    _outcome_nodes(tree.add(_reward_label(trace)), conv["outcome"])
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
     if trace.get("degenerate"):

@@ -144,8 +144,8 @@ def media_text(counts: dict[str, int]) -> str:
 
 
 def select_trace(traces: list[Trace], trace_id: str) -> Trace:
-    """The trace whose id is `trace_id`, or the only one it is a prefix of."""
-    exact = [t for t in traces if t["trace_id"] == trace_id]
+    """The trace whose id (or session token) is `trace_id`, or the only one whose id it is a prefix of."""
+    exact = [t for t in traces if t["trace_id"] == trace_id] or [t for t in traces if t.get("session") == trace_id]
     matches = exact or [t for t in traces if str(t["trace_id"]).startswith(trace_id)]
     if len(matches) == 1:
         return matches[0]
@@ -156,7 +156,7 @@ def select_trace(traces: list[Trace], trace_id: str) -> Trace:
         )
     known = ", ".join(str(t["trace_id"]) for t in traces[:5]) + (", …" if len(traces) > 5 else "")
     hint = f"known ids: {known} (run without --trace to list all)" if traces else "the file holds no traces"
-    raise TraceSelectionError(f"no trace with id {trace_id!r}", hint=hint)
+    raise TraceSelectionError(f"no trace with id {trace_id!r} (nor with that session token)", hint=hint)
 
 
 # ---- per file ----------------------------------------------------------------------------------------------
