@@ -17,7 +17,9 @@ EPILOG = """Examples:
 
   hrl report traces.jsonl                       # what `hrl rollout --out` wrote: writes traces.html
 
-  hrl report a.jsonl b.jsonl --out ab.html      # several trace files, shown as one step each
+  hrl report a.jsonl b.jsonl --out ab.html      # several trace files as one report
+
+  hrl report traces.jsonl -m Qwen/Qwen3-8B      # conversations decoded with that model's tokenizer
 
   hrl report runs/demo --out /tmp/demo.html     # somewhere else
 
@@ -47,10 +49,19 @@ def report(
             "short; dropped_media: traces whose requests lost media to proxy.media: drop) as JSON.",
         ),
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Decode the conversations with this model's tokenizer (default: the run's or the traces' model).",
+        ),
+    ] = None,
 ) -> None:
     """Render a run, or trace files, as one HTML file that needs no network to view: reward, failures by reason,
-    latency and token distributions, staleness and versions over steps (a trace file is one step), and a table of
-    traces that opens each trace's calls and tool events (link one with `report.html#trace=ID`)."""
+    latency and token distributions, staleness and versions over training steps (trace files have none), and a
+    table of traces that opens each trace's conversation, calls and tool events (link one with
+    `report.html#trace=ID`)."""
     from hrl.runners.report.builder import write_report
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, read_plan
     from hrl.runners.report.run import load_source
@@ -59,7 +70,7 @@ def report(
 
     run = load_source(sources)
     warn_cut_lines(run)
-    path = write_report(run, out)
+    path = write_report(run, out, model)
     info: dict[str, Any] = {
         "out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size
     }  # fmt: skip

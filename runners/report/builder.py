@@ -1,6 +1,10 @@
 """`hrl report`: one self-contained HTML file for a run — plots over steps and distributions (inline SVG, drawn
-here) and a searchable table of traces whose rows open each trace's calls and tool events (a little inline
-JS over an embedded JSON blob). Nothing is fetched at view time.
+here) and a searchable table of traces whose rows open each trace's conversation, calls and tool events (a little
+inline JS over an embedded JSON blob and inert `<template>`s). Nothing is fetched at view time.
+
+The report adapts to its input: charts over steps only where there are training steps (a `hrl train` run
+directory; a rollout's trace files have none), the model and policy-version cards from the run or else from the
+traces, the conversations decoded with the model's tokenizer when this machine has it (token counts otherwise).
 
 Element ids are stable (tests and users link to them): `plot-reward`, `plot-failures`, `plot-latency-steps`,
 `plot-latency`, `plot-prompt-tokens`, `plot-response-tokens`, `plot-staleness`, `plot-versions`,
@@ -17,13 +21,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.conversation import conversation, load_template, model_of
+from hrl.runners.errors import UsageError
 from hrl.runners.metrics import harness_rewards, trace_metrics
+from hrl.runners.report.conversation import MAX_LINES, conversation_templates
 from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
+from hrl.runners.rundir import is_run_dir
 from hrl.runners.summary import describe_calls, media_text, summarize_trace
 
-__all__ = ["build_report", "render_report", "write_report"]
+__all__ = ["build_report", "has_steps", "render_report", "write_report"]
 
 Trace = dict[str, Any]
 _TRAIN_PLOTS = (("train/loss", "loss"), ("train/mismatch_kl", "mismatch-kl"), ("train/grad_norm", "grad-norm"))
@@ -145,7 +153,17 @@ def _distribution_plots(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _plots(iters: list[dict[str, Any]], rows: list[dict[str, Any]], evals: dict[int, dict[str, Any]]) -> str:
+def has_steps(run: Run) -> bool:
+    """Are the run's iterations training steps (a `hrl train` run directory)? Trace files, one per iteration, and an
+    `hrl eval` run's cells are not: charts over them would draw steps that never happened."""
+    return is_run_dir(run.path) and eval_rows(run) is None
+
+
+def _plots(
+    iters: list[dict[str, Any]], rows: list[dict[str, Any]], evals: dict[int, dict[str, Any]], steps: bool
+) -> str:
+    if not steps:
+        return "\n".join(_distribution_plots(rows))
     step = _step_plots(iters, evals)
     # reading order: outcome (reward, failures), time, tokens, versions, trainer
     return "\n".join([*step[:3], *_distribution_plots(rows), *step[3:]])
@@ -210,7 +228,8 @@ def _cell(value: Any, cls: str = "") -> str:
     else:
         text = str(value)
     sort = value if isinstance(value, int | float) else ""
-    return f'<td class="{cls}" data-sort="{escape(str(sort))}">{escape(text)}</td>'
+    title = f' title="{escape(text)}"' if isinstance(value, str) else ""  # a cell cut to fit shows it whole on hover
+    return f'<td class="{cls}" data-sort="{escape(str(sort))}"{title}>{escape(text)}</td>'
 
 
 _COLUMNS = (
@@ -257,28 +276,66 @@ def _options(values: list[Any]) -> str:
 # ---- the page ----------------------------------------------------------------------------------------------
 
 
-def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+def _models(run: Run) -> str:
+    """The run's configured model, else every model its traces name (the first three, then how many more)."""
+    named = run.config.get("model") or (run.config.get("trainer") or {}).get("model")
+    if named:
+        return str(named)
+    names = list(dict.fromkeys(str(n) for _, t in run.traces if (n := (t.get("model") or {}).get("name"))))
+    return ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "") if names else "–"
+
+
+def _policy_version(run: Run, rows: list[dict[str, Any]]) -> str:
+    """The run's current policy version, else the versions that sampled its traces' tokens (`v3` or `v3–v5`)."""
+    if "version" in run.state:
+        return str(run.state["version"])
+    versions = sorted({v for r in rows for v in r["versions"]})
+    if not versions:
+        return "–"
+    return f"v{versions[0]}" if len(versions) == 1 else f"v{versions[0]}–v{versions[-1]}"
+
+
+def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]], steps: bool) -> str:
     fails = sum(1 for r in rows if r["outcome"] != "ok")
     rewards = [r["reward"] for r in rows if isinstance(r["reward"], int | float)]
     graded = [r["success"] for r in rows if r["success"] is not None]
-    model = run.config.get("model") or (run.config.get("trainer") or {}).get("model")
     facts = [
-        ("steps", str(len(iters))),
+        ("steps", str(len(iters))) if steps else ("files", str(len(run.iterations))),
         ("traces", str(len(rows))),
         ("failed", str(fails)),
         ("mean reward", f"{sum(rewards) / len(rewards):.3g}" if rewards else "–"),
         ("success", f"{graded.count('yes')}/{len(graded)}" if graded else "–"),
-        ("policy version", str(run.state.get("version", "–"))),
-        ("model", str(model or "–")),
+        ("policy version", _policy_version(run, rows)),
+        ("model", _models(run)),
     ]
     return "".join(f'<div class="fact"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in facts)
 
 
-def render_report(run: Run) -> str:
-    """The HTML document for a loaded run."""
+def _conversations(run: Run, model: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """Every trace's conversation, decoded with `model`'s tokenizer (default: the run's or the traces' model), and
+    why they could not be decoded (None when they were). UsageError when an explicit `model` cannot be loaded."""
+    traces = [t for _, t in run.traces]
+    template, note = load_template(model or model_of(traces, run.config), run.config.get("proxy"))
+    if template is None and model is not None:
+        raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
+    return [conversation(t, template, max_lines=MAX_LINES, note=note) for t in traces], note
+
+
+def _note(note: str | None) -> str:
+    if note is None:
+        return (f'<p class="muted">Texts longer than {MAX_LINES} lines are cut: '
+                "<code>hrl inspect FILE --trace ID --full</code> shows them whole.</p>")  # fmt: skip
+    return (f'<p class="note">Conversations show token counts only: {escape(note)} '
+            "(<code>hrl report … --model DIR</code> decodes them with that tokenizer).</p>")  # fmt: skip
+
+
+def render_report(run: Run, model: str | None = None) -> str:
+    """The HTML document for a loaded run; `model`: the tokenizer its conversations are decoded with."""
     iters = iteration_summaries(run)
+    steps = has_steps(run)
     versions = {it["iteration"]: trainer_version(it["metrics"]) for it in iters}
     rows = [_trace_row(i, t, versions.get(i)) for i, t in run.traces]
+    convs, note = _conversations(run, model)
     details = [{"id": r["trace_id"], **r["detail"]} for r in rows]
     data = json.dumps(details, separators=(",", ":"), default=str).replace("<", "\\u003c")
     outcomes = sorted({str(r["outcome"]) for r in rows}, key=lambda o: (o != "ok", o))
@@ -286,9 +343,15 @@ def render_report(run: Run) -> str:
         "TITLE": escape(f"hrl report · {run.path.name}"),
         "RUN": escape(str(run.path)),
         "GENERATED": escape(time.strftime("%Y-%m-%d %H:%M:%S")),
-        "HEADLINE": _headline(run, iters, rows),
+        "HEADLINE": _headline(run, iters, rows, steps),
         "EVAL": eval_table_html(harnesses) if (harnesses := eval_rows(run)) else "",
-        "PLOTS": _plots(iters, rows, run.evals),
+        "PLOTS_TITLE": "Steps and distributions" if steps else "Distributions",
+        "PLOTS_NOTE": ""
+        if steps
+        else '<p class="muted" id="no-steps">No training steps in this input: charts over steps are left out.</p>',
+        "PLOTS": _plots(iters, rows, run.evals, steps),
+        "NOTE": _note(note),
+        "CONVERSATIONS": conversation_templates(convs),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
         "TABLE": _table(rows),
@@ -304,13 +367,13 @@ def build_report(run_dir: str | Path) -> str:
     return render_report(load_run(run_dir))
 
 
-def write_report(run: Run | str | Path, out: str | Path | None = None) -> Path:
+def write_report(run: Run | str | Path, out: str | Path | None = None, model: str | None = None) -> Path:
     """Write the report of a run (or run dir) to `out` atomically; its path. Default: `<run>/report.html`, or
-    beside a single trace file with the suffix .html."""
+    beside a single trace file with the suffix .html. `model`: the tokenizer that decodes the conversations."""
     run = run if isinstance(run, Run) else load_run(run)
     default = run.path / "report.html" if run.path.is_dir() else run.path.with_suffix(".html")
     path = Path(out) if out is not None else default
-    html = render_report(run)
+    html = render_report(run, model)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")

@@ -1,0 +1,96 @@
+"""A trace's conversation (`hrl.runners.conversation`) as HTML for the report: one `<details>` per call (open, so
+it reads top to bottom; click its line to fold it), texts in `<pre>` with their real newlines, the outcome last.
+
+Each trace's HTML sits in an inert `<template class="conversation" data-n=N>` that the page clones into the
+trace's detail when it is opened, so hundreds of conversations cost no layout until then.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from hrl.runners.conversation import info_text
+
+__all__ = ["MAX_LINES", "conversation_html", "conversation_templates"]
+
+MAX_LINES = 30  # lines of one text in the report (the page holds every trace): `hrl inspect --full` shows all
+
+
+def _secs(s: float | None) -> str:
+    return "–" if s is None else f"{s:.2f}s"
+
+
+def _block(cls: str, label: str, text: str | None) -> str:
+    if not text:
+        return ""
+    return (
+        f'<div class="block {cls}"><div class="label">{escape(label)}</div><pre>{escape(text, quote=False)}</pre></div>'
+    )
+
+
+def _summary(turn: dict[str, Any]) -> str:
+    """The call's line: id, agent, start, tokens, finish, timing, parent."""
+    parts = [f"<b>{escape(turn['call_id'])}</b>"]
+    if turn["agent"]:
+        parts.append(f"agent {escape(turn['agent'])}")
+    parts.append(f"@{_secs(turn['started_at'])}")
+    parts.append(f"{turn['prompt_tokens']}→{turn['response_tokens']} tokens")
+    parts.append(escape(str(turn["finish_reason"])) + (" · side" if turn["side"] else ""))
+    parts.append(f"first token {_secs(turn['first_token_s'])} · total {_secs(turn['total_s'])}")
+    parts.append(",".join(f"v{v}" for v in turn["versions"]) or "v–")
+    if turn["parent"]:
+        parts.append(f"← {escape(turn['parent'])}")
+    return " · ".join(parts)
+
+
+def _turn(turn: dict[str, Any]) -> str:
+    given, reply = turn["input"], turn["reply"]
+    since = given["since"]
+    head = f"prompt ({given['tokens']} tokens)" if since is None else f"+{given['tokens']} prompt tokens after {since}"
+    body = [_block("input", head + ("" if since is None else " (tool results, new messages)"), given["text"])]
+    body.append(_block("reasoning", "reasoning", reply["reasoning"]))
+    body.append(_block("says", "says", reply["text"]))
+    body += [_block("toolcall", f"tool call {c['name']}", c["arguments"]) for c in reply["tool_calls"]]
+    body += [
+        f'<div class="tool">tool {escape(str(t["name"]))} @{_secs(t["started_at"])} ran {_secs(t["duration_s"])}</div>'
+        for t in turn["tools"]
+    ]
+    for key, label in (("error", "error"), ("tool_parse_error", "tool call not parsed (sent as text)")):
+        if turn[key]:
+            body.append(f'<div class="err">{escape(label)}: {escape(str(turn[key]))}</div>')
+    return (
+        f'<details class="turn" open data-call="{escape(turn["call_id"])}"><summary>{_summary(turn)}</summary>'
+        f"{''.join(body)}</details>"
+    )
+
+
+def _outcome(outcome: dict[str, Any]) -> str:
+    reward = "–" if outcome["reward"] is None else f"{outcome['reward']:g}"
+    success = {True: "yes", False: "no", None: "–"}[outcome["success"]]
+    line = f"<b>reward {reward}</b> · success {success}"
+    if outcome["failure_reason"]:
+        line += f' · <span class="err">failed: {escape(outcome["failure_reason"])}</span>'
+    if info := info_text(outcome["info"]):
+        line += f" · {escape(info)}"
+    parts = [f'<div class="outcome-line">{line}</div>']
+    if tests := outcome["tests"]:
+        rows = sorted(tests.items(), key=lambda kv: (kv[1] in ("PASSED", "XFAIL"), kv[0]))
+        ok = sum(o in ("PASSED", "XFAIL") for o in tests.values())
+        parts.append(_block("tests", f"tests: {ok}/{len(tests)} passed", "\n".join(f"{o}  {t}" for t, o in rows)))
+    parts.append(_block("log", "test output", outcome["log"]))
+    return f'<div class="outcome">{"".join(parts)}</div>'
+
+
+def conversation_html(conv: dict[str, Any]) -> str:
+    """One trace's conversation: a note when it could not be decoded, each call, the outcome."""
+    note = "" if conv["decoded"] else f'<div class="note">{escape(str(conv["note"]))}: token counts only</div>'
+    turns = "".join(_turn(t) for t in conv["calls"]) or '<div class="muted">no LLM calls</div>'
+    return f'<div class="conversation">{note}{turns}{_outcome(conv["outcome"])}</div>'
+
+
+def conversation_templates(convs: list[dict[str, Any]]) -> str:
+    """Every trace's conversation, in table order, each in an inert `<template>` the page opens on demand."""
+    return "".join(
+        f'<template class="conversation" data-n="{n}">{conversation_html(c)}</template>' for n, c in enumerate(convs)
+    )
