@@ -3,8 +3,11 @@ GRPO groups only), updates and publishes while rollouts go on.
 
 - Weight updates go through the publisher (the proxy), so agents never see them: new requests wait inside the
   proxy, and in-flight generations follow the proxy's version policy (`mixed` or `pin`).
-- `max_staleness` (in versions): a trace whose oldest sampled token is older than `version - max_staleness`
-  at the time it would be trained on is dropped, and counted (`async/dropped_stale`). Nothing is dropped silently.
+- `max_staleness` (in versions): a sampled token older than `version - max_staleness` at the time it would be
+  trained on is stale. `staleness: drop` drops, and counts (`async/dropped_stale`), every trace with a stale token,
+  so its group trains short (`async/stale_groups`); `mask` takes only the stale tokens out of the loss (counted:
+  `async/masked_tokens`) and trains the rest of the trace, with its group whole and its advantage as it was. A trace
+  whose every sampled token is stale is dropped either way. Nothing is dropped silently.
 - Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer. So the buffer must
   hold a whole batch (`check_batch_fits`, before anything starts): with less, a batch can wait forever.
 - A step that trained on nothing (every advantage zero, every trace filtered out) publishes nothing: the version
@@ -32,13 +35,14 @@ import random
 import re
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from hrl.runners.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.rundir import RunDir
+from hrl.runners.trace import sampled_versions
 from hrl.train.heldout import Evaluations
 from hrl.train.loop import LoopConfig, sampler_metrics
 from hrl.train.sampler import Strata, TaskStats
@@ -54,13 +58,18 @@ from hrl.train.step import (
     update,
 )
 
-__all__ = ["AsyncConfig", "check_batch_fits", "oldest_version", "train_async"]
+__all__ = ["AsyncConfig", "check_batch_fits", "newest_version", "oldest_version", "select_fresh", "train_async"]
 
 
 class AsyncConfig(BaseModel):
     max_in_flight: int = Field(8, ge=1, description="Episodes kept running at all times (M).")
     batch_traces: int = Field(8, ge=1, description="Finished traces per update (N), rounded up to whole groups.")
-    max_staleness: int = Field(1, ge=0, description="Drop traces whose oldest token is more versions old than this.")
+    max_staleness: int = Field(1, ge=0, description="Tokens more versions old than this are stale (see `staleness`).")
+    staleness: Literal["drop", "mask"] = Field(
+        "drop",
+        description="drop: a trace with any stale token is left out, so its group trains short; mask: only its stale "
+        "tokens leave the loss, the rest of the trace and its group train (a trace with no fresh token is dropped).",
+    )
     max_buffered: int = Field(
         32,
         ge=1,
@@ -109,6 +118,31 @@ def oldest_version(trace: dict[str, Any]) -> int | None:
     """The oldest policy version that sampled any token of the trace (None: no sampled tokens)."""
     versions = [v for c in trace["calls"] for _, v in c.get("versions", [])]
     return min(versions) if versions else None
+
+
+def newest_version(trace: dict[str, Any]) -> int | None:
+    """The newest policy version that sampled any token of the trace (None: no sampled tokens). A version run that
+    covers no token (a publish just as a call ended) sampled nothing, so it does not count."""
+    versions = [v for c in trace["calls"] if c.get("versions") for v in sampled_versions(c)]
+    return max(versions) if versions else None
+
+
+def select_fresh(
+    batch: list[dict[str, Any]], version: int, acfg: AsyncConfig
+) -> tuple[list[dict[str, Any]], int | None]:
+    """What a trainer at `version` trains on: the traces kept, and with `staleness: mask` the version below which
+    their tokens leave the loss (None: drop, every kept trace is fresh throughout). A trace with no sampled token is
+    kept, as it has nothing stale."""
+    before = version - acfg.max_staleness  # a token of an older version is more than max_staleness versions old
+    if acfg.staleness == "drop":
+        return [t for t in batch if (v := oldest_version(t)) is None or v >= before], None
+    return [t for t in batch if (v := newest_version(t)) is None or v >= before], before
+
+
+def stale_groups(batch: list[dict[str, Any]], kept: list[dict[str, Any]]) -> int:
+    """Groups of the batch that lost a trace to staleness (trained short, or not at all)."""
+    ids = {t["trace_id"] for t in kept}
+    return len({str(t.get("group_id")) for t in batch if t["trace_id"] not in ids})
 
 
 def _age(trace: dict[str, Any], version: int) -> int:
@@ -272,7 +306,7 @@ async def train_async(
     `eval_every` steps between, each evaluation pinned to the version of its step (the module docstring)."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
-    version, history, dropped_total = state["version"], [], 0
+    version, history, dropped_total, masked_total = state["version"], [], 0, 0
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     evals = Evaluations(eval_tasks, cfg, run, rollouts)
     held: asyncio.Task[Any] | None = None  # the evaluation of this step, running beside its rollouts
@@ -292,9 +326,12 @@ async def train_async(
                 held = asyncio.create_task(evals.at(step, version, sink, on_event))
             batch = await producer.take(acfg.batch_traces)
             t1 = time.monotonic()
-            fresh = [t for t in batch if _age(t, version) <= acfg.max_staleness]
+            fresh, stale_before = select_fresh(batch, version, acfg)
             dropped_total += len(batch) - len(fresh)
-            metrics = await update(trainer, fresh, cfg, version) | sampler_metrics(cfg, tasks, producer.stats)
+            metrics = await update(trainer, fresh, cfg, version, stale_before) | sampler_metrics(
+                cfg, tasks, producer.stats
+            )
+            masked_total += int(metrics.setdefault("async/masked_tokens", 0.0))
             staleness = [_age(t, version) for t in fresh]
             if metrics["train/empty"]:  # trained on nothing: the weights are still `version`'s, nothing to publish
                 path = run.state()["checkpoint"]
@@ -313,6 +350,8 @@ async def train_async(
                     "step": step,
                     "async/dropped_stale": len(batch) - len(fresh),
                     "async/dropped_stale_total": dropped_total,
+                    "async/stale_groups": stale_groups(batch, fresh),
+                    "async/masked_tokens_total": masked_total,
                     "async/in_flight": len(producer.running),
                     "async/buffered": producer.buffered(),
                     "async/started": producer.started,

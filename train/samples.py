@@ -8,6 +8,9 @@ prompts, so they are still provably sampled), 0 on everything the proxy tokenize
 `weight` spreads each trace's unit of loss over its distinct sampled tokens: a token shared by k branches
 gets 1/k of its share in each, so a trace that splits into 5 branches weighs the same as one that does not.
 
+`mask_stale` takes tokens out of the loss by the policy version that sampled them (`async.staleness: mask`): their
+`loss_mask` becomes 0, the rest of the sample and its weights stay as they were.
+
 `retained_tokens` checks the result against the trace: of the tokens the engine sampled in calls meant for training,
 how many sit, id for id, at a loss-masked position of some sample (`train/retained_token_ratio`, goal 1.00).
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from hrl.runners.trace import all_prompt_ids, branches, expand_versions
 
-__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "retained_tokens"]
+__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "mask_stale", "retained_tokens"]
 
 RETAINED_TOKEN_RATIO = "train/retained_token_ratio"  # tokens trained ÷ tokens sampled, over the step's traces
 
@@ -95,6 +98,22 @@ def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sam
             for j in range(len(trace["calls"][i]["response_ids"])):
                 s.weight[start + j] = 1.0 / (shared[i] * distinct)
     return samples
+
+
+def mask_stale(trace: dict[str, Any], samples: list[Sample], before: int) -> int:
+    """Take every sampled token of a version older than `before` out of the loss (loss_mask 0) in the trace's
+    samples; returns how many distinct tokens left the loss (a token shared by k branches counts once). Weights are
+    kept: each fresh token weighs what it would have, so a trace counts for its fresh share of its unit rather than
+    piling the whole unit on its few fresh tokens."""
+    for s in samples:
+        s.loss_mask = [0 if m and v < before else m for m, v in zip(s.loss_mask, s.versions, strict=True)]
+    index = {c["call_id"]: c for c in trace["calls"]}
+    calls = {call_id for s in samples for call_id in s.branch}
+    return sum(
+        v < before
+        for call_id in calls
+        for v in expand_versions(index[call_id]["versions"], len(index[call_id]["response_ids"]))
+    )
 
 
 def retained_tokens(trace: dict[str, Any], samples: list[Sample], include_side: bool = False) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from hrl.runners.trace import dropped_media, is_infra_failure
 from hrl.train.advantages import group_advantages
 from hrl.train.group import make_trainer
 from hrl.train.offload import OffloadPlan, resolve_offload
-from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, retained_tokens
+from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, mask_stale, retained_tokens
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
 from hrl.train.weight_sync import ipc_updates
@@ -149,9 +149,13 @@ def trainable(trace: dict[str, Any], keep_dropped_media: bool = False) -> bool:
     return trace.get("reward") is not None and not is_infra_failure(trace) and media_ok
 
 
-def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig) -> dict[str, Any]:
+def update_from_traces(
+    trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, stale_before: int | None = None
+) -> dict[str, Any]:
     """Advantages per group, branch samples, one trainer step. Returns the step's advantage and train metrics,
-    `train/lr` (the learning rate of this step) among them."""
+    `train/lr` (the learning rate of this step) among them. `stale_before`: tokens sampled by an older version leave
+    the loss (`mask_stale`, counted as `async/masked_tokens`), after the retained-token check, which stays a check of
+    tokenization alone; advantages are the traces' own, as without it."""
     rewards = {t["trace_id"]: float(t["reward"]) for t in traces if trainable(t, cfg.keep_dropped_media)}
     groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
     adv, adv_metrics = group_advantages(
@@ -160,12 +164,14 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
         cfg.advantage,
         drop_zero_variance=cfg.drop_zero_variance,
     )
-    samples, trained, sampled = [], 0, 0
+    samples, trained, sampled, masked = [], 0, 0, 0
     for t in traces:
         if t["trace_id"] in adv:
             mine = build_samples(t, cfg.include_side_calls)
             kept, total = retained_tokens(t, mine, cfg.include_side_calls)
             trained, sampled = trained + kept, sampled + total
+            if stale_before is not None:
+                masked += mask_stale(t, mine, stale_before)
             for s in mine:
                 s.advantage = adv[t["trace_id"]]
             samples += mine
@@ -177,6 +183,7 @@ def update_from_traces(trainer: Trainer, traces: list[dict[str, Any]], cfg: Loop
             "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
             "train/dropped_media": media,  # left out for media the proxy dropped (0 with train.keep_dropped_media)
             **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}), **lr,
+            **({"async/masked_tokens": float(masked)} if stale_before is not None else {}),
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
 
 
@@ -186,10 +193,13 @@ def trained_nothing(metrics: dict[str, Any]) -> bool:
     return not metrics.get("train/samples") or bool(metrics.get("train/skipped"))
 
 
-async def update(trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, version: int) -> dict[str, Any]:
-    """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now.
-    `train/empty` = 1 when it trained on nothing (`trained_nothing`): the loops then neither save nor publish."""
-    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg)
+async def update(
+    trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, version: int, stale_before: int | None = None
+) -> dict[str, Any]:
+    """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now;
+    `stale_before`: as in `update_from_traces`. `train/empty` = 1 when it trained on nothing (`trained_nothing`): the
+    loops then neither save nor publish."""
+    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg, stale_before)
     return metrics | step_metrics(traces, trainer_version=version) | {"train/empty": float(trained_nothing(metrics))}
 
 
