@@ -48,7 +48,8 @@ def _turn(turn: dict[str, Any]) -> str:
     given, reply = turn["input"], turn["reply"]
     since = given["since"]
     head = f"prompt ({given['tokens']} tokens)" if since is None else f"+{given['tokens']} prompt tokens after {since}"
-    body = [_block("input", head + ("" if since is None else " (tool results, new messages)"), given["text"])]
+    head += "" if since is None else " (tool results, new messages)"
+    body = [_block("input", head, given["text"]) or f'<div class="label">{escape(head)}</div>']  # no text: counts
     body.append(_block("reasoning", "reasoning", reply["reasoning"]))
     body.append(_block("says", "says", reply["text"]))
     body += [_block("toolcall", f"tool call {c['name']}", c["arguments"]) for c in reply["tool_calls"]]

@@ -320,8 +320,10 @@ async def _drive(url: str, port: int) -> dict[str, Any]:
             found["opened"] = await cdp.js(
                 "({calls: [...document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.call')].map(r => r.dataset.call),"
                 " tools: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.tool').length,"
+                " turns: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] details.turn').length,"
                 " hash: location.hash})"
             )
+            found["width"] = await cdp.js("document.documentElement.scrollWidth")  # with a trace's detail open
             height = (await cdp.send("Page.getLayoutMetrics"))["cssContentSize"]["height"]
             await cdp.send(
                 "Emulation.setDeviceMetricsOverride",
@@ -400,7 +402,8 @@ def test_report_in_headless_chromium(run_dir: Path):
     for plot in PLOTS:
         assert plots.get(plot, 0) > 0, f"{plot} missing or empty: {plots}"
     assert found["rows"] == ITERATIONS * PER_ITERATION + 2
-    assert found["opened"] == {"calls": ["c1", "c2", "s1", "c3"], "tools": 2, "hash": "#trace=seq00001"}
+    assert found["opened"] == {"calls": ["c1", "c2", "s1", "c3"], "tools": 2, "turns": 4, "hash": "#trace=seq00001"}
+    assert found["width"] <= 1400  # the page never scrolls sideways: wide tables scroll in their own box
     assert found["from_hash"] == ["a1", "b1", "a2"]
     assert found["filtered"] == 1
     assert found["errors"] == []
