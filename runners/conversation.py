@@ -43,14 +43,13 @@ def cut(text: str, max_lines: int | None) -> str:
     return "\n".join(kept) + ("\n" + MORE.format(n=more) if more else "")
 
 
-def model_of(traces: list[Trace], config: dict[str, Any] | None = None) -> str | None:
-    """The model whose tokenizer decodes these traces: a run's configured model, else the one the traces name."""
+def model_of(traces: list[Trace], config: dict[str, Any] | None = None) -> list[str]:
+    """The models whose tokenizer may decode these traces, to try in order: a run's configured model (as the
+    recipe named it), then those the traces name (the path the run served, `hrl:` names already built)."""
     config = config or {}
-    named = config.get("model") or (config.get("trainer") or {}).get("model")
-    if named:
-        return str(named)
-    names = [str(n) for t in traces if (n := (t.get("model") or {}).get("name"))]
-    return names[0] if names else None
+    named = [config.get("model"), (config.get("trainer") or {}).get("model")]
+    named += [(t.get("model") or {}).get("name") for t in traces]
+    return list(dict.fromkeys(str(n) for n in named if n))
 
 
 def _local_dir(model: str) -> Path | None:
@@ -63,17 +62,28 @@ def _local_dir(model: str) -> Path | None:
     return found.parent if found is not None else None
 
 
-def load_template(model: str | None, proxy: dict[str, Any] | None = None) -> tuple[Any, str | None]:
+def load_template(model: str | list[str] | None, proxy: dict[str, Any] | None = None) -> tuple[Any, str | None]:
     """(the proxy's `ChatTemplate` for `model`, None), or (None, why not) when there is no tokenizer to load.
-    `proxy`: a run's proxy settings, so its `tool_parser` / `reasoning_parser` split replies as the run did."""
-    if not model:
+    `model`: a name, or several to try in order (`model_of`). `proxy`: a run's proxy settings, so its
+    `tool_parser` / `reasoning_parser` split replies as the run did."""
+    names = [model] if isinstance(model, str) else list(model or [])
+    if not names:
         return None, "the traces name no model"
+    first: tuple[Any, str | None] | None = None
+    for name in names[:8]:  # a run names one or two models; the first that loads wins
+        template, note = _load(name, proxy or {})
+        if template is not None:
+            return template, None
+        first = first or (None, note)
+    return first or (None, None)
+
+
+def _load(model: str, proxy: dict[str, Any]) -> tuple[Any, str | None]:
     where = _local_dir(model)
     if where is None:
         return None, f"no tokenizer for model {model!r} on this machine"
     from hrl.runners.proxy.template import ChatTemplate
 
-    proxy = proxy or {}
     try:
         template = ChatTemplate(
             str(where), str(proxy.get("tool_parser") or "auto"), str(proxy.get("reasoning_parser") or "auto")
