@@ -235,7 +235,7 @@ class ReplicaSet:
         return [r for r in self.replicas.values() if r.healthy and not r.fenced]
 
     def owner(self, key: str) -> Replica | None:
-        """The replica a session key is placed on now: the first usable one in HRW order."""
+        """A session key's HRW owner: the first usable replica in its rendezvous order (the `hrw` policy's pick)."""
         ranked = hrw_rank(key, [r.name for r in self.usable()])
         return self.replicas[ranked[0]] if ranked else None
 
