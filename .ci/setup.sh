@@ -148,12 +148,12 @@ setup_main_venv() {
     log "main venv: creating $VENV"
     python3 -m venv "$VENV"
   fi
-  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray] (a few minutes; log: $logfile)"
+  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry] (a few minutes; log: $logfile)"
   check_cpu_torch "$VENV/bin/pip"
   run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN"
   # Naming the torch pin again keeps the resolver from swapping torch for another (CUDA) build.
   # setuptools/wheel in the venv let later runs refresh the editable install without build isolation.
-  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray]"
+  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry]"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "main venv: a CUDA build of torch got installed into $VENV"
   echo "$key" >"$marker"

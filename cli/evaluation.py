@@ -68,6 +68,15 @@ def eval_(
     include_unchecked: Annotated[
         bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
     ] = False,
+    otlp: Annotated[
+        str,
+        typer.Option(
+            "--otlp",
+            metavar="URL",
+            help="Also send each episode as spans over OTLP/HTTP to this collector (http://host:4318; default: "
+            "telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
+        ),
+    ] = "",
 ) -> None:
     """Run every task under every harness named in --agents (K episodes per task each), through the recording
     proxy, and print one row per harness: success rate with its Wilson 95 % interval (infrastructure failures left
@@ -82,6 +91,8 @@ def eval_(
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl eval --agents mini-swe-agent --recipe demo`")
     cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
+    if otlp:
+        cfg.setdefault("telemetry", {})["otlp_endpoint"] = otlp
     model, engine, task_file = run_settings(cfg, sandbox, time_budget, model, engine, tasks, "hrl:tiny-agent")
     roll = cfg["rollout"]
     grade_by_source(cfg, task_file)
@@ -130,6 +141,7 @@ async def _run(
     from hrl.runners.rundir import RunDir
     from hrl.runners.tasks.checks import filter_checked
     from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.telemetry.otlp import exporting
 
     settings = run_config(cfg)
     task_list, checks = filter_checked(load_tasks(task_file), plan["include_unchecked"])  # `hrl tasks check`
@@ -148,7 +160,12 @@ async def _run(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     progress = Progress(*columns, console=err, disable=as_json or not err.is_terminal, transient=False)
     traces: list[dict[str, Any]] = []
-    with progress:
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    provider = "openai-compatible" if "://" in engine else engine
+    with (
+        exporting(settings.telemetry, run_id=settings.rollout.run_id, provider=provider, phase="eval", say=say),
+        progress,
+    ):
         bars = {
             c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]
         }

@@ -88,6 +88,15 @@ def rollout(
             "on a Ray cluster (placement.address, default a local one; placement.engine_replicas). docs/ray.md."
         ),
     ] = "",
+    otlp: Annotated[
+        str,
+        typer.Option(
+            "--otlp",
+            metavar="URL",
+            help="Also send each episode as spans over OTLP/HTTP to this collector (http://host:4318; default: "
+            "telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
+        ),
+    ] = "",
     run_id: Annotated[
         str,
         typer.Option(
@@ -116,6 +125,8 @@ def rollout(
     roll = cfg.setdefault("rollout", {})
     if placement:
         cfg.setdefault("placement", {})["kind"] = placement
+    if otlp:
+        cfg.setdefault("telemetry", {})["otlp_endpoint"] = otlp
     check_placement(cfg)
     roll["agent"] = agent or roll.get("agent") or ""
     if not roll["agent"]:

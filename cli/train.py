@@ -125,6 +125,15 @@ def train(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
     wandb: Annotated[bool, typer.Option("--wandb", help="Also log metrics to Weights & Biases.")] = False,
+    otlp: Annotated[
+        str,
+        typer.Option(
+            "--otlp",
+            metavar="URL",
+            help="Also send each episode (spans) and step over OTLP/HTTP to this collector (http://host:4318; "
+            "default: telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
+        ),
+    ] = "",
     placement: Annotated[
         str,
         typer.Option(
@@ -157,13 +166,15 @@ def train(
         if given := [name for name, value in fixed.items() if value]:
             raise UsageError(
                 f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
-                hint="only --iterations (to extend the run) and --wandb may be given with --resume",
+                hint="only --iterations (to extend the run), --wandb and --otlp may be given with --resume",
             )
         cfg = RunDir(run_dir).config()
         _check_loop_settings(cfg)  # a run written before these checks existed is refused before it resumes
         if iterations or wandb:  # extend a run (finished or not) to `iterations` steps, or start logging to W&B
             given_train = {"iterations": iterations, "wandb": wandb}
             cfg.setdefault("train", {}).update({k: v for k, v in given_train.items() if v})
+        if otlp:
+            cfg.setdefault("telemetry", {})["otlp_endpoint"] = otlp
     else:
         if not recipe:
             raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
@@ -173,6 +184,7 @@ def train(
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
             "async.enabled": use_async or None, "train.wandb": wandb or None, "placement.kind": placement or None,
+            "telemetry.otlp_endpoint": otlp or None,
         }  # fmt: skip
         cfg = _resolve(recipe, config or [], flags)
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"

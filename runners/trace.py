@@ -390,8 +390,11 @@ class TraceWriter:
 
     def write(self, trace: dict[str, Any]) -> None:
         validate_trace(trace)
-        data = encode_trace(redact_trace(trace, self.redactor) if self.redactor else trace).encode()
-        append_durably(self.path, data)
+        written = redact_trace(trace, self.redactor) if self.redactor else trace
+        append_durably(self.path, encode_trace(written).encode())
+        from hrl.runners.telemetry.otlp import export_written  # lazy: otlp imports nothing of the SDK until used
+
+        export_written(written, self.path)  # OTLP out, when the run asked for it: what was written, redacted
 
 
 def write_trace(path: str | Path, trace: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from hrl.runners.durable import append_durably
+from hrl.runners.telemetry.otlp import export_step
 
 __all__ = ["MetricsSink"]
 
@@ -97,6 +98,7 @@ class MetricsSink:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
+        export_step(metrics, step)  # a `rl.step` span when the run exports OTLP (runners/telemetry/otlp.py)
 
     def close(self) -> None:
         if self._tb is not None:

@@ -16,6 +16,7 @@ from hrl.runners.episodes import Episode
 from hrl.runners.placement.config import PlacementConfig, RunConfig
 from hrl.runners.placement.local import LocalPlacement, local_placement, proxy_workers, run_serving, serve_proxy
 from hrl.runners.proxy.server import check_port_free
+from hrl.runners.telemetry.otlp import exporting
 
 __all__ = [
     "Episode",
@@ -43,13 +44,16 @@ async def placed(
     verbose: bool = False,
 ) -> AsyncIterator[Any]:
     """`run` stood up where its `placement:` section says, its rollouts prepared; stopped on exit. `model` and
-    `engine` are the run's after the flags (`model` resolved to a path)."""
-    if run.placement.kind == "ray":
-        from hrl.runners.placement.ray import ray_placement
+    `engine` are the run's after the flags (`model` resolved to a path). With a `telemetry:` endpoint every trace
+    written meanwhile is also sent over OTLP (runners/telemetry/otlp.py), flushed when the run stops."""
+    provider = "openai-compatible" if "://" in engine else engine  # gen_ai.provider.name: what served the calls
+    with exporting(run.telemetry, run_id=run.rollout.run_id, provider=provider, say=say):
+        if run.placement.kind == "ray":
+            from hrl.runners.placement.ray import ray_placement
 
-        async with ray_placement(run, model, engine, concurrency, on_event, say) as on_ray:
-            yield on_ray
-        return
-    async with local_placement(run, model, engine, say=say, verbose=verbose) as here:
-        await here.prepare(on_event)
-        yield here
+            async with ray_placement(run, model, engine, concurrency, on_event, say) as on_ray:
+                yield on_ray
+            return
+        async with local_placement(run, model, engine, say=say, verbose=verbose) as here:
+            await here.prepare(on_event)
+            yield here

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.proxy.proxy import ProxyConfig
 from hrl.runners.rollout import RolloutConfig
+from hrl.runners.telemetry.otlp import TelemetryConfig
 
 __all__ = ["PlacementConfig", "RunConfig"]
 
@@ -70,6 +71,9 @@ class RunConfig(BaseModel):
     )
     placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Where it runs: local, or Ray.")
     verifier: dict[str, Any] = _section("verifier", "The verifier (`name`) and its config.", name="str")
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, description="OpenTelemetry out: the OTLP endpoint (docs/telemetry.md)."
+    )
 
     def proxy_options(self) -> dict[str, Any]:
         """The proxy settings the recipe gave (the proxy's own defaults fill the rest)."""
