@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.conversation import conversation, load_template, model_of
+from hrl.runners.conversation import load_template, model_of
 from hrl.runners.errors import UsageError
 from hrl.runners.metrics import harness_rewards, trace_metrics
 from hrl.runners.report.conversation import MAX_LINES, conversation_templates
@@ -311,14 +311,13 @@ def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]],
     return "".join(f'<div class="fact"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in facts)
 
 
-def _conversations(run: Run, model: str | None) -> tuple[list[dict[str, Any]], str | None]:
-    """Every trace's conversation, decoded with `model`'s tokenizer (default: the run's or the traces' model), and
-    why they could not be decoded (None when they were). UsageError when an explicit `model` cannot be loaded."""
-    traces = [t for _, t in run.traces]
-    template, note = load_template(model or model_of(traces, run.config), run.config.get("proxy"))
+def _template(run: Run, model: str | None) -> tuple[Any, str | None]:
+    """The tokenizer that decodes the run's conversations (`model`, else the run's or the traces' model), and why
+    there is none (None when there is). UsageError when an explicit `model` cannot be loaded."""
+    template, note = load_template(model or model_of([t for _, t in run.traces], run.config), run.config.get("proxy"))
     if template is None and model is not None:
         raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
-    return [conversation(t, template, max_lines=MAX_LINES, note=note) for t in traces], note
+    return template, note
 
 
 def _note(note: str | None) -> str:
@@ -335,7 +334,7 @@ def render_report(run: Run, model: str | None = None) -> str:
     steps = has_steps(run)
     versions = {it["iteration"]: trainer_version(it["metrics"]) for it in iters}
     rows = [_trace_row(i, t, versions.get(i)) for i, t in run.traces]
-    convs, note = _conversations(run, model)
+    template, note = _template(run, model)
     details = [{"id": r["trace_id"], **r["detail"]} for r in rows]
     data = json.dumps(details, separators=(",", ":"), default=str).replace("<", "\\u003c")
     outcomes = sorted({str(r["outcome"]) for r in rows}, key=lambda o: (o != "ok", o))
@@ -348,10 +347,10 @@ def render_report(run: Run, model: str | None = None) -> str:
         "PLOTS_TITLE": "Steps and distributions" if steps else "Distributions",
         "PLOTS_NOTE": ""
         if steps
-        else '<p class="muted" id="no-steps">No training steps in this input: charts over steps are left out.</p>',
+        else '<p class="muted" id="no-steps">no training steps in this input: charts over steps are left out.</p>',
         "PLOTS": _plots(iters, rows, run.evals, steps),
         "NOTE": _note(note),
-        "CONVERSATIONS": conversation_templates(convs),
+        "CONVERSATIONS": conversation_templates([t for _, t in run.traces], template, note),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
         "TABLE": _table(rows),

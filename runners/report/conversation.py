@@ -10,11 +10,12 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from hrl.runners.conversation import info_text
+from hrl.runners.conversation import conversation, info_text
 
-__all__ = ["MAX_LINES", "conversation_html", "conversation_templates"]
+__all__ = ["BUDGET_CHARS", "MAX_LINES", "conversation_html", "conversation_templates"]
 
 MAX_LINES = 30  # lines of one text in the report (the page holds every trace): `hrl inspect --full` shows all
+BUDGET_CHARS = 24_000_000  # decoded text the page holds, all traces together; later traces show counts only
 
 
 def _secs(s: float | None) -> str:
@@ -90,8 +91,17 @@ def conversation_html(conv: dict[str, Any]) -> str:
     return f'<div class="conversation">{note}{turns}{_outcome(conv["outcome"])}</div>'
 
 
-def conversation_templates(convs: list[dict[str, Any]]) -> str:
-    """Every trace's conversation, in table order, each in an inert `<template>` the page opens on demand."""
-    return "".join(
-        f'<template class="conversation" data-n="{n}">{conversation_html(c)}</template>' for n, c in enumerate(convs)
-    )
+def conversation_templates(
+    traces: list[dict[str, Any]], template: Any, note: str | None, budget: int = BUDGET_CHARS
+) -> str:
+    """Every trace's conversation, in table order, each in an inert `<template>` the page opens on demand; decoded
+    with `template` (a `ChatTemplate`, None: counts only, `note` says why) until `budget` characters are spent, so a
+    run of thousands of long episodes still makes a page a browser opens."""
+    out, spent = [], 0
+    for n, trace in enumerate(traces):
+        if template is not None and spent > budget:
+            template, note = None, f"the report's {budget:,} characters of text are spent (hrl inspect shows it)"
+        html = conversation_html(conversation(trace, template, max_lines=MAX_LINES, note=note))
+        spent += len(html)
+        out.append(f'<template class="conversation" data-n="{n}">{html}</template>')
+    return "".join(out)

@@ -87,3 +87,15 @@ def test_tables_fit_the_window_in_their_own_box():
     wrap = re.search(r"\.wrap \{([^}]*)\}", css).group(1)  # type: ignore[union-attr]
     assert "max-width: calc(100vw" in wrap and "overflow-x: auto" in wrap
     assert "white-space: pre-wrap" in css
+
+
+def test_past_its_text_budget_the_page_shows_counts(tiny_model: str):
+    from hrl.runners.conversation import load_template
+    from hrl.runners.report.conversation import conversation_templates
+
+    (trace,) = list(read_traces(GOLDEN))
+    template, _ = load_template(tiny_model)
+    html = conversation_templates([trace, {**trace, "trace_id": "second"}], template, None, budget=1)
+    first, second = _conversation(html, 0), _conversation(html, 1)
+    assert "tool call bash" in first and "token counts only" not in first  # decoded: the budget was not spent yet
+    assert "tool call bash" not in second and "characters of text are spent" in second
