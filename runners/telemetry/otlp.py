@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,8 +27,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.telemetry.spans import Span, episode_spans, otlp_trace_id, step_of, step_span
 
-__all__ = ["OtlpExporter", "TelemetryConfig", "episode_spans", "export_step", "export_written", "exporting"]
+__all__ = [
+    "OtlpExporter",
+    "Span",
+    "TelemetryConfig",
+    "episode_spans",
+    "export_step",
+    "export_written",
+    "exporting",
+    "otlp_trace_id",  # re-exported from spans, where the mapping lives
+    "step_of",
+]
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 PIP_HINT = "pip install 'hrl[telemetry]' (opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"
@@ -50,155 +60,6 @@ class TelemetryConfig(BaseModel):
     export_timeout_s: float = Field(5.0, gt=0, description="Seconds one export request may take.")
 
 
-# ---- trace → span dicts ------------------------------------------------------------------------------------
-
-_STEP_FILE = re.compile(r"(iter|step)-(\d+)(?:\.[a-z]+)?\.jsonl$")
-Span = dict[str, Any]  # {name, start_ns, end_ns, attributes, error, children}
-
-
-def _ns(epoch_s: float) -> int:
-    return round(epoch_s * 1e9)
-
-
-def _prompt_len(call: dict[str, Any]) -> int:
-    if "prompt_ids" in call:
-        return len(call["prompt_ids"])
-    return int(call["prompt_ref"]["length"]) + len(call.get("prompt_suffix_ids") or [])
-
-
-def _versions(call: dict[str, Any]) -> list[int]:
-    return sorted({int(v) for _, v in call.get("versions") or []}) if call.get("response_ids") else []
-
-
-def _clean(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Attributes OTel can hold: None dropped (absent, not null), lists kept homogeneous."""
-    return {k: v for k, v in attrs.items() if v is not None and v != []}
-
-
-def step_of(source: str | Path | None) -> tuple[str | None, int | None]:
-    """(phase, step) read from a run directory's trace file name: traces/iter-0003.jsonl is step 3 of training,
-    eval/step-0002.jsonl the held-out evaluation before step 2; any other file: (None, None)."""
-    m = _STEP_FILE.search(Path(source).name) if source else None
-    if not m:
-        return None, None
-    return ("train" if m.group(1) == "iter" else "eval"), int(m.group(2))
-
-
-def _call_span(trace: dict[str, Any], call: dict[str, Any], t0: float, model: str | None, provider: str) -> Span:
-    versions = _versions(call)
-    attrs = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": provider,
-        "gen_ai.system": provider,
-        "gen_ai.request.model": model,
-        "gen_ai.response.model": model,
-        "gen_ai.response.id": call["call_id"],
-        "gen_ai.response.finish_reasons": [str(call["finish_reason"])],
-        "gen_ai.usage.input_tokens": _prompt_len(call),
-        "gen_ai.usage.output_tokens": len(call["response_ids"]),
-        "gen_ai.agent.name": call.get("agent"),
-        "rl.call.dialect": call.get("dialect"),
-        "rl.call.stream": call.get("stream"),
-        "rl.call.side": call.get("side"),
-        "rl.call.first_token_s": call.get("first_token_at", 0.0) - call.get("started_at", 0.0),
-        "rl.policy_versions": versions,
-        "rl.policy_version.min": versions[0] if versions else None,
-        "rl.policy_version.max": versions[-1] if versions else None,
-        "error.type": "engine_error" if call.get("error") else None,
-    }
-    return {
-        "name": f"chat {model}" if model else "chat",
-        "start_ns": _ns(t0 + float(call["started_at"])),
-        "end_ns": _ns(t0 + float(call["ended_at"])),
-        "attributes": _clean(attrs),
-        "error": call.get("error"),
-        "children": [],
-    }
-
-
-def _tool_span(tool: dict[str, Any], t0: float) -> Span:
-    attrs = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": tool.get("name"),
-        "gen_ai.tool.call.id": tool.get("tool_call_id"),
-    }
-    return {
-        "name": f"execute_tool {tool.get('name', '')}".strip(),
-        "start_ns": _ns(t0 + float(tool["started_at"])),
-        "end_ns": _ns(t0 + float(tool["ended_at"])),
-        "attributes": _clean(attrs),
-        "error": None,
-        "children": [],
-    }
-
-
-def episode_spans(
-    trace: dict[str, Any],
-    *,
-    run_id: str = "",
-    step: int | None = None,
-    phase: str | None = None,
-    trainer_version: int | None = None,
-    provider: str = "hrl",
-) -> Span:
-    """One trace as an episode span dict with its model-call and tool children. Counts of tokens, never ids."""
-    t0 = float(trace["started_at"])
-    model = (trace.get("model") or {}).get("name") or None
-    calls = [_call_span(trace, c, t0, model, provider) for c in trace["calls"]]
-    tools = [_tool_span(t, t0) for t in trace.get("tools") or []]
-    versions = sorted({v for c in trace["calls"] for v in _versions(c)})
-    meta = trace.get("metadata") or {}
-    success = trace.get("success")
-    attrs = {
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": (trace.get("agent") or {}).get("name"),
-        "gen_ai.request.model": model,
-        "gen_ai.provider.name": provider,
-        "gen_ai.system": provider,
-        "gen_ai.usage.input_tokens": sum(c["attributes"]["gen_ai.usage.input_tokens"] for c in calls),
-        "gen_ai.usage.output_tokens": sum(c["attributes"]["gen_ai.usage.output_tokens"] for c in calls),
-        "rl.run": str(meta.get("run") or run_id) or None,
-        "rl.phase": phase,
-        "rl.step": step,
-        "rl.task": trace.get("task_id"),
-        "rl.group": trace.get("group_id"),
-        "rl.episode": meta.get("episode"),
-        "rl.trace_id": trace["trace_id"],
-        "rl.agent.version": (trace.get("agent") or {}).get("version"),
-        "rl.env.version": None if (ev := (trace.get("env") or {}).get("version")) is None else str(ev),
-        "rl.status": trace["status"],
-        "rl.failure_reason": trace.get("failure_reason"),
-        "rl.reward": None if trace.get("reward") is None else float(trace["reward"]),
-        "rl.success": success if isinstance(success, bool) else None,
-        "rl.turns": sum(1 for c in trace["calls"] if not c.get("side")),
-        "rl.policy_versions": versions,
-        "rl.policy_version.min": versions[0] if versions else None,
-        "rl.policy_version.max": versions[-1] if versions else None,
-        "rl.staleness": trainer_version - versions[0] if trainer_version is not None and versions else None,
-        "error.type": trace.get("failure_reason"),
-    }
-    return {
-        "name": f"invoke_agent {attrs['gen_ai.agent.name']}" if attrs["gen_ai.agent.name"] else "invoke_agent",
-        "start_ns": _ns(t0),
-        "end_ns": _ns(float(trace["ended_at"])),
-        "attributes": _clean(attrs),
-        "error": trace.get("failure_reason"),
-        "children": sorted(calls + tools, key=lambda s: s["start_ns"]),
-    }
-
-
-def step_span(metrics: dict[str, Any], step: int, start_s: float, end_s: float, run_id: str) -> Span:
-    """A training step as a span: `rl.step`, `rl.run` and every finite numeric metric as `rl.metric.<name>`."""
-    numbers = {
-        f"rl.metric.{k}": float(v)
-        for k, v in metrics.items()
-        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-    }
-    attrs = {"rl.run": run_id or None, "rl.step": step, **numbers}
-    return {"name": f"rl.step {step}", "start_ns": _ns(start_s), "end_ns": _ns(end_s), "attributes": _clean(attrs),
-            "error": None, "children": []}  # fmt: skip
-
-
 # ---- the SDK -----------------------------------------------------------------------------------------------
 
 
@@ -210,9 +71,11 @@ def _sdk() -> Any:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     except ImportError as e:
         raise PrerequisiteError(f"OTLP export needs the OpenTelemetry SDK ({e})", hint=PIP_HINT) from None
-    return api, OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor, SpanExporter, SpanExportResult
+    return (api, OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor, SpanExporter, SpanExportResult,
+            RandomIdGenerator)  # fmt: skip
 
 
 def traces_url(endpoint: str) -> str:
@@ -236,7 +99,7 @@ class OtlpExporter:
         warn: Callable[[str], object] = lambda _: None,
         phase: str | None = None,
     ) -> None:
-        api, otlp, resource, tracer_provider, batch, base, result = _sdk()
+        api, otlp, resource, tracer_provider, batch, base, result, random_ids = _sdk()
         logging.getLogger("opentelemetry").addHandler(logging.NullHandler())  # our one warning, not the SDK's
         self.url, self.run_id, self.provider, self._api = traces_url(endpoint), run_id, provider, api
         self.phase = phase  # None: read from each trace file's name (step_of)
@@ -258,8 +121,16 @@ class OtlpExporter:
             def force_flush(self, timeout_millis: int = 30_000) -> bool:
                 return inner.force_flush(timeout_millis)
 
+        class Ids(random_ids):  # an episode's OTLP trace id is its hrl trace id (`otlp_trace_id`)
+            next_trace_id: int | None = None
+
+            def generate_trace_id(self) -> int:
+                given, self.next_trace_id = self.next_trace_id, None
+                return given if given is not None else super().generate_trace_id()
+
+        self._ids, self._ids_lock = Ids(), threading.Lock()
         attrs = {"service.name": service_name, **({"rl.run": run_id} if run_id else {})}
-        self._provider = tracer_provider(resource=resource.create(attrs))
+        self._provider = tracer_provider(resource=resource.create(attrs), id_generator=self._ids)
         self._provider.add_span_processor(batch(Counting(), export_timeout_millis=int(timeout_s * 1000)))
         self._tracer = self._provider.get_tracer("hrl.runners.telemetry")
 
@@ -285,12 +156,16 @@ class OtlpExporter:
             self._warn(f"OTLP export to {self.url} failed ({why}); spans are dropped and counted, the run goes on")
         return result.FAILURE
 
-    def emit(self, span: Span, parent: Any = None) -> None:
-        """Start and end `span` (and its children) with their recorded times."""
+    def emit(self, span: Span, parent: Any = None, trace_id: str | None = None) -> None:
+        """Start and end `span` (and its children) with their recorded times; a root span under `trace_id`."""
         ctx = self._api.set_span_in_context(parent) if parent is not None else None
-        s = self._tracer.start_span(
-            span["name"], context=ctx, start_time=span["start_ns"], attributes=span["attributes"]
-        )
+        chat = span["attributes"].get("gen_ai.operation.name") == "chat"  # GenAI conventions: a client span
+        kind = self._api.SpanKind.CLIENT if chat else self._api.SpanKind.INTERNAL
+        with self._ids_lock:  # the id generator hands `trace_id` to this span only
+            self._ids.next_trace_id = int(trace_id, 16) if trace_id and parent is None else None
+            s = self._tracer.start_span(span["name"], context=ctx, kind=kind, start_time=span["start_ns"],
+                                        attributes=span["attributes"])  # fmt: skip
+            self._ids.next_trace_id = None
         if span.get("error"):
             s.set_status(self._api.Status(self._api.StatusCode.ERROR, str(span["error"])[:200]))
         for child in span["children"]:
@@ -299,8 +174,9 @@ class OtlpExporter:
 
     def export_trace(self, trace: dict[str, Any], source: str | Path | None = None) -> None:
         phase, step = step_of(source)
-        self.emit(episode_spans(trace, run_id=self.run_id, step=step, phase=self.phase or phase,
-                                trainer_version=self.trainer_version, provider=self.provider))  # fmt: skip
+        tree = episode_spans(trace, run_id=self.run_id, step=step, phase=self.phase or phase,
+                             trainer_version=self.trainer_version, provider=self.provider)  # fmt: skip
+        self.emit(tree, trace_id=otlp_trace_id(str(trace["trace_id"])))
 
     def export_step(self, metrics: dict[str, Any], step: int) -> None:
         version = metrics.get("train/version")

@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.telemetry.otlp import TelemetryConfig, export_step, exporting
@@ -73,7 +74,7 @@ class Receiver:
                 for s in ss.spans:
                     attrs = {a.key: _value(a.value) for a in s.attributes}
                     self.spans.append({"name": s.name, "id": s.span_id, "parent": s.parent_span_id,
-                                       "trace": s.trace_id, "start": s.start_time_unix_nano,
+                                       "trace": s.trace_id, "kind": s.kind, "start": s.start_time_unix_nano,
                                        "end": s.end_time_unix_nano, "status": s.status.code, "attributes": attrs})  # fmt: skip
 
 
@@ -140,6 +141,7 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
     assert "rl.failure_reason" not in a and "session" not in json.dumps(a)
     assert (episode["start"], episode["end"]) == (round(trace["started_at"] * 1e9), round(trace["ended_at"] * 1e9))
 
+    assert episode["trace"].hex() == trace["trace_id"]  # the OTLP trace id is the hrl one: a span finds its file
     children = [s for s in receiver.spans if s["parent"] == episode["id"]]
     assert all(s["trace"] == episode["trace"] for s in children)
     chats = [s for s in children if s["name"] == "chat tiny"]
@@ -151,6 +153,7 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
         s = by_id[call["call_id"]]
         c = s["attributes"]
         assert c["gen_ai.operation.name"] == "chat" and c["gen_ai.request.model"] == c["gen_ai.response.model"]
+        assert s["kind"] == Span.SPAN_KIND_CLIENT  # GenAI conventions: a model call is a client span
         assert c["gen_ai.usage.output_tokens"] == len(call["response_ids"])
         prompt = len(call["prompt_ids"]) if "prompt_ids" in call else (
             call["prompt_ref"]["length"] + len(call["prompt_suffix_ids"]))  # fmt: skip
