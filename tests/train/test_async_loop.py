@@ -55,6 +55,8 @@ def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     # staleness 0: every trained trace was sampled entirely by the version live at its update; stale ones counted
     assert sum(m["async/dropped_stale"] for m in history) == history[-1]["async/dropped_stale_total"]
     assert all(m["trace/staleness/max"] == 0 for m in history)
+    assert all(m["async/masked_tokens"] == 0 for m in history)  # drop, the default, masks nothing
+    assert all(m["async/stale_groups"] <= m["async/dropped_stale"] for m in history)  # a group lost one or more
     mixed = [t for t in traces if len({v for c in t["calls"] for _, v in c["versions"]}) > 1]
     if policy == "pin":
         assert not mixed  # a pinned trace never changes version
@@ -85,9 +87,13 @@ def test_async_mixed(tiny_model, tmp_path):
     version = run.state()["version"]
     assert run.state()["iteration"] == 4 and version == run.metric_rows()[3]["version"]
     cfg = LoopConfig(iterations=6, group_size=2, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
-    acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
+    # resumed with staleness: mask (only stale tokens leave the loss), counted per step and over the run
+    acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8, staleness="mask")
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, "mixed"))
     assert [m["version"] for m in history] == _published(history, version)
+    masked = [m["async/masked_tokens"] for m in history]
+    assert all(n >= 0 for n in masked) and sum(masked) == history[-1]["async/masked_tokens_total"]
+    assert all(0 <= m["async/stale_groups"] <= m["async/dropped_stale"] for m in history)
     lines = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(6)) and run.state()["iteration"] == 6
     cpu = [m["proxy/cpu_us_per_token"] for m in lines if "proxy/cpu_us_per_token" in m]
