@@ -179,7 +179,7 @@ class OtlpExporter:
         self.emit(tree, trace_id=otlp_trace_id(str(trace["trace_id"])))
 
     def export_step(self, metrics: dict[str, Any], step: int) -> None:
-        version = metrics.get("train/version")
+        version = metrics.get("version", metrics.get("train/version"))  # the trainer's version after the step
         if isinstance(version, int | float) and not isinstance(version, bool):
             self.trainer_version = int(version)
         now = time.time()

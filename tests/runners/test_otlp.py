@@ -108,14 +108,14 @@ def _no_token_ids(spans: list[dict[str, Any]], trace: dict[str, Any]) -> None:
 
 def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_spans(receiver, tmp_path):
     """A trace written to a run's traces/iter-0003.jsonl: the episode span (rl.step 3, reward, success, versions,
-    staleness from the last step's train/version), five chat spans with gen_ai.* and two execute_tool spans, each
+    staleness from the last step's version), five chat spans with gen_ai.* and two execute_tool spans, each
     at the times the trace recorded; then a step span with the step's metrics."""
     trace = _golden()
     cfg = TelemetryConfig(otlp_endpoint=receiver.url, export_timeout_s=5)
     lines: list[str] = []
     with exporting(cfg, run_id="hrl-otlp", provider="scripted", say=lines.append) as exporter:
         assert exporter is not None
-        export_step({"train/version": 2, "trace/reward": 0.5, "train/empty": False}, step=2)
+        export_step({"train/version": 1, "version": 2, "trace/reward": 0.5, "train/empty": False}, step=2)
         TraceWriter(tmp_path / "traces" / "iter-0003.jsonl", redactor=False).write(trace)
     assert lines == [f"OTLP: 9 spans sent to {receiver.url}/v1/traces, 0 dropped"], lines
     assert list(read_traces(tmp_path / "traces" / "iter-0003.jsonl")) == [trace]  # written as ever
@@ -125,9 +125,10 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
     assert step["attributes"] == {
         "rl.run": "hrl-otlp",
         "rl.step": 2,
-        "rl.metric.train/version": 2.0,
+        "rl.metric.train/version": 1.0,
+        "rl.metric.version": 2.0,
         "rl.metric.trace/reward": 0.5,
-    }  # fmt: skip  (the bool is not a metric)
+    }  # train/empty, a bool, is no metric
     [episode] = [s for s in receiver.spans if s["name"] == "invoke_agent agent.py:run"]
     a = episode["attributes"]
     assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == "agent.py:run"
@@ -136,7 +137,7 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
                                                                                        "calc-000", "g1")  # fmt: skip
     assert (a["rl.reward"], a["rl.success"], a["rl.status"], a["rl.turns"]) == (1.0, True, "ok", 4)
     assert a["rl.policy_versions"] == [0, 1] and a["rl.policy_version.min"] == 0 and a["rl.policy_version.max"] == 1
-    assert a["rl.staleness"] == 2  # trainer version 2 (the step logged before) − the oldest token's version 0
+    assert a["rl.staleness"] == 2  # the trainer's version 2 (after the step logged before) − the oldest token's 0
     assert a["rl.trace_id"] == trace["trace_id"] and a["rl.episode"] == "it3:calc-000#1"
     assert "rl.failure_reason" not in a and "session" not in json.dumps(a)
     assert (episode["start"], episode["end"]) == (round(trace["started_at"] * 1e9), round(trace["ended_at"] * 1e9))
