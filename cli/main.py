@@ -86,6 +86,7 @@ def _register() -> None:
         agents,
         doctor,
         evaluation,
+        export,
         inspect,
         models,
         recipes,
@@ -111,6 +112,7 @@ def _register() -> None:
     app.command("inspect", epilog=inspect.EPILOG)(inspect.inspect)
     app.command("report", epilog=report.EPILOG)(report.report)
     app.command("regrade", epilog=regrade.EPILOG)(regrade.regrade)
+    app.command("export", epilog=export.EPILOG)(export.export)
     app.command("doctor", epilog=doctor.EPILOG)(doctor.doctor)
     app.command("top", epilog=top.EPILOG)(top.top)
 

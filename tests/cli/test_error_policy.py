@@ -138,6 +138,9 @@ CASES = [
     Case("missing trace file", ("regrade", "{tmp}/no.jsonl"), USAGE, "no run directory or trace file"),
     Case("folder with no traces", ("regrade", "{tmp}/empty"), USAGE, "is not a run directory"),
     Case("run with no traces", ("regrade", "{tmp}/run"), USAGE, "holds no trace files"),
+    Case("missing trace file", ("export", "{tmp}/no.jsonl"), USAGE, "no such file or directory"),
+    Case("unknown format", ("export", "{tmp}/traces.jsonl", "--format", "xml"), USAGE, "unknown --format 'xml'"),
+    Case("--out is a file", ("export", "{tmp}/traces.jsonl", "--out", "{tmp}/tasks.jsonl"), USAGE, "not a folder"),
     Case("missing run dir", ("top", "{tmp}/no-run"), USAGE, "run directory not found"),
     Case("folder that is not a run", ("top", "{tmp}/empty"), USAGE, "is not a run directory"),
     Case("--json without --once", ("top", "{tmp}/run", "--json"), USAGE, "it needs --once"),
@@ -264,6 +267,7 @@ CASES = [
     Case("task missing a field", ("tasks", "validate", "{tmp}/nofield.jsonl"), FAILURE, "problem_statement"),
     Case("non-trace file", ("inspect", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
     Case("non-trace file", ("report", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
+    Case("non-trace file", ("export", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
     Case("port in use", ("serve", "--model", "hrl:tiny", "--port", "{port}"), FAILURE, "port"),
     # missing prerequisites
     Case(
