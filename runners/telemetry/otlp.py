@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,13 +70,15 @@ def _sdk() -> Any:
         from opentelemetry import trace as api
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     except ImportError as e:
         raise PrerequisiteError(f"OTLP export needs the OpenTelemetry SDK ({e})", hint=PIP_HINT) from None
-    return (api, OTLPSpanExporter, Resource, TracerProvider, BatchSpanProcessor, SpanExporter, SpanExportResult,
-            RandomIdGenerator)  # fmt: skip
+    return SimpleNamespace(api=api, OTLPSpanExporter=OTLPSpanExporter, Resource=Resource, SpanLimits=SpanLimits,
+                           TracerProvider=TracerProvider, BatchSpanProcessor=BatchSpanProcessor,
+                           SpanExporter=SpanExporter, SpanExportResult=SpanExportResult,
+                           RandomIdGenerator=RandomIdGenerator)  # fmt: skip
 
 
 def traces_url(endpoint: str) -> str:
@@ -99,7 +102,8 @@ class OtlpExporter:
         warn: Callable[[str], object] = lambda _: None,
         phase: str | None = None,
     ) -> None:
-        api, otlp, resource, tracer_provider, batch, base, result, random_ids = _sdk()
+        sdk = _sdk()
+        api, base, result = sdk.api, sdk.SpanExporter, sdk.SpanExportResult
         logging.getLogger("opentelemetry").addHandler(logging.NullHandler())  # our one warning, not the SDK's
         self.url, self.run_id, self.provider, self._api = traces_url(endpoint), run_id, provider, api
         self.phase = phase  # None: read from each trace file's name (step_of)
@@ -108,7 +112,7 @@ class OtlpExporter:
         self._warn, self._warned, self._down_until = warn, False, 0.0
         self._lock = threading.Lock()
         self._last_step_s = time.time()
-        inner = otlp(endpoint=self.url, timeout=timeout_s)
+        inner = sdk.OTLPSpanExporter(endpoint=self.url, timeout=timeout_s)
         outer = self
 
         class Counting(base):  # a SpanExporter: delivery counted, a dead collector skipped for RETRY_AFTER_S
@@ -121,7 +125,7 @@ class OtlpExporter:
             def force_flush(self, timeout_millis: int = 30_000) -> bool:
                 return inner.force_flush(timeout_millis)
 
-        class Ids(random_ids):  # an episode's OTLP trace id is its hrl trace id (`otlp_trace_id`)
+        class Ids(sdk.RandomIdGenerator):  # an episode's OTLP trace id is its hrl trace id (`otlp_trace_id`)
             next_trace_id: int | None = None
 
             def generate_trace_id(self) -> int:
@@ -130,8 +134,12 @@ class OtlpExporter:
 
         self._ids, self._ids_lock = Ids(), threading.Lock()
         attrs = {"service.name": service_name, **({"rl.run": run_id} if run_id else {})}
-        self._provider = tracer_provider(resource=resource.create(attrs), id_generator=self._ids)
-        self._provider.add_span_processor(batch(Counting(), export_timeout_millis=int(timeout_s * 1000)))
+        limits = sdk.SpanLimits(max_span_attributes=sdk.SpanLimits.UNSET)  # a step span has one per metric (100s)
+        self._provider = sdk.TracerProvider(resource=sdk.Resource.create(attrs), id_generator=self._ids,
+                                            span_limits=limits)  # fmt: skip
+        self._provider.add_span_processor(
+            sdk.BatchSpanProcessor(Counting(), export_timeout_millis=int(timeout_s * 1000))
+        )
         self._tracer = self._provider.get_tracer("hrl.runners.telemetry")
 
     def _deliver(self, inner: Any, spans: Sequence[Any], result: Any) -> Any:
@@ -205,7 +213,7 @@ def export_written(trace: dict[str, Any], source: str | Path | None = None) -> N
     try:
         _active.export_trace(trace, source)
     except Exception as e:
-        _active._failed(1, _sdk()[6], f"could not build the spans: {e}")
+        _active._failed(1, _sdk().SpanExportResult, f"could not build the spans: {e}")
 
 
 def export_step(metrics: dict[str, Any], step: int) -> None:
@@ -215,7 +223,7 @@ def export_step(metrics: dict[str, Any], step: int) -> None:
     try:
         _active.export_step(metrics, step)
     except Exception as e:
-        _active._failed(1, _sdk()[6], f"could not build the step span: {e}")
+        _active._failed(1, _sdk().SpanExportResult, f"could not build the step span: {e}")
 
 
 def resolve_endpoint(config: TelemetryConfig | None) -> str:

@@ -115,7 +115,8 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
     lines: list[str] = []
     with exporting(cfg, run_id="hrl-otlp", provider="scripted", say=lines.append) as exporter:
         assert exporter is not None
-        export_step({"train/version": 1, "version": 2, "trace/reward": 0.5, "train/empty": False}, step=2)
+        many = {f"routing/r{i}/prefix_hit_rate": i / 200 for i in range(200)}  # past the SDK's default 128 attributes
+        export_step({"train/version": 1, "version": 2, "trace/reward": 0.5, "train/empty": False, **many}, step=2)
         TraceWriter(tmp_path / "traces" / "iter-0003.jsonl", redactor=False).write(trace)
     assert lines == [f"OTLP: 9 spans sent to {receiver.url}/v1/traces, 0 dropped"], lines
     assert list(read_traces(tmp_path / "traces" / "iter-0003.jsonl")) == [trace]  # written as ever
@@ -128,6 +129,7 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
         "rl.metric.train/version": 1.0,
         "rl.metric.version": 2.0,
         "rl.metric.trace/reward": 0.5,
+        **{f"rl.metric.{k}": v for k, v in many.items()},
     }  # train/empty, a bool, is no metric
     [episode] = [s for s in receiver.spans if s["name"] == "invoke_agent agent.py:run"]
     a = episode["attributes"]
