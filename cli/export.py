@@ -23,7 +23,7 @@ EPILOG = """Examples:
 
   hrl export runs/demo --format atif -m Qwen/Qwen3-8B         # every iteration of a run, decoded with that tokenizer
 
-  hrl export traces.jsonl --format atif --token-ids           # also each call's token ids and logprobs (ATIF's RL fields)
+  hrl export traces.jsonl --format atif --token-ids           # + each call's token ids and logprobs
 
   hrl export runs/demo --format otlp-json --out otlp/         # OTLP/JSON spans, one file per trace file
 
@@ -107,8 +107,10 @@ def _atif(run: Any, pairs: list[tuple[Path | None, dict[str, Any]]], out: Path, 
 
 
 def _otlp(run: Any, out: Path) -> dict[str, Any]:
-    """One ExportTraceServiceRequest file per trace file, named after it (`iter-0003.otlp.json`)."""
+    """One ExportTraceServiceRequest file per trace file, named after it (`iter-0003.otlp.json`); a run's
+    metrics.jsonl gives each step's trainer version, hence `rl.staleness`."""
     from hrl.cli import __version__
+    from hrl.runners.report.run import trainer_version
     from hrl.runners.rundir import is_run_dir
     from hrl.runners.telemetry.otlp_json import export_request
 
@@ -118,7 +120,8 @@ def _otlp(run: Any, out: Path) -> dict[str, Any]:
         if not it.traces:
             continue
         name = it.trace_file.stem if it.trace_file is not None else f"iteration-{it.index}"
-        request = export_request([(it.trace_file, t) for t in it.traces], run_id=run_id, version=__version__)
+        pairs = [(it.trace_file, t) for t in it.traces]
+        request = export_request(pairs, run_id=run_id, version=__version__, trainer_version=trainer_version(it.logged))
         path = out / f"{name}.otlp.json"
         path.write_text(json.dumps(request) + "\n")
         files.append(str(path))

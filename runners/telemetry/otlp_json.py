@@ -79,13 +79,17 @@ def export_request(
     provider: str = "hrl",
     service_name: str = "hrl",
     version: str = "",
+    trainer_version: int | None = None,
 ) -> dict[str, Any]:
     """(source file, trace) pairs as one ExportTraceServiceRequest dict: one resource, one scope, every trace's
-    episode span tree under its own OTLP trace id. The file name gives `rl.step` and `rl.phase` (`otlp.step_of`)."""
+    episode span tree under its own OTLP trace id. The file name gives `rl.step` and `rl.phase` (`otlp.step_of`);
+    `trainer_version` (the version the step trained, when known) gives `rl.staleness`."""
     spans: list[dict[str, Any]] = []
     for source, trace in traces:
         phase, step = step_of(source)
-        tree = episode_spans(trace, run_id=run_id, step=step, phase=phase, provider=provider)
+        tree = episode_spans(
+            trace, run_id=run_id, step=step, phase=phase, trainer_version=trainer_version, provider=provider
+        )
         spans += _spans(tree, _trace_id(str(trace["trace_id"])), "episode", None)
     resource = {"service.name": service_name, **({"rl.run": run_id} if run_id else {})}
     scope = {"name": "hrl.runners.telemetry", **({"version": version} if version else {})}

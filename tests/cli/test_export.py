@@ -86,6 +86,16 @@ def test_a_subagent_is_an_embedded_subtrajectory_referenced_from_its_parent():
     assert "notes" in traj  # no tokenizer given: said, not hidden
 
 
+def test_an_episode_without_model_calls_is_still_a_valid_trajectory():
+    trace = {**next(read_traces(CHAT)), "calls": [], "tools": [], "status": "failed", "failure_reason": "no_llm_calls",
+             "reward": 0.0}  # fmt: skip
+    traj = trajectory(trace)
+    assert validate(traj) is True and _errors(traj) == []
+    (step,) = traj["steps"]  # ATIF wants one step at least: a system step says why there is no more
+    assert step["source"] == "system" and "no_llm_calls" in step["message"]
+    assert traj["final_metrics"]["extra"]["failure_reason"] == "no_llm_calls"
+
+
 def test_a_broken_trajectory_is_refused():
     traj = trajectory(next(read_traces(CHAT)))
     traj["steps"][1]["step_id"] = 7
@@ -108,10 +118,12 @@ def _attrs(span: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_otlp_json_has_the_documented_attributes_and_no_token_ids(tmp_path: Path):
-    source = tmp_path / "iter-0003.jsonl"  # a training run's step 3, by its file name
-    source.write_text(SSE.read_text())
-    (trace,) = read_traces(source)
-    out = hrl_export(str(source), "--format", "otlp-json", "--out", str(tmp_path / "otlp"))
+    run = tmp_path / "demo"  # a training run whose step 3 trained version 4 on this trace (sampled by v0 and v1)
+    (run / "traces").mkdir(parents=True)
+    (run / "traces" / "iter-0003.jsonl").write_text(SSE.read_text())
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 3, "train/version": 4}) + "\n")
+    (trace,) = read_traces(SSE)
+    out = hrl_export(str(run), "--format", "otlp-json", "--out", str(tmp_path / "otlp"))
     assert out.returncode == 0, out.stderr
     request = json.loads((tmp_path / "otlp" / "iter-0003.otlp.json").read_text())
     (spans,) = [s["spans"] for rs in request["resourceSpans"] for s in rs["scopeSpans"]]
@@ -121,8 +133,8 @@ def test_otlp_json_has_the_documented_attributes_and_no_token_ids(tmp_path: Path
     assert all(c["parentSpanId"] == episode["spanId"] for c in children)
     ep = _attrs(episode)
     assert ep["gen_ai.operation.name"] == "invoke_agent" and ep["gen_ai.system"] == "hrl"
-    assert (ep["rl.step"], ep["rl.phase"], ep["rl.reward"]) == (3, "train", 1.0)
-    assert ep["rl.policy_versions"] == [0, 1]
+    assert (ep["rl.run"], ep["rl.step"], ep["rl.phase"], ep["rl.reward"]) == ("demo", 3, "train", 1.0)
+    assert ep["rl.policy_versions"] == [0, 1] and ep["rl.staleness"] == 4 - 0  # trained version - oldest sampler
     chats = [_attrs(s) for s in children if _attrs(s)["gen_ai.operation.name"] == "chat"]
     assert [c["gen_ai.usage.input_tokens"] for c in chats] == [prompt_len(c) for c in trace["calls"]]
     assert [c["gen_ai.usage.output_tokens"] for c in chats] == [len(c["response_ids"]) for c in trace["calls"]]
