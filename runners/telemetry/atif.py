@@ -212,7 +212,9 @@ def _totals(steps: list[Step]) -> dict[str, Any]:
     }
 
 
-def trajectory(trace: Trace, template: Any = None, *, note: str | None = None, token_ids: bool = False) -> dict:
+def trajectory(
+    trace: Trace, template: Any = None, *, note: str | None = None, token_ids: bool = False
+) -> dict[str, Any]:
     """The trace as one ATIF trajectory (a JSON-able dict). `template`: a `ChatTemplate` to decode with (None: the
     steps carry token counts in place of text, and `notes` says why); `token_ids`: also the prompt and completion
     ids and logprobs of each call (ATIF's RL fields; large)."""

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from hrl.runners.telemetry.atif import SCHEMA_PATH, AtifError, trajectory, validate
-from hrl.runners.trace import prompt_len, read_traces
+from hrl.runners.trace import all_prompt_ids, prompt_len, read_traces
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 CHAT = GOLDEN / "chat-json.jsonl"  # c1 asks for `ls -la`, gets "ok"; c2 extends c1, c3 c2; c4 forks c1 ("no such file")
@@ -84,6 +84,18 @@ def test_a_subagent_is_an_embedded_subtrajectory_referenced_from_its_parent():
     # c4 started after c3 (0.567 s > 0.192 s): the last root step begun before it holds the reference
     assert refs == [(traj["steps"][-1]["step_id"], sub["trajectory_id"])]
     assert "notes" in traj  # no tokenizer given: said, not hidden
+
+
+def test_token_ids_are_the_recorded_ids_with_prompts_resolved():
+    trace = next(read_traces(SSE))  # later calls store their prompt as a reference + suffix
+    traj = trajectory(trace, token_ids=True)
+    assert validate(traj) is True and _errors(traj) == []
+    metrics = [s["metrics"] for s in traj["steps"] if s["source"] == "agent"]
+    assert [m["completion_token_ids"] for m in metrics] == [c["response_ids"] for c in trace["calls"]]
+    assert [m["logprobs"] for m in metrics] == [c["response_logprobs"] for c in trace["calls"]]
+    assert [m["prompt_token_ids"] for m in metrics] == all_prompt_ids(trace)
+    assert [len(m["prompt_token_ids"]) for m in metrics] == [m["prompt_tokens"] for m in metrics]
+    assert all("token_ids" not in k for s in trajectory(trace)["steps"] for k in s.get("metrics", {}))  # opt-in
 
 
 def test_an_episode_without_model_calls_is_still_a_valid_trajectory():
