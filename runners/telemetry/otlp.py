@@ -148,10 +148,12 @@ class OtlpExporter:
         try:
             outcome = inner.export(spans)
         except Exception as e:  # the exporter reports failures as a result; anything else counts the same way
-            return self._failed(len(spans), result, str(e))
+            outcome, why = None, str(e)
+        else:
+            why = "the export request failed"
         if outcome != result.SUCCESS:
             self._down_until = time.monotonic() + RETRY_AFTER_S
-            return self._failed(len(spans), result, "the export request failed")
+            return self._failed(len(spans), result, why)
         with self._lock:
             self.exported += len(spans)
         return outcome
