@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.errors import infra_exit
+from hrl.cli.options import OtlpOption
 from hrl.cli.output import emit, err
 from hrl.runners.errors import UsageError
 
@@ -68,15 +69,7 @@ def eval_(
     include_unchecked: Annotated[
         bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
     ] = False,
-    otlp: Annotated[
-        str,
-        typer.Option(
-            "--otlp",
-            metavar="URL",
-            help="Also send each episode as spans over OTLP/HTTP to this collector (http://host:4318; default: "
-            "telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
-        ),
-    ] = "",
+    otlp: OtlpOption = "",
 ) -> None:
     """Run every task under every harness named in --agents (K episodes per task each), through the recording
     proxy, and print one row per harness: success rate with its Wilson 95 % interval (infrastructure failures left

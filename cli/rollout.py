@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.errors import infra_exit
+from hrl.cli.options import OtlpOption
 from hrl.cli.output import err
 from hrl.runners.errors import UsageError
 
@@ -88,15 +89,7 @@ def rollout(
             "on a Ray cluster (placement.address, default a local one; placement.engine_replicas). docs/ray.md."
         ),
     ] = "",
-    otlp: Annotated[
-        str,
-        typer.Option(
-            "--otlp",
-            metavar="URL",
-            help="Also send each episode as spans over OTLP/HTTP to this collector (http://host:4318; default: "
-            "telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
-        ),
-    ] = "",
+    otlp: OtlpOption = "",
     run_id: Annotated[
         str,
         typer.Option(

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hrl.cli.options import OtlpOption
 from hrl.cli.output import err
 from hrl.runners.errors import UsageError
 
@@ -125,15 +126,7 @@ def train(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<recipe>-<time>).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
     wandb: Annotated[bool, typer.Option("--wandb", help="Also log metrics to Weights & Biases.")] = False,
-    otlp: Annotated[
-        str,
-        typer.Option(
-            "--otlp",
-            metavar="URL",
-            help="Also send each episode (spans) and step over OTLP/HTTP to this collector (http://host:4318; "
-            "default: telemetry.otlp_endpoint, else $OTEL_EXPORTER_OTLP_ENDPOINT). docs/telemetry.md.",
-        ),
-    ] = "",
+    otlp: OtlpOption = "",
     placement: Annotated[
         str,
         typer.Option(
