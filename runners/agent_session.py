@@ -18,6 +18,7 @@ from hrl.sandboxes import Sandbox, SandboxBackend, SandboxSpec
 
 if TYPE_CHECKING:
     from hrl.runners.serving.stack import Stack
+    from hrl.sandboxes.pool import Lease, Prepare, SandboxPool
 
 __all__ = ["PROXY_PORT", "AgentSession", "agent_session"]
 
@@ -32,6 +33,7 @@ class AgentSession:
     context: AgentContext
     runner: AgentRunner
     install: AgentInstall
+    lease: Lease | None = None  # from a pool: how the sandbox was had and what that cost
 
     async def run(self, time_budget_s: float = 0) -> AgentOutcome:
         """Run the agent once (time_budget_s: 0 = no limit); its failures are data in the outcome."""
@@ -52,12 +54,17 @@ async def agent_session(
     episode_id: str,
     proxy_port: int = PROXY_PORT,
     options: dict[str, Any] | None = None,
+    pool: SandboxPool | None = None,
+    prepare: Prepare | None = None,
+    group: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A sandbox from `backend` made from `spec` plus the agent's mounts and the route to the proxy (docker: only the
     proxy's unix socket, as 127.0.0.1:`proxy_port`, for docker and for local sandboxes in a bubblewrap network
     namespace; an unisolated local sandbox: the host's network and the proxy's loopback URL), and
     the context that points `runner` at session `token` (base URL `/s/<token>`, API key `hrl-<token>`) with a
-    fresh HOME in the spec's workdir. Labelled `run_id` / `episode_id`; removed on exit."""
+    fresh HOME in the spec's workdir. Labelled `run_id` / `episode_id`; removed on exit. With a `pool`, the sandbox
+    is leased from it (pooled, or reused within `group` after a reset) and laid out by `prepare` (which the pool
+    skips for a reused sandbox, whose reset restores that state); without one, `prepare` (if any) runs here."""
     closed = backend.name == "docker" or bool(getattr(backend, "isolate", False))  # local: where bubblewrap runs
     spec = spec.model_copy(
         update={
@@ -68,9 +75,19 @@ async def agent_session(
         }
     )
     base = f"http://127.0.0.1:{proxy_port}" if closed else stack.url
+    context = AgentContext(
+        base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,
+        home=new_home(), workdir=spec.workdir, install_dir=install.install_dir, options=dict(options or {}),
+    )  # fmt: skip
+    if pool is not None:
+        async with pool.lease(spec, episode_id, prepare=prepare or _nothing, group=group) as lease:
+            yield AgentSession(lease.sandbox, context, runner, install, lease)
+        return
     async with await backend.create(spec, run_id, episode_id) as sandbox:
-        context = AgentContext(
-            base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,
-            home=new_home(), workdir=spec.workdir, install_dir=install.install_dir, options=dict(options or {}),
-        )  # fmt: skip
+        if prepare is not None:
+            await prepare(sandbox)
         yield AgentSession(sandbox, context, runner, install)
+
+
+async def _nothing(sandbox: Sandbox) -> None:
+    """No layout: the sandbox as the backend made it."""

@@ -23,6 +23,9 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/merge_ratio`        tokens of the calls on their own ÷ tokens of the merged branches (≥ 1).
 - `trace/tool_parse_errors`  calls whose tool-call markup did not parse (`tool_parse_error`; sent as text);
   absent when none did. Per step: the sum over the step's traces, 0 included.
+- `trace/sandbox_acquire_s`  infrastructure time apart from the agent's: asking for the episode's sandbox to holding
+  a ready one (created, taken from the warm pool, or a group's reused one with its reset); trace metadata
+  `sandbox_acquire_s`. `trace/sandbox_reset_s`: the reset and its check, for a reused sandbox only.
 - `trace/degenerate`         1 for a trace flagged `degenerate` (one model call for an agentic task: the call
   offered tools and no second call followed); absent otherwise. Per step: how many, 0 included.
 
@@ -35,6 +38,8 @@ Per step (`step_metrics`) over the step's traces:
   so plots have continuous lines); `trace/failures/none` counts traces that did not fail; `trace/count` all.
 - per call, the same distribution suffixes: `call/latency_s`, `call/first_token_s`, `call/prompt_tokens`,
   `call/response_tokens`.
+- `rollout/reset_mismatch`: reused sandboxes whose reset did not hash as their group's starting state (closed, a
+  fresh one made), summed over the step's traces; present when any trace says how its sandbox was had.
 - `engine/busy_frac`: the fraction of the rollout window (first trace start → last trace end) in which at
   least one call was in flight, measured from the traces' absolute call times.
 - `train/version` = the trainer version the step was computed against, when given.
@@ -99,6 +104,10 @@ DEGENERATE = "trace/degenerate"
 FAILURES_PREFIX = "trace/failures/"
 HARNESS_PREFIX = "harness/"
 
+SANDBOX_ACQUIRE_S = "trace/sandbox_acquire_s"
+SANDBOX_RESET_S = "trace/sandbox_reset_s"
+RESET_MISMATCH = "rollout/reset_mismatch"
+
 TRACE_METRICS = (
     LATENCY_S,
     LLM_LATENCY_S,
@@ -117,6 +126,9 @@ TRACE_METRICS = (
 )
 """Per-trace distribution metrics; each is also a step metric (mean) with `DISTRIBUTION_STATS` suffixes."""
 
+SANDBOX_METRICS = (SANDBOX_ACQUIRE_S, SANDBOX_RESET_S)
+"""Per-trace distributions too, but only of traces whose rollouts say how their sandbox was had (agent CLIs)."""
+
 CALL_METRICS = ("call/latency_s", "call/first_token_s", "call/prompt_tokens", "call/response_tokens")
 DISTRIBUTION_STATS = ("min", "p50", "p95", "max")
 TRAIN_METRICS = ("train/mismatch_kl", "train/loss", "train/grad_norm")
@@ -124,6 +136,8 @@ SYSTEM_METRICS = ("proxy/pause_s", "proxy/queue_depth", "proxy/cpu_us_per_token"
 STEP_ONLY_METRICS = ("trace/count", f"{FAILURES_PREFIX}none", "train/version", "engine/busy_frac")
 CONTRACT = (
     *TRACE_METRICS,
+    *SANDBOX_METRICS,
+    RESET_MISMATCH,
     *(FAILURES_PREFIX + r for r in FAILURE_REASONS),
     TOOL_PARSE_ERRORS,
     DEGENERATE,
@@ -188,6 +202,8 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
         POLICY_VERSION_MIN: _number(min(s["versions"], default=None)),
         POLICY_VERSION_MAX: _number(max(s["versions"], default=None)),
         ENV_VERSION: _number((trace.get("env") or {}).get("version")),
+        SANDBOX_ACQUIRE_S: _number((trace.get("metadata") or {}).get("sandbox_acquire_s")),
+        SANDBOX_RESET_S: _number((trace.get("metadata") or {}).get("sandbox_reset_s")),
     }
     if trainer_version is not None and s["versions"]:
         optional[STALENESS] = float(trainer_version - min(s["versions"]))
@@ -260,7 +276,9 @@ def step_metrics(traces: Iterable[Trace], trainer_version: int | None = None) ->
     out |= failure_counts(traces)
     out[TOOL_PARSE_ERRORS] = sum(m.get(TOOL_PARSE_ERRORS, 0.0) for m in per)
     out[DEGENERATE] = sum(m.get(DEGENERATE, 0.0) for m in per)
-    for name in TRACE_METRICS:
+    if any(SANDBOX_ACQUIRE_S in m for m in per):
+        out[RESET_MISMATCH] = float(sum((t.get("metadata") or {}).get("sandbox_reset_mismatch", 0) for t in traces))
+    for name in (*TRACE_METRICS, *SANDBOX_METRICS):
         out |= distribution(name, [m[name] for m in per if name in m])
     rows = [c for t in traces for c in describe_calls(t)]
     for name, key in zip(CALL_METRICS, ("total_s", "first_token_s", "prompt_tokens", "response_tokens"), strict=True):

@@ -31,6 +31,7 @@ from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.tasks.workspace import WorkspaceError
 from hrl.runners.trace import write_trace
 from hrl.sandboxes import SandboxError, get_backend
+from hrl.sandboxes.pool import SandboxPool
 
 __all__ = ["AgentRollouts", "HarnessMix", "RolloutConfig", "make_rollouts"]
 
@@ -56,6 +57,18 @@ class RolloutConfig(BaseModel):
     )
     memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
+    warm_sandboxes: int = Field(
+        0,
+        ge=0,
+        description="Keep this many agent sandboxes created and ready (for the spec of the tasks being run), "
+        "refilled in the background and closed at the end of the run; 0 = each episode creates its own.",
+    )
+    reuse: Literal["none", "group"] = Field(
+        "none",
+        description="group: the episodes of one GRPO group reuse its sandboxes in turn, reset between them (workdir "
+        "restored, processes killed, HOME and tmp emptied) and checked against the first episode's starting state "
+        "(a mismatch: a fresh sandbox, counted as rollout/reset_mismatch). none: a sandbox per episode.",
+    )
     mode: Literal["auto", "inprocess", "subprocess"] = Field(
         "auto",
         description="White-box (python:) agents only: `subprocess` (a worker process with OPENAI_BASE_URL / "
@@ -107,6 +120,8 @@ class AgentRollouts:
         name = options.pop("name", "tests")
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self.verifier_section = {"name": name, **options}  # archived with each episode, for `hrl regrade`
+        self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
+                                on_event=on_event)  # fmt: skip
         self._install: AgentInstall | None = None
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
@@ -115,6 +130,10 @@ class AgentRollouts:
         if self._install is None:
             self._install = install(self.config.agent, "docker" if self.config.sandbox == "docker" else "local")
         return self._install
+
+    async def close(self) -> None:
+        """End the run's sandbox pool: every sandbox it still holds (ready or parked for a group) is closed."""
+        await self.pool.close()
 
     def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
         return {
@@ -157,12 +176,17 @@ class AgentRollouts:
         budget = getattr(task, "agent_timeout_s", None) or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
         label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()
+
+        async def prepare(sandbox: Any) -> None:
+            await self.verifier.prepare(sandbox, task)
+
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
-                                 options=cfg.agent_options) as session:  # fmt: skip
+                                 options=cfg.agent_options, pool=self.pool, prepare=prepare,
+                                 group=getattr(ep, "group_id", None)) as session:  # fmt: skip
             env = proxy_session.meta["env"]
             proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
-            await self.verifier.prepare(session.sandbox, task)
+            infra = session.lease.metrics() if session.lease is not None else {}
             phase("agent")
             result = await session.run(budget)
             phase("grading")
@@ -177,6 +201,7 @@ class AgentRollouts:
             "agent_exit_code": result.exit_code,
             "agent_s": result.duration_s,
             "episode_s": round(time.monotonic() - t0, 3),
+            **infra,  # sandbox_acquire_s, sandbox_reset_s: infrastructure time apart from the agent's
             "agent_stdout_tail": result.stdout_tail[-2000:],
             "agent_stderr_tail": result.stderr_tail[-2000:],
             "patch": verdict.patch,  # cut to PATCH_INLINE in the trace, archived whole beside it (`archived`)
@@ -234,6 +259,12 @@ class HarnessMix:
         """Install (or load) every harness before the first episode."""
         for rollouts in self.by_harness.values():
             rollouts.prepare()
+
+    async def close(self) -> None:
+        """Close each harness's rollouts that hold anything (a sandbox pool)."""
+        for rollouts in self.by_harness.values():
+            if hasattr(rollouts, "close"):
+                await rollouts.close()
 
     async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
         if ep.agent not in self.by_harness:

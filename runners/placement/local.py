@@ -37,6 +37,7 @@ class LocalPlacement:
     def __init__(self, stack: Stack, run: RunConfig, say: Say, verbose: bool) -> None:
         self.stack, self.run_config, self.say, self.verbose = stack, run, say, verbose
         self.rollouts: Rollouts | None = None
+        self.made: list[Any] = []  # every rollouts made here, closed with the placement (their sandbox pools)
 
     @property
     def publisher(self) -> Any:
@@ -54,6 +55,7 @@ class LocalPlacement:
 
         run = self.run_config
         made = make_rollouts(self.stack, rollout, on_event, run.verifier or None, run.recipe_dir or None)
+        self.made.append(made)
         target = "docker" if rollout.sandbox == "docker" else "local"
         for name in (a for a in rollout.harnesses if not is_python_agent(a)):
             cached = installed(name, target)
@@ -90,7 +92,13 @@ async def local_placement(
         model, engine, engine_options=options, proxy_options=run.proxy_options(),
         say=say,
     ) as stack:  # fmt: skip
-        yield LocalPlacement(stack, run, say, verbose)
+        placement = LocalPlacement(stack, run, say, verbose)
+        try:
+            yield placement
+        finally:  # the rollouts' sandbox pools: what they still hold is closed before the stack goes
+            for made in placement.made:
+                if hasattr(made, "close"):
+                    await made.close()
 
 
 @contextlib.asynccontextmanager

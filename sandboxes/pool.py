@@ -1,0 +1,412 @@
+"""A per-run sandbox pool: sandboxes made before episodes ask for them, and (optionally) one group's sandboxes reused.
+
+- `warm` N > 0: the pool keeps up to N sandboxes created and ready for the spec most recently asked for, refilled in
+  the background; an episode whose spec (image, workdir, env, mounts, network, proxy socket, limits, hidden paths:
+  everything but `labels`, which only name what a sandbox is for) equals a ready sandbox's takes it, any other makes
+  its own. A pooled sandbox carries the run's labels like any other, so `hrl sandbox prune` removes what a crashed
+  run left; `close()` removes every sandbox the pool still holds at the end of the run.
+- `reuse="group"`: an episode's sandbox is parked for the other episodes of its group (same task, same spec, never
+  another group's or run's). The next one takes it after a reset — every process the previous episode started
+  killed, HOME and the temp folder emptied, the workdir restored from the snapshot taken right after the first
+  episode's `prepare` — and a check that the reset state hashes as the first episode's starting state did (the
+  workdir tree: paths, kinds, modes, contents, link targets; HOME and tmp empty; no process left). A mismatch closes
+  that sandbox, counts `reset_mismatch`, and the episode gets a fresh one. Episodes of a group that run at once each
+  get their own sandbox (none waits for another's); what the group parks is reused by the later ones.
+- `warm=0, reuse="none"` (the defaults): every episode creates its sandbox and closes it, as without a pool.
+
+Grading never uses a pooled or reused sandbox: verifiers grade in a fresh sandbox of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from hrl.sandboxes.base import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+__all__ = ["ExecReset", "Lease", "LocalReset", "Reset", "SandboxPool", "spec_key"]
+
+Prepare = Callable[[Sandbox], Awaitable[None]]
+PARKED_MAX = 16  # sandboxes parked for groups at once; the least recently used group's are closed beyond it
+SNAPSHOT = ".hrl-reset"  # local: <root>/.hrl-reset holds the workdir as prepared (outside work, home and tmp)
+
+
+def spec_key(spec: SandboxSpec) -> str:
+    """What makes two specs interchangeable: every field but `labels`, dict order aside."""
+    return json.dumps(spec.model_dump(exclude={"labels"}), sort_keys=True, default=str)
+
+
+@dataclass
+class Lease:
+    """One episode's sandbox and what getting it cost (the infrastructure time apart from the agent's)."""
+
+    sandbox: Sandbox
+    acquire_s: float = 0.0  # asking to holding a ready sandbox: create, pooled, or a reused one's reset + check
+    reset_s: float | None = None  # the reset + check of a reused sandbox; None when it was not reused
+    source: Literal["created", "pooled", "reused"] = "created"
+    baseline: str = ""  # reuse: the state hash the group's first episode started from
+    mismatches: int = 0  # reused sandboxes closed on the way here, their reset not hashing as the baseline
+
+    def metrics(self) -> dict[str, float]:
+        """The trace metadata fields: sandbox_acquire_s, and sandbox_reset_s where the sandbox was reused."""
+        out = {"sandbox_acquire_s": round(self.acquire_s, 3)}
+        if self.reset_s is not None:
+            out["sandbox_reset_s"] = round(self.reset_s, 3)
+        if self.mismatches:
+            out["sandbox_reset_mismatch"] = self.mismatches
+        return out
+
+
+class Reset:
+    """How a sandbox is brought back to its first episode's starting state (the backend's own way)."""
+
+    async def snapshot(self, sandbox: Sandbox) -> None:
+        """Keep the workdir as it is now (just prepared), to restore from."""
+        raise NotImplementedError
+
+    async def kill(self, sandbox: Sandbox) -> None:
+        """End every process an episode left running."""
+        raise NotImplementedError
+
+    async def restore(self, sandbox: Sandbox) -> None:
+        """Empty HOME and tmp; the workdir back to the snapshot."""
+        raise NotImplementedError
+
+    async def state(self, sandbox: Sandbox) -> str:
+        """A hash of the workdir tree, of HOME and tmp, and of the processes still running."""
+        raise NotImplementedError
+
+
+class LocalReset(Reset):
+    """Local sandboxes, done on the host: their files are `<root>/work`, `home`, `tmp`; their processes carry the
+    sandbox's mark in their environment."""
+
+    async def snapshot(self, sandbox: Sandbox) -> None:
+        root = _root(sandbox)
+        await asyncio.to_thread(_replace_tree, root / "work", root / SNAPSHOT)
+
+    async def kill(self, sandbox: Sandbox) -> None:
+        from hrl.sandboxes.local import SANDBOX_MARK, kill_marked
+
+        await asyncio.to_thread(kill_marked, SANDBOX_MARK, sandbox.id)
+        for group in list(getattr(sandbox, "_groups", ())):
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
+        getattr(sandbox, "_groups", set()).clear()
+
+    async def restore(self, sandbox: Sandbox) -> None:
+        root = _root(sandbox)
+        for folder in ("home", "tmp"):
+            await asyncio.to_thread(_replace_tree, None, root / folder)
+        await asyncio.to_thread(_replace_tree, root / SNAPSHOT, root / "work")
+
+    async def state(self, sandbox: Sandbox) -> str:
+        root = _root(sandbox)
+        return await asyncio.to_thread(_local_state, root, sandbox.id)
+
+
+class ExecReset(Reset):
+    """Any backend, through `exec` (docker): a tar of the workdir kept in the sandbox, restored with tar; processes
+    found by the mark every exec carries (HRL_EXEC) and killed, but for the reset's own. Needs GNU find and tar."""
+
+    STORE = "/var/tmp/hrl-reset"
+
+    async def _run(self, sandbox: Sandbox, script: str) -> str:
+        result = await sandbox.exec(["sh", "-c", script, "_", sandbox.workdir, self.STORE], timeout_s=300)
+        if result.exit_code != 0:
+            raise SandboxError(f"sandbox reset failed (exit {result.exit_code}): {result.stderr[-500:]}")
+        return result.stdout
+
+    async def snapshot(self, sandbox: Sandbox) -> None:
+        await self._run(sandbox, 'rm -rf "$2" && mkdir -p "$2" && tar -C "$1" -cpf "$2/work.tar" .')
+
+    async def kill(self, sandbox: Sandbox) -> None:
+        await self._run(sandbox, _KILL_OTHERS + 'others | while read -r p; do kill -9 "$p" 2>/dev/null; done; true')
+
+    async def restore(self, sandbox: Sandbox) -> None:
+        await self._run(
+            sandbox,
+            'rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* "$HOME"/* "$HOME"/.[!.]* "$HOME"/..?* 2>/dev/null; '
+            'rm -rf "$1" && mkdir -p "$1" && tar -C "$1" -xpf "$2/work.tar"',
+        )
+
+    async def state(self, sandbox: Sandbox) -> str:
+        out = await self._run(
+            sandbox,
+            _KILL_OTHERS + 'cd "$1" && { find . -printf "%y %m %p %l\\n" | LC_ALL=C sort; '
+            "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum; "
+            'echo tmp; ls -A /tmp; echo home; ls -A "$HOME"; echo procs; others; } | sha256sum',
+        )
+        return out.split()[0] if out.split() else ""
+
+
+# processes of other execs (HRL_EXEC set, not this one's value): what an episode left running
+_KILL_OTHERS = (
+    "others() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
+    '[ "$p" = "$$" ] && continue; v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
+    '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; }; '
+)
+
+
+def reset_for(sandbox: Sandbox) -> Reset:
+    """A local sandbox resets on the host; any other through its exec."""
+    return LocalReset() if hasattr(sandbox, "root") and hasattr(sandbox, "host_path") else ExecReset()
+
+
+@dataclass
+class _Parked:
+    sandbox: Sandbox
+    baseline: str
+    reset: Reset
+
+
+@dataclass
+class SandboxPool:
+    """Sandboxes for one run's episodes (see the module doc). `lease` is the one way in; `close` ends the pool."""
+
+    backend: SandboxBackend
+    run_id: str
+    warm: int = 0
+    reuse: Literal["none", "group"] = "none"
+    on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    reset_factory: Callable[[Sandbox], Reset] = reset_for
+    counts: Counter[str] = field(default_factory=Counter)  # created, pooled, reused, reset_mismatch, ...
+    _ready: dict[str, list[Sandbox]] = field(default_factory=dict)
+    _making: dict[str, set[asyncio.Task[None]]] = field(default_factory=dict)
+    _specs: OrderedDict[str, SandboxSpec] = field(default_factory=OrderedDict)  # by recency, latest last
+    _parked: OrderedDict[tuple[str, str], list[_Parked]] = field(default_factory=OrderedDict)
+    _closing: set[asyncio.Task[None]] = field(default_factory=set)
+    _closed: bool = False
+    _made: int = 0
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, spec: SandboxSpec, episode_id: str, *, prepare: Prepare, group: str | None = None
+    ) -> AsyncIterator[Lease]:
+        """A sandbox made for `spec`, prepared (`prepare` lays out the task: skipped for a reused sandbox, whose
+        reset restores that state); closed or parked for `group` on exit. An episode that ends in an exception
+        never parks its sandbox."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed (the run has ended)")
+        key, started = spec_key(spec), time.monotonic()
+        mismatched = self.counts["reset_mismatch"]
+        lease = await self._reused(key, group, started) if self.reuse == "group" and group else None
+        if lease is None:
+            lease = await self._fresh(spec, key, episode_id, started)
+            lease.mismatches = self.counts["reset_mismatch"] - mismatched
+            try:
+                await prepare(lease.sandbox)
+                if self.reuse == "group" and group:
+                    reset = self.reset_factory(lease.sandbox)
+                    await reset.snapshot(lease.sandbox)
+                    await reset.restore(lease.sandbox)  # the start state as a reset leaves it: HOME, tmp empty
+                    lease.baseline = await reset.state(lease.sandbox)
+            except BaseException:
+                await _close_quietly(lease.sandbox)
+                raise
+        try:
+            yield lease
+        except BaseException:
+            await _close_quietly(lease.sandbox)
+            raise
+        if self.reuse == "group" and group and not self._closed and lease.baseline:
+            await self._park(key, group, lease)
+        else:
+            await lease.sandbox.close()
+
+    async def close(self) -> None:
+        """Stop refilling and close every sandbox the pool holds (ready or parked). Idempotent."""
+        self._closed = True
+        making = [t for tasks in self._making.values() for t in tasks]
+        for task in making:
+            task.cancel()
+        await asyncio.gather(*making, *self._closing, return_exceptions=True)
+        held = [s for ready in self._ready.values() for s in ready]
+        held += [p.sandbox for parked in self._parked.values() for p in parked]
+        self._ready.clear()
+        self._parked.clear()
+        await asyncio.gather(*(_close_quietly(s) for s in held))
+
+    async def settle(self) -> None:
+        """Wait until the sandboxes being made in the background are ready (or failed): after this, a lease for
+        the latest spec finds up to `warm` ready."""
+        while making := [t for tasks in self._making.values() for t in tasks]:
+            await asyncio.gather(*making, return_exceptions=True)
+
+    @property
+    def held(self) -> int:
+        """Sandboxes the pool holds now, ready or parked (none once closed)."""
+        return sum(map(len, self._ready.values())) + sum(map(len, self._parked.values()))
+
+    async def __aenter__(self) -> SandboxPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- warm pool ---
+
+    async def _fresh(self, spec: SandboxSpec, key: str, episode_id: str, started: float) -> Lease:
+        if self.warm > 0:
+            self._specs[key] = spec
+            self._specs.move_to_end(key)
+            ready = self._ready.get(key)
+            if ready:
+                sandbox = ready.pop()
+                self.counts["pooled"] += 1
+                self._top_up()
+                return Lease(sandbox, time.monotonic() - started, source="pooled")
+            self._top_up()
+        sandbox = await self.backend.create(spec, self.run_id, episode_id)
+        self.counts["created"] += 1
+        return Lease(sandbox, time.monotonic() - started, source="created")
+
+    def _top_up(self) -> None:
+        """Start making sandboxes for the latest spec until `warm` are ready or being made; room is taken from
+        older specs' ready sandboxes first (they are closed)."""
+        if self._closed or not self._specs:
+            return
+        key = next(reversed(self._specs))
+        making = self._making.setdefault(key, set())
+        while len(self._ready.get(key, [])) + len(making) < self.warm:
+            total = sum(map(len, self._ready.values())) + sum(map(len, self._making.values()))
+            if total >= self.warm and not self._evict_other(key):
+                break
+            task = asyncio.ensure_future(self._make(key, self._specs[key]))
+            making.add(task)
+            task.add_done_callback(making.discard)
+
+    def _evict_other(self, keep: str) -> bool:
+        for key in self._specs:  # least recent first
+            if key != keep and self._ready.get(key):
+                task = asyncio.ensure_future(_close_quietly(self._ready[key].pop()))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+                return True
+        return False
+
+    async def _make(self, key: str, spec: SandboxSpec) -> None:
+        self._made += 1
+        try:
+            sandbox = await self.backend.create(spec, self.run_id, f"pool-{self._made}")
+        except SandboxError as exc:  # the episode that asks next makes its own, and says why if it fails too
+            self.counts["pool_error"] += 1
+            self.on_event("sandbox_pool_error", {"error": str(exc)[:500]})
+            return
+        self.counts["created"] += 1
+        self.counts["warmed"] += 1
+        if self._closed:
+            await _close_quietly(sandbox)
+            return
+        self._ready.setdefault(key, []).append(sandbox)
+
+    # --- reuse per group ---
+
+    async def _reused(self, key: str, group: str, started: float) -> Lease | None:
+        while parked := self._parked.get((key, group)):
+            entry = parked.pop()
+            if not parked:
+                del self._parked[(key, group)]
+            began = time.monotonic()
+            try:
+                await entry.reset.kill(entry.sandbox)
+                await entry.reset.restore(entry.sandbox)
+                now = await entry.reset.state(entry.sandbox)
+            except (SandboxError, OSError) as exc:
+                now = f"error: {exc}"
+            if now == entry.baseline:
+                self.counts["reused"] += 1
+                done = time.monotonic()
+                return Lease(entry.sandbox, done - started, done - began, "reused", entry.baseline)
+            self.counts["reset_mismatch"] += 1
+            self.on_event("reset_mismatch", {"group": group, "sandbox": entry.sandbox.id})
+            await _close_quietly(entry.sandbox)
+        return None
+
+    async def _park(self, key: str, group: str, lease: Lease) -> None:
+        """Keep the sandbox for the group's next episode: its processes are ended now (the rest of the reset
+        waits for the next episode), and beyond PARKED_MAX the least recently used group's are closed."""
+        reset = self.reset_factory(lease.sandbox)
+        try:
+            await reset.kill(lease.sandbox)
+        except (SandboxError, OSError):
+            await _close_quietly(lease.sandbox)
+            return
+        self._parked.setdefault((key, group), []).append(_Parked(lease.sandbox, lease.baseline, reset))
+        self._parked.move_to_end((key, group))
+        while sum(map(len, self._parked.values())) > PARKED_MAX:
+            oldest = next(iter(self._parked))
+            for entry in self._parked.pop(oldest):
+                await _close_quietly(entry.sandbox)
+
+
+async def _close_quietly(sandbox: Sandbox) -> None:
+    with contextlib.suppress(SandboxError, OSError):
+        await sandbox.close()
+
+
+def _root(sandbox: Sandbox) -> Path:
+    return Path(sandbox.root)  # type: ignore[attr-defined]
+
+
+def _writable(path: Path) -> None:
+    """Make a tree removable whatever modes an episode left on it (a read-only folder cannot lose its files)."""
+    for folder, dirs, _ in os.walk(path):
+        for name in [".", *dirs]:
+            target = Path(folder, name)
+            with contextlib.suppress(OSError):
+                if not target.is_symlink():
+                    target.chmod(target.stat().st_mode | stat.S_IRWXU)
+
+
+def _replace_tree(source: Path | None, target: Path) -> None:
+    """`target` becomes a copy of `source` (links kept as links), or an empty folder when `source` is None."""
+    if target.exists() or target.is_symlink():
+        _writable(target)
+        shutil.rmtree(target)
+    if source is None:
+        target.mkdir()
+    else:
+        shutil.copytree(source, target, symlinks=True)
+
+
+def _local_state(root: Path, sandbox_id: str) -> str:
+    """The hash the reset check compares: the workdir tree (paths, kinds, modes, contents, link targets), what HOME
+    and tmp hold, and the processes still marked as this sandbox's."""
+    from hrl.sandboxes.local import SANDBOX_MARK
+
+    digest = hashlib.sha256()
+    work = root / "work"
+    for folder, dirs, files in os.walk(work):
+        dirs.sort()
+        for name in sorted([*dirs, *files]):
+            path = Path(folder, name)
+            info = path.lstat()
+            rel = path.relative_to(work).as_posix()
+            digest.update(f"{rel}\0{info.st_mode:o}\0".encode())
+            if stat.S_ISLNK(info.st_mode):
+                digest.update(str(path.readlink()).encode())
+            elif stat.S_ISREG(info.st_mode):
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+            digest.update(b"\n")
+    for folder in ("home", "tmp"):
+        digest.update(f"{folder}:{sorted(p.name for p in (root / folder).iterdir())}\n".encode())
+    mark = f"{SANDBOX_MARK}={sandbox_id}".encode()
+    alive = 0
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            alive += mark in environ.read_bytes().split(b"\0")
+    digest.update(f"procs:{alive}".encode())
+    return digest.hexdigest()
