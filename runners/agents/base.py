@@ -39,6 +39,12 @@ class AgentContext:
         """The OpenAI-style base URL (`…/v1`)."""
         return f"{self.base_url.rstrip('/')}/v1"
 
+    @property
+    def telemetry(self) -> bool:
+        """Whether a CLI that exports OpenTelemetry sends it to the session's receiver (`<base_url>/v1/logs`, its
+        tool calls as it timed them; runners/proxy/otel_in.py): `rollout.agent_options.telemetry`, default on."""
+        return self.options.get("telemetry", True) is not False
+
 
 class AgentRunner(Protocol):
     name: str  # registry name, e.g. "opencode"

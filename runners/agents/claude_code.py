@@ -31,6 +31,20 @@ MODEL_VARS = (
 )
 
 
+def _telemetry(ctx: AgentContext) -> dict[str, str]:
+    """OpenTelemetry log events (`claude_code.tool_result`, …) as OTLP/HTTP protobuf to the session's receiver; the
+    SDK adds /v1/logs to the endpoint. Metrics off; the key in a header, as the model calls send it."""
+    return {
+        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": ctx.base_url.rstrip("/"),
+        "OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={ctx.api_key}",
+        "OTEL_LOGS_EXPORT_INTERVAL": "1000",  # ms: events leave within a second, not only at exit
+    }
+
+
 class ClaudeCodeRunner:
     name = "claude-code"
     version = "2.1.197"
@@ -52,6 +66,7 @@ class ClaudeCodeRunner:
             **dict.fromkeys(MODEL_VARS, ctx.model),
             **dict.fromkeys(OFF, "1"),
             "IS_SANDBOX": "1",  # allows --dangerously-skip-permissions as root
+            **(_telemetry(ctx) if ctx.telemetry else {}),
         }
 
     def command(self, ctx: AgentContext) -> list[str]:

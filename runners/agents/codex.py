@@ -27,6 +27,17 @@ FEATURES_OFF = (
 )
 
 
+def _exporter(ctx: AgentContext) -> str:
+    """`[otel] exporter`: OTLP/HTTP protobuf to the session's receiver (`codex.tool_result`, `codex.tool_decision`
+    log events), or none. The TOML shape is codex's `OtelExporterKind` (codex-rs config types: kebab-case
+    `otlp-http = {endpoint, protocol = "binary" | "json", headers}`); the endpoint is used as given."""
+    if not ctx.telemetry:
+        return '"none"'
+    q = json.dumps
+    endpoint = f"{ctx.base_url.rstrip('/')}/v1/logs"
+    return f'{{ otlp-http = {{ endpoint = {q(endpoint)}, protocol = "binary", headers = {{ "x-api-key" = {q(ctx.api_key)} }} }} }}'
+
+
 def _config(ctx: AgentContext) -> str:
     q = json.dumps  # a JSON string is a valid TOML basic string
     lines = [
@@ -39,7 +50,7 @@ def _config(ctx: AgentContext) -> str:
         'model_reasoning_effort = "none"',
         "[analytics]\nenabled = false",
         "[feedback]\nenabled = false",
-        '[otel]\nexporter = "none"',
+        f"[otel]\nexporter = {_exporter(ctx)}",
         "[agents]\nenabled = false",  # drops the multi_agent namespace tool
         "[features]",
         *(f"{f} = false" for f in FEATURES_OFF),

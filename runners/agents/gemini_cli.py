@@ -14,6 +14,15 @@ from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 __all__ = ["GeminiCliRunner"]
 
 
+def _telemetry(ctx: AgentContext) -> dict[str, object]:
+    """settings.json `telemetry`: OTLP/HTTP protobuf to the session's receiver (target local, otlpProtocol http:
+    packages/core/src/telemetry/sdk.ts adds v1/logs, v1/traces, v1/metrics to otlpEndpoint), prompts not logged."""
+    if not ctx.telemetry:
+        return {"enabled": False}
+    return {"enabled": True, "target": "local", "otlpEndpoint": ctx.base_url.rstrip("/"), "otlpProtocol": "http",
+            "logPrompts": False}  # fmt: skip
+
+
 class GeminiCliRunner:
     name = "gemini-cli"
     version = "0.61.0"
@@ -30,7 +39,7 @@ class GeminiCliRunner:
             "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
             "model": {"name": ctx.model},
             "privacy": {"usageStatisticsEnabled": False},
-            "telemetry": {"enabled": False},
+            "telemetry": _telemetry(ctx),
             "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
         }
         return {".gemini/settings.json": json.dumps(settings, indent=2)}
@@ -41,6 +50,8 @@ class GeminiCliRunner:
             "GEMINI_API_KEY": ctx.api_key,
             "GEMINI_MODEL": ctx.model,
             "GEMINI_CLI_TRUST_WORKSPACE": "true",
+            # the OTLP exporters read their headers from here (settings.json has no headers field)
+            **({"OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={ctx.api_key}"} if ctx.telemetry else {}),
         }
 
     def command(self, ctx: AgentContext) -> list[str]:

@@ -14,6 +14,11 @@ app has no control token):
        only retires its token)
   POST /publish {"path", "kind": "lora"|"full"} · POST /pause · POST /resume
 
+Telemetry in — an agent CLI's own OpenTelemetry export (OTLP/HTTP, protobuf or JSON; runners/proxy/otel_in.py), with
+the session's API key `hrl-<token>` (x-api-key or Authorization: Bearer; 401 without it, 404 for a session that is
+not open here). Its tool events replace the inferred ones in the trace; nothing else of the trace changes:
+  POST /s/<token>/v1/logs · /s/<token>/v1/traces · /s/<token>/v1/metrics (accepted, not read)
+
 Agent scope — a white-box agent's credential: `Authorization: Bearer <agent key>`, the key its root session was
 registered with (`agent_key` in the answer to `POST /sessions`; `Session.issue_agent_key` in process). Good for the
 session tree it was issued for, and nothing else (403 otherwise; no reward, no end of a root, no control route):
@@ -38,6 +43,7 @@ from aiohttp import web
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import BadRequestError, MediaRefusedError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
+from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, decode
 from hrl.runners.proxy.proxy import Proxy, SessionEndedError, UnknownSessionError
 from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
@@ -101,6 +107,7 @@ def _api_key_token(request: web.Request) -> str | None:
 _BAD_INPUT = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, UnicodeError)
 _CONTROL = ("/sessions", "/publish", "/pause", "/resume")
 _SCOPED = ("/children", "/retire")  # agent-key routes under /s/<token>/
+_TELEMETRY = ("/v1/traces", "/v1/logs", "/v1/metrics")  # OTLP/HTTP under /s/<token>/
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -141,6 +148,8 @@ class _Handler:
             return await self._control(request, token, p)
         if token and p in _SCOPED:
             return await self._scoped(request, token, p)
+        if token and p in _TELEMETRY:
+            return await self._telemetry(request, token, p)
         if request.method == "GET":
             return await self._get(p)
         if request.method != "POST":
@@ -194,6 +203,40 @@ class _Handler:
         except ChildLimitError as e:
             return _error(429, f"{e} ({e.hint})")
         return web.json_response({"token": child.token, "base_path": f"/s/{child.token}"}, status=201)
+
+    async def _telemetry(self, request: web.Request, token: str, p: str) -> web.Response:
+        """OTLP/HTTP from the session's agent CLI: its tool calls as it timed them (otel_in.py). The key is the one
+        the model routes take; the body is capped like theirs; only the session's tool events and counts change."""
+        if request.method != "POST":
+            return _error(405, "method not allowed")
+        key = _api_key_token(request)
+        if key is None or not hmac.compare_digest(key.encode(), token.encode()):
+            return _error(401, "telemetry: send the session's API key (hrl-<token>) as x-api-key or Bearer")
+        session = self.proxy.sessions.get(token)
+        if session is None:
+            return _error(404, "telemetry: no such session open on this proxy (it ended, or was never registered)")
+        cap = min(self.proxy.config.max_body_bytes, MAX_BODY_BYTES)
+        too_large = _error(413, f"telemetry body over the limit of {cap} bytes")
+        if (request.content_length or 0) > cap:
+            return too_large
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large
+        if len(raw) > cap:
+            return too_large
+        signal = p.rsplit("/", 1)[-1]
+        try:
+            doc = decode(signal, raw, request.content_type)
+            if signal != "metrics":
+                session.telemetry.take(signal, doc, session.root.started_at)
+        except TelemetryUnsupportedError as e:
+            return _error(415, str(e))
+        except (TelemetryDecodeError, *_BAD_INPUT) as e:
+            return _error(400, f"telemetry: {e}")
+        if request.content_type == "application/json":
+            return web.json_response({})
+        return web.Response(body=b"", content_type="application/x-protobuf")  # an empty Export*ServiceResponse
 
     async def _get(self, p: str) -> web.Response:
         if p == "/health":

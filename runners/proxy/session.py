@@ -21,6 +21,7 @@ from typing import Any
 from hrl.errors import HrlError
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest, media_counts
+from hrl.runners.proxy.otel_in import ReceivedTools, merge_tools
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply
 from hrl.runners.trace import INFRA_FAILURES, SCHEMA, binary_success
 
@@ -89,6 +90,7 @@ class Session:
         self.pinned_version: int | None = None  # `pin` policy: the version this session's calls are served by
         self.held_version = False  # opened with a version: kept under any policy, never left for the live one
         self._pending_tools: dict[str, tuple[str, float]] = {}  # tool_call_id -> (name, issued at)
+        self.telemetry = ReceivedTools()  # what the agent CLI exported about its tools (otel_in.py)
         self.rejected: list[dict[str, Any]] = []  # the last 100 requests answered with a 4xx: the trace keeps them
         self.rejected_count = 0  # all of them
         self._rendered: _Rendered | None = None  # the last planned request: (messages, tools key, rendered text)
@@ -294,10 +296,11 @@ class Session:
             "calls": _encode_calls(self.calls, t0, agentic),
             "tools": [
                 {**t, "started_at": round(t["started_at"] - t0, 3), "ended_at": round(t["ended_at"] - t0, 3)}
-                for t in self.tools
+                for t in merge_tools(self.tools, self.telemetry)
             ],
             "metadata": {**meta.get("metadata", {}), **(extra or {})}
             | ({"rejected_requests": self.rejected_count} if self.rejected_count else {})
+            | ({"telemetry_events": dict(self.telemetry.counts)} if self.telemetry.counts else {})
             | ({"children_refused": self.children_refused} if self.children_refused else {}),
         } | extras
 
@@ -322,6 +325,7 @@ class ChildSession(Session):
         super().__init__(token, root.meta)
         self.root, self.agent, self.trainable = root, name, trainable
         self.calls, self.tools, self._pending_tools = root.calls, root.tools, root._pending_tools  # one trace
+        self.telemetry = root.telemetry
 
     @property  # type: ignore[override]
     def last_active(self) -> float:
