@@ -50,7 +50,8 @@ class GeminiCliRunner:
             "GEMINI_API_KEY": ctx.api_key,
             "GEMINI_MODEL": ctx.model,
             "GEMINI_CLI_TRUST_WORKSPACE": "true",
-            # the OTLP exporters read their headers from here (settings.json has no headers field)
+            # settings.json has no headers field; its OTLP/HTTP exporters merge this variable into theirs
+            # (opentelemetry-js otlp-exporter-base: convertLegacyHttpOptions, getNodeHttpConfigurationFromEnvironment)
             **({"OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={ctx.api_key}"} if ctx.telemetry else {}),
         }
 
