@@ -41,6 +41,7 @@ __all__ = [
     "ToolReport",
     "decode",
     "merge_tools",
+    "read",
 ]
 
 SIGNALS = ("traces", "logs", "metrics")
@@ -81,6 +82,10 @@ class ToolReport:
     error: str | None = None
 
 
+# (event name, the tool call it reports, (call id, decision) it decides): one per log record or span
+Item = tuple[str, ToolReport | None, tuple[str, str] | None]
+
+
 @dataclass
 class ReceivedTools:
     """A session's received telemetry: the tool reports, the decisions by call id, and every event counted by name."""
@@ -89,25 +94,35 @@ class ReceivedTools:
     decisions: dict[str, str] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
 
-    def take(self, signal: str, doc: dict[str, Any], since: float) -> int:
-        """Read one decoded export into this session; returns how many records it held. Times outside the session
-        (before `since`, or in the future: another clock) are replaced by the time it arrived."""
+    def add(self, items: list[Item], since: float) -> None:
+        """Take one export's items (`read`) into this session. A report timed outside the session (before
+        `since`, or in the future: another clock) is taken as ending when it arrived."""
         now = time.time()
-        records = _log_records(doc) if signal == "logs" else _spans(doc)
-        for name, attrs, at, extra in records:
+        for name, report, decision in items:
             key = name if name in self.counts or len(self.counts) < MAX_NAMES else "other"
             self.counts[key] += 1
-            report = _tool_report(name, attrs, at, extra)
-            if report is not None and not since - 1 <= at <= now + 1:
+            if report is not None and not since - 1 <= report.ended_at <= now + 1:
                 report = replace(report, ended_at=now)
-            if report is not None:
-                if len(self.reports) < MAX_EVENTS:
-                    self.reports.append(report)
-                else:
-                    self.counts["dropped"] += 1
-            elif name in _DECISIONS and (cid := _call_id(attrs)) and len(self.decisions) < MAX_EVENTS:
-                self.decisions[cid] = _decision(attrs.get("decision")) or ""
-        return len(records)
+            if report is not None and len(self.reports) < MAX_EVENTS:
+                self.reports.append(report)
+            elif report is not None:
+                self.counts["dropped"] += 1
+            elif decision is not None and len(self.decisions) < MAX_EVENTS:
+                self.decisions[decision[0]] = decision[1]
+
+
+def read(signal: str, body: bytes, content_type: str) -> list[Item]:
+    """What an OTLP/HTTP export body says, session-free (the server runs it off the event loop)."""
+    if signal == "metrics":
+        decode(signal, body, content_type)  # the content type is still checked
+        return []
+    doc = decode(signal, body, content_type)
+    items: list[Item] = []
+    for name, attrs, at, extra in _log_records(doc) if signal == "logs" else _spans(doc):
+        cid = _call_id(attrs)
+        decides = (cid, _decision(attrs.get("decision")) or "") if name in _DECISIONS and cid else None
+        items.append((name, _tool_report(name, attrs, at, extra), decides))
+    return items
 
 
 # ---- decoding ------------------------------------------------------------------------------------------------------

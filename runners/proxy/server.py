@@ -43,7 +43,7 @@ from aiohttp import web
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import BadRequestError, MediaRefusedError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
-from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, decode
+from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, read
 from hrl.runners.proxy.proxy import Proxy, SessionEndedError, UnknownSessionError
 from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
@@ -225,15 +225,15 @@ class _Handler:
             return too_large
         if len(raw) > cap:
             return too_large
-        signal = p.rsplit("/", 1)[-1]
-        try:
-            doc = decode(signal, raw, request.content_type)
-            if signal != "metrics":
-                session.telemetry.take(signal, doc, session.root.started_at)
+        try:  # off the loop: a large export takes a while to parse
+            items = await asyncio.to_thread(read, p.rsplit("/", 1)[-1], raw, request.content_type)
         except TelemetryUnsupportedError as e:
             return _error(415, str(e))
         except (TelemetryDecodeError, *_BAD_INPUT) as e:
             return _error(400, f"telemetry: {e}")
+        if self.proxy.sessions.get(token) is not session:
+            return _error(404, "telemetry: the session ended while its export was read")
+        session.telemetry.add(items, session.root.started_at)
         if request.content_type == "application/json":
             return web.json_response({})
         return web.Response(body=b"", content_type="application/x-protobuf")  # an empty Export*ServiceResponse

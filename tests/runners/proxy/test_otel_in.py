@@ -239,3 +239,17 @@ def test_turned_off_each_runner_exports_nothing():
     gemini = GeminiCliRunner()
     assert json.loads(gemini.files(ctx)[".gemini/settings.json"])["telemetry"] == {"enabled": False}
     assert "OTEL_EXPORTER_OTLP_HEADERS" not in gemini.env(ctx)
+
+
+def test_a_session_keeps_bounded_counts_and_reads_foreign_clocks_as_arrival():
+    received, now = otel_in.ReceivedTools(), time.time()
+    late = otel_in.ToolReport("bash", "c1", ended_at=now + 3600, duration_s=0.5, ok=True)  # an hour ahead: a bad clock
+    names = [(f"x.event{i}", None, None) for i in range(otel_in.MAX_NAMES + 10)]
+    received.add([("codex.tool_result", late, None), *names], since=now - 5)
+    assert received.reports[0].ended_at <= time.time()  # taken as ending when it arrived, not an hour on
+    assert len(received.counts) == otel_in.MAX_NAMES + 1  # 256 names, then the 11 beyond them as "other"
+    assert received.counts["other"] == 11
+    inferred = [{"name": "bash", "tool_call_id": "c0", "started_at": now - 3, "ended_at": now - 2},
+                {"name": "bash", "tool_call_id": "c1", "started_at": now - 2, "ended_at": now - 1}]  # fmt: skip
+    merged = otel_in.merge_tools(inferred, received)
+    assert [(t["tool_call_id"], t["source"]) for t in merged] == [("c0", "inferred"), ("c1", "otel")]  # by call id
