@@ -24,8 +24,9 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/tool_parse_errors`  calls whose tool-call markup did not parse (`tool_parse_error`; sent as text);
   absent when none did. Per step: the sum over the step's traces, 0 included.
 - `trace/sandbox_acquire_s`  infrastructure time apart from the agent's: asking for the episode's sandbox to holding
-  a ready one (created, taken from the warm pool, or a group's reused one with its reset); trace metadata
-  `sandbox_acquire_s`. `trace/sandbox_reset_s`: the reset and its check, for a reused sandbox only.
+  it at the task's start state (created or taken from the warm pool, then the task laid out; or a group's reused
+  one, reset and checked); trace metadata `sandbox_acquire_s`. `trace/sandbox_reset_s`: the reset and its check,
+  for a reused sandbox only.
 - `trace/degenerate`         1 for a trace flagged `degenerate` (one model call for an agentic task: the call
   offered tools and no second call followed); absent otherwise. Per step: how many, 0 included.
 

@@ -53,7 +53,7 @@ class Lease:
     """One episode's sandbox and what getting it cost (the infrastructure time apart from the agent's)."""
 
     sandbox: Sandbox
-    acquire_s: float = 0.0  # asking to holding a ready sandbox: create, pooled, or a reused one's reset + check
+    acquire_s: float = 0.0  # asking to holding the task's start state: (create | pooled) + prepare, or reset + check
     reset_s: float | None = None  # the reset + check of a reused sandbox; None when it was not reused
     source: Literal["created", "pooled", "reused"] = "created"
     baseline: str = ""  # reuse: the state hash the group's first episode started from
@@ -216,6 +216,7 @@ class SandboxPool:
             except BaseException:
                 await _close_quietly(lease.sandbox)
                 raise
+            lease.acquire_s = time.monotonic() - started  # the layout included: what a reset stands in for
         try:
             yield lease
         except BaseException:
