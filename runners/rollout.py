@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hrl.errors import UsageError
 from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
@@ -120,6 +121,12 @@ class AgentRollouts:
         name = options.pop("name", "tests")
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self.verifier_section = {"name": name, **options}  # archived with each episode, for `hrl regrade`
+        if config.reuse == "group" and getattr(getattr(self.verifier, "config", None), "carry", "") == "container":
+            raise UsageError(
+                "rollout.reuse: group cannot go with a Harbor verifier that grades the agent's whole container "
+                "(carry: container): what one episode left outside the workdir would be graded with the next",
+                hint="set verifier.carry: workdir (only the workdir is graded), or rollout.reuse: none",
+            )
         self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
                                 on_event=on_event)  # fmt: skip
         self._install: AgentInstall | None = None

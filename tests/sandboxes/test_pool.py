@@ -201,3 +201,17 @@ def test_step_metrics_carry_sandbox_times_and_reset_mismatches() -> None:
     assert out["trace/sandbox_reset_s"] == 0.25
     assert out["rollout/reset_mismatch"] == 2.0
     assert "rollout/reset_mismatch" not in step_metrics([trace({})])  # no pool said anything: no metric
+
+
+def test_reuse_is_refused_where_the_grade_would_see_the_whole_reused_container() -> None:
+    """A Harbor verifier with carry: container grades the agent's committed container, files outside the workdir
+    too: a reused one would carry the previous episode's into the next one's grade. (The docker backend object is
+    made, never connected: no daemon is asked anything.)"""
+    from hrl.errors import UsageError
+    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+
+    cfg = RolloutConfig(agent="mini-swe-agent", sandbox="docker", reuse="group")
+    with pytest.raises(UsageError, match="carry: container") as refused:
+        AgentRollouts(None, cfg, verifier={"name": "harbor"})  # type: ignore[arg-type]
+    assert "carry: workdir" in (refused.value.hint or "")
+    assert AgentRollouts(None, cfg, verifier={"name": "harbor", "carry": "workdir"}).pool.reuse == "group"  # type: ignore[arg-type]
