@@ -118,8 +118,10 @@ class LocalReset(Reset):
 
 
 class ExecReset(Reset):
-    """Any backend, through `exec` (docker): a tar of the workdir kept in the sandbox, restored with tar; processes
-    found by the mark every exec carries (HRL_EXEC) and killed, but for the reset's own. Needs GNU find and tar."""
+    """Any backend, through `exec` (docker): tars of the workdir and of /tmp (where the agent's HOME lies) kept in
+    the sandbox, restored with tar; processes found by the mark every exec carries (HRL_EXEC) and killed, but the
+    reset's own and those already running at the snapshot (hrl's relay to the proxy). The image user's own HOME is
+    left as the image has it (an environment may live there). Needs GNU find and tar."""
 
     STORE = "/var/tmp/hrl-reset"
 
@@ -130,7 +132,11 @@ class ExecReset(Reset):
         return result.stdout
 
     async def snapshot(self, sandbox: Sandbox) -> None:
-        await self._run(sandbox, 'rm -rf "$2" && mkdir -p "$2" && tar -C "$1" -cpf "$2/work.tar" .')
+        script = (
+            'rm -rf "$2" && mkdir -p "$2" && tar -C "$1" -cpf "$2/work.tar" . && tar -C /tmp -cpf "$2/tmp.tar" . '
+            '&& others > "$2/keep.new" && mv "$2/keep.new" "$2/keep"'
+        )
+        await self._run(sandbox, _KILL_OTHERS + script)
 
     async def kill(self, sandbox: Sandbox) -> None:
         await self._run(sandbox, _KILL_OTHERS + 'others | while read -r p; do kill -9 "$p" 2>/dev/null; done; true')
@@ -138,8 +144,8 @@ class ExecReset(Reset):
     async def restore(self, sandbox: Sandbox) -> None:
         await self._run(
             sandbox,
-            'rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* "$HOME"/* "$HOME"/.[!.]* "$HOME"/..?* 2>/dev/null; '
-            'rm -rf "$1" && mkdir -p "$1" && tar -C "$1" -xpf "$2/work.tar"',
+            "rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* 2>/dev/null; "
+            'tar -C /tmp -xpf "$2/tmp.tar" && rm -rf "$1" && mkdir -p "$1" && tar -C "$1" -xpf "$2/work.tar"',
         )
 
     async def state(self, sandbox: Sandbox) -> str:
@@ -147,15 +153,17 @@ class ExecReset(Reset):
             sandbox,
             _KILL_OTHERS + 'cd "$1" && { find . -printf "%y %m %p %l\\n" | LC_ALL=C sort; '
             "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum; "
-            'echo tmp; ls -A /tmp; echo home; ls -A "$HOME"; echo procs; others; } | sha256sum',
+            'echo tmp; find /tmp -printf "%y %m %p %l\\n" | LC_ALL=C sort; echo procs; others; } | sha256sum',
         )
         return out.split()[0] if out.split() else ""
 
 
-# processes of other execs (HRL_EXEC set, not this one's value): what an episode left running
+# processes of other execs (HRL_EXEC set, not this one's value), but those running when the snapshot was taken
+# ($2/keep): what an episode left running
 _KILL_OTHERS = (
     "others() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
-    '[ "$p" = "$$" ] && continue; v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
+    '[ "$p" = "$$" ] && continue; [ -f "$2/keep" ] && grep -qx "$p" "$2/keep" && continue; '
+    'v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
     '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; }; '
 )
 

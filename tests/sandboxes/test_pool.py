@@ -215,3 +215,56 @@ def test_reuse_is_refused_where_the_grade_would_see_the_whole_reused_container()
         AgentRollouts(None, cfg, verifier={"name": "harbor"})  # type: ignore[arg-type]
     assert "carry: workdir" in (refused.value.hint or "")
     assert AgentRollouts(None, cfg, verifier={"name": "harbor", "carry": "workdir"}).pool.reuse == "group"  # type: ignore[arg-type]
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_docker_reuse_resets_through_exec_and_a_broken_reset_is_caught(swe_image: str) -> None:
+    """The same reset in a container (`ExecReset`: tar, /proc, find): the second episode of a group finds the
+    first one's start; a reset that forgets the workdir is counted and replaced; nothing is left after close."""
+    import docker
+
+    from hrl.sandboxes.docker import DockerBackend
+    from hrl.sandboxes.pool import ExecReset
+
+    task = mini_task("docker")
+    grader = verifier("docker")
+    spec = grader.sandbox_spec(task)
+    rid = f"test-{uuid.uuid4().hex[:8]}"
+    look = "git status --porcelain; cat mini/__init__.py; ls -A; ls -A /tmp"
+
+    class NoRestore(ExecReset):
+        async def restore(self, sandbox: Any) -> None:
+            await self._run(sandbox, "rm -rf /tmp/hrl-home-*")
+
+    async def prepare(sandbox: Any) -> None:
+        await grader.prepare(sandbox, task)
+
+    async def main() -> None:
+        backend = DockerBackend()
+        pool = SandboxPool(backend, rid, reuse="group")
+        async with pool.lease(spec, "g-0", prepare=prepare, group="g") as one:
+            box = one.sandbox
+            start = (await box.exec(look)).stdout
+            work = await box.exec(
+                "echo junk > left.txt && echo '# edit' >> mini/__init__.py && mkdir -p /tmp/hrl-home-x "
+                "&& echo h > /tmp/hrl-home-x/h && (sleep 300 >/dev/null 2>&1 &)"
+            )
+            assert work.exit_code == 0, work.stderr
+            assert "sleep 300" in (await box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")).stdout
+        async with pool.lease(spec, "g-1", prepare=prepare, group="g") as two:
+            assert two.source == "reused" and two.sandbox is box and two.reset_s is not None
+            assert (await box.exec(look)).stdout == start
+            assert "sleep 300" not in (await box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")).stdout
+        await pool.close()
+        broken = SandboxPool(backend, rid, reuse="group", reset_factory=lambda sandbox: NoRestore())
+        async with broken.lease(spec, "b-0", prepare=prepare, group="b") as one:
+            await one.sandbox.exec("echo junk > left.txt")
+        async with broken.lease(spec, "b-1", prepare=prepare, group="b") as two:
+            assert two.source == "created" and two.sandbox is not one.sandbox and two.mismatches == 1
+            assert (await two.sandbox.exec("ls left.txt")).exit_code != 0
+        await broken.close()
+
+    asyncio.run(main())
+    left = docker.from_env().containers.list(all=True, filters={"label": f"hrl.run={rid}"}, ignore_removed=True)
+    assert left == []
