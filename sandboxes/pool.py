@@ -7,14 +7,15 @@
   run left; `close()` removes every sandbox the pool still holds at the end of the run.
 - `reuse="group"`: an episode's sandbox is parked for the other episodes of its group (same task, same spec, never
   another group's or run's). The next one takes it after a reset — every process the previous episode started
-  killed, HOME and the temp folder emptied, the workdir restored from the snapshot taken right after the first
-  episode's `prepare` — and a check that the reset state hashes as the first episode's starting state did (the
+  killed, HOME and the temp folder emptied (docker: /tmp, where the agent's HOME lies, back to its snapshot), the
+  workdir restored from the snapshot taken right after the first episode's `prepare` — and a check that the reset state hashes as the first episode's starting state did (the
   workdir tree: paths, kinds, modes, contents, link targets; HOME and tmp empty; no process left). A mismatch closes
   that sandbox, counts `reset_mismatch`, and the episode gets a fresh one. Episodes of a group that run at once each
   get their own sandbox (none waits for another's); what the group parks is reused by the later ones.
 - `warm=0, reuse="none"` (the defaults): every episode creates its sandbox and closes it, as without a pool.
 
-Grading never uses a pooled or reused sandbox: verifiers grade in a fresh sandbox of their own.
+Grading never runs in a pooled or reused sandbox: the test verifier grades in a fresh sandbox of its own (and
+`AgentRollouts` refuses reuse with a Harbor verifier that would grade the agent's whole container).
 """
 
 from __future__ import annotations
