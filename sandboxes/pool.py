@@ -336,6 +336,9 @@ class SandboxPool:
                 now = await entry.reset.state(entry.sandbox)
             except (SandboxError, OSError) as exc:
                 now = f"error: {exc}"
+            except BaseException:  # cancelled mid-reset: the sandbox is no longer parked, so no one else closes it
+                await _close_quietly(entry.sandbox)
+                raise
             if now == entry.baseline:
                 self.counts["reused"] += 1
                 done = time.monotonic()
@@ -352,6 +355,12 @@ class SandboxPool:
         try:
             await reset.kill(lease.sandbox)
         except (SandboxError, OSError):
+            await _close_quietly(lease.sandbox)
+            return
+        except BaseException:
+            await _close_quietly(lease.sandbox)
+            raise
+        if self._closed:  # the run ended while the processes were being killed
             await _close_quietly(lease.sandbox)
             return
         self._parked.setdefault((key, group), []).append(_Parked(lease.sandbox, lease.baseline, reset))
