@@ -141,7 +141,7 @@ class LocalBackend:
             if run_id is None and pid_alive(int(info.get("pid", 0))):
                 continue
             await asyncio.to_thread(kill_marked, SANDBOX_MARK, path.name)
-            await asyncio.to_thread(shutil.rmtree, path, True)
+            await asyncio.to_thread(_remove_root, path)
             removed += 1
         return removed
 
@@ -333,7 +333,7 @@ class LocalSandbox:
         for group in self._groups:
             with contextlib.suppress(OSError):
                 os.killpg(group, signal.SIGKILL)
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        await asyncio.to_thread(_remove_root, self.root)
         if self.root.exists():
             raise SandboxError(f"cannot delete local sandbox directory {self.root}")
         self._closed = True
@@ -347,7 +347,9 @@ def _make_root(parent: Path, run_id: str, episode_id: str) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{_clean(run_id)}-", dir=parent))
     info = {"run_id": run_id, "episode_id": episode_id, "pid": os.getpid(), "created": time.time()}
-    (root / MARKER).write_text(json.dumps(info))
+    partial = root / f".{MARKER}.tmp"  # renamed into place: a marker is whole or absent, never half written
+    partial.write_text(json.dumps(info))
+    partial.rename(root / MARKER)
     return root
 
 
@@ -374,6 +376,23 @@ def _temp_dirs() -> list[str]:
 def host_env(allow: Sequence[str]) -> dict[str, str]:
     """The host's variables whose names match one of `allow` (names or fnmatch globs, case-sensitive)."""
     return {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, p) for p in allow)}
+
+
+def _remove_root(root: Path) -> None:
+    """Delete a sandbox directory with its marker last: a process killed half-way leaves a directory that `prune`
+    still finds (by its marker) and finishes, never an unmarked one that nothing would claim."""
+    with contextlib.suppress(OSError):
+        for child in root.iterdir():
+            if child.name == MARKER:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    child.unlink()
+    with contextlib.suppress(OSError):
+        (root / MARKER).unlink()
+    shutil.rmtree(root, ignore_errors=True)  # what a racing writer added after the listing
 
 
 def _find_roots(parent: Path) -> list[tuple[Path, dict[str, Any]]]:

@@ -99,7 +99,7 @@ def test_engine_app_refuses_every_route_without_its_token_and_serves_with_it(tin
 
             assert await good.publish("unused", "lora") == 1 == engine.version
             assert await good.health()
-            assert (await good.read_metrics()) == {}  # a scripted engine has no vLLM metrics
+            assert (await good.read_metrics()) == (await engine.read_metrics())  # the engine's own, through the token
 
             stranger = RemoteEngine(RemoteEngineConfig(url=url, token=secrets.token_urlsafe(32), startup_timeout_s=600))
             with pytest.raises(EngineStartError, match="refused this run's token"):
