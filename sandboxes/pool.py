@@ -165,7 +165,7 @@ _KILL_OTHERS = (
     "others() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
     '[ "$p" = "$$" ] && continue; [ -f "$2/keep" ] && grep -qx "$p" "$2/keep" && continue; '
     'v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
-    '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; }; '
+    '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; true; }; '  # its status: not the last test's
 )
 
 
