@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,8 @@ MAX_NAMES = 256  # distinct event names counted per session; others count as "ot
 _TOOL_RESULTS = {"claude_code.tool_result": "tool_name", "codex.tool_result": "tool_name",
                  "gemini_cli.tool_call": "function_name"}  # fmt: skip
 _DECISIONS = ("claude_code.tool_decision", "codex.tool_decision")
+_KNOWN = {*_TOOL_RESULTS, *_DECISIONS}
+_EVENT_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")  # claude_code.tool_result, not a tracing message
 _CALL_ID_KEYS = ("call_id", "tool_use_id", "tool_call_id", "gen_ai.tool.call.id")
 _ACCEPT = {"accept", "auto_accept", "modify", "approved", "approved_for_session", "approved_execpolicy_amendment",
            "allow", "yes"}  # fmt: skip
@@ -201,8 +204,9 @@ _Record = tuple[str, dict[str, Any], float, dict[str, Any]]
 
 
 def _log_records(doc: dict[str, Any]) -> list[_Record]:
-    """(event name, attributes, epoch seconds, {}) per log record. The name: the record's `eventName`, else a string
-    body (Claude Code's), else its `event.name` attribute (Codex's, Gemini CLI's)."""
+    """(event name, attributes, epoch seconds, {}) per log record. The name: whichever of the record's `eventName`,
+    a dotted string body (Claude Code's) and its `event.name` attribute (Codex's, Gemini CLI's) is an event hrl
+    maps, else the first of them that is set, in that order."""
     out: list[_Record] = []
     for rl in _list(doc, "resourceLogs"):
         for sl in _list(rl, "scopeLogs"):
@@ -211,8 +215,11 @@ def _log_records(doc: dict[str, Any]) -> list[_Record]:
                     continue
                 attrs = _attrs(r.get("attributes"))
                 body = _value(r.get("body"))
-                name = r.get("eventName") or (body if isinstance(body, str) and "." in body[:64] else None)
-                name = str(name or attrs.get("event.name") or "unnamed")[:128]
+                dotted = body if isinstance(body, str) and _EVENT_NAME.fullmatch(body[:128]) else None
+                said = [str(n)[:128] for n in (r.get("eventName"), dotted, attrs.get("event.name")) if n]
+                # a name hrl maps wins wherever it is said (Codex's body is its tracing message, "event <file:line>",
+                # its name the event.name attribute; Claude Code's body is the name); else the first one said
+                name = next((n for n in said if n in _KNOWN), said[0] if said else "unnamed")
                 at = _seconds(r.get("timeUnixNano")) or _seconds(r.get("observedTimeUnixNano"))
                 out.append((name, attrs, at, {}))
     return out

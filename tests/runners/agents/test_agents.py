@@ -223,6 +223,14 @@ def test_needs_tty_gives_the_cli_a_terminal(tmp_path):
 DASH_TASK = f"--- task ---\nWrite the word {PROBE_TEXT} into the file {PROBE_FILE}."
 
 
+# the CLIs that export OpenTelemetry, and the event that reports their tool call (runners/proxy/otel_in.py)
+OTEL_EVENTS = {
+    "codex": "codex.tool_result",
+    "claude-code": "claude_code.tool_result",
+    "gemini-cli": "gemini_cli.tool_call",
+}
+
+
 def _check_episode(name: str, probe: Probe, node: Any, model: str) -> None:
     from transformers import AutoTokenizer
 
@@ -239,6 +247,10 @@ def _check_episode(name: str, probe: Probe, node: Any, model: str) -> None:
         assert calls[main[0]]["finish_reason"] == "tool_calls"
         assert [t["name"] for t in trace["tools"]] == [tool]
         assert trace["tools"][0]["ended_at"] >= trace["tools"][0]["started_at"]
+    if name in OTEL_EVENTS:  # the CLI's own telemetry reached the session: its tool event replaced the inferred one
+        event = trace["tools"][0]
+        assert (event["source"], event["status"], event["decision"]) == ("otel", "ok", "accept"), event
+        assert trace["metadata"]["telemetry_events"].get(OTEL_EVENTS[name]) == 1, trace["metadata"]["telemetry_events"]
     first, second = main
     prev = call_prompt_ids(trace, first) + calls[first]["response_ids"]
     assert call_prompt_ids(trace, second)[: len(prev)] == prev  # token-exact: sampled ids reused verbatim

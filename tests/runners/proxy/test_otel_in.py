@@ -51,7 +51,9 @@ def _logs(*records: tuple[str, dict[str, Any]], body_name: bool = False) -> byte
                                              attributes=kv))  # fmt: skip
         else:
             kv.append(common_pb2.KeyValue(key="event.name", value=_value(name)))
-            out.append(log_records.LogRecord(time_unix_nano=now, attributes=kv))
+            # Codex's body is its tracing message, which names the source line (seen from codex 0.171), not the event
+            message = common_pb2.AnyValue(string_value="event otel/src/events/session_telemetry.rs:737")
+            out.append(log_records.LogRecord(time_unix_nano=now, body=message, attributes=kv))
     scope = log_records.ScopeLogs(log_records=out)
     msg = logs_pb2.ExportLogsServiceRequest(resource_logs=[log_records.ResourceLogs(scope_logs=[scope])])
     return msg.SerializeToString()
