@@ -16,9 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import opentelemetry.sdk  # noqa: F401  # the telemetry extra, which .ci/setup.sh installs: a missing one fails here
 import pytest
-
-pytest.importorskip("opentelemetry.sdk", reason="the telemetry extra: pip install 'hrl[telemetry]'")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,

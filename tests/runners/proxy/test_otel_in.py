@@ -14,6 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb2  # the telemetry extra
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.logs.v1 import logs_pb2 as log_records
 
 from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.claude_code import ClaudeCodeRunner
@@ -22,10 +25,6 @@ from hrl.runners.agents.gemini_cli import GeminiCliRunner
 from hrl.runners.proxy import otel_in
 from hrl.runners.trace import read_traces
 from tests.proxy_helpers import TOOLS, running_proxy
-
-logs_pb2 = pytest.importorskip("opentelemetry.proto.collector.logs.v1.logs_service_pb2")
-from opentelemetry.proto.common.v1 import common_pb2  # noqa: E402
-from opentelemetry.proto.logs.v1 import logs_pb2 as log_records  # noqa: E402
 
 SCRIPT = [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, "Done."]
 PROTO = {"Content-Type": "application/x-protobuf"}
