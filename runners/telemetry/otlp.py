@@ -30,17 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.telemetry.spans import Span, episode_spans, otlp_trace_id, step_of, step_span
 
-__all__ = [
-    "OtlpExporter",
-    "Span",
-    "TelemetryConfig",
-    "episode_spans",
-    "export_step",
-    "export_written",
-    "exporting",
-    "otlp_trace_id",  # re-exported from spans, where the mapping lives
-    "step_of",
-]
+__all__ = ["OtlpExporter", "TelemetryConfig", "export_step", "export_written", "exporting"]
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 PIP_HINT = "pip install 'hrl[telemetry]' (opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"

@@ -1,5 +1,5 @@
 """Traces as OTLP/JSON (the JSON encoding of an `ExportTraceServiceRequest`), for `hrl export --format otlp-json`:
-the same span dicts the live OTLP exporter sends (`otlp.episode_spans`: an episode span, a child per model call
+the same span dicts the live OTLP exporter sends (`spans.episode_spans`: an episode span, a child per model call
 and per tool event, `gen_ai.*` and `rl.*` attributes, no token ids), written as a file any collector, Jaeger or
 Tempo import reads, without the OpenTelemetry SDK.
 
@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.telemetry.otlp import Span, episode_spans, step_of
+from hrl.runners.telemetry.spans import Span, episode_spans, otlp_trace_id, step_of
 
 __all__ = ["SPAN_KIND_CLIENT", "SPAN_KIND_INTERNAL", "any_value", "export_request"]
 
@@ -24,13 +24,6 @@ STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.StatusCode
 
 def _hex(seed: str, chars: int) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:chars]
-
-
-def _trace_id(trace_id: str) -> str:
-    """The hrl trace id itself when it is one OTLP can carry (32 hex digits, not all zero), so a span finds its
-    trace file by id; else a hash of it."""
-    ok = len(trace_id) == 32 and all(c in "0123456789abcdef" for c in trace_id) and trace_id.strip("0")
-    return trace_id if ok else _hex(trace_id, 32)
 
 
 def any_value(v: Any) -> dict[str, Any]:
@@ -82,7 +75,7 @@ def export_request(
     trainer_version: int | None = None,
 ) -> dict[str, Any]:
     """(source file, trace) pairs as one ExportTraceServiceRequest dict: one resource, one scope, every trace's
-    episode span tree under its own OTLP trace id. The file name gives `rl.step` and `rl.phase` (`otlp.step_of`);
+    episode span tree under its own OTLP trace id. The file name gives `rl.step` and `rl.phase` (`spans.step_of`);
     `trainer_version` (the version the step trained, when known) gives `rl.staleness`."""
     spans: list[dict[str, Any]] = []
     for source, trace in traces:
@@ -90,7 +83,7 @@ def export_request(
         tree = episode_spans(
             trace, run_id=run_id, step=step, phase=phase, trainer_version=trainer_version, provider=provider
         )
-        spans += _spans(tree, _trace_id(str(trace["trace_id"])), "episode", None)
+        spans += _spans(tree, otlp_trace_id(str(trace["trace_id"])), "episode", None)
     resource = {"service.name": service_name, **({"rl.run": run_id} if run_id else {})}
     scope = {"name": "hrl.runners.telemetry", **({"version": version} if version else {})}
     return {"resourceSpans": [{"resource": {"attributes": _attributes(resource)},
