@@ -14,7 +14,8 @@ from hrl.train.samples import build_samples, retained_tokens
 from hrl.train.trainer import TrainerConfig, token_weights
 
 
-def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=False, finish="stop"):
+def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=False, finish="stop", versions=None):
+    """A recorded call; `versions`: its runs of [first token, version] (default: every token of version 3)."""
     c = {
         "call_id": cid,
         "dialect": "chat",
@@ -22,7 +23,7 @@ def _call(cid, prompt=None, ref=None, suffix=(), resp=(), parent=None, side=Fals
         "side": side,
         "response_ids": list(resp),
         "response_logprobs": [-0.5] * len(resp),
-        "versions": [[0, 3]],
+        "versions": versions or [[0, 3]],
         "finish_reason": finish,
     }
     if ref:

@@ -12,25 +12,12 @@ from hrl.train.loop import LoopConfig
 from hrl.train.samples import build_samples, mask_stale
 from hrl.train.step import update_from_traces
 from hrl.train.trainer import Trainer, TrainerConfig
+from tests.train.test_math import _call as math_call
 
 
 def _call(cid: str, resp: list[int], versions: list[list[int]], prompt=(), ref=None, suffix=(), parent=None) -> dict:
-    c = {
-        "call_id": cid,
-        "dialect": "chat",
-        "stream": False,
-        "response_ids": resp,
-        "response_logprobs": [-0.5] * len(resp),
-        "versions": versions,  # runs: [first token, version]
-        "finish_reason": "stop",
-    }
-    if ref:
-        c["prompt_ref"], c["prompt_suffix_ids"] = {"call_id": ref[0], "length": ref[1]}, list(suffix)
-    else:
-        c["prompt_ids"] = list(prompt)
-    if parent:
-        c["parent"] = parent
-    return c
+    """A recorded call whose tokens carry `versions` (runs: [first token, version])."""
+    return math_call(cid, prompt=prompt, ref=ref, suffix=suffix, resp=resp, parent=parent, versions=versions)
 
 
 def _trace(tid: str, group: str, reward: float, calls: list[dict]) -> dict:
