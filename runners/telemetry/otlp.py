@@ -197,25 +197,24 @@ class OtlpExporter:
 _active: OtlpExporter | None = None
 
 
-def export_written(trace: dict[str, Any], source: str | Path | None = None) -> None:
-    """Called by every trace writer after a trace is on disk: exports it when an exporter is active. Never raises:
-    a telemetry fault must not lose an episode."""
+def _guarded(export: Callable[[OtlpExporter], None], what: str) -> None:
+    """`export` on the active exporter, if any. Never raises: a telemetry fault must not lose an episode or step."""
     if _active is None:
         return
     try:
-        _active.export_trace(trace, source)
+        export(_active)
     except Exception as e:
-        _active._failed(1, _sdk().SpanExportResult, f"could not build the spans: {e}")
+        _active._failed(1, _sdk().SpanExportResult, f"could not build {what}: {e}")
+
+
+def export_written(trace: dict[str, Any], source: str | Path | None = None) -> None:
+    """Called by every trace writer after a trace is on disk: exports it when an exporter is active."""
+    _guarded(lambda exporter: exporter.export_trace(trace, source), "the spans")
 
 
 def export_step(metrics: dict[str, Any], step: int) -> None:
-    """Called with each step's metrics: a `rl.step` span when an exporter is active. Never raises."""
-    if _active is None:
-        return
-    try:
-        _active.export_step(metrics, step)
-    except Exception as e:
-        _active._failed(1, _sdk().SpanExportResult, f"could not build the step span: {e}")
+    """Called with each step's metrics: a `rl.step` span when an exporter is active."""
+    _guarded(lambda exporter: exporter.export_step(metrics, step), "the step span")
 
 
 def resolve_endpoint(config: TelemetryConfig | None) -> str:
