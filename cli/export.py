@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hrl.cli.options import DecodeModelOption
 from hrl.cli.output import emit, err
 
 __all__ = ["EPILOG", "FORMATS", "export"]
@@ -42,12 +43,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write into (created if missing).")] = Path(
         "export"
     ),
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", "-m", help="atif: decode with this model's tokenizer (default: the run's or the trace's)."
-        ),
-    ] = None,
+    model: DecodeModelOption = None,
     token_ids: Annotated[
         bool, typer.Option("--token-ids", help="atif: also each call's prompt and completion ids and logprobs.")
     ] = False,

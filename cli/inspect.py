@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from hrl.cli.options import DecodeModelOption
 from hrl.cli.output import emit, err
 
 __all__ = ["EPILOG", "inspect"]
@@ -65,14 +66,7 @@ def inspect(
     full: Annotated[
         bool, typer.Option("--full", help="With --trace: every line of every text (else long ones are cut).")
     ] = False,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="With --trace: decode with this model's tokenizer (default: the run's or the trace's).",
-        ),
-    ] = None,
+    model: DecodeModelOption = None,
 ) -> None:
     """Summarize trace files: outcome, reward, success (the task's own pass/fail), agent, calls, turns, tokens,
     branches and timing per trace. With --trace (or a file of one trace) the conversation: each call in time order

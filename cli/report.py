@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hrl.cli.options import DecodeModelOption
 from hrl.cli.output import emit, err
 
 __all__ = ["EPILOG", "report", "warn_cut_lines"]
@@ -49,14 +50,7 @@ def report(
             "short; dropped_media: traces whose requests lost media to proxy.media: drop) as JSON.",
         ),
     ] = False,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Decode the conversations with this model's tokenizer (default: the run's or the traces' model).",
-        ),
-    ] = None,
+    model: DecodeModelOption = None,
 ) -> None:
     """Render a run, or trace files, as one HTML file that needs no network to view: reward, failures by reason,
     latency and token distributions, staleness and versions over training steps (trace files have none), and a
