@@ -7,7 +7,10 @@ row runs the same episodes (--tasks tasks x --group episodes, --concurrency at o
 minute, sandbox acquire p50/p95 (asking for a sandbox to holding it at the task's start state: created or pooled
 and the task laid out, or reset and checked), reset p50 for the reused ones, how many sandboxes were created and the reset mismatches.
 
-    python bench/sandboxes.py [--model DIR] [--tasks 2] [--group 4] [--concurrency 2] [--warm 2]
+Each row also gives the harness's start-up p50 (launching the CLI to its first model call, `harness_start_s`).
+
+    python bench/sandboxes.py [--model DIR] [--sandbox local|docker] [--tasks 2] [--group 4] [--concurrency 2]
+                              [--warm 2]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ TURNS = [
 
 
 async def one(a: argparse.Namespace, name: str, warm: int, reuse: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
-    cfg = RolloutConfig(agent="mini-swe-agent", sandbox="local", time_budget_s=120, warm_sandboxes=warm, reuse=reuse,
+    cfg = RolloutConfig(agent="mini-swe-agent", sandbox=a.sandbox, time_budget_s=120, warm_sandboxes=warm, reuse=reuse,
                         run_id=f"bench-sbx-{name}-{os.getpid()}", agent_options={"step_limit": 5})  # fmt: skip
     async with serving(a.model, "scripted", engine_options={"turns": TURNS}) as stack:
         rollouts = AgentRollouts(stack, cfg, verifier={"name": "tests", "timeout_s": 60, "run_id": cfg.run_id})
@@ -56,6 +59,7 @@ async def one(a: argparse.Namespace, name: str, warm: int, reuse: str, tasks: li
     meta = [t.get("metadata") or {} for t in traces]
     acquire = sorted(float(m["sandbox_acquire_s"]) for m in meta if "sandbox_acquire_s" in m)
     reset = sorted(float(m["sandbox_reset_s"]) for m in meta if "sandbox_reset_s" in m)
+    start = sorted(float(m["harness_start_s"]) for m in meta if "harness_start_s" in m)
     return {
         "mode": name,
         "episodes": len(traces),
@@ -64,6 +68,7 @@ async def one(a: argparse.Namespace, name: str, warm: int, reuse: str, tasks: li
         "acquire_p50_s": percentile(acquire, 0.5),
         "acquire_p95_s": percentile(acquire, 0.95),
         "reset_p50_s": percentile(reset, 0.5) if reset else None,
+        "harness_start_p50_s": percentile(start, 0.5) if start else None,
         "created_by_episodes": counts.get("created", 0) - created - (counts.get("warmed", 0) - warmed),
         "pooled": counts.get("pooled", 0),
         "reused": counts.get("reused", 0),
@@ -76,12 +81,16 @@ def main(a: argparse.Namespace) -> None:
     modes = [("warm 0", 0, "none"), (f"warm {a.warm}", a.warm, "none"), ("reuse group", 0, "group")]
     results = [asyncio.run(one(a, name, warm, reuse, rows)) for name, warm, reuse in modes]
     head = f"{'mode':<12} {'eps':>4} {'fail':>4} {'eps/min':>8} {'acq p50':>8} {'acq p95':>8} {'reset p50':>9} "
-    print(head + f"{'created':>7} {'pooled':>6} {'reused':>6} {'mismatch':>8}")
+    print(
+        f"sandbox: {a.sandbox}\n"
+        + head
+        + f"{'start p50':>9} {'created':>7} {'pooled':>6} {'reused':>6} {'mismatch':>8}"
+    )
     for r in results:
-        reset = "-" if r["reset_p50_s"] is None else f"{r['reset_p50_s']:.3f}"
+        reset, start = (("-" if r[k] is None else f"{r[k]:.3f}") for k in ("reset_p50_s", "harness_start_p50_s"))
         print(f"{r['mode']:<12} {r['episodes']:>4} {r['failed']:>4} {r['episodes_per_min']:>8.2f} "
-              f"{r['acquire_p50_s']:>8.3f} {r['acquire_p95_s']:>8.3f} {reset:>9} {r['created_by_episodes']:>7} "
-              f"{r['pooled']:>6} {r['reused']:>6} {r['reset_mismatch']:>8}")  # fmt: skip
+              f"{r['acquire_p50_s']:>8.3f} {r['acquire_p95_s']:>8.3f} {reset:>9} {start:>9} "
+              f"{r['created_by_episodes']:>7} {r['pooled']:>6} {r['reused']:>6} {r['reset_mismatch']:>8}")  # fmt: skip
     if a.json:
         print(json.dumps(results, indent=1))
 
@@ -89,6 +98,7 @@ def main(a: argparse.Namespace) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(Path.home() / ".cache" / "hrl" / "models" / "tiny"))
+    p.add_argument("--sandbox", choices=["local", "docker"], default="local")
     p.add_argument("--tasks", type=int, default=2)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=2)

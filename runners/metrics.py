@@ -26,7 +26,8 @@ no sampled tokens, a non-numeric env version, no trainer version) is left out ra
 - `trace/sandbox_acquire_s`  infrastructure time apart from the agent's: asking for the episode's sandbox to holding
   it at the task's start state (created or taken from the warm pool, then the task laid out; or a group's reused
   one, reset and checked); trace metadata `sandbox_acquire_s`. `trace/sandbox_reset_s`: the reset and its check,
-  for a reused sandbox only.
+  for a reused sandbox only. `trace/harness_start_s`: the harness's start-up, from launching the agent CLI to the
+  first model call the trace records (trace metadata `harness_start_s`; absent for an episode with no call).
 - `trace/degenerate`         1 for a trace flagged `degenerate` (one model call for an agentic task: the call
   offered tools and no second call followed); absent otherwise. Per step: how many, 0 included.
 
@@ -107,6 +108,7 @@ HARNESS_PREFIX = "harness/"
 
 SANDBOX_ACQUIRE_S = "trace/sandbox_acquire_s"
 SANDBOX_RESET_S = "trace/sandbox_reset_s"
+HARNESS_START_S = "trace/harness_start_s"
 RESET_MISMATCH = "rollout/reset_mismatch"
 
 TRACE_METRICS = (
@@ -127,7 +129,7 @@ TRACE_METRICS = (
 )
 """Per-trace distribution metrics; each is also a step metric (mean) with `DISTRIBUTION_STATS` suffixes."""
 
-SANDBOX_METRICS = (SANDBOX_ACQUIRE_S, SANDBOX_RESET_S)
+SANDBOX_METRICS = (SANDBOX_ACQUIRE_S, SANDBOX_RESET_S, HARNESS_START_S)
 """Per-trace distributions too, but only of traces whose rollouts say how their sandbox was had (agent CLIs)."""
 
 CALL_METRICS = ("call/latency_s", "call/first_token_s", "call/prompt_tokens", "call/response_tokens")
@@ -205,6 +207,7 @@ def trace_metrics(trace: Trace, trainer_version: int | None = None) -> dict[str,
         ENV_VERSION: _number((trace.get("env") or {}).get("version")),
         SANDBOX_ACQUIRE_S: _number((trace.get("metadata") or {}).get("sandbox_acquire_s")),
         SANDBOX_RESET_S: _number((trace.get("metadata") or {}).get("sandbox_reset_s")),
+        HARNESS_START_S: _number((trace.get("metadata") or {}).get("harness_start_s")),
     }
     if trainer_version is not None and s["versions"]:
         optional[STALENESS] = float(trainer_version - min(s["versions"]))

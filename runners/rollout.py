@@ -207,6 +207,7 @@ class AgentRollouts:
         extra = {
             "agent_exit_code": result.exit_code,
             "agent_s": result.duration_s,
+            **_harness_start(self.stack.proxy.sessions.get(token), result.started_at),
             "episode_s": round(time.monotonic() - t0, 3),
             **infra,  # sandbox_acquire_s, sandbox_reset_s: infrastructure time apart from the agent's
             "agent_stdout_tail": result.stdout_tail[-2000:],
@@ -243,6 +244,15 @@ class AgentRollouts:
             trace = self._ended_early(token, extra)
         write_trace(trace_file, trace)
         return trace
+
+
+def _harness_start(session: Any, launched_at: float) -> dict[str, float]:
+    """`harness_start_s`: from launching the agent CLI to the first model call its session recorded (the harness's
+    start-up: its runtime, imports and config, before it asks the model anything); nothing without a call."""
+    calls = getattr(session, "calls", None)
+    if not calls:
+        return {}
+    return {"harness_start_s": round(max(0.0, min(c.started_at for c in calls) - launched_at), 3)}
 
 
 class HarnessMix:

@@ -85,7 +85,10 @@ def test_sixteen_concurrent_episodes_fix_the_bug_and_lose_no_trace(tiny_model, t
     assert all(t["failure_reason"] is None and len(t["calls"]) == 2 for t in written)
     assert all(t["tools"] and t["tools"][0]["name"] == "exec_command" for t in written)
     overhead = sorted(t["metadata"]["episode_s"] - t["metadata"]["agent_s"] for t in written)
-    print(f"\n16 concurrent docker episodes: median sandbox+grading overhead {overhead[8]:.1f}s")
+    start = sorted(t["metadata"]["harness_start_s"] for t in written)  # launch to first call, inside agent_s
+    assert all(0 < t["metadata"]["harness_start_s"] < t["metadata"]["agent_s"] for t in written)
+    print(f"\n16 concurrent docker episodes: median sandbox+grading overhead {overhead[8]:.1f}s, "
+          f"harness start-up p50 {start[8]:.1f}s")  # fmt: skip
 
 
 def test_faults_each_end_as_one_trace_with_the_right_reason(tiny_model, tmp_path, swe_image):

@@ -187,18 +187,19 @@ def test_a_broken_reset_is_caught_counted_and_a_fresh_sandbox_used(tmp_path: Pat
     asyncio.run(main())
 
 
-def test_step_metrics_carry_sandbox_times_and_reset_mismatches() -> None:
+def test_step_metrics_carry_sandbox_and_harness_start_times_and_reset_mismatches() -> None:
     def trace(meta: dict[str, Any]) -> dict[str, Any]:
         return make_trace(uuid.uuid4().hex[:8], [], 0.0, 1.0, metadata=meta)
 
     traces = [trace({"sandbox_acquire_s": float(k)}) for k in range(4)]
-    traces.append(trace({"sandbox_acquire_s": 0.5, "sandbox_reset_s": 0.25, "sandbox_reset_mismatch": 2}))
+    traces.append(trace({"sandbox_acquire_s": 0.5, "sandbox_reset_s": 0.25, "sandbox_reset_mismatch": 2,
+                         "harness_start_s": 3.5}))  # fmt: skip
     out = step_metrics(traces)
     # linear-interpolated percentiles of [0, 0.5, 1, 2, 3]: p50 is the middle value; p95 sits at index
     # 0.95 * 4 = 3.8, so 2 + 0.8 * (3 - 2) = 2.8, up to a few float64 eps (2.2e-16 each) of rounding
     assert out["trace/sandbox_acquire_s/p50"] == 1.0
     assert out["trace/sandbox_acquire_s/p95"] == pytest.approx(2.8, abs=1e-12)
-    assert out["trace/sandbox_reset_s"] == 0.25
+    assert out["trace/sandbox_reset_s"] == 0.25 and out["trace/harness_start_s/p50"] == 3.5
     assert out["rollout/reset_mismatch"] == 2.0
     assert "rollout/reset_mismatch" not in step_metrics([trace({})])  # no pool said anything: no metric
 
