@@ -160,10 +160,12 @@ class ExecReset(Reset):
 
 
 # processes of other execs (HRL_EXEC set, not this one's value), but those running when the snapshot was taken
-# ($2/keep): what an episode left running
+# ($2/keep, read through $store: inside the function $2 would be the function's own, empty, argument): what an
+# episode left running
 _KILL_OTHERS = (
+    'store="$2"; '
     "others() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
-    '[ "$p" = "$$" ] && continue; [ -f "$2/keep" ] && grep -qx "$p" "$2/keep" && continue; '
+    '[ "$p" = "$$" ] && continue; [ -f "$store/keep" ] && grep -qx "$p" "$store/keep" && continue; '
     'v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
     '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; true; }; '  # its status: not the last test's
 )

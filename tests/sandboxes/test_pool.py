@@ -222,7 +222,8 @@ def test_reuse_is_refused_where_the_grade_would_see_the_whole_reused_container()
 @pytest.mark.timeout(300)
 def test_docker_reuse_resets_through_exec_and_a_broken_reset_is_caught(swe_image: str) -> None:
     """The same reset in a container (`ExecReset`: tar, /proc, find): the second episode of a group finds the
-    first one's start; a reset that forgets the workdir is counted and replaced; nothing is left after close."""
+    first one's start, with what ran before the snapshot (the relay to the proxy) still running; a reset that forgets
+    the workdir is counted and replaced; nothing is left after close."""
     import docker
 
     from hrl.sandboxes.docker import DockerBackend
@@ -240,6 +241,8 @@ def test_docker_reuse_resets_through_exec_and_a_broken_reset_is_caught(swe_image
 
     async def prepare(sandbox: Any) -> None:
         await grader.prepare(sandbox, task)
+        # running before the snapshot, from an exec of its own, as hrl's relay to the proxy is: kept by every reset
+        assert (await sandbox.exec("(sleep 301 >/dev/null 2>&1 &)")).exit_code == 0
 
     async def main() -> None:
         backend = DockerBackend()
@@ -256,7 +259,8 @@ def test_docker_reuse_resets_through_exec_and_a_broken_reset_is_caught(swe_image
         async with pool.lease(spec, "g-1", prepare=prepare, group="g") as two:
             assert two.source == "reused" and two.sandbox is box and two.reset_s is not None
             assert (await box.exec(look)).stdout == start
-            assert "sleep 300" not in (await box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")).stdout
+            running = (await box.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")).stdout
+            assert "sleep 300" not in running and "sleep 301" in running
         await pool.close()
         broken = SandboxPool(backend, rid, reuse="group", reset_factory=lambda sandbox: NoRestore())
         async with broken.lease(spec, "b-0", prepare=prepare, group="b") as one:
