@@ -126,8 +126,9 @@ def serve(
     media: Annotated[
         str,
         typer.Option(
-            help="A request holding an image, document or audio part (the engines serve text only). refuse: a 400 "
-            "naming the part; drop: answered without it, counted in the trace (dropped_media)."
+            help="A request holding media the model cannot take (an image for a model without vision, a document, "
+            "audio). refuse: a 400 naming the part; drop: answered without it, counted in the trace (dropped_media). "
+            "A vision model's images are served."
         ),
     ] = "refuse",
     workers: Annotated[

@@ -229,6 +229,12 @@ def dropped_media(trace: dict[str, Any]) -> dict[str, int]:
     return dict(trace.get("dropped_media") or {})
 
 
+def image_calls(trace: dict[str, Any]) -> int:
+    """Calls whose prompt held images (`media`). Training has no pixel inputs yet, so it leaves such a trace out:
+    trained on its ids alone, the policy would learn as if it had not seen the images."""
+    return sum(bool(c.get("media")) for c in trace.get("calls") or [])
+
+
 def call_prompt_ids(trace: dict[str, Any], index: int) -> list[int]:
     """The full prompt ids of call `index`, resolving prompt references."""
     return all_prompt_ids(trace, index + 1)[index]

@@ -15,7 +15,7 @@ from hrl.runners.errors import HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.models import resolve_model
 from hrl.runners.rundir import RunDir
-from hrl.runners.trace import dropped_media, is_infra_failure
+from hrl.runners.trace import dropped_media, image_calls, is_infra_failure
 from hrl.train.advantages import group_advantages
 from hrl.train.group import make_trainer
 from hrl.train.offload import OffloadPlan, resolve_offload
@@ -144,8 +144,9 @@ async def wake(publisher: Publisher, trainer: Trainer) -> dict[str, float]:
 def trainable(trace: dict[str, Any], keep_dropped_media: bool = False) -> bool:
     """Traces with a real score: the agent's own failures (exit, timeout, crash, overflow) keep their reward and
     are trained on; infrastructure failures (no reward) are not, nor, unless `keep_dropped_media`, a trace whose
-    requests lost media to `proxy.media: drop` (the model answered without seeing it)."""
-    media_ok = keep_dropped_media or not dropped_media(trace)
+    requests lost media to `proxy.media: drop` (the model answered without seeing it), nor one whose prompts held
+    images (training has no pixel inputs yet: counted as train/image_traces)."""
+    media_ok = (keep_dropped_media or not dropped_media(trace)) and not image_calls(trace)
     return trace.get("reward") is not None and not is_infra_failure(trace) and media_ok
 
 
@@ -176,12 +177,14 @@ def update_from_traces(
                 s.advantage = adv[t["trace_id"]]
             samples += mine
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
+    images = float(sum(bool(image_calls(t)) for t in traces))  # left out: no pixel inputs in training yet
     media = float(sum(trainable(t, keep_dropped_media=True) and t["trace_id"] not in rewards for t in traces))
     signal = adv_metrics["adv/groups"] - adv_metrics["adv/zero_variance_groups"]
     lr = trainer.lr_info()  # read before the step: the rate the step uses
     return {**adv_metrics, "train/groups_with_signal": signal / max(adv_metrics["adv/groups"], 1.0),
             "train/trained_traces": float(len(rewards)), "train/infra_failures": infra,
             "train/dropped_media": media,  # left out for media the proxy dropped (0 with train.keep_dropped_media)
+            "train/image_traces": images,
             **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}), **lr,
             **({"async/masked_tokens": float(masked)} if stale_before is not None else {}),
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip

@@ -16,7 +16,9 @@ __all__ = [
     "BASIC_SAMPLING",
     "NO_OP_SAMPLING",
     "Engine",
+    "ExpandedPrompt",
     "Generation",
+    "ImageInput",
     "PublishKind",
     "SamplingParams",
     "TokenDelta",
@@ -64,14 +66,35 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's end-of-sequence token (benchmarks, tests)
 
 
+@dataclass(frozen=True)
+class ImageInput:
+    """An image sent with a token prompt (`generate(..., images=)`): its bytes as the agent sent them. The prompt
+    holds the template's image placeholder once per image, in this order; the engine expands each."""
+
+    data: bytes
+    mime: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ExpandedPrompt:
+    """The prompt as an engine that took images ran it: each image placeholder expanded into the model's image
+    tokens. `placeholders`: per image, in order, (offset, length) of its expanded run in `prompt_ids`."""
+
+    prompt_ids: list[int]
+    placeholders: list[tuple[int, int]]
+
+
 @dataclass
 class TokenDelta:
-    """A piece of a streamed generation: new sampled ids with their logprobs, all from one policy version."""
+    """A piece of a streamed generation: new sampled ids with their logprobs, all from one policy version. The first
+    delta of a generation with images carries the engine's `prompt` (ExpandedPrompt)."""
 
     token_ids: list[int]
     logprobs: list[float]
     version: int
     finish_reason: FinishReason | None = None
+    prompt: ExpandedPrompt | None = None
 
 
 @dataclass
@@ -124,7 +147,10 @@ class Engine(Protocol):
     def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
     ) -> AsyncIterator[TokenDelta]:
-        """Stream sampled tokens for `prompt_ids`. `version` pins a loaded older policy version (None = live)."""
+        """Stream sampled tokens for `prompt_ids`. `version` pins a loaded older policy version (None = live).
+        An engine with `takes_images = True` also takes `images=[ImageInput, …]` (one placeholder in the prompt per
+        image), expands them itself and reports the expanded prompt on its first delta; the proxy sends no images
+        to any other."""
         ...
 
     async def abort(self, request_id: str) -> None:

@@ -95,6 +95,7 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
         mask[i, width - len(r.prompt) :] = 1
         r.rng = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    pixels = batch[0].pixels if bsz == 1 and getattr(batch[0], "pixels", None) is not None else {}
     past = None
     while True:
         if not engine._step_gate():
@@ -113,7 +114,9 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
                 position_ids=positions,
                 use_cache=True,
                 **with_kv_cache(engine.model, past),
+                **pixels,  # the prefill of a prompt with images: its pixel inputs, once
             )
+        pixels = {}
         past = kv_cache_of(out)
         logits = out.logits[:, -1, :].float()  # (B, V)
         logprobs = torch.log_softmax(logits, -1)  # (B, V) raw model logprobs, before temperature

@@ -11,6 +11,8 @@ torch, transformers and peft are imported lazily: this module is the one place b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import io
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import SamplingParams, TokenDelta
+from hrl.runners.engines.base import ExpandedPrompt, ImageInput, SamplingParams, TokenDelta
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError
 from hrl.runners.models import resolve_model
 
@@ -48,6 +50,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[TokenDelta | BaseException]
     pinned: bool = False
+    pixels: dict[str, Any] | None = None  # a prompt with images: the processor's pixel inputs (one batch row)
     generated: int = 0
     aborted: bool = False
     done: bool = False
@@ -63,6 +66,7 @@ class EmbeddedEngine:
     name = "embedded"
     continues_in_place = True  # a publish lands between two decode steps of running requests
     sampling_knobs = frozenset({"temperature", "top_p", "top_k", "min_p"})  # no penalties: sent as no-ops
+    takes_images = False  # True once a vision model (its processor and image-text model) is loaded
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
@@ -77,6 +81,8 @@ class EmbeddedEngine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.model: Any = None
+        self.processor: Any = None  # a vision model's processor (AutoProcessor): expands images, makes pixels
+        self.image_token_id: int | None = None
         self._eos: set[int] = set()
         self.max_model_len = 0
         self.busy_s = 0.0  # wall time spent running batches (for engine/busy_frac)
@@ -105,12 +111,62 @@ class EmbeddedEngine:
         dtype = "auto" if self.config.dtype == "auto" else getattr(torch, self.config.dtype)
         try:
             cfg = AutoConfig.from_pretrained(path)
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            if getattr(cfg, "vision_config", None) is not None:
+                self._load_vision(path, cfg, dtype)
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        except EngineStartError:
+            raise
         except Exception as e:
             raise EngineStartError(f"embedded engine could not load {self.config.model}: {e}") from e
-        self.max_model_len = self.config.max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
+        text_cfg = cfg.get_text_config()
+        self.max_model_len = self.config.max_model_len or int(getattr(text_cfg, "max_position_embeddings", 4096))
         eos = self.model.generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    def _load_vision(self, path: str, cfg: Any, dtype: Any) -> None:
+        """A vision-language model: its image-text model and its processor, which expands each image placeholder
+        of a token prompt and makes the pixel inputs (`expand`)."""
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
+        self.processor = AutoProcessor.from_pretrained(path)
+        token = getattr(self.processor, "image_token", None)
+        tid = getattr(cfg, "image_token_id", getattr(cfg, "image_token_index", None))
+        if token is None or self.processor.tokenizer.convert_tokens_to_ids(token) != tid:
+            raise EngineStartError(f"embedded engine: {self.config.model}'s processor names image token {token!r}, "
+                                   f"not config.json's image_token_id {tid}")  # fmt: skip
+        self.image_token_id = tid
+        self.takes_images = True
+
+    def expand(self, prompt_ids: list[int], images: list[ImageInput]) -> tuple[ExpandedPrompt, dict[str, Any]]:
+        """The prompt with each image placeholder (one image token per image, as the template writes it) replaced
+        by the run the processor makes of that image, each run's (offset, length), and the pixel inputs of one
+        batch row. The placeholders are the engine's to expand: ids sent already expanded would be expanded again,
+        so a count that does not match the images is an EngineError."""
+        from PIL import Image
+
+        at = [i for i, t in enumerate(prompt_ids) if t == self.image_token_id]
+        if len(at) != len(images):
+            raise EngineError(f"the prompt holds {len(at)} image tokens for {len(images)} images (expand each image "
+                              "once: send one placeholder per image)")  # fmt: skip
+        try:
+            pil = [Image.open(io.BytesIO(im.data)).convert("RGB") for im in images]
+        except Exception as e:  # the proxy read its header; the pixels themselves may still be broken
+            raise EngineError(f"an image could not be decoded: {e}") from None
+        ids: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        last = 0
+        for pos, img in zip(at, pil, strict=True):
+            run = self.processor(text=self.processor.image_token, images=[[img]], add_special_tokens=False)
+            run_ids = [int(t) for t in run["input_ids"][0]]
+            ids += prompt_ids[last:pos]
+            ranges.append((len(ids), len(run_ids)))
+            ids += run_ids
+            last = pos + 1
+        ids += prompt_ids[last:]
+        pixels = dict(self.processor.image_processor(images=[pil], return_tensors="pt"))
+        return ExpandedPrompt(ids, ranges), pixels
 
     async def close(self) -> None:
         with self._cv:
@@ -122,8 +178,20 @@ class EmbeddedEngine:
 
     # ---- requests ----------------------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[TokenDelta]:
+        expanded, pixels = None, None
+        if images:
+            if not self.takes_images:
+                raise EngineError(f"the embedded engine serves {self.config.model}, which takes no images")
+            expanded, pixels = await asyncio.to_thread(self.expand, list(prompt_ids), images)
+            prompt_ids = expanded.prompt_ids
         if len(prompt_ids) + 1 > self.max_model_len:
             raise ContextLengthError(
                 f"prompt of {len(prompt_ids)} tokens does not fit the context window of {self.max_model_len}"
@@ -132,7 +200,8 @@ class EmbeddedEngine:
         if want not in self._adapters:
             raise EngineError(f"policy version {want} is not loaded (loaded: {sorted(self._adapters)})")
         loop = asyncio.get_running_loop()
-        req = _Request(request_id, list(prompt_ids), params, want, loop, asyncio.Queue(), pinned=version is not None)
+        req = _Request(request_id, list(prompt_ids), params, want, loop, asyncio.Queue(), pinned=version is not None,
+                       pixels=pixels)  # fmt: skip
         with self._cv:
             if self._closed:
                 raise EngineError("embedded engine is closed")
@@ -143,6 +212,8 @@ class EmbeddedEngine:
                 item = await req.queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                if expanded is not None:  # the first delta says what the prompt became
+                    item, expanded = dataclasses.replace(item, prompt=expanded), None
                 yield item
                 if item.finish_reason is not None:
                     return
@@ -269,9 +340,11 @@ class EmbeddedEngine:
                     self._cv.notify_all()
 
     def _next_batch(self) -> list[_Request]:
-        """The oldest request and those that share its weights: live ones, or ones pinned to the same version."""
+        """The oldest request and those that share its weights: live ones, or ones pinned to the same version. A
+        request with images runs alone (its pixels are one batch row's)."""
         key = (self._pending[0].pinned, self._pending[0].version if self._pending[0].pinned else None)
         batch = [r for r in self._pending if (r.pinned, r.version if r.pinned else None) == key]
+        batch = [batch[0]] if batch[0].pixels is not None else [r for r in batch if r.pixels is None]
         batch = batch[: self.config.max_batch_size]
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hrl.runners.engines.base import TokenDelta
+from hrl.runners.engines.base import ExpandedPrompt, ImageInput, TokenDelta
+from hrl.runners.errors import EngineError
 from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply, parse_reply
 from hrl.runners.trace import add_version
@@ -30,6 +31,7 @@ class PromptPlan:
     parent: CallRecord | None
     message_keys: list[str]
     tools_key: str
+    images: list[str] = field(default_factory=list)  # sha256 of each image placeholder in prompt_ids, in order
 
 
 @dataclass
@@ -62,16 +64,26 @@ class CallRecord:
     trainable: bool = True  # False: recorded, never trained on (an untrained critic, a judge)
     replica: str | None = None  # the engine replica that generated it (behind a ReplicaSet; the last, after a failover)
     dropped_media: dict[str, int] | None = None  # media parts left out of the prompt by kind (proxy.media: drop)
+    # a call with images: {sha256, mime, bytes, width, height, placeholder: [offset, length] in prompt_ids} each, in
+    # prompt order; prompt_ids are then the engine's (placeholders expanded), sent_ids the ids the proxy sent
+    media: list[dict[str, Any]] | None = None
+    sent_ids: list[int] | None = None
 
     @property
     def full_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
+
+    @property
+    def sent_full_ids(self) -> list[int]:
+        """The ids a later prompt extends: as sent (one placeholder per image, which the engine expands again)."""
+        return (self.prompt_ids if self.sent_ids is None else self.sent_ids) + self.response_ids
 
 
 class Call:
     def __init__(self, session: Session, record: CallRecord, plan: PromptPlan, req: ChatRequest) -> None:
         self.session, self.record, self.plan, self.req = session, record, plan, req
         self.ended = False
+        self.images: list[ImageInput] = []  # sent with the prompt (Proxy.begin), in placeholder order
 
     @property
     def call_id(self) -> str:
@@ -101,6 +113,8 @@ class Call:
     def add(self, delta: TokenDelta) -> None:
         """Append an engine delta: its ids, logprobs, the version that sampled them, and a finish reason."""
         rec = self.record
+        if delta.prompt is not None:
+            self._expanded(delta.prompt)
         if rec.first_token_at is None:
             rec.first_token_at = time.time()
         add_version(rec.versions, len(rec.response_ids), delta.version, len(delta.token_ids))
@@ -108,6 +122,24 @@ class Call:
         rec.response_logprobs.extend(delta.logprobs)
         if delta.finish_reason is not None:
             rec.finish_reason = delta.finish_reason
+
+    def _expanded(self, prompt: ExpandedPrompt) -> None:
+        """The engine's prompt for a call with images: recorded as the call's prompt ids, with each image's
+        placeholder range. One that does not extend its parent's ids (an image expanded otherwise than before)
+        starts a new branch rather than claim a prefix it does not share."""
+        rec, media = self.record, self.record.media or []
+        if len(prompt.placeholders) != len(media):
+            raise EngineError(
+                f"the {len(media)} images sent came back as {len(prompt.placeholders)} placeholder ranges"
+            )
+        if rec.sent_ids is None:
+            rec.sent_ids = rec.prompt_ids
+        rec.prompt_ids = list(prompt.prompt_ids)
+        for m, (offset, length) in zip(media, prompt.placeholders, strict=True):
+            m["placeholder"] = [offset, length]
+        parent = self.plan.parent
+        if parent is not None and rec.prompt_ids[: len(parent.full_ids)] != parent.full_ids:
+            rec.parent_id = None
 
     def finish(self, template: ChatTemplate) -> ChatResult:
         """Parse what the model said, end the call, and return the result the dialect answers with."""
@@ -121,7 +153,7 @@ class Call:
         if self.session.trainable:  # the answer a verifier reads: the last one of an agent being trained
             self.session.root.last_reply = reply.content
         self._end(reply)
-        return ChatResult(reply, finish, len(self.plan.prompt_ids), len(rec.response_ids))
+        return ChatResult(reply, finish, len(rec.prompt_ids), len(rec.response_ids))
 
     def fail(self, message: str) -> None:
         """End the call as failed (engine error, context overflow): recorded, never trained on."""

@@ -20,10 +20,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, SamplingParams
+from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, ImageInput, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call, PromptPlan
-from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult, MediaPolicy, admit_media, text_bytes
+from hrl.runners.proxy.dialects.base import (
+    BadRequestError,
+    ChatRequest,
+    ChatResult,
+    MediaPart,
+    MediaPolicy,
+    MediaRefusedError,
+    admit_media,
+    text_bytes,
+)
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import ChildLimitError, Session
 from hrl.runners.proxy.subagents import recognise_subagent
@@ -33,7 +42,14 @@ from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import TraceWriter
 
-__all__ = ["BYTES_PER_TOKEN", "Proxy", "ProxyConfig", "SessionEndedError", "UnknownSessionError"]
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "MediaTooLargeError",
+    "Proxy",
+    "ProxyConfig",
+    "SessionEndedError",
+    "UnknownSessionError",
+]
 
 # The most UTF-8 bytes of prompt text one token stands for, on average over a prompt, in the tokenizers hrl serves
 # (English and code run 3 to 5, CJK text 1 to 3; a long run of spaces or of one symbol a few tokens of up to
@@ -71,11 +87,16 @@ class ProxyConfig(BaseModel):
     )
     media: MediaPolicy = Field(
         "refuse",
-        description="A request holding media (an image, a document, audio, video: hrl's engines serve text only). "
-        "refuse: a 400 in the dialect's shape naming the part (messages[2].content[1]: an image part; …). drop: "
-        "the parts are left out and counted, per call and per trace (dropped_media: {image: n, document: m}); "
-        "hrl train leaves such traces out unless train.keep_dropped_media.",
+        description="A request holding media the served model cannot take (an image for a model without vision, "
+        "a document, audio, video). refuse: a 400 in the dialect's shape naming the part (messages[2].content[1]: "
+        "an image part; …). drop: the parts are left out and counted, per call and per trace (dropped_media: "
+        "{image: n, document: m}); hrl train leaves such traces out unless train.keep_dropped_media. A vision "
+        "model's images are served, not dropped.",
     )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, ge=1, description="A larger image (decoded bytes) gets a 413 in the dialect's shape."
+    )
+    max_images: int = Field(64, ge=0, description="A request with more images than this gets a 400.")
     tokenizer_threads: int = Field(
         0,
         ge=0,
@@ -148,6 +169,10 @@ class UnknownSessionError(KeyError):
     """A request named a session token the proxy does not know (and may not create)."""
 
 
+class MediaTooLargeError(MediaRefusedError):
+    """An image over `proxy.max_image_bytes`: a 413 in the dialect's shape naming the part."""
+
+
 class SessionEndedError(RuntimeError):
     """The session ended (its owner, the idle reaper) while a request's prompt was being built."""
 
@@ -183,6 +208,12 @@ class Proxy:
     def max_context(self) -> int:
         """The context window: the configured one, else the engine's (known once it started), else 32768."""
         return self.config.max_context or int(getattr(self.engine, "max_model_len", 0) or 0) or 32768
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the served model has vision: then dialects keep image parts (decoded) instead of refusing or
+        dropping them, and `begin` sends them to the engine, or refuses them when the engine cannot take images."""
+        return bool(getattr(self.template, "takes_images", False))
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -325,6 +356,7 @@ class Proxy:
         loop serves everyone else meanwhile; a prompt over `max_prompt_bytes` is refused before any of that, and
         one holding media by `proxy.media: refuse` (a MediaRefusedError, before anything is recorded)."""
         admit_media(req.media, self.config.media)
+        images = self._admit_images(req.media)
         size = self._check_size(req)
         if size > self.max_prompt_bytes:
             raise self._refuse(session, dialect, req, body_hash, f"prompt of {size} bytes of text is over the "
@@ -338,11 +370,54 @@ class Proxy:
             n = len(plan.prompt_ids)
             msg = f"prompt of {n} tokens exceeds the context window of {self.max_context} tokens"
             raise self._refuse(session, dialect, req, body_hash, msg, plan.message_keys)
-        return session.open_call(dialect, req, plan, body_hash)
+        if images:
+            placeholders = plan.prompt_ids.count(self.template.image_token_id)  # type: ignore[arg-type]
+            if placeholders != len(plan.images):  # the text spells the image token itself: never guess which is which
+                raise BadRequestError(
+                    f"the prompt holds {placeholders} image placeholder tokens for {len(plan.images)} images (does "
+                    f"the text contain {self.template.image_placeholder!r}?)"
+                )
+            await self._off_loop(self._store_media, images, prompt=False)
+        call = session.open_call(dialect, req, plan, body_hash)
+        call.images = [ImageInput(images[sha].data or b"", images[sha].mime, sha) for sha in plan.images]
+        return call
+
+    def _admit_images(self, media: list[MediaPart]) -> dict[str, MediaPart]:
+        """The images a request holds for a vision model, by sha256, checked against the limits and the engine."""
+        images = [m for m in media if m.data is not None]
+        if not images:
+            return {}
+        if not getattr(self.engine, "takes_images", False):
+            raise MediaRefusedError(
+                f"{images[0].at}: an image part; the {self.engine.name} engine cannot take images (the embedded "
+                "engine can)"
+            )
+        if len(images) > self.config.max_images:
+            raise MediaRefusedError(f"{images[self.config.max_images].at}: {len(images)} images in one request, over "
+                                    f"the limit of {self.config.max_images} (proxy.max_images)")  # fmt: skip
+        for m in images:
+            if len(m.data or b"") > self.config.max_image_bytes:
+                raise MediaTooLargeError(f"{m.at}: an image of {len(m.data or b'')} bytes, over the limit of "
+                                         f"{self.config.max_image_bytes} (proxy.max_image_bytes)")  # fmt: skip
+        return {m.sha256: m for m in images}
+
+    def _store_media(self, images: dict[str, MediaPart]) -> None:
+        """Each image's bytes, once per run: `media/<sha256>` beside the traces (written whole, then renamed)."""
+        if self.traces is None:
+            return
+        folder = self.traces.path.parent / "media"
+        folder.mkdir(exist_ok=True)
+        for sha, m in images.items():
+            path = folder / sha
+            if not path.exists():
+                tmp = folder / f".{sha}.{secrets.token_hex(4)}"
+                tmp.write_bytes(m.data or b"")
+                tmp.replace(path)
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """The prompt tokens of a request as it stands (nothing recorded); off the loop, checked like `begin`."""
         admit_media(req.media, self.config.media)
+        self._admit_images(req.media)
         size = self._check_size(req)
         if size > self.max_prompt_bytes:
             raise ContextLengthError(f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} "
@@ -433,6 +508,8 @@ class Proxy:
                 prompt = call.plan.prompt_ids + rec.response_ids
                 version = self._pinned(call.session)
                 routed = {"call": call} if getattr(self.engine, "routes", False) else {}  # a ReplicaSet places it
+                if call.images:  # the engine expands each placeholder; its first delta says into what
+                    routed["images"] = call.images
                 async for delta in self.engine.generate(call.call_id, prompt, replace(params, max_tokens=left),
                                                         version=version, **routed):  # fmt: skip
                     if delta.finish_reason == "abort" and call.call_id in self._preempted:

@@ -44,7 +44,7 @@ from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import BadRequestError, MediaRefusedError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, read
-from hrl.runners.proxy.proxy import Proxy, SessionEndedError, UnknownSessionError
+from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError, UnknownSessionError
 from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
 
@@ -324,7 +324,7 @@ class _Handler:
                 raise BadRequestError("the request body must be a JSON object")
             if route.get("stream"):
                 body["stream"] = True
-            req = dialect.parse(body, route.get("model") or self.proxy.config.model_name)
+            req = dialect.parse(body, route.get("model") or self.proxy.config.model_name, self.proxy.takes_images)
             check_request(req)
             if route.get("count_tokens"):
                 n = await self.proxy.count_tokens(req)
@@ -337,8 +337,8 @@ class _Handler:
             return fail(429, f"{e} ({e.hint})")
         except SessionEndedError as e:
             return fail(409, str(e))
-        except MediaRefusedError as e:  # proxy.media: refuse; well formed, so not called malformed
-            return fail(400, str(e))
+        except MediaRefusedError as e:  # proxy.media: refuse, an image over a limit; well formed, not malformed
+            return fail(413 if isinstance(e, MediaTooLargeError) else 400, str(e))
         except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
             return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
                         f"({type(e).__name__}: {e})")  # fmt: skip

@@ -22,7 +22,7 @@ from hrl.errors import HrlError
 from hrl.runners.proxy.call import Call, CallRecord, PromptPlan
 from hrl.runners.proxy.dialects.base import ChatRequest, media_counts
 from hrl.runners.proxy.otel_in import ReceivedTools, merge_tools
-from hrl.runners.proxy.template import ChatTemplate, ParsedReply
+from hrl.runners.proxy.template import IMAGE_MARK, ChatTemplate, ParsedReply
 from hrl.runners.trace import INFRA_FAILURES, SCHEMA, binary_success
 
 __all__ = ["Call", "CallRecord", "ChildLimitError", "ChildSession", "PromptPlan", "Session"]
@@ -161,8 +161,9 @@ class Session:
             ):
                 suffix = self._suffix(req, template, parent, text, rendered)
                 if suffix is not None:
-                    return PromptPlan(parent.full_ids + template.encode(suffix), parent, keys, tools_key)
-        return PromptPlan(template.encode(text), None, keys, tools_key)
+                    ids = parent.sent_full_ids + template.encode(suffix)
+                    return PromptPlan(ids, parent, keys, tools_key, IMAGE_MARK.findall(text))
+        return PromptPlan(template.encode(text), None, keys, tools_key, IMAGE_MARK.findall(text))
 
     @staticmethod
     def _suffix(
@@ -219,6 +220,7 @@ class Session:
             agent=self.agent,
             trainable=self.trainable,
             dropped_media=media_counts(req.media) or None,  # what proxy.media let through without its media
+            media=_media_records(req, plan) or None,
         )
         return Call(self, record, plan, req)
 
@@ -374,6 +376,14 @@ def is_degenerate(calls: list[CallRecord], agentic: set[str | None]) -> bool:
     return len(main) == 1 and main[0].has_tools
 
 
+def _media_records(req: ChatRequest, plan: PromptPlan) -> list[dict[str, Any]]:
+    """A call's `media`: each image of its prompt, in placeholder order (the placeholder range comes from the
+    engine, `Call._expanded`)."""
+    by_sha = {m.sha256: m for m in req.media if m.data is not None}
+    return [{"sha256": sha, "mime": by_sha[sha].mime, "bytes": len(by_sha[sha].data or b""),
+             "width": by_sha[sha].width, "height": by_sha[sha].height} for sha in plan.images]  # fmt: skip
+
+
 def _dropped_media(calls: list[CallRecord]) -> dict[str, int]:
     """The trace's flag: media parts dropped over all its calls' requests, by kind (a part that a conversation
     sends again in each later request counts in each)."""
@@ -422,6 +432,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["sampling"] = c.sampling
         if c.dropped_media:
             d["dropped_media"] = c.dropped_media
+        if c.media:
+            d["media"] = c.media
         out.append(d)
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hrl.runners.models import model_file
@@ -18,15 +19,26 @@ from hrl.runners.proxy.toolparsers.base import ParsedReply
 from hrl.runners.proxy.toolparsers.hermes import HermesParser
 
 __all__ = [
+    "IMAGE_MARK",
     "ChatTemplate",
     "IncrementalDecoder",
     "ParsedReply",
     "StreamSplitter",
+    "image_mark",
     "parse_hermes",
     "parse_reply",
     "parser_of",
     "reasoning_of",
 ]
+
+# where an image the model takes stands in a message's text (dialects.base.media_text): private-use characters
+# around its sha256, so the text (and the message keys a session compares) differ when the image does; the
+# template's image placeholder replaces it just before tokenizing (ChatTemplate.encode)
+IMAGE_MARK = re.compile("\ue000image:([0-9a-f]{64})\ue001")
+
+
+def image_mark(sha256: str) -> str:
+    return f"\ue000image:{sha256}\ue001"
 
 
 def parse_hermes(text: str, tool_calls: bool = True) -> ParsedReply:
@@ -78,6 +90,13 @@ class ChatTemplate:
         self.end_of_turn: str = "<|im_end|>" if has_im_end else str(tok.eos_token)
         stops = {tok.eos_token_id, im_end if has_im_end else None, *_generation_stops(model_path)}
         self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stops if isinstance(t, int)))
+        # a vision model's: the text its template writes for an image part, and the id the engine expands
+        self.image_placeholder, self.image_token_id = _image_placeholder(self, model_path)
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model has vision (a vision tower in its config) and its template writes an image part."""
+        return self.image_placeholder is not None
 
     def _generation_prompt(self) -> str:
         """The prompt of a one-message conversation ("" when the template cannot render one)."""
@@ -101,6 +120,10 @@ class ChatTemplate:
         )  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
+        """The ids of `text`; each image mark (dialects.base.IMAGE_MARK) becomes the template's image placeholder,
+        one per image, which the engine expands (never the proxy)."""
+        if "\ue000" in text and self.image_placeholder is not None:
+            text = IMAGE_MARK.sub(self.image_placeholder, text)
         if self._backend_encode is not None:
             return list(self._backend_encode([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -113,6 +136,30 @@ class ChatTemplate:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
         return self.decode(ids)
+
+
+def _image_placeholder(template: ChatTemplate, model_path: str) -> tuple[str | None, int | None]:
+    """(the text the chat template writes for one image part, the image token id in config.json) for a model whose
+    config has a vision tower and whose template writes images; (None, None) for any other."""
+    f = model_file(model_path, "config.json")
+    try:
+        config = json.loads(f.read_text()) if f is not None else {}
+    except (ValueError, OSError):
+        return None, None
+    token = config.get("image_token_id", config.get("image_token_index"))
+    if not isinstance(config.get("vision_config"), dict) or not isinstance(token, int):
+        return None, None
+    a, b = "\ue010", "\ue011"
+    parts = [{"type": "text", "text": a}, {"type": "image"}, {"type": "text", "text": b}]
+    try:
+        text = str(template.tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False))
+    except Exception:  # a template that cannot render an image part: the model is served as text-only
+        return None, None
+    start, end = text.find(a), text.find(b)
+    placeholder = text[start + 1 : end] if 0 <= start < end else ""
+    if not placeholder or token not in template.encode(placeholder):
+        return None, None
+    return placeholder, token
 
 
 def _generation_stops(model_path: str) -> list[Any]:

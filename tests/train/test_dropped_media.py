@@ -49,3 +49,10 @@ def test_hrl_trains_step_line_says_how_many_traces_dropped_media_left_out():
     step = {"step": 3, "version": 2, "trace/reward": 0.5, "trace/count": 8}
     assert "dropped media" not in _line(step)
     assert "left out for dropped media 2" in _line({**step, "train/dropped_media": 2.0})
+
+
+def test_a_trace_whose_prompts_held_images_is_left_out_of_training(traces):
+    """Training has no pixel inputs yet: a trace with images would train on their placeholder ids alone."""
+    plain = traces[0]
+    seen = {**plain, "calls": [{**plain["calls"][0], "media": [{"sha256": "0" * 64, "placeholder": [3, 7]}]}]}
+    assert trainable(plain) and not trainable(seen) and not trainable(seen, keep_dropped_media=True)

@@ -6,7 +6,7 @@ of them is joined into one. A user turn's `tool_result` blocks become tool messa
 message, in block order; an assistant turn's `tool_use` blocks become `tool_calls` (arguments serialised with
 `json.dumps(input, ensure_ascii=False)`) and its `thinking` blocks `reasoning_content`. `image` and `document`
 blocks, in a turn or in a `tool_result`'s content, are media, refused or dropped by `proxy.media`
-(`base.admit_media`); other blocks without text (`redacted_thinking`, server tool blocks) are left out. Tool
+(`base.admit_media`), but for a vision model a base64 `image` block is decoded and kept where it stands; other blocks without text (`redacted_thinking`, server tool blocks) are left out. Tool
 call ids pass through unchanged both ways, so the `tool_result` blocks Claude Code sends back name the calls the
 proxy produced. Every SSE event carries its `event:` line: the SDKs skip events without one.
 """
@@ -22,9 +22,10 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     MediaPart,
+    MediaParts,
     SSETemplate,
     join_text,
-    note_media,
+    media_text,
     part_text,
     sampling,
     sse,
@@ -79,8 +80,8 @@ def _assistant(content: Any, at: str, media: list[MediaPart]) -> dict[str, Any]:
             calls.append(
                 {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": args}}
             )
-        else:
-            note_media(block, where, media)
+        elif (image := media_text(block, where, media)) is not None:
+            texts.append(image)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
@@ -103,8 +104,8 @@ def _user(content: Any, at: str, media: list[MediaPart]) -> list[dict[str, Any]]
                 texts = []
             result = join_text(block.get("content"), "\n\n", f"{where}.content", media)
             out.append({"role": "tool", "content": result, "tool_call_id": block["tool_use_id"]})
-        else:
-            note_media(block, where, media)
+        elif (image := media_text(block, where, media)) is not None:
+            texts.append(image)
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
@@ -166,14 +167,14 @@ def _mid(rid: str) -> str:
 class AnthropicDialect:
     name = "anthropic"
 
-    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+    def parse(self, body: dict[str, Any], model: str | None, images: bool = False) -> ChatRequest:
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise BadRequestError("'tools' must be a list")
         functions = [f for f in (_tool(t) for t in tools) if f is not None]
         choice = body.get("tool_choice")
         none = isinstance(choice, dict) and choice.get("type") == "none"
-        media: list[MediaPart] = []
+        media = MediaParts(images)
         return ChatRequest(
             model=str(body.get("model") or model or ""),
             messages=_messages(body, media),

@@ -6,14 +6,19 @@ encodes a stream as SSE events, and shapes errors the way that dialect's clients
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import io
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from hrl.runners.proxy.jsonio import dumps
-from hrl.runners.proxy.template import ParsedReply
+from hrl.runners.proxy.template import IMAGE_MARK, ParsedReply, image_mark
 
 __all__ = [
     "HOLE",
+    "IMAGE_MARK",
     "MEDIA_PARTS",
     "TEXT_PARTS",
     "BadRequestError",
@@ -21,6 +26,7 @@ __all__ = [
     "ChatResult",
     "Dialect",
     "MediaPart",
+    "MediaParts",
     "MediaPolicy",
     "MediaRefusedError",
     "SSETemplate",
@@ -28,9 +34,11 @@ __all__ = [
     "admit_media",
     "as_object",
     "check_request",
+    "image_mark",
     "join_text",
     "media_counts",
     "media_kind",
+    "media_text",
     "note_media",
     "part_text",
     "sampling",
@@ -51,10 +59,25 @@ class MediaRefusedError(BadRequestError):
 
 @dataclass(frozen=True)
 class MediaPart:
-    """A media part a dialect found while flattening a request into text (and left out of that text)."""
+    """A media part a dialect found while flattening a request into text: left out of that text, or, for an image
+    the served model takes (`MediaParts.images`), decoded and marked in the text where it stands (`image_mark`)."""
 
     at: str  # its path in the dialect's own names, e.g. messages[2].content[1]
     kind: str  # image | document | audio | video
+    data: bytes | None = field(default=None, repr=False)  # an image's bytes, when the model takes it; else None
+    mime: str = ""
+    sha256: str = ""
+    width: int = 0
+    height: int = 0
+
+
+class MediaParts(list[MediaPart]):
+    """The media parts a parse finds. `images`: the served model takes images, so image parts are decoded and kept
+    (marked in the text) instead of left out; other media are left out as before."""
+
+    def __init__(self, images: bool = False) -> None:
+        super().__init__()
+        self.images = images
 
 
 @dataclass
@@ -101,7 +124,7 @@ class StreamEncoder(Protocol):
 class Dialect(Protocol):
     name: str  # "chat" | "responses" | "anthropic" | "gemini" — recorded in each call
 
-    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest: ...
+    def parse(self, body: dict[str, Any], model: str | None, images: bool = False) -> ChatRequest: ...
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]: ...
     def encoder(self, req: ChatRequest, rid: str) -> StreamEncoder: ...
     def error(self, status: int, message: str) -> dict[str, Any]: ...
@@ -270,6 +293,78 @@ def media_kind(part: dict[str, Any]) -> str | None:
     return None
 
 
+_IMAGE_MIMES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+
+
+def _image_source(part: dict[str, Any], at: str) -> tuple[str, str]:
+    """(declared mime type, base64 data) of an image part in any dialect; a remote URL, a file id or an uploaded
+    file is a MediaRefusedError naming the part (sandboxes have no network, and hrl keeps no file store)."""
+    kind = part.get("type")
+    if kind in ("image_url", "input_image"):  # Chat: {"image_url": {"url"}}; Responses: {"image_url": "…"}
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise MediaRefusedError(f"{at}: an image part without a data: URL (a file_id or none); send the image "
+                                    "inline as a data: URL")  # fmt: skip
+        head, sep, data = url.partition(",")
+        if not (url.startswith("data:") and sep and head.endswith(";base64")):
+            raise MediaRefusedError(f"{at}: an image by remote URL ({url[:80]}); only inline data: URLs (base64) "
+                                    "are served: the model's sandbox has no network to fetch it")  # fmt: skip
+        return head[5 : -len(";base64")], data
+    if kind == "image":  # Anthropic: {"source": {"type": "base64", "media_type", "data"}}
+        source = part.get("source") if isinstance(part.get("source"), dict) else {}
+        if source.get("type") != "base64":
+            raise MediaRefusedError(f"{at}: an image of source type {source.get('type')!r}; only base64 images are "
+                                    "served (a URL cannot be fetched: the model's sandbox has no network)")  # fmt: skip
+        return str(source.get("media_type") or ""), source.get("data")  # type: ignore[return-value]
+    for key in ("inlineData", "inline_data"):  # Gemini
+        if isinstance(part.get(key), dict):
+            blob = part[key]
+            return str(blob.get("mimeType") or blob.get("mime_type") or ""), blob.get("data")  # type: ignore[return-value]
+    raise MediaRefusedError(f"{at}: an image by file reference (fileData); only inline images are served")
+
+
+def _standard_b64(data: str) -> str:
+    """Base64 in its standard alphabet, padded: Google's SDK sends the URL-safe one (`-`, `_`)."""
+    data = data.strip().translate(str.maketrans("-_", "+/"))
+    return data + "=" * (-len(data) % 4)
+
+
+def decode_image(part: dict[str, Any], at: str) -> MediaPart:
+    """An image part decoded: its bytes, declared mime type, sha256 and size (read from the image's header). A part
+    that holds no readable image is a BadRequestError naming it."""
+    mime, data = _image_source(part, at)
+    if not isinstance(data, str):
+        raise BadRequestError(f"{at}: an image part needs its data as a base64 string")
+    try:
+        raw = base64.b64decode(_standard_b64(data), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise BadRequestError(f"{at}: the image's data is not valid base64 ({e})") from None
+    from PIL import Image, UnidentifiedImageError  # only a model that takes images reads them
+
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            fmt, (width, height) = img.format, img.size
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise BadRequestError(
+            f"{at}: the image's {len(raw)} bytes are not an image this proxy can read ({e})"
+        ) from None
+    mime = mime or _IMAGE_MIMES.get(str(fmt), "")
+    return MediaPart(at, "image", raw, mime, hashlib.sha256(raw).hexdigest(), width, height)
+
+
+def media_text(part: Any, at: str, media: list[MediaPart]) -> str | None:
+    """What a non-text part puts in the text: for an image the model takes (`MediaParts.images`) its mark, the
+    decoded image added to `media`; for other media None, the part noted in `media` (see `admit_media`); None
+    for a part that is not media."""
+    if isinstance(part, dict) and getattr(media, "images", False) and media_kind(part) == "image":
+        image = decode_image(part, at)
+        media.append(image)
+        return image_mark(image.sha256)
+    note_media(part, at, media)
+    return None
+
+
 def note_media(part: Any, at: str, media: list[MediaPart]) -> bool:
     """Whether `part` carries media; if so it is added to `media` (`at`: its path in the dialect's names)."""
     kind = media_kind(part) if isinstance(part, dict) else None
@@ -279,18 +374,18 @@ def note_media(part: Any, at: str, media: list[MediaPart]) -> bool:
 
 
 def media_counts(media: list[MediaPart]) -> dict[str, int]:
-    """Media parts by kind, e.g. {"image": 2, "document": 1}; {} for none."""
+    """Media parts left out (not kept for the model) by kind, e.g. {"image": 2, "document": 1}; {} for none."""
     counts: dict[str, int] = {}
-    for part in media:
+    for part in (m for m in media if m.data is None):
         counts[part.kind] = counts.get(part.kind, 0) + 1
     return counts
 
 
 def admit_media(media: list[MediaPart], policy: MediaPolicy) -> dict[str, int]:
-    """The one rule for media in a request: hrl's engines serve text only, so `refuse` (the default) answers a
-    MediaRefusedError naming the first part, and `drop` lets the request through without its media, which the
-    call and its trace then record (`dropped_media`: what this returns). A model that takes images is the place
-    to admit them here."""
+    """The one rule for media the served model cannot take (images it takes are decoded into the request and not
+    counted here): `refuse` (the default) answers a MediaRefusedError naming the first part, and `drop` lets the
+    request through without them, which the call and its trace then record (`dropped_media`: what this returns)."""
+    media = [m for m in media if m.data is None]
     if media and policy == "refuse":
         first, more = media[0], len(media) - 1
         article = "an" if first.kind[0] in "aeiou" else "a"
@@ -303,8 +398,8 @@ def admit_media(media: list[MediaPart], policy: MediaPolicy) -> dict[str, int]:
 
 
 def part_text(part: Any, at: str, media: list[MediaPart]) -> str | None:
-    """The text of one content part; None for a part the template cannot take: a media part (an image, a file:
-    added to `media`, see `admit_media`) or a type hrl does not know. A part that is not an object, or a text part
+    """The text of one content part: for an image a vision model takes, its mark (`media_text`); None for a part the
+    template cannot take: other media (added to `media`, see `admit_media`) or a type hrl does not know. A part that is not an object, or a text part
     whose text is missing or not a string, is a BadRequestError naming the field (`at`: the part's path in the
     dialect's own names). A bare string is taken as text."""
     if isinstance(part, str):
@@ -314,8 +409,7 @@ def part_text(part: Any, at: str, media: list[MediaPart]) -> str | None:
     _need(kind is None or isinstance(kind, str), f"{at}.type", "a string", kind)
     field = TEXT_PARTS.get(kind) if kind is not None else "text" if "text" in part else None
     if field is None:
-        note_media(part, at, media)
-        return None
+        return media_text(part, at, media)
     if field not in part:
         raise BadRequestError(f"{at}.{field}: missing (a {kind or 'text'} part needs its text)")
     text = part[field]

@@ -1,7 +1,8 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`): opencode, Qwen Code, mini-swe-agent, aider.
 
 Content given as a list of parts is joined into text; `image_url`, `input_audio` and `file` parts (and vLLM's
-`audio_url`, `video_url`) are media, refused or dropped by `proxy.media` (`base.admit_media`).
+`audio_url`, `video_url`) are media, refused or dropped by `proxy.media` (`base.admit_media`); for a vision model an
+`image_url` data URL is decoded and kept where it stands (`base.media_text`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     MediaPart,
+    MediaParts,
     SSETemplate,
     as_object,
     sampling,
@@ -64,7 +66,7 @@ def _usage(result: ChatResult) -> dict[str, int]:
 class ChatDialect:
     name = "chat"
 
-    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+    def parse(self, body: dict[str, Any], model: str | None, images: bool = False) -> ChatRequest:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("'messages' must be a non-empty list")
@@ -74,7 +76,7 @@ class ChatDialect:
         if body.get("tool_choice") == "none":
             tools = None
         limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        media: list[MediaPart] = []
+        media = MediaParts(images)
         return ChatRequest(
             model=str(body.get("model") or model or ""),
             messages=[_message(m, i, media) for i, m in enumerate(messages)],

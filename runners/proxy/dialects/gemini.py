@@ -11,7 +11,8 @@ same history always converts the same), and a response without one takes the id 
 call of the same name in the model turn before it. Declarations' schemas get their Gemini type names
 ("OBJECT", "STRING") lower-cased. `thoughtSignature`, `thinkingConfig` and `responseMimeType` are ignored.
 `inlineData` and `fileData` parts, in a turn or in a `functionResponse`'s `parts`, are media (of the kind their
-`mimeType` names), refused or dropped by `proxy.media` (`base.admit_media`).
+`mimeType` names), refused or dropped by `proxy.media` (`base.admit_media`); for a vision model an image's
+`inlineData` is decoded and kept where it stands (a `functionResponse`'s after its JSON; `base.media_text`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     MediaPart,
+    MediaParts,
     SSETemplate,
     as_object,
-    note_media,
+    media_text,
     sampling,
     sse,
 )
@@ -81,8 +83,7 @@ def _text(part: dict[str, Any], at: str, media: list[MediaPart]) -> str | None:
     """A part's text (None for a part without: a call, a response, or media, which is added to `media`), its type
     checked."""
     if "text" not in part:
-        note_media(part, at, media)
-        return None
+        return media_text(part, at, media)
     if not isinstance(part["text"], str):
         raise BadRequestError(f"{at}.text: must be a string, got {type(part['text']).__name__}")
     if not isinstance(part.get("thought", False), bool):
@@ -142,8 +143,8 @@ def _user_turn(
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
             content = json.dumps(_object(fr.get("response"), f"{at}.functionResponse.response"), ensure_ascii=False)
+            content += "".join(_response_media(fr, f"{at}.functionResponse", media))
             out.append({"role": "tool", "content": content, "tool_call_id": call_id})
-            _response_media(fr, f"{at}.functionResponse", media)
         elif (text := _text(part, at, media)) is not None:
             texts.append(text)
     if texts or not out:
@@ -151,11 +152,14 @@ def _user_turn(
     return out
 
 
-def _response_media(fr: dict[str, Any], at: str, media: list[MediaPart]) -> None:
-    """A functionResponse's own `parts` (a tool's image or file): media, added to `media`."""
+def _response_media(fr: dict[str, Any], at: str, media: list[MediaPart]) -> list[str]:
+    """A functionResponse's own `parts` (a tool's image or file): media, added to `media`; the marks of the images
+    the model takes, which follow the response's JSON in the tool message."""
     parts = fr.get("parts")
-    for k, part in enumerate(parts if isinstance(parts, list) else []):
-        note_media(part, f"{at}.parts[{k}]", media)
+    marks = (
+        media_text(part, f"{at}.parts[{k}]", media) for k, part in enumerate(parts if isinstance(parts, list) else [])
+    )
+    return [m for m in marks if m is not None]
 
 
 def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, Any]]:
@@ -234,13 +238,13 @@ def _chunk(req: ChatRequest, rid: str, parts: list[dict[str, Any]], result: Chat
 class GeminiDialect:
     name = "gemini"
 
-    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+    def parse(self, body: dict[str, Any], model: str | None, images: bool = False) -> ChatRequest:
         config = as_object(body.get("generationConfig"), "generationConfig")
         tools = _tools(body)
         calling = as_object(as_object(body.get("toolConfig"), "toolConfig").get("functionCallingConfig"),
                             "toolConfig.functionCallingConfig")  # fmt: skip
         mode = calling.get("mode")
-        media: list[MediaPart] = []
+        media = MediaParts(images)
         return ChatRequest(
             model=str(model or body.get("model") or ""),
             messages=_messages(body, media),

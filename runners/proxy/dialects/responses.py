@@ -4,7 +4,8 @@ Input items become chat messages: `instructions` and system/developer messages �
 items (reasoning, assistant message, function_call) → one assistant message whose `tool_calls` are the function
 calls and whose `reasoning_content` is the reasoning text; `function_call_output` → a tool message (its output a
 string or a list of parts). `input_image` and `input_file` parts, in a message or in a function call's output,
-are media, refused or dropped by `proxy.media` (`base.admit_media`). Non-function tools (web_search, namespace,
+are media, refused or dropped by `proxy.media` (`base.admit_media`); for a vision model an `input_image` data URL
+is decoded and kept where it stands (`base.media_text`). Non-function tools (web_search, namespace,
 custom…) are dropped: the chat template can only offer functions. Tool call ids pass through unchanged, so the
 history Codex sends back names the same calls the proxy produced.
 """
@@ -20,6 +21,7 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     MediaPart,
+    MediaParts,
     SSETemplate,
     join_text,
     sampling,
@@ -173,13 +175,13 @@ def _rid(rid: str) -> str:
 class ResponsesDialect:
     name = "responses"
 
-    def parse(self, body: dict[str, Any], model: str | None) -> ChatRequest:
+    def parse(self, body: dict[str, Any], model: str | None, images: bool = False) -> ChatRequest:
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise BadRequestError("'tools' must be a list")
         functions = [f for f in (_tool(t) for t in tools) if f is not None]
         choice = body.get("tool_choice", "auto")
-        media: list[MediaPart] = []
+        media = MediaParts(images)
         return ChatRequest(
             model=str(body.get("model") or model or ""),
             messages=_messages(body, media),
