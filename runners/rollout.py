@@ -19,6 +19,7 @@ from hrl.errors import UsageError
 from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install
+from hrl.runners.agents.warm import start_warm_harness
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.proxy.session import Session
@@ -69,6 +70,12 @@ class RolloutConfig(BaseModel):
         description="group: the episodes of one GRPO group reuse its sandboxes in turn, reset between them (workdir "
         "restored, processes killed, HOME and tmp emptied) and checked against the first episode's starting state "
         "(a mismatch: a fresh sandbox, counted as rollout/reset_mismatch). none: a sandbox per episode.",
+    )
+    warm_harness: bool = Field(
+        True,
+        description="In a sandbox made ahead (warm_sandboxes > 0, reuse none), start a Python harness ahead too: its "
+        "heavy imports done off the episode's clock, then run unchanged when the episode starts (mini-swe-agent: "
+        "litellm). Traces say harness_warm.",
     )
     mode: Literal["auto", "inprocess", "subprocess"] = Field(
         "auto",
@@ -127,10 +134,15 @@ class AgentRollouts:
                 "(carry: container): what one episode left outside the workdir would be graded with the next",
                 hint="set verifier.carry: workdir (only the workdir is graded), or rollout.reuse: none",
             )
+        warm_harness = config.warm_harness and config.warm_sandboxes > 0 and config.reuse == "none"
         self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
-                                on_event=on_event)  # fmt: skip
+                                on_event=on_event, on_made=self._start_harness if warm_harness else None)  # fmt: skip
         self._install: AgentInstall | None = None
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
+
+    async def _start_harness(self, sandbox: Any) -> None:
+        """A sandbox made ahead starts the harness ahead too, where the runner can (runners/agents/warm.py)."""
+        await start_warm_harness(sandbox, self.runner, self.prepare())
 
     def prepare(self) -> AgentInstall:
         """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
@@ -208,6 +220,7 @@ class AgentRollouts:
             "agent_exit_code": result.exit_code,
             "agent_s": result.duration_s,
             **_harness_start(self.stack.proxy.sessions.get(token), result.started_at),
+            **({"harness_warm": True} if result.warm else {}),
             "episode_s": round(time.monotonic() - t0, 3),
             **infra,  # sandbox_acquire_s, sandbox_reset_s: infrastructure time apart from the agent's
             "agent_stdout_tail": result.stdout_tail[-2000:],

@@ -193,6 +193,7 @@ class SandboxPool:
     reuse: Literal["none", "group"] = "none"
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     reset_factory: Callable[[Sandbox], Reset] = reset_for
+    on_made: Callable[[Sandbox], Awaitable[None]] | None = None  # run on each sandbox made ahead (warm)
     counts: Counter[str] = field(default_factory=Counter)  # created, pooled, reused, reset_mismatch, ...
     _ready: dict[str, list[Sandbox]] = field(default_factory=dict)
     _making: dict[str, set[asyncio.Task[None]]] = field(default_factory=dict)
@@ -236,7 +237,7 @@ class SandboxPool:
         if self.reuse == "group" and group and not self._closed and lease.baseline:
             await self._park(key, group, lease)
         else:
-            await lease.sandbox.close()
+            await close_sandbox(lease.sandbox)
 
     async def close(self) -> None:
         """Stop refilling and close every sandbox the pool holds (ready or parked). Idempotent."""
@@ -322,6 +323,12 @@ class SandboxPool:
         if self._closed:
             await _close_quietly(sandbox)
             return
+        if self.on_made is not None:
+            try:
+                await self.on_made(sandbox)
+            except (SandboxError, OSError) as exc:  # the sandbox still serves, without what on_made adds
+                self.counts["pool_error"] += 1
+                self.on_event("sandbox_pool_error", {"error": f"after making a sandbox: {exc}"[:500]})
         self._ready.setdefault(key, []).append(sandbox)
 
     # --- reuse per group ---
@@ -374,6 +381,16 @@ class SandboxPool:
 
 
 async def _close_quietly(sandbox: Sandbox) -> None:
+    await close_sandbox(sandbox, quietly=True)
+
+
+async def close_sandbox(sandbox: Sandbox, quietly: bool = False) -> None:
+    """Close a sandbox and stop what was started in it ahead (a warm harness's launcher)."""
+    if (warm := getattr(sandbox, "hrl_warm", None)) is not None:
+        warm.stop()
+    if not quietly:
+        await sandbox.close()
+        return
     with contextlib.suppress(SandboxError, OSError):
         await sandbox.close()
 

@@ -8,6 +8,8 @@ tracking raise unless MSWEA_COST_TRACKING=ignore_errors; LITELLM_LOCAL_MODEL_COS
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["SUBMIT_COMMAND", "MiniSweAgentRunner"]
@@ -33,14 +35,18 @@ class MiniSweAgentRunner:
     def files(self, ctx: AgentContext) -> dict[str, str]:
         return {}
 
+    # A warm sandbox imports litellm ahead (runners/agents/warm.py): ~4 s of the ~5 s mini spends before its first
+    # request. Its environment then is the fixed part of `env`, what litellm reads at import.
+    warm_imports = ("litellm",)
+    warm_env: ClassVar[dict[str, str]] = {
+        "MSWEA_CONFIGURED": "true",  # no setup wizard
+        "MSWEA_SILENT_STARTUP": "1",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+
     def env(self, ctx: AgentContext) -> dict[str, str]:
-        return {
-            "OPENAI_API_KEY": ctx.api_key,
-            "MSWEA_CONFIGURED": "true",  # no setup wizard
-            "MSWEA_SILENT_STARTUP": "1",
-            "MSWEA_COST_TRACKING": "ignore_errors",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        }
+        return {"OPENAI_API_KEY": ctx.api_key, **self.warm_env}
 
     def command(self, ctx: AgentContext) -> list[str]:
         return [

@@ -33,6 +33,7 @@ class AgentOutcome:
     started_at: float  # epoch seconds when the CLI was launched
     stdout_tail: str
     stderr_tail: str
+    warm: bool = False  # run through a launcher started ahead in a warm sandbox (runners/agents/warm.py)
 
     @property
     def ok(self) -> bool:
@@ -74,9 +75,10 @@ def agent_env(runner: AgentRunner, ctx: AgentContext, install: AgentInstall) -> 
     }
 
 
-def agent_argv(runner: AgentRunner, ctx: AgentContext) -> list[str]:
-    """The runner's command with stdin closed (some CLIs wait for piped input), under a pseudo-tty if it needs one."""
-    cmd = runner.command(ctx)
+def agent_argv(runner: AgentRunner, ctx: AgentContext, through: list[str] | None = None) -> list[str]:
+    """The runner's command with stdin closed (some CLIs wait for piped input), under a pseudo-tty if it needs one;
+    `through`: a prefix that runs it (a warm launcher's client)."""
+    cmd = [*(through or []), *runner.command(ctx)]
     if runner.needs_tty:  # `script` (util-linux) gives the CLI a terminal and passes its exit status through
         return ["script", "-qefc", shlex.join(cmd), "/dev/null"]
     return ["sh", "-c", 'exec "$@" </dev/null', runner.name, *cmd]
@@ -100,10 +102,15 @@ async def run_agent(
         return AgentOutcome(prep.exit_code, "sandbox_error", 0.0, time.time(), "", f"cannot make HOME: {prep.stderr}")
     for path, text in files.items():
         await sandbox.write_file(path, text.encode(), 0o600)
+    warm = getattr(sandbox, "hrl_warm", None)
+    through = warm.claim(runner) if warm is not None else None
     started, started_at = time.monotonic(), time.time()
     try:
         res = await sandbox.exec(
-            agent_argv(runner, ctx), timeout_s=time_budget_s, env=agent_env(runner, ctx, install), workdir=ctx.workdir
+            agent_argv(runner, ctx, through),
+            timeout_s=time_budget_s,
+            env=agent_env(runner, ctx, install),
+            workdir=ctx.workdir,
         )
     finally:
         if not keep_home:
@@ -116,4 +123,5 @@ async def run_agent(
         started_at=started_at,
         stdout_tail=res.stdout[-TAIL_CHARS:],
         stderr_tail=res.stderr[-TAIL_CHARS:],
+        warm=through is not None,
     )
