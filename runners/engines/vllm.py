@@ -25,7 +25,15 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import NO_OP_SAMPLING, FinishReason, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.base import (
+    NO_OP_SAMPLING,
+    ExpandedPrompt,
+    FinishReason,
+    ImageInput,
+    PublishKind,
+    SamplingParams,
+    TokenDelta,
+)
 from hrl.runners.engines.vllm_contract import (
     FULL_PUBLISH,
     IPC_TWO_PHASE,
@@ -42,9 +50,11 @@ from hrl.runners.engines.vllm_server import (
     completion_body,
     find_free_port,
     find_vllm_python,
+    generate_body,
     gpu_flags,
     http_error,
     logprobs_mode,
+    model_has_vision,
     new_session,
     score_body,
     scored_logprobs,
@@ -59,7 +69,29 @@ from hrl.runners.scratch import scratch_dir
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
 
 _ABORTED = object()  # queue sentinel: the HTTP stream was cancelled by abort()
+_GENERATE = "/inference/v1/generate"  # token ids + images (--enable-scale-out): where image calls go
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def _logprobs(logprobs: Any) -> list[float]:
+    """The sampled tokens' logprobs of a chunk: /v1/completions' `token_logprobs`, /inference/v1/generate's
+    `content[].logprob`."""
+    logprobs = logprobs or {}
+    if "content" in logprobs:
+        values = [c.get("logprob") for c in logprobs.get("content") or []]
+    else:
+        values = logprobs.get("token_logprobs") or []
+    return [float("nan") if lp is None else float(lp) for lp in values]
+
+
+def _expanded(payload: dict[str, Any], images: int) -> ExpandedPrompt:
+    """The prompt vLLM ran for a request with images: the first chunk's expanded ids and image placeholder ranges."""
+    ids = payload.get("prompt_token_ids")
+    ranges = (payload.get("mm_placeholders") or {}).get("image") or []
+    if not isinstance(ids, list) or len(ranges) != images:
+        raise EngineError(f"vLLM's first chunk did not return the expanded prompt and {images} image placeholder "
+                          f"ranges (prompt_token_ids: {type(ids).__name__}, ranges: {len(ranges)})")  # fmt: skip
+    return ExpandedPrompt([int(t) for t in ids], [(int(r["offset"]), int(r["length"])) for r in ranges])
 
 
 class VLLMEngineConfig(BaseModel):
@@ -141,6 +173,7 @@ class VLLMEngine:
     # preempts them at a publish and resumes them from their sampled tokens on the new version.
     continues_in_place = False
     sampling_knobs = frozenset(NO_OP_SAMPLING)
+    takes_images = False  # a vision model on a server that serves /inference/v1/generate (set at start)
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
@@ -184,12 +217,20 @@ class VLLMEngine:
             self._http = new_session(self.unix)
             await self._read_models()
             await self._read_contract()
+            self.takes_images = self._vision() and self.contract.serves(_GENERATE)
             if self.config.weight_sync == "ipc":
                 await self._init_ipc()
         except BaseException:
             await self.close()
             raise
         self.startup_s = time.monotonic() - t0
+
+    def _vision(self) -> bool:
+        """Whether the served model has a vision tower (its local config.json says so)."""
+        try:
+            return model_has_vision(resolve_model(self.config.model))
+        except Exception:  # a model this machine cannot read: served as text-only
+            return False
 
     async def _read_models(self) -> None:
         models = (await self._call("GET", "/v1/models", limit_s=30))["data"]
@@ -268,6 +309,8 @@ class VLLMEngine:
             cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras)]
         if cfg.enforce_eager:
             cmd.append("--enforce-eager")
+        if model_has_vision(path):  # images with a token prompt take /inference/v1/generate, served only so
+            cmd.append("--enable-scale-out")
         return cmd + gpu_flags(cfg) + list(cfg.extra_args)
 
     async def close(self) -> None:
@@ -284,8 +327,19 @@ class VLLMEngine:
 
     # ---- requests ----------------------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[TokenDelta]:
+        """Text: `/v1/completions`. With images: `/inference/v1/generate`, whose first chunk carries the prompt vLLM
+        expanded and the images' placeholder ranges (reported on the first delta)."""
+        if images and not self.takes_images:
+            raise EngineError(f"the vLLM server for {self.config.model} takes no images (a vision model, served "
+                              f"with --enable-scale-out, serves {_GENERATE})")  # fmt: skip
         model, fixed = self._route(version)
         if self.max_model_len:  # like the embedded engine: fail if the prompt leaves no room, else cut max_tokens
             room = self.max_model_len - len(prompt_ids)
@@ -295,12 +349,17 @@ class VLLMEngine:
                 )
             params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        task = asyncio.create_task(self._pump(completion_body(model, prompt_ids, params), fixed, queue))
+        if images:
+            route, body = _GENERATE, generate_body(model, prompt_ids, params, images)
+        else:
+            route, body = "/v1/completions", completion_body(model, prompt_ids, params)
+        task = asyncio.create_task(self._pump(route, body, fixed, queue))
+        expanded: ExpandedPrompt | None = None
         task.add_done_callback(lambda t: queue.put_nowait(_ABORTED) if t.cancelled() else None)
         self._requests[request_id] = task
         if fixed is not None:
             self._pinned[request_id] = fixed
-        finished = False
+        finished = sent = False
         try:
             while (item := await queue.get()) is not None:
                 if item is _ABORTED:
@@ -311,16 +370,19 @@ class VLLMEngine:
                 payload, ver = item
                 if isinstance(err := payload.get("error"), dict):
                     raise http_error(int(err.get("code") or 500), err, "generation")
+                if images and expanded is None:
+                    expanded = _expanded(payload, len(images))
                 for choice in payload.get("choices") or []:
-                    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
                     reason = choice.get("finish_reason")
                     finished = finished or reason is not None
                     yield TokenDelta(
                         list(choice.get("token_ids") or []),
-                        [float("nan") if lp is None else float(lp) for lp in logprobs],
+                        _logprobs(choice.get("logprobs")),
                         ver,
                         None if reason is None else _FINISH.get(reason, "stop"),
+                        prompt=expanded if images and not sent else None,
                     )
+                    sent = True
             if not finished:
                 raise EngineError(f"vLLM stream from {self.base_url} ended before the generation finished")
         finally:
@@ -348,11 +410,11 @@ class VLLMEngine:
             return self.served_name, None
         raise EngineError(f"policy version {want} is not loaded (loaded: {sorted({self._full_version, *self._loras})})")
 
-    async def _pump(self, body: dict[str, Any], fixed: int | None, queue: asyncio.Queue[Any]) -> None:
-        """Read one SSE completion stream into `queue` as (chunk, version) items, then None (or an exception)."""
+    async def _pump(self, route: str, body: dict[str, Any], fixed: int | None, queue: asyncio.Queue[Any]) -> None:
+        """Read one SSE generation stream into `queue` as (chunk, version) items, then None (or an exception)."""
         try:
             async with self._client().post(
-                f"{self.base_url}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+                f"{self.base_url}{route}", json=body, timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
             ) as resp:
                 if resp.status != 200:
                     raise http_error(resp.status, await resp.text(), "generation")

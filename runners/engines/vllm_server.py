@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
 import collections
 import contextlib
 import ctypes
@@ -30,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from hrl.runners.engines.base import SamplingParams
+from hrl.runners.engines.base import ImageInput, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, PortInUseError, PrerequisiteError
 from hrl.runners.scratch import scratch_dir
 
@@ -357,6 +358,42 @@ def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dic
     if p.seed is not None:
         body["seed"] = p.seed
     return body
+
+
+def generate_body(model: str, prompt_ids: list[int], p: SamplingParams, images: list[ImageInput]) -> dict[str, Any]:
+    """A streamed `/inference/v1/generate` request (needs `--enable-scale-out`): the template's token ids, one image
+    placeholder per image, and the images as `content_parts` data URLs, which vLLM expands itself. The first chunk
+    returns the expanded prompt ids and the images' placeholder ranges (`return_token_ids`). The only route of the
+    pinned vLLM that takes images with a token prompt: `/v1/completions` has no field for them."""
+    sampling: dict[str, Any] = {
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k or -1,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "stop_token_ids": [] if p.ignore_eos else list(p.stop_token_ids),
+        "ignore_eos": p.ignore_eos,
+        "logprobs": 0,
+        "detokenize": False,
+    }
+    if p.seed is not None:
+        sampling["seed"] = p.seed
+    parts = [{"type": "image_url", "url": f"data:{im.mime or 'image/png'};base64,{base64.b64encode(im.data).decode()}"}
+             for im in images]  # fmt: skip
+    return {"model": model, "token_ids": list(prompt_ids), "content_parts": parts, "sampling_params": sampling,
+            "return_token_ids": True, "stream": True}  # fmt: skip
+
+
+def model_has_vision(path: str) -> bool:
+    """Whether a local model's config.json has a vision tower (`vision_config`)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
 async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -390,7 +390,7 @@ class Proxy:
         if not getattr(self.engine, "takes_images", False):
             raise MediaRefusedError(
                 f"{images[0].at}: an image part; the {self.engine.name} engine cannot take images (the embedded "
-                "engine can)"
+                "engine and vLLM can)"
             )
         if len(images) > self.config.max_images:
             raise MediaRefusedError(f"{images[self.config.max_images].at}: {len(images)} images in one request, over "
