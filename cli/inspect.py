@@ -271,6 +271,10 @@ def _call_label(c: dict[str, Any], first: bool) -> Text:
         from hrl.runners.summary import media_text
 
         label.append(f"\ndropped media (proxy.media: drop): {media_text(c['dropped_media'])}", style="yellow")
+    for m in c.get("media") or []:  # the images the model saw, where the engine expanded each
+        offset, length = m.get("placeholder") or ("?", "?")
+        label.append(f"\nimage {m['sha256'][:12]} {m.get('mime', '')} {m.get('width')}×{m.get('height')} "
+                     f"{m.get('bytes')} B: prompt tokens {offset}+{length}", style="cyan")  # fmt: skip
     return label
 
 

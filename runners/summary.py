@@ -63,6 +63,7 @@ def describe_calls(trace: Trace) -> list[dict[str, Any]]:
                 "error": c.get("error"),
                 "tool_parse_error": c.get("tool_parse_error"),
                 "dropped_media": c.get("dropped_media") or {},  # media left out of its request, by kind
+                "media": c.get("media") or [],  # the images of its prompt (sha256, size, placeholder range)
                 "agent": c.get("agent"),  # None: the root agent
                 "trainable": c.get("trainable", True),
             }

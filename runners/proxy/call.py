@@ -128,6 +128,10 @@ class Call:
         placeholder range. One that does not extend its parent's ids (an image expanded otherwise than before)
         starts a new branch rather than claim a prefix it does not share."""
         rec, media = self.record, self.record.media or []
+        if rec.sent_ids is not None:  # resumed after a publish: the same prompt, with the tokens sampled so far
+            if list(prompt.prompt_ids) != rec.prompt_ids + rec.response_ids:
+                raise EngineError("resumed after a publish, the engine expanded the images otherwise than before")
+            return
         if len(prompt.placeholders) != len(media):
             raise EngineError(
                 f"the {len(media)} images sent came back as {len(prompt.placeholders)} placeholder ranges"

@@ -226,6 +226,42 @@ def test_an_image_sent_again_extends_the_earlier_ids_and_is_stored_once(serving)
     assert hashlib.sha256(ASKED).hexdigest() in stored and set(stored) <= set(SHA)
 
 
+def test_a_changed_image_starts_a_new_branch(serving):
+    """The same text around other bytes: the earlier ids are not reused (the message keys hold the image's hash)."""
+    proxy, _ = serving
+    client = openai.OpenAI(base_url=f"{proxy.url}/s/changed/v1", api_key="unused", max_retries=0)
+
+    def turn(raw: bytes) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "text", "text": ASK}, {"type": "image_url",
+                                                                         "image_url": {"url": _url(raw)}}]}  # fmt: skip
+
+    reply = client.chat.completions.create(model="m", messages=[turn(ASKED)], max_tokens=4).choices[0].message.content
+    again = [turn(TOOL), {"role": "assistant", "content": reply}, {"role": "user", "content": "and now?"}]
+    client.chat.completions.create(model="m", messages=again, max_tokens=4)
+    one, two = proxy.end("changed", reward=0.0)["calls"]
+    assert [m["sha256"] for m in one["media"]] == [hashlib.sha256(ASKED).hexdigest()]
+    assert "parent" not in two and [m["sha256"] for m in two["media"]] == [hashlib.sha256(TOOL).hexdigest()]
+
+
+def test_inspect_shows_each_calls_images(serving, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    proxy, out = serving
+    client = openai.OpenAI(base_url=f"{proxy.url}/s/shown/v1", api_key="unused", max_retries=0)
+    content: Any = [{"type": "image_url", "image_url": {"url": _url(TOOL)}}]
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=2)
+    trace = proxy.end("shown", reward=0.0)
+    offset, length = trace["calls"][0]["media"][0]["placeholder"]
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    shown = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(out), "--trace", trace["trace_id"]],
+                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    sha = hashlib.sha256(TOOL).hexdigest()[:12]
+    assert f"image {sha} image/png 40×40 {len(TOOL)} B: prompt tokens {offset}+{length}" in shown.stdout
+
+
 def test_limits_and_remote_urls_are_refused_naming_the_part(serving):
     proxy, _ = serving
     client = openai.OpenAI(base_url=f"{proxy.url}/s/limits/v1", api_key="unused", max_retries=0)
