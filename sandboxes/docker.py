@@ -455,9 +455,13 @@ def _drain_in_thread(sock: Any, cap: int) -> asyncio.Future[Output]:
 
     def work() -> None:
         try:
-            future.set_result(_drain(sock, cap))
+            result = _drain(sock, cap)
         except BaseException as exc:  # delivered to the awaiting coroutine
-            future.set_exception(exc)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(exc)
+            return
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled: nobody awaits it any more
+            future.set_result(result)
 
     threading.Thread(target=work, name="hrl-docker-exec", daemon=True).start()
     return asyncio.wrap_future(future)

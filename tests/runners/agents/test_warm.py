@@ -28,14 +28,17 @@ FIX = [
 STUCK = [{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 97; echo done"}}]}]
 
 
-async def _episodes(tiny_model: str, out: Path, turns: list[Any], warm: int, n: int, **cfg: Any) -> list[dict]:
+async def _episodes(
+    tiny_model: str, out: Path, turns: list[Any], warm: int, n: int, sandbox: str = "local", **cfg: Any
+) -> list[dict]:
     run_id = f"test-warm-{uuid.uuid4().hex[:8]}"
-    config = RolloutConfig(agent="mini-swe-agent", sandbox="local", run_id=run_id, warm_sandboxes=warm,
+    config = RolloutConfig(agent="mini-swe-agent", sandbox=sandbox, run_id=run_id, warm_sandboxes=warm,
                            agent_options={"step_limit": 4}, **{"time_budget_s": 120, **cfg})  # fmt: skip
     async with serving(tiny_model, "scripted", engine_options={"turns": turns}) as stack:
-        rollouts = AgentRollouts(stack, config, verifier={"run_id": run_id})
+        image = {"image": "hrl/swe-py:bookworm"} if sandbox == "docker" else {}
+        rollouts = AgentRollouts(stack, config, verifier={"run_id": run_id, **image})
         await asyncio.to_thread(rollouts.prepare)
-        task = mini_task("local").model_dump()
+        task = mini_task(sandbox).model_dump()
         if warm:  # the pool learns the spec from a first episode, then makes sandboxes ahead for the next ones
             await run_episodes(rollouts, [Episode(task, 0, -1)], out.with_suffix(".first.jsonl"), 1)
             await rollouts.pool.settle()
@@ -46,9 +49,12 @@ async def _episodes(tiny_model: str, out: Path, turns: list[Any], warm: int, n: 
 
 @pytest.mark.agents
 @pytest.mark.timeout(600)
-def test_a_warm_harness_sends_what_a_cold_one_sends_and_says_it_was_warm(tiny_model, tmp_path):
-    cold = asyncio.run(_episodes(tiny_model, tmp_path / "cold.jsonl", FIX, warm=0, n=1))
-    warm = asyncio.run(_episodes(tiny_model, tmp_path / "warm.jsonl", FIX, warm=1, n=2))
+@pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_warm_harness_sends_what_a_cold_one_sends_and_says_it_was_warm(tiny_model, tmp_path, sandbox, request):
+    if sandbox == "docker":
+        request.getfixturevalue("swe_image")  # the grading image, built once
+    cold = asyncio.run(_episodes(tiny_model, tmp_path / "cold.jsonl", FIX, warm=0, n=1, sandbox=sandbox))
+    warm = asyncio.run(_episodes(tiny_model, tmp_path / "warm.jsonl", FIX, warm=1, n=2, sandbox=sandbox))
     assert [t["reward"] for t in cold + warm] == [1.0] * 3, [t.get("reward_info") for t in cold + warm]
     assert "harness_warm" not in cold[0]["metadata"]
     assert [t["metadata"].get("harness_warm") for t in warm] == [True, True]
