@@ -36,7 +36,7 @@ from hrl.runners.proxy.dialects.base import (
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
 from hrl.runners.proxy.session import ChildLimitError, Session
 from hrl.runners.proxy.subagents import recognise_subagent
-from hrl.runners.proxy.template import ChatTemplate, IncrementalDecoder
+from hrl.runners.proxy.template import IMAGE_MARK, ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.tokens import owned_token, owner
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
 from hrl.runners.redact import default_redactor
@@ -417,13 +417,22 @@ class Proxy:
     async def count_tokens(self, req: ChatRequest) -> int:
         """The prompt tokens of a request as it stands (nothing recorded); off the loop, checked like `begin`."""
         admit_media(req.media, self.config.media)
-        self._admit_images(req.media)
+        images = self._admit_images(req.media)
         size = self._check_size(req)
         if size > self.max_prompt_bytes:
             raise ContextLengthError(f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} "
                                      "(proxy.max_prompt_bytes)")  # fmt: skip
-        template = self.template
-        return await self._off_loop(lambda: len(template.encode(template.render(req.messages, req.tools))))
+        template, expand = self.template, getattr(self.engine, "expand", None)
+
+        def count() -> int:
+            text = template.render(req.messages, req.tools)
+            ids = template.encode(text)
+            if images and expand is not None:  # an engine that expands images in process: the run it would run
+                sent = [ImageInput(images[sha].data or b"", images[sha].mime, sha) for sha in IMAGE_MARK.findall(text)]
+                ids = expand(ids, sent)[0].prompt_ids
+            return len(ids)
+
+        return await self._off_loop(count)  # type: ignore[no-any-return]
 
     @staticmethod
     def _check_size(req: ChatRequest) -> int:

@@ -262,6 +262,19 @@ def test_inspect_shows_each_calls_images(serving, tmp_path):
     assert f"image {sha} image/png 40×40 {len(TOOL)} B: prompt tokens {offset}+{length}" in shown.stdout
 
 
+def test_count_tokens_counts_the_expanded_images(serving):
+    """Anthropic's count_tokens on the embedded engine counts each image's expanded run: the prompt tokens the same
+    request then reports."""
+    proxy, _ = serving
+    client = anthropic.Anthropic(base_url=f"{proxy.url}/s/count", api_key="unused", max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(ASKED)}}
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": ASK}, image]}]
+    counted = client.messages.count_tokens(model="m", messages=messages).input_tokens
+    used = client.messages.create(model="m", max_tokens=2, messages=messages).usage.input_tokens
+    (call,) = proxy.end("count", reward=0.0)["calls"]
+    assert counted == used == len(call["prompt_ids"])
+
+
 def test_limits_and_remote_urls_are_refused_naming_the_part(serving):
     proxy, _ = serving
     client = openai.OpenAI(base_url=f"{proxy.url}/s/limits/v1", api_key="unused", max_retries=0)

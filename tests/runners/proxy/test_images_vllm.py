@@ -34,7 +34,7 @@ def serving(vision_model, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-@pytest.mark.parametrize("dialect", ["chat", "anthropic"])
+@pytest.mark.parametrize("dialect", list(DRIVERS))
 def test_vllm_expands_the_images_and_the_call_records_its_ranges(serving, vision_model, dialect, stream):
     proxy, out = serving
     token = f"vllm-{dialect}-{stream}"
