@@ -205,23 +205,27 @@ def test_the_recorded_prompt_and_logprobs_are_transformers_own(serving, vision_m
     assert np.abs(np.array(call["response_logprobs"]) - expected.numpy()).max() < 1e-4
 
 
-def test_an_image_sent_again_extends_the_earlier_ids_and_is_stored_once(serving):
-    """Turn two re-sends turn one's image: its prompt extends turn one's prompt and reply (the engine expands the
-    same bytes the same way), and the run holds the image once."""
+def test_an_image_sent_again_each_turn_extends_the_earlier_ids_and_is_stored_once(serving):
+    """Three turns, each re-sending the conversation with its image, the last adding the same image again: each
+    prompt extends the previous call's prompt and reply id for id (0 drift; the engine expands the same bytes the
+    same way), the earlier images keep their ranges, and the run holds the image once."""
     proxy, out = serving
     client = openai.OpenAI(base_url=f"{proxy.url}/s/again/v1", api_key="unused", max_retries=0)
-    first: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(ASKED)}}]}]
-    reply = client.chat.completions.create(model="m", messages=first, max_tokens=4).choices[0].message.content
-    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "and now?"}]
-    client.chat.completions.create(model="m", messages=second, max_tokens=4)
+    image: Any = {"type": "image_url", "image_url": {"url": _url(ASKED)}}
+    messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": ASK}, image]}]
+    for follow_up in ("and now?", [{"type": "text", "text": "and this one?"}, image], None):
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4).choices[0].message.content
+        if follow_up is not None:
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
     trace = proxy.end("again", reward=0.0)
-    one, two = trace["calls"]
-    assert two["parent"] == one["call_id"] and two["prompt_ref"]["length"] == len(one["prompt_ids"]) + len(
-        one["response_ids"]
-    )
-    full = call_prompt_ids(trace, 1)
-    assert full[: two["prompt_ref"]["length"]] == one["prompt_ids"] + one["response_ids"]
-    assert [m["placeholder"] for m in two["media"]] == [m["placeholder"] for m in one["media"]]
+    calls = trace["calls"]
+    assert [len(c["media"]) for c in calls] == [1, 1, 2]
+    for i in (1, 2):
+        before, now = calls[i - 1], calls[i]
+        earlier = call_prompt_ids(trace, i - 1) + before["response_ids"]
+        assert now["parent"] == before["call_id"] and now["prompt_ref"]["length"] == len(earlier)
+        assert call_prompt_ids(trace, i)[: len(earlier)] == earlier  # id for id: nothing re-tokenized
+        assert now["media"][: len(before["media"])] == before["media"]  # the earlier images where they were
     stored = [p.name for p in (out.parent / "media").iterdir()]  # one file per image, whatever was sent how often
     assert hashlib.sha256(ASKED).hexdigest() in stored and set(stored) <= set(SHA)
 
