@@ -108,7 +108,8 @@ def conversation(
         turn = {k: row[k] for k in ("call_id", "agent", "parent", "side", "started_at", "first_token_s", "total_s",
                                     "prompt_tokens", "response_tokens", "finish_reason", "versions", "error",
                                     "tool_parse_error")}  # fmt: skip
-        turn |= {"input": _input(c, template, max_lines), "reply": _reply(c, template, max_lines), "tools": tools[i]}
+        turn |= {"input": _input(c, template, max_lines), "reply": _reply(c, template, max_lines), "tools": tools[i],
+                 "media": c.get("media") or []}  # fmt: skip
         turns.append(turn)
     return {
         "trace_id": str(trace["trace_id"]),

@@ -24,7 +24,7 @@ from typing import Any
 from hrl.runners.conversation import load_template, model_of
 from hrl.runners.errors import UsageError
 from hrl.runners.metrics import harness_rewards, trace_metrics
-from hrl.runners.report.conversation import MAX_LINES, conversation_templates
+from hrl.runners.report.conversation import MAX_LINES, conversation_templates, thumbnails
 from hrl.runners.report.evaluation import eval_rows, eval_table_html
 from hrl.runners.report.run import Run, iteration_summaries, load_run, trainer_version
 from hrl.runners.report.svg import histogram, line_chart, stacked_bars
@@ -328,6 +328,17 @@ def _note(note: str | None) -> str:
             "(<code>hrl report … --model DIR</code> decodes them with that tokenizer).</p>")  # fmt: skip
 
 
+def _images(run: Run) -> dict[str, str]:
+    """Thumbnails of the images the run's calls saw, read from `media/<sha256>` beside each trace file."""
+    stored: dict[str, Path] = {}
+    for it in run.iterations:
+        for t in it.traces if it.trace_file is not None else []:
+            for c in t.get("calls") or []:
+                for m in c.get("media") or []:
+                    stored.setdefault(m["sha256"], it.trace_file.parent / "media" / m["sha256"])  # type: ignore[union-attr]
+    return thumbnails(stored) if stored else {}
+
+
 def render_report(run: Run, model: str | None = None) -> str:
     """The HTML document for a loaded run; `model`: the tokenizer its conversations are decoded with."""
     iters = iteration_summaries(run)
@@ -350,7 +361,7 @@ def render_report(run: Run, model: str | None = None) -> str:
         else '<p class="muted" id="no-steps">no training steps in this input: charts over steps are left out.</p>',
         "PLOTS": _plots(iters, rows, run.evals, steps),
         "NOTE": _note(note),
-        "CONVERSATIONS": conversation_templates([t for _, t in run.traces], template, note),
+        "CONVERSATIONS": conversation_templates([t for _, t in run.traces], template, note, thumbs=_images(run)),
         "OUTCOMES": _options(outcomes),
         "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
         "TABLE": _table(rows),

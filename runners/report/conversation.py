@@ -7,15 +7,38 @@ trace's detail when it is opened, so hundreds of conversations cost no layout un
 
 from __future__ import annotations
 
+import base64
+import io
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.conversation import conversation, info_text
 
-__all__ = ["BUDGET_CHARS", "MAX_LINES", "conversation_html", "conversation_templates"]
+__all__ = ["BUDGET_CHARS", "MAX_IMAGES", "MAX_LINES", "conversation_html", "conversation_templates", "thumbnails"]
 
 MAX_LINES = 30  # lines of one text in the report (the page holds every trace): `hrl inspect --full` shows all
 BUDGET_CHARS = 24_000_000  # decoded text the page holds, all traces together; later traces show counts only
+MAX_IMAGES = 256  # distinct images the page shows as thumbnails (JPEG, 160 px); later ones by their caption only
+THUMB_PX = 160
+
+
+def thumbnails(images: dict[str, Path], limit: int = MAX_IMAGES) -> dict[str, str]:
+    """sha256 → a small JPEG data URL of each stored image (`media/<sha256>` beside the traces), the first `limit`;
+    an image whose file is missing or unreadable gets none (its caption says so)."""
+    out: dict[str, str] = {}
+    for sha, path in list(images.items())[:limit]:
+        try:
+            from PIL import Image
+
+            with Image.open(path) as img:
+                img.thumbnail((THUMB_PX, THUMB_PX))
+                buf = io.BytesIO()
+                img.convert("RGB").save(buf, "JPEG", quality=80)
+        except (ImportError, OSError, ValueError):
+            continue
+        out[sha] = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    return out
 
 
 def _secs(s: float | None) -> str:
@@ -45,12 +68,23 @@ def _summary(turn: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _turn(turn: dict[str, Any]) -> str:
+def _image(m: dict[str, Any], thumbs: dict[str, str]) -> str:
+    """One image of a call's prompt: its thumbnail (when stored and within the page's budget) and caption."""
+    offset, length = m.get("placeholder") or ("?", "?")
+    caption = (f"image {m['sha256'][:12]} · {m.get('mime', '')} {m.get('width')}×{m.get('height')} · "
+               f"{m.get('bytes')} B · prompt tokens {offset}+{length}")  # fmt: skip
+    thumb = thumbs.get(m["sha256"])
+    img = f'<img src="{thumb}" alt="{escape(m["sha256"])}">' if thumb else '<span class="muted">(not shown)</span>'
+    return f'<figure class="image">{img}<figcaption>{escape(caption)}</figcaption></figure>'
+
+
+def _turn(turn: dict[str, Any], thumbs: dict[str, str] | None = None) -> str:
     given, reply = turn["input"], turn["reply"]
     since = given["since"]
     head = f"prompt ({given['tokens']} tokens)" if since is None else f"+{given['tokens']} prompt tokens after {since}"
     head += "" if since is None else " (tool results, new messages)"
     body = [_block("input", head, given["text"]) or f'<div class="label">{escape(head)}</div>']  # no text: counts
+    body += [_image(m, thumbs or {}) for m in turn.get("media") or []]
     body.append(_block("reasoning", "reasoning", reply["reasoning"]))
     body.append(_block("says", "says", reply["text"]))
     body += [_block("toolcall", f"tool call {c['name']}", c["arguments"]) for c in reply["tool_calls"]]
@@ -84,15 +118,20 @@ def _outcome(outcome: dict[str, Any]) -> str:
     return f'<div class="outcome">{"".join(parts)}</div>'
 
 
-def conversation_html(conv: dict[str, Any]) -> str:
-    """One trace's conversation: a note when it could not be decoded, each call, the outcome."""
+def conversation_html(conv: dict[str, Any], thumbs: dict[str, str] | None = None) -> str:
+    """One trace's conversation: a note when it could not be decoded, each call (with its images: `thumbs`, sha256
+    → data URL), the outcome."""
     note = "" if conv["decoded"] else f'<div class="note">{escape(str(conv["note"]))}: token counts only</div>'
-    turns = "".join(_turn(t) for t in conv["calls"]) or '<div class="muted">no LLM calls</div>'
+    turns = "".join(_turn(t, thumbs) for t in conv["calls"]) or '<div class="muted">no LLM calls</div>'
     return f'<div class="conversation">{note}{turns}{_outcome(conv["outcome"])}</div>'
 
 
 def conversation_templates(
-    traces: list[dict[str, Any]], template: Any, note: str | None, budget: int = BUDGET_CHARS
+    traces: list[dict[str, Any]],
+    template: Any,
+    note: str | None,
+    budget: int = BUDGET_CHARS,
+    thumbs: dict[str, str] | None = None,
 ) -> str:
     """Every trace's conversation, in table order, each in an inert `<template>` the page opens on demand; decoded
     with `template` (a `ChatTemplate`, None: counts only, `note` says why) until `budget` characters are spent, so a
@@ -101,7 +140,7 @@ def conversation_templates(
     for n, trace in enumerate(traces):
         if template is not None and spent > budget:
             template, note = None, f"the report's {budget:,} characters of text are spent (hrl inspect shows it)"
-        html = conversation_html(conversation(trace, template, max_lines=MAX_LINES, note=note))
+        html = conversation_html(conversation(trace, template, max_lines=MAX_LINES, note=note), thumbs)
         spent += len(html)
         out.append(f'<template class="conversation" data-n="{n}">{html}</template>')
     return "".join(out)

@@ -247,7 +247,7 @@ def test_a_changed_image_starts_a_new_branch(serving):
     assert "parent" not in two and [m["sha256"] for m in two["media"]] == [hashlib.sha256(TOOL).hexdigest()]
 
 
-def test_inspect_shows_each_calls_images(serving, tmp_path):
+def test_inspect_and_report_show_each_calls_images(serving, tmp_path):
     import os
     import subprocess
     import sys
@@ -264,6 +264,13 @@ def test_inspect_shows_each_calls_images(serving, tmp_path):
     assert shown.returncode == 0, shown.stderr
     sha = hashlib.sha256(TOOL).hexdigest()[:12]
     assert f"image {sha} image/png 40×40 {len(TOOL)} B: prompt tokens {offset}+{length}" in shown.stdout
+    report = subprocess.run([sys.executable, "-m", "hrl.cli", "report", str(out), "--out", str(tmp_path / "r.html")],
+                            capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "r.html").read_text()
+    full = hashlib.sha256(TOOL).hexdigest()
+    assert '<img src="data:image/jpeg;base64,' in html and f'alt="{full}">' in html  # the image itself, shown
+    assert f"image {sha} · image/png 40×40 · {len(TOOL)} B · prompt tokens {offset}+{length}" in html
 
 
 def test_count_tokens_counts_the_expanded_images(serving):
