@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -112,7 +111,7 @@ class EmbeddedEngine:
         try:
             cfg = AutoConfig.from_pretrained(path)
             if getattr(cfg, "vision_config", None) is not None:
-                self._load_vision(path, cfg, dtype)
+                self._load_vision(path, dtype)
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
         except EngineStartError:
@@ -124,49 +123,23 @@ class EmbeddedEngine:
         eos = self.model.generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
-    def _load_vision(self, path: str, cfg: Any, dtype: Any) -> None:
+    def _load_vision(self, path: str, dtype: Any) -> None:
         """A vision-language model: its image-text model and its processor, which expands each image placeholder
         of a token prompt and makes the pixel inputs (`expand`)."""
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
+
+        from hrl.runners.engines.images import load_processor
 
         self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
-        self.processor = AutoProcessor.from_pretrained(path)
-        token = getattr(self.processor, "image_token", None)
-        tid = getattr(cfg, "image_token_id", getattr(cfg, "image_token_index", None))
-        if token is None or self.processor.tokenizer.convert_tokens_to_ids(token) != tid:
-            raise EngineStartError(f"embedded engine: {self.config.model}'s processor names image token {token!r}, "
-                                   f"not config.json's image_token_id {tid}")  # fmt: skip
-        self.image_token_id = tid
+        self.processor, self.image_token_id = load_processor(path)
         self.takes_images = True
 
     def expand(self, prompt_ids: list[int], images: list[ImageInput]) -> tuple[ExpandedPrompt, dict[str, Any]]:
-        """The prompt with each image placeholder (one image token per image, as the template writes it) replaced
-        by the run the processor makes of that image, each run's (offset, length), and the pixel inputs of one
-        batch row. The placeholders are the engine's to expand: ids sent already expanded would be expanded again,
-        so a count that does not match the images is an EngineError."""
-        from PIL import Image
+        """The prompt with each image placeholder expanded by the model's processor, and the pixel inputs
+        (`engines.images.expand_images`)."""
+        from hrl.runners.engines.images import expand_images
 
-        at = [i for i, t in enumerate(prompt_ids) if t == self.image_token_id]
-        if len(at) != len(images):
-            raise EngineError(f"the prompt holds {len(at)} image tokens for {len(images)} images (expand each image "
-                              "once: send one placeholder per image)")  # fmt: skip
-        try:
-            pil = [Image.open(io.BytesIO(im.data)).convert("RGB") for im in images]
-        except Exception as e:  # the proxy read its header; the pixels themselves may still be broken
-            raise EngineError(f"an image could not be decoded: {e}") from None
-        ids: list[int] = []
-        ranges: list[tuple[int, int]] = []
-        last = 0
-        for pos, img in zip(at, pil, strict=True):
-            run = self.processor(text=self.processor.image_token, images=[[img]], add_special_tokens=False)
-            run_ids = [int(t) for t in run["input_ids"][0]]
-            ids += prompt_ids[last:pos]
-            ranges.append((len(ids), len(run_ids)))
-            ids += run_ids
-            last = pos + 1
-        ids += prompt_ids[last:]
-        pixels = dict(self.processor.image_processor(images=[pil], return_tensors="pt"))
-        return ExpandedPrompt(ids, ranges), pixels
+        return expand_images(self.processor, int(self.image_token_id or 0), prompt_ids, images)
 
     async def close(self) -> None:
         with self._cv:

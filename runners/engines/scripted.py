@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import SamplingParams, TokenDelta
+from hrl.runners.engines.base import ImageInput, SamplingParams, TokenDelta
+from hrl.runners.engines.images import expand_images, load_processor, model_has_vision
 from hrl.runners.engines.turns import completed_turns, hermes_turn, markers, render_family_turn
 from hrl.runners.errors import EngineError
 from hrl.runners.models import resolve_model
@@ -82,6 +83,7 @@ def render_turn(turn: str | dict[str, Any], end_of_turn: str) -> str:
 
 class ScriptedEngine:
     name = "scripted"
+    takes_images = False  # True for a vision model: its processor expands images (`generate(images=)`)
 
     def __init__(self, config: ScriptedEngineConfig) -> None:
         self.config = config
@@ -93,6 +95,8 @@ class ScriptedEngine:
         self._running: dict[str, object] = {}  # request id -> the generation that serves it now
         self._closed = False
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision model's processor
+        self.image_token_id = 0
         self.turns = list(config.turns)
         self.continues_in_place = config.continues_in_place
         self._turn_ids: dict[int, list[int]] = {}
@@ -128,6 +132,9 @@ class ScriptedEngine:
             else self.tokenizer.eos_token
         )
         self._markers = markers(self.family, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
+        if model_has_vision(path):  # a vision model: its processor expands images as the model would
+            self.processor, self.image_token_id = await asyncio.to_thread(load_processor, path)
+            self.takes_images = True
         self._turn_ids.clear()
         self._closed = False
 
@@ -201,10 +208,26 @@ class ScriptedEngine:
         return (len(prompt_ids) - cached) / self.config.prefill_tps
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[TokenDelta]:
+        """Plays the next turn. With images (a vision model), each placeholder is expanded by the model's processor
+        first, and the first delta reports the prompt that makes, as a real engine would."""
         if self._closed:
             raise EngineError("scripted engine is closed")
+        expanded = None
+        if images:
+            if not self.takes_images:
+                raise EngineError(f"the scripted engine serves {self.config.model}, which takes no images")
+            expanded, _ = await asyncio.to_thread(
+                expand_images, self.processor, self.image_token_id, list(prompt_ids), images
+            )
+            prompt_ids = expanded.prompt_ids
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
         index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
@@ -249,7 +272,8 @@ class ScriptedEngine:
                         finish = "length"
                     if version is None and self.continues_in_place:
                         live = self._version
-                    yield TokenDelta(ids[i : i + n], [0.0] * n, live, finish)
+                    yield TokenDelta(ids[i : i + n], [0.0] * n, live, finish, prompt=expanded)
+                    expanded = None
                     i += n
         finally:
             if self._running.get(request_id) is me:

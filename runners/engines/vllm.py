@@ -34,6 +34,7 @@ from hrl.runners.engines.base import (
     SamplingParams,
     TokenDelta,
 )
+from hrl.runners.engines.images import model_has_vision
 from hrl.runners.engines.vllm_contract import (
     FULL_PUBLISH,
     IPC_TWO_PHASE,
@@ -54,7 +55,6 @@ from hrl.runners.engines.vllm_server import (
     gpu_flags,
     http_error,
     logprobs_mode,
-    model_has_vision,
     new_session,
     score_body,
     scored_logprobs,

@@ -387,15 +387,6 @@ def generate_body(model: str, prompt_ids: list[int], p: SamplingParams, images: 
             "return_token_ids": True, "stream": True}  # fmt: skip
 
 
-def model_has_vision(path: str) -> bool:
-    """Whether a local model's config.json has a vision tower (`vision_config`)."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
-
-
 async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The `data:` payloads of a server-sent-event stream, up to `[DONE]` (lines of any length)."""
     buf = b""

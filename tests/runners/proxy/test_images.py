@@ -308,12 +308,25 @@ def test_limits_and_remote_urls_are_refused_naming_the_part(serving):
     proxy.end("limits")
 
 
+def test_the_scripted_engine_plays_turns_for_a_vision_model_expanding_its_images(vision_model):
+    """Offline (no weights run): the scripted engine expands the images with the model's processor, as a real
+    engine would, so a harness's image calls are recorded with their ranges."""
+    with running_proxy(vision_model) as proxy:
+        _anthropic(f"{proxy.url}/s/scripted", stream=True)
+        (call,) = proxy.end("scripted", reward=1.0)["calls"]
+    assert [m["sha256"] for m in call["media"]] == [hashlib.sha256(ASKED).hexdigest(), hashlib.sha256(TOOL).hexdigest()]
+    for m in call["media"]:
+        offset, length = m["placeholder"]
+        assert call["prompt_ids"][offset : offset + length] == _expanded_run(vision_model, SHA[m["sha256"]])
+
+
 def test_a_vision_model_on_an_engine_without_images_is_a_400_naming_the_part(vision_model):
-    with running_proxy(vision_model) as proxy:  # the scripted engine: text only
+    options = {"replicas": [{"engine": "scripted"}]}  # a replica set does not carry images (yet)
+    with running_proxy(vision_model, engine="replicas", engine_options=options) as proxy:
         client = anthropic.Anthropic(base_url=f"{proxy.url}/s/x", api_key="unused", max_retries=0)
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(ASKED)}}
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[1\]: an image part; the "
-                                                           r"scripted engine cannot take images"):  # fmt: skip
+                                                           r"replicas engine cannot take images"):  # fmt: skip
             client.messages.create(model="m", max_tokens=4,
                                    messages=[{"role": "user", "content": [{"type": "text", "text": ASK}, image]}])  # fmt: skip
 
