@@ -244,6 +244,7 @@ def _line(m: dict[str, Any]) -> str:
         + (f"  failures {fails}" if fails else "")
         + (f"  degenerate {int(m['trace/degenerate'])}" if m.get("trace/degenerate") else "")
         + (f"  left out for dropped media {int(m['train/dropped_media'])}" if m.get("train/dropped_media") else "")
+        + (f"  left out for images {int(m['train/image_traces'])}" if m.get("train/image_traces") else "")
         + ("  trained on nothing: not published" if m.get("train/empty") else "")
         + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )

@@ -49,6 +49,8 @@ def test_hrl_trains_step_line_says_how_many_traces_dropped_media_left_out():
     step = {"step": 3, "version": 2, "trace/reward": 0.5, "trace/count": 8}
     assert "dropped media" not in _line(step)
     assert "left out for dropped media 2" in _line({**step, "train/dropped_media": 2.0})
+    assert "images" not in _line(step)
+    assert "left out for images 3" in _line({**step, "train/image_traces": 3.0})  # no pixel inputs in training yet
 
 
 def test_a_trace_whose_prompts_held_images_is_left_out_of_training(traces):
