@@ -111,7 +111,7 @@ setup_apt_packages() {
     command -v debootstrap >/dev/null || need+=(debootstrap)
   fi
   python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
-  command -v chromium >/dev/null || need+=(chromium)  # the HTML report's browser test
+  command -v chromium >/dev/null || need+=(chromium)  # the HTML report's browser test, MiniWoB++ tasks
   command -v bwrap >/dev/null || need+=(bubblewrap)   # local sandboxes run their commands in a namespace
   [ "${#need[@]}" -gt 0 ] || return 0
   log "apt-get install ${need[*]} (log: $HRL_CACHE/apt.log)"
@@ -148,12 +148,12 @@ setup_main_venv() {
     log "main venv: creating $VENV"
     python3 -m venv "$VENV"
   fi
-  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry] (a few minutes; log: $logfile)"
+  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry,browser] (a few minutes; log: $logfile)"
   check_cpu_torch "$VENV/bin/pip"
   run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN"
   # Naming the torch pin again keeps the resolver from swapping torch for another (CUDA) build.
   # setuptools/wheel in the venv let later runs refresh the editable install without build isolation.
-  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry]"
+  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry,browser]"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "main venv: a CUDA build of torch got installed into $VENV"
   echo "$key" >"$marker"

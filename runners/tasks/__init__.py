@@ -36,14 +36,17 @@ __all__ = [
 VERIFIERS: dict[str, str] = {
     "tests": "hrl.runners.tasks.verifier:TestVerifier",
     "harbor": "hrl.runners.tasks.harbor_verifier:HarborVerifier",
+    "miniwob": "hrl.runners.tasks.miniwob:MiniWoBVerifier",
 }
 
 
 def verifier_for(task_file: str | Path) -> str:
     """The verifier a task source is graded by when the recipe names none: harbor for a folder of Harbor tasks,
-    else tests."""
+    miniwob for `miniwob:` pages, else tests."""
     from hrl.runners.tasks.harbor import is_harbor_source
 
+    if str(task_file).startswith("miniwob:"):
+        return "miniwob"
     return "harbor" if task_file and is_harbor_source(task_file) else "tests"
 
 

@@ -158,10 +158,15 @@ def _harbor_image(task: Task) -> str | None:
 
 def load_tasks(path: str | Path) -> list[Task]:
     """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`); a
-    folder is Harbor task directories (`hrl.runners.tasks.harbor`).
+    folder is Harbor task directories (`hrl.runners.tasks.harbor`); `miniwob:NAME[,NAME…][:SEEDS]` is MiniWoB++ pages
+    (`hrl.runners.tasks.miniwob`).
 
     Raises TaskFormatError naming the file and line (row) of the first bad task, and PrerequisiteError for
     Parquet without pyarrow."""
+    if str(path).startswith("miniwob:"):  # MiniWoB++ pages from the miniwob package
+        from hrl.runners.tasks.miniwob import load_miniwob
+
+        return load_miniwob(str(path))
     path = Path(path)
     if path.is_dir():  # a Harbor task folder, or a dataset of them
         from hrl.runners.tasks.harbor import load_harbor_tasks

@@ -1,0 +1,222 @@
+"""One headless Chromium per episode, its task pages served on loopback, and a small CDP client.
+
+`browser_episode(site_dir)` serves `site_dir` on 127.0.0.1 (a static file server in hrl's process), starts Chromium
+with a remote-debugging endpoint (CDP) in a fresh profile, and yields a `Browser` whose `cdp_url` the agent's tools
+and the grader both connect to: they see the same page. On exit the browser's whole process group is killed and the
+profile removed, whatever happened.
+
+What the browser reaches: hrl's own CDP session intercepts every request (`Fetch`) and fails those outside the
+allowed origins (the task's server, and the proxy where given); non-loopback hosts also go to a dead proxy, so a
+request the interception missed fails too. An agent's CDP session cannot turn hrl's interception off (CDP domains are
+per session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from hrl.runners.errors import HrlError, PrerequisiteError
+
+__all__ = ["CDP", "CHROMIUM_FLAGS", "Browser", "BrowserError", "browser_episode", "find_chromium"]
+
+# Without the networking flags Chromium's background connections are refused here and slow every start.
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--proxy-server=http://127.0.0.1:9",  # loopback bypasses a proxy by default
+)  # fmt: skip
+START_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = 30.0
+
+
+class BrowserError(HrlError):
+    """The episode's browser could not be started or reached: an infrastructure failure, never a reward of 0."""
+
+
+def find_chromium() -> str:
+    """The Chromium binary: $HRL_CHROMIUM, else chromium / chromium-browser / google-chrome on PATH."""
+    for name in (os.environ.get("HRL_CHROMIUM", ""), "chromium", "chromium-browser", "google-chrome"):
+        if name and (path := shutil.which(name)):
+            return path
+    raise PrerequisiteError(
+        "no Chromium found for browser tasks", hint="apt-get install chromium (or set HRL_CHROMIUM to the binary)"
+    )
+
+
+class CDP:
+    """A Chrome DevTools Protocol connection (one websocket): `call(method, **params)`, events to `on(name, fn)`."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, http: aiohttp.ClientSession) -> None:
+        self._ws, self._http, self._ids = ws, http, itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._handlers: dict[str, list[Callable[[dict[str, Any], str | None], Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(cls, url: str) -> CDP:
+        http = aiohttp.ClientSession()
+        try:
+            ws = await http.ws_connect(url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_close=5))
+        except (aiohttp.ClientError, OSError) as e:
+            await http.close()
+            raise BrowserError(f"cannot reach the browser's DevTools endpoint {url}: {e}") from e
+        return cls(ws, http)
+
+    def on(self, event: str, fn: Callable[[dict[str, Any], str | None], Any]) -> None:
+        """Call `fn(params, session_id)` for every `event` (e.g. "Runtime.consoleAPICalled")."""
+        self._handlers.setdefault(event, []).append(fn)
+
+    async def call(self, method: str, session: str | None = None, timeout_s: float = CALL_TIMEOUT_S,
+                   **params: Any) -> dict[str, Any]:  # fmt: skip
+        """Send one command (to a target `session` when given) and return its result; raises BrowserError."""
+        msg_id = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[msg_id] = fut
+        msg = {"id": msg_id, "method": method, "params": params, **({"sessionId": session} if session else {})}
+        try:
+            await self._ws.send_str(json.dumps(msg))
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as e:
+            raise BrowserError(f"the browser connection failed during {method}: {e}") from e
+        except TimeoutError as e:
+            raise BrowserError(f"the browser did not answer {method} within {timeout_s:.0f} s") from e
+        finally:
+            self._waiting.pop(msg_id, None)
+        if "error" in reply:
+            raise BrowserError(f"{method}: {reply['error'].get('message')} ({reply['error'].get('data', '')})")
+        result: dict[str, Any] = reply.get("result", {})
+        return result
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self._ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                data = json.loads(msg.data)
+                if "id" in data and (fut := self._waiting.get(data["id"])) and not fut.done():
+                    fut.set_result(data)
+                for fn in self._handlers.get(data.get("method", ""), []):
+                    fn(data.get("params", {}), data.get("sessionId"))
+        finally:
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("the browser closed the DevTools connection"))
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._ws.close()
+            await self._reader
+        await self._http.close()
+
+
+@dataclass
+class Browser:
+    """A started browser: its DevTools endpoint and the origin that serves the task's pages."""
+
+    cdp_url: str  # ws://127.0.0.1:PORT/devtools/browser/ID: what the agent's browser tools connect to
+    site: str  # http://127.0.0.1:PORT: the task's pages
+    pid: int
+    allowed: tuple[str, ...] = ()
+    blocked: list[str] = field(default_factory=list)  # requests hrl's interception failed (outside `allowed`)
+
+
+async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_static("/", site_dir, show_index=False, follow_symlinks=False)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _start_chromium(profile: Path) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0", "about:blank",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: killed whole on exit (the renderers and the zygote too)
+    )  # fmt: skip
+    port_file = profile / "DevToolsActivePort"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_TIMEOUT_S
+    while loop.time() < deadline:
+        if port_file.is_file() and len(lines := port_file.read_text().split("\n")) >= 2 and lines[1]:
+            return proc, f"ws://127.0.0.1:{lines[0].strip()}{lines[1].strip()}"
+        if proc.returncode is not None:
+            raise BrowserError(f"Chromium exited at start (exit {proc.returncode})")
+        await asyncio.sleep(0.05)
+    _kill_group(proc.pid)
+    raise BrowserError(f"Chromium did not open its DevTools endpoint within {START_TIMEOUT_S:.0f} s")
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def _guard(cdp: CDP, browser: Browser) -> None:
+    """Fail every request outside `browser.allowed`, from hrl's own session, for every page the browser opens."""
+
+    async def decide(params: dict[str, Any], session: str | None) -> None:
+        url = params["request"]["url"]
+        with contextlib.suppress(BrowserError):
+            if url.startswith((*browser.allowed, "data:", "about:")):
+                await cdp.call("Fetch.continueRequest", session, requestId=params["requestId"])
+            else:
+                browser.blocked.append(url[:200])
+                await cdp.call(
+                    "Fetch.failRequest", session, requestId=params["requestId"], errorReason="BlockedByClient"
+                )
+
+    async def attached(params: dict[str, Any], session: str | None) -> None:
+        child = params["sessionId"]
+        with contextlib.suppress(BrowserError):
+            await cdp.call("Fetch.enable", child, patterns=[{"urlPattern": "*"}])
+            await cdp.call("Runtime.runIfWaitingForDebugger", child)
+
+    cdp.on("Fetch.requestPaused", lambda p, s: asyncio.ensure_future(decide(p, s)))
+    cdp.on("Target.attachedToTarget", lambda p, s: asyncio.ensure_future(attached(p, s)))
+    await cdp.call("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=True, flatten=True,
+                   filter=[{"type": "page"}, {"type": "iframe"}, {"type": "worker"}])  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()) -> AsyncIterator[tuple[Browser, CDP]]:
+    """Serve `site_dir`, start Chromium, and yield (the browser, hrl's own CDP connection to it). `also_allow`:
+    URL prefixes besides the site that the browser may reach (the proxy's base URL). Raises BrowserError."""
+    profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
+    runner, site = await _serve(Path(site_dir))
+    proc: asyncio.subprocess.Process | None = None
+    cdp: CDP | None = None
+    try:
+        proc, cdp_url = await _start_chromium(profile)
+        cdp = await CDP.connect(cdp_url)
+        browser = Browser(cdp_url, site, proc.pid, allowed=(site + "/", *also_allow))
+        await _guard(cdp, browser)
+        yield browser, cdp
+    finally:
+        if cdp is not None:
+            await cdp.close()
+        if proc is not None:
+            _kill_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.wait_for(proc.wait(), 10)
+        await runner.cleanup()
+        shutil.rmtree(profile, ignore_errors=True)

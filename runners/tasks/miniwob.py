@@ -1,0 +1,266 @@
+"""MiniWoB++ web tasks (`--tasks miniwob:NAME[,NAME…][:SEEDS]`, `miniwob:*`), graded from the page by the task's own
+reward.
+
+The tasks are the installed `miniwob` package's HTML files, as they are (`pip install 'hrl[browser]'`). Each task row
+names one page and one seed (`miniwob:click-test,enter-text:3` = two pages × seeds 0, 1, 2; the episodes of a group
+share their task's seed, so they face the same problem). Per episode the verifier (`MiniWoBVerifier`):
+
+1. `prepare`: serves the package's pages on loopback, starts one headless Chromium (`hrl.runners.browser`), opens
+   the task's page, seeds its random generator, gives the episode `time_limit_s` on the page's own clock and starts
+   it; writes `browser.json` ({cdp_url, page_url}) into the sandbox's workdir for the agent's browser tools;
+2. `verify`: reads the reward the page produced and stops the browser (its process group killed, its profile gone).
+
+Reward: the task's own raw reward (MiniWoB scores -1..1; 1 = solved, a wrong answer is negative), taken from the
+page's `core.endEpisode` the first time it ran for the episode; an episode the page never ended (no answer, or the
+agent's time ran out) scores 0. A browser that cannot be started or reached is `verifier_error`, never a 0.
+
+Who sets the reward: the agent holds a CDP endpoint, which can run any script in the page, so the page's reward
+globals (`WOB_REWARD_GLOBAL`, …) are not trusted. hrl's own CDP session records the console line `core.endEpisode`
+writes, with its call stack, and accepts it only when every frame of that stack comes from the task's own files
+(the page and its scripts): a call of `core.endEpisode` (or of a task function) from a script the agent evaluated has
+a frame without a file and is refused (`reward_info["refused"]`). The globals are read too and kept in `reward_info`
+(`page`); a disagreement is flagged (`tampered`). Not covered: an agent that rewrites the task's own script files
+through its CDP session (`Debugger.setScriptSource`, `Fetch` interception of its own); see docs/browser.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import posixpath
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from hrl.runners.browser import CDP, Browser, BrowserError, browser_episode
+from hrl.runners.errors import PrerequisiteError
+from hrl.runners.tasks.task import Task, TaskFormatError
+from hrl.runners.tasks.verifier import Verdict
+from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+__all__ = ["PREFIX", "MiniWoBTask", "MiniWoBVerifier", "MiniWoBVerifierConfig", "is_miniwob_spec", "load_miniwob",
+           "miniwob_html", "start_page"]  # fmt: skip
+
+PREFIX = "miniwob:"
+BROWSER_FILE = "browser.json"
+STATEMENT = (
+    "Complete the web task shown in the browser (its instruction is at the top of the page, in the element with "
+    "id 'query'). The browser's DevTools (CDP) endpoint and the page's address are in the file browser.json in "
+    'the working directory ({{"cdp_url": …, "page_url": …}}). Act on the page as a user would: click, type, '
+    "select. Task: MiniWoB++ {name}."
+)
+_REWARD_LINE = re.compile(r"^reward: (-?[\d.e-]+) \(raw: (-?[\d.e-]+)\)$")
+
+
+class MiniWoBTask(Task):
+    """One MiniWoB++ page with one seed."""
+
+    miniwob: str = Field(description="The page's name in the miniwob package (html/miniwob/<name>.html).")
+    seed: int = Field(0, description="Seeds the page's Math.random before the episode's problem is generated.")
+
+
+def miniwob_html() -> Path:
+    """The installed miniwob package's html folder (found without importing the package, which loads gymnasium)."""
+    spec = importlib.util.find_spec("miniwob")
+    if spec is None or not spec.submodule_search_locations:
+        raise PrerequisiteError("MiniWoB++ tasks need the miniwob package", hint="pip install 'hrl[browser]'")
+    html = Path(next(iter(spec.submodule_search_locations))) / "html"
+    if not (html / "core" / "core.js").is_file():
+        raise PrerequisiteError(
+            f"the miniwob package at {html.parent} has no html/core/core.js", hint="pip install -U miniwob"
+        )
+    return html
+
+
+def is_miniwob_spec(source: str | Path) -> bool:
+    return str(source).startswith(PREFIX)
+
+
+def load_miniwob(spec: str) -> list[Task]:
+    """Tasks for `miniwob:NAME[,NAME…][:SEEDS]` or `miniwob:*[:SEEDS]` (SEEDS: seeds 0..SEEDS-1, default 1)."""
+    body = spec[len(PREFIX) :]
+    names_part, _, seeds_part = body.partition(":")
+    try:
+        seeds = int(seeds_part) if seeds_part else 1
+    except ValueError:
+        seeds = 0
+    if seeds < 1:
+        raise TaskFormatError(f"{spec}: SEEDS must be a whole number ≥ 1 (got {seeds_part!r})")
+    pages = miniwob_html() / "miniwob"
+    known = sorted(p.stem for p in pages.glob("*.html"))
+    names = known if names_part.strip() == "*" else [n.strip() for n in names_part.split(",") if n.strip()]
+    if not names:
+        raise TaskFormatError(f"{spec}: no task named; give miniwob:NAME[,NAME…] or miniwob:*")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise TaskFormatError(f"{spec}: no MiniWoB++ task {', '.join(map(repr, unknown))} (the package has {len(known)}:"
+                              f" {', '.join(known[:8])}, …; `hrl tasks ls --tasks miniwob:*` lists them)")  # fmt: skip
+    return [
+        MiniWoBTask(
+            instance_id=f"miniwob.{name}.s{seed}",
+            repo="miniwob",
+            problem_statement=STATEMENT.format(name=name),
+            FAIL_TO_PASS=[],
+            workdir="/work",
+            miniwob=name,
+            seed=seed,
+        )
+        for name in dict.fromkeys(names)
+        for seed in range(seeds)
+    ]
+
+
+class MiniWoBVerifierConfig(BaseModel):
+    """`verifier: {name: miniwob}`."""
+
+    time_limit_s: float = Field(
+        3600.0, gt=0, description="The page's own episode clock (MiniWoB's default is 10 s, too short for a model)."
+    )
+    allow_proxy: bool = Field(True, description="Let the browser reach the proxy's address inside the sandbox too.")
+
+
+@dataclass
+class _Episode:
+    stack: contextlib.AsyncExitStack
+    browser: Browser
+    cdp: CDP
+    target: str  # hrl's session on the task's page
+    page_url: str
+    ends: list[dict[str, Any]] = field(default_factory=list)  # core.endEpisode lines, with their stacks
+
+
+def _as_miniwob(task: Task) -> MiniWoBTask:
+    if isinstance(task, MiniWoBTask):
+        return task
+    return MiniWoBTask.model_validate(task.model_dump())
+
+
+class MiniWoBVerifier:
+    name = "miniwob"
+
+    def __init__(self, backend: SandboxBackend | None = None, config: MiniWoBVerifierConfig | None = None,
+                 run_id: str = "", **options: Any) -> None:  # fmt: skip
+        self.backend, self.run_id = backend, run_id
+        self.config = config or MiniWoBVerifierConfig(**options)
+        self._episodes: dict[str, _Episode] = {}
+
+    async def provision(self, task: Task) -> None:
+        miniwob_html()
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        return SandboxSpec(workdir=task.workdir, env=dict(task.env))
+
+    async def prepare(self, sandbox: Sandbox, task: Task) -> None:
+        """Start the episode's browser on the task's page; raises SandboxError when it cannot."""
+        try:
+            episode = await start_page(_as_miniwob(task), self.config.time_limit_s)
+        except BrowserError as e:
+            raise SandboxError(f"the browser for {task.instance_id} did not start: {e}") from e
+        self._episodes[sandbox.id] = episode
+        info = {"cdp_url": episode.browser.cdp_url, "page_url": episode.page_url}
+        await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())
+
+    async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
+        episode = self._episodes.pop(sandbox.id, None)
+        if episode is None:
+            return Verdict.error(f"no browser was started for {task.instance_id} in sandbox {sandbox.id}")
+        try:
+            return await read_reward(episode)
+        finally:
+            await episode.stack.aclose()
+
+    async def grade(self, task: Task, patch: str) -> Verdict:
+        return Verdict.error("a MiniWoB++ task is graded from its page, not from a diff", task=task.instance_id)
+
+    async def close(self) -> None:
+        """Stop every browser an episode left open (an episode that failed before `verify`)."""
+        while self._episodes:
+            await self._episodes.popitem()[1].stack.aclose()
+
+
+async def start_page(task: MiniWoBTask, time_limit_s: float) -> _Episode:
+    """Start a browser on the task's page, seeded, with the episode running; raises BrowserError."""
+    stack = contextlib.AsyncExitStack()
+    try:
+        browser, cdp = await stack.enter_async_context(browser_episode(miniwob_html()))
+        page_url = f"{browser.site}/miniwob/{task.miniwob}.html"
+        created = await cdp.call("Target.createTarget", url="about:blank")
+        attached = await cdp.call("Target.attachToTarget", targetId=created["targetId"], flatten=True)
+        episode = _Episode(stack, browser, cdp, attached["sessionId"], page_url)
+        cdp.on("Runtime.consoleAPICalled", lambda p, s: _on_console(episode, p, s))
+        await cdp.call("Runtime.enable", episode.target)
+        await cdp.call("Page.enable", episode.target)
+        await cdp.call("Page.navigate", episode.target, url=page_url)
+        await _wait_ready(cdp, episode.target)
+        script = (f"core.EPISODE_MAX_TIME = {int(time_limit_s * 1000)}; Math.seedrandom({json.dumps(str(task.seed))}); "
+                  "core.startEpisodeReal(); WOB_TASK_READY")  # fmt: skip
+        ready = await _evaluate(cdp, episode.target, script)
+        if ready is not True:
+            raise BrowserError(f"the page {page_url} did not become ready (WOB_TASK_READY = {ready!r})")
+        return episode
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+async def _wait_ready(cdp: CDP, target: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await _evaluate(cdp, target, "document.readyState === 'complete' && typeof core === 'object'"):
+            return
+        await asyncio.sleep(0.05)
+    raise BrowserError(f"the task's page did not load within {timeout_s:.0f} s")
+
+
+async def _evaluate(cdp: CDP, target: str, expression: str) -> Any:
+    """Run `expression` in the page's main world (reads only: what hrl trusts comes from `_on_console`)."""
+    reply = await cdp.call("Runtime.evaluate", target, expression=expression, returnByValue=True)
+    if "exceptionDetails" in reply:
+        raise BrowserError(f"the page raised: {reply['exceptionDetails'].get('text')} ({expression[:80]})")
+    return reply.get("result", {}).get("value")
+
+
+def _on_console(episode: _Episode, params: dict[str, Any], session: str | None) -> None:
+    if session != episode.target or params.get("type") != "log":
+        return
+    args = params.get("args", [])
+    text = args[0].get("value") if args else None
+    if not isinstance(text, str) or not (m := _REWARD_LINE.match(text)):
+        return
+    frames = params.get("stackTrace", {}).get("callFrames", [])
+    own = episode.browser.site + "/"
+    episode.ends.append({
+        "reward": float(m.group(1)), "raw": float(m.group(2)),
+        "top": frames[0].get("functionName", "") if frames else "",
+        "top_url": frames[0].get("url", "") if frames else "",
+        "foreign": [f"{f.get('functionName') or '(anonymous)'}@{f.get('url') or '(no file)'}"
+                    for f in frames if not f.get("url", "").startswith(own)],
+    })  # fmt: skip
+
+
+async def read_reward(episode: _Episode) -> Verdict:
+    """The episode's verdict from the first accepted `core.endEpisode` of the page (see the module's docstring)."""
+    try:
+        page = await _evaluate(episode.cdp, episode.target, "({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, "
+                               "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, url: location.href})")  # fmt: skip
+    except BrowserError as e:
+        return Verdict.error(f"the browser could not be read at the end of the episode: {e}")
+    info: dict[str, Any] = {"page": page, "blocked_requests": episode.browser.blocked[:20]}
+    refused = [e for e in episode.ends if e["foreign"] or not e["top_url"].endswith("/core/core.js")]
+    accepted = [e for e in episode.ends if e not in refused]
+    if refused:
+        info["refused"] = refused[:5]
+    if not accepted:
+        info["ended"] = False
+        info["tampered"] = bool(refused) or bool(page and page.get("done"))
+        return Verdict(0.0, info, success=False)
+    first = accepted[0]
+    info.update(ended=True, raw_reward=first["raw"], time_scaled_reward=first["reward"])
+    info["tampered"] = bool(refused) or (len(accepted) > 1 and page is not None and page.get("raw") != first["raw"])
+    return Verdict(first["raw"], info, success=first["raw"] >= 1.0)
