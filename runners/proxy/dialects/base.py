@@ -345,7 +345,7 @@ def decode_image(part: dict[str, Any], at: str) -> MediaPart:
     try:
         with Image.open(io.BytesIO(raw)) as img:
             fmt, (width, height) = img.format, img.size
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:  # a bomb: too many pixels
         raise BadRequestError(
             f"{at}: the image's {len(raw)} bytes are not an image this proxy can read ({e})"
         ) from None

@@ -364,9 +364,28 @@ def test_each_dialect_keeps_a_tool_results_image_in_the_tool_message(dialect, bo
     assert get_dialect(dialect).parse(body, "m").media[0].data is None  # a text model's parse leaves it out
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG's signature, header chunk and end: what PIL reads to size an image, without its pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+        + chunk(b"IEND", b"")
+    )
+
+
 def test_a_part_that_is_not_an_image_is_a_400():
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(b"%PDF")}}]}]}
     with pytest.raises(BadRequestError, match=r"messages\[0\]\.content\[0\]: the image's 4 bytes are not an image"):
+        get_dialect("chat").parse(body, "m", images=True)
+    bomb = _png_header(20000, 20000)  # 400M pixels declared: PIL refuses it as a decompression bomb
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _url(bomb)}}]}]}
+    with pytest.raises(BadRequestError, match=r"messages\[0\]\.content\[0\]: the image's \d+ bytes are not an image"):
         get_dialect("chat").parse(body, "m", images=True)
     body = {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f1"}]}]}
     with pytest.raises(MediaRefusedError, match=r"input\[0\]\.content\[0\]: an image part without a data: URL"):
