@@ -31,7 +31,7 @@ from aiohttp import web
 
 from hrl.runners.errors import HrlError, PrerequisiteError
 
-__all__ = ["CDP", "CHROMIUM_FLAGS", "Browser", "BrowserError", "browser_episode", "find_chromium"]
+__all__ = ["CDP", "CHROMIUM_FLAGS", "Browser", "BrowserError", "browser_episode", "find_chromium", "live_in_group"]
 
 # Without the networking flags Chromium's background connections are refused here and slow every start.
 CHROMIUM_FLAGS = (
@@ -171,6 +171,31 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def live_in_group(pgid: int) -> list[int]:
+    """The processes of group `pgid` still running (zombies left for a parent that never reaps them do not count)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)": state, ppid, pgrp, …
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                live.append(int(stat.parent.name))
+    return live
+
+
+async def _reap(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
+    """Kill the browser's process group and wait until none of it runs; raises BrowserError past `timeout_s`."""
+    _kill_group(proc.pid)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    with contextlib.suppress(ProcessLookupError, TimeoutError):
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    while (left := live_in_group(proc.pid)) and loop.time() < deadline:
+        _kill_group(proc.pid)
+        await asyncio.sleep(0.05)
+    if left:
+        raise BrowserError(f"browser processes {left} survived SIGKILL for {timeout_s:.0f} s")
+
+
 async def _guard(cdp: CDP, browser: Browser) -> None:
     """Fail every request outside `browser.allowed`, from hrl's own session, for every page the browser opens."""
 
@@ -214,9 +239,9 @@ async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()
     finally:
         if cdp is not None:
             await cdp.close()
-        if proc is not None:
-            _kill_group(proc.pid)
-            with contextlib.suppress(ProcessLookupError):
-                await asyncio.wait_for(proc.wait(), 10)
-        await runner.cleanup()
-        shutil.rmtree(profile, ignore_errors=True)
+        try:
+            if proc is not None:
+                await _reap(proc)
+        finally:
+            await runner.cleanup()
+            shutil.rmtree(profile, ignore_errors=True)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 # --------------------------------------------------------------------------------------------------------------
-# Marker checks: `docker`, `vllm` and `gpu` tests need real components.
+# Marker checks: `docker`, `vllm`, `browser` and `gpu` tests need real components.
 #
-# `docker` and `vllm` skip with the reason when their component is missing, except in CI (the `CI` environment
+# `docker`, `vllm` and `browser` skip with the reason when their component is missing, except in CI (the `CI` environment
 # variable is set), where .ci/setup.sh must have prepared them and a missing one fails the test. `gpu` always
 # skips without `nvidia-smi`. The checks run once per session, and only when such a test is about to run.
 # --------------------------------------------------------------------------------------------------------------
@@ -66,7 +66,19 @@ def vllm_problem() -> str | None:
     return None
 
 
-MARKER_CHECKS = {"docker": docker_problem, "vllm": vllm_problem}
+@functools.cache
+def browser_problem() -> str | None:
+    """Why `browser` tests cannot run here, or None when Chromium and the miniwob package are there."""
+    import importlib.util
+
+    if not any(shutil.which(n) for n in (os.environ.get("HRL_CHROMIUM", ""), "chromium", "chromium-browser") if n):
+        return f"no Chromium on PATH (apt-get install chromium); {SETUP_HINT}"
+    if importlib.util.find_spec("miniwob") is None:
+        return f"the miniwob package is not installed (pip install 'hrl[browser]'); {SETUP_HINT}"
+    return None
+
+
+MARKER_CHECKS = {"docker": docker_problem, "vllm": vllm_problem, "browser": browser_problem}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

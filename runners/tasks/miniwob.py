@@ -264,3 +264,43 @@ async def read_reward(episode: _Episode) -> Verdict:
     info.update(ended=True, raw_reward=first["raw"], time_scaled_reward=first["reward"])
     info["tampered"] = bool(refused) or (len(accepted) > 1 and page is not None and page.get("raw") != first["raw"])
     return Verdict(first["raw"], info, success=first["raw"] >= 1.0)
+
+
+async def check_miniwob_task(task: Task, time_limit_s: float = 60.0) -> Any:
+    """`hrl tasks validate` for a MiniWoB++ page: its scripted solution (`miniwob_solutions`) scores 1 and an
+    episode nobody acts in scores 0, each in a browser of its own. A page with no scripted solution is not valid
+    (only its no-op is graded)."""
+    from hrl.runners.tasks.miniwob_solutions import SOLUTIONS, solve
+    from hrl.runners.tasks.validate import TaskCheck
+
+    started = time.monotonic()
+    page = _as_miniwob(task)
+
+    async def run(act: bool) -> Verdict:
+        try:
+            episode = await start_page(page, time_limit_s)
+        except BrowserError as e:
+            return Verdict.error(f"the browser did not start: {e}")
+        try:
+            if act:
+                await solve(page.miniwob, episode.browser.cdp_url, episode.page_url)
+            return await read_reward(episode)
+        except BrowserError as e:
+            return Verdict.error(f"the scripted solution failed: {e}")
+        finally:
+            await episode.stack.aclose()
+
+    problems: list[str] = []
+    gold = await run(True) if page.miniwob in SOLUTIONS else None
+    empty = await run(False)
+    if gold is None:
+        problems.append("no scripted solution (only the no-op was graded)")
+    elif gold.reward != 1.0:
+        problems.append(
+            f"solution: reward {gold.reward} {gold.failure_reason or ''} {gold.reward_info.get('error', '')}".strip()
+        )
+    if empty.reward != 0.0:
+        problems.append(
+            f"no-op: reward {empty.reward} {empty.failure_reason or ''} {empty.reward_info.get('error', '')}".strip()
+        )
+    return TaskCheck(task.instance_id, not problems, problems, gold, empty, time.monotonic() - started)

@@ -1,5 +1,6 @@
 """`hrl tasks validate`: every task's gold patch makes all listed tests pass; without a patch, FAIL_TO_PASS fail.
-(Harbor task folders: solution/solve.sh scores 1 and the untouched environment 0; `harbor_verifier.check_harbor_task`.)
+(Harbor task folders: solution/solve.sh scores 1 and the untouched environment 0; `harbor_verifier.check_harbor_task`.
+MiniWoB++ pages: a scripted solution scores 1 and an untouched page 0; `miniwob.check_miniwob_task`.)
 
 Each task is graded twice through the real `TestVerifier` (binary reward): with its gold `patch` and with an
 empty diff. A check also reports static problems (no FAIL_TO_PASS, no gold patch, an undecodable snapshot).
@@ -111,6 +112,10 @@ async def validate_tasks_async(
 
         harbor = HarborVerifier(get_backend(sandbox), run_id="hrl-validate")
         check: Callable[[Task], Awaitable[TaskCheck]] = lambda task: check_harbor_task(harbor, task)  # noqa: E731
+    elif tasks and all(t.repo == "miniwob" and hasattr(t, "miniwob") for t in tasks):  # pages: a scripted solution
+        from hrl.runners.tasks.miniwob import check_miniwob_task
+
+        check = check_miniwob_task
     else:
         verifier = TestVerifier(get_backend(sandbox), _binary(config))
         check = lambda task: check_task(verifier, task)  # noqa: E731

@@ -1,0 +1,184 @@
+"""MiniWoB++ tasks: loaded from the miniwob package, graded from the page by a real headless Chromium (`browser`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from hrl.runners.browser import live_in_group
+from hrl.runners.tasks.miniwob import MiniWoBVerifier, load_miniwob, read_reward, start_page
+from hrl.runners.tasks.miniwob_solutions import Page, solve
+from hrl.runners.tasks.task import TaskFormatError, load_tasks
+from hrl.runners.tasks.validate import validate_tasks_async
+from hrl.sandboxes.base import SandboxSpec
+from hrl.sandboxes.local import LocalBackend
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+SOLVED = "click-test,click-button,enter-text,focus-text,click-checkboxes"
+
+
+def _gone(pid: int) -> bool:
+    """No process of the browser's group runs (nor any with a profile of hrl's on its command line)."""
+    return not live_in_group(pid) and not any("hrl-chromium-" in _cmdline(p) for p in Path("/proc").glob("[0-9]*"))
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return ""
+        return (proc / "cmdline").read_text()
+    except (OSError, IndexError):
+        return ""
+
+
+def test_specs_load_pages_and_seeds() -> None:
+    tasks = load_tasks("miniwob:click-test,enter-text:3")
+    assert [t.instance_id for t in tasks] == [
+        f"miniwob.{n}.s{s}" for n in ("click-test", "enter-text") for s in range(3)
+    ]
+    assert {t.seed for t in tasks} == {0, 1, 2}
+    assert len(load_miniwob("miniwob:*")) > 100  # every page of the package
+    with pytest.raises(TaskFormatError, match="no MiniWoB"):
+        load_miniwob("miniwob:click-tset")
+    with pytest.raises(TaskFormatError, match="SEEDS"):
+        load_miniwob("miniwob:click-test:0")
+
+
+def test_five_tasks_validate_solution_one_noop_zero() -> None:
+    checks = asyncio.run(validate_tasks_async(load_tasks(f"miniwob:{SOLVED}"), concurrency=1))
+    assert [c.problems for c in checks] == [[]] * 5
+    assert [(c.gold.reward, c.empty.reward) for c in checks] == [(1.0, 0.0)] * 5  # type: ignore[union-attr]
+
+
+def test_same_seed_same_problem_other_seed_other() -> None:
+    async def query(seed: int) -> str:
+        ep = await start_page(load_miniwob(f"miniwob:enter-text:{seed + 1}")[seed], 60)
+        try:
+            page = await Page.open(ep.browser.cdp_url, ep.page_url)
+            text = await page.read("document.querySelector('#query').innerText")
+            await page.close()
+            return str(text)
+        finally:
+            await ep.stack.aclose()
+
+    async def main() -> list[str]:
+        return [await query(0), await query(0), await query(1)]
+
+    first, again, other = asyncio.run(main())
+    assert first == again != other
+
+
+@pytest.mark.parametrize(
+    "script", ["core.endEpisode(1.0)", "WOB_REWARD_GLOBAL = 1; WOB_RAW_REWARD_GLOBAL = 1; WOB_DONE_GLOBAL = true",
+               "document.querySelector('#query').addEventListener('click', () => core.endEpisode(1.0)); 0"],
+)  # fmt: skip
+def test_a_reward_the_agent_scripts_is_refused(script: str) -> None:
+    """An agent with CDP can run code in the page: a reward its own code produced scores 0 and is flagged."""
+
+    async def main() -> tuple[float | None, dict]:
+        ep = await start_page(load_miniwob("miniwob:enter-text")[0], 60)
+        try:
+            page = await Page.open(ep.browser.cdp_url, ep.page_url)
+            await page.read(script)
+            if "addEventListener" in script:  # its listener runs on a real click, but it is the agent's code
+                await page.click("#query")
+            await page.close()
+            await asyncio.sleep(0.2)
+            verdict = await read_reward(ep)
+        finally:
+            await ep.stack.aclose()
+        return verdict.reward, verdict.reward_info
+
+    reward, info = asyncio.run(main())
+    assert reward is not None and reward <= 0.0
+    assert info["tampered"] is True
+
+
+def test_the_browser_reaches_only_the_tasks_pages() -> None:
+    async def main() -> dict[str, str]:
+        other = web.Application()
+        other.router.add_get("/", lambda r: web.Response(text="secret"))
+        runner = web.AppRunner(other)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ep = await start_page(load_miniwob("miniwob:click-test")[0], 60)
+        try:
+            page = await Page.open(ep.browser.cdp_url, ep.page_url)
+            got = {}
+            for url in (ep.page_url, f"http://127.0.0.1:{port}/", "http://203.0.113.7/"):
+                reply = await page.cdp.call(
+                    "Runtime.evaluate", page.session, awaitPromise=True, returnByValue=True,
+                    expression=f"fetch({url!r}).then(r => 'ok ' + r.status, e => 'failed')",
+                )  # fmt: skip
+                got[url] = reply["result"]["value"]
+            await page.close()
+            got["blocked"] = " ".join(ep.browser.blocked)
+        finally:
+            await ep.stack.aclose()
+            await runner.cleanup()
+        return got
+
+    got = asyncio.run(main())
+    assert list(got.values())[:3] == ["ok 200", "failed", "failed"]
+    assert "127.0.0.1" in got["blocked"] and "203.0.113.7" in got["blocked"]
+
+
+def test_no_browser_is_left_behind_even_when_the_episode_raises() -> None:
+    async def main() -> int:
+        ep = await start_page(load_miniwob("miniwob:click-test")[0], 60)
+        pid = ep.browser.pid
+        try:
+            assert not _gone(pid)
+            raise RuntimeError("the episode failed")
+        except RuntimeError:
+            pass
+        finally:
+            await ep.stack.aclose()
+        return pid
+
+    assert _gone(asyncio.run(main()))
+
+
+def test_an_unreachable_browser_is_a_verifier_error_not_a_zero() -> None:
+    async def main() -> tuple[float | None, str | None]:
+        ep = await start_page(load_miniwob("miniwob:click-test")[0], 60)
+        try:
+            os.killpg(ep.browser.pid, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            verdict = await read_reward(ep)
+        finally:
+            await ep.stack.aclose()
+        return verdict.reward, verdict.failure_reason
+
+    assert asyncio.run(main()) == (None, "verifier_error")
+
+
+def test_verifier_episode_in_a_local_sandbox(tmp_path: Path) -> None:
+    """The verifier's own lifecycle: prepare writes browser.json for the agent, verify reads the page's reward."""
+    import json
+
+    async def main() -> tuple[list[float | None], int]:
+        verifier = MiniWoBVerifier(run_id="hrl-test")
+        rewards = []
+        for act in (True, False):
+            task = load_miniwob("miniwob:click-button")[0]
+            async with await LocalBackend().create(SandboxSpec(workdir="/work"), "hrl-test", f"e{act}") as box:
+                await verifier.prepare(box, task)
+                info = json.loads(await box.read_file("/work/browser.json"))
+                pid = verifier._episodes[box.id].browser.pid
+                if act:
+                    await solve("click-button", info["cdp_url"], info["page_url"])
+                rewards.append((await verifier.verify(box, task)).reward)
+        return rewards, pid
+
+    rewards, pid = asyncio.run(main())
+    assert rewards == [1.0, 0.0]
+    assert _gone(pid)
