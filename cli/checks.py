@@ -165,12 +165,15 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
 
 def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
     """A folder of Harbor tasks is graded by the `harbor` verifier when the recipe names the pytest one (or none):
-    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply."""
+    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply. `miniwob:` pages are
+    graded by the `miniwob` verifier the same way."""
     from hrl.runners.tasks import verifier_for
 
     section = cfg.get("verifier") or {}
-    if verifier_for(task_file) == "harbor" and section.get("name") in (None, "tests"):
-        cfg["verifier"] = {"name": "harbor", **{k: v for k, v in section.items() if k in ("hide_paths", "run_id")}}
+    by_source = verifier_for(task_file)
+    if by_source in ("harbor", "miniwob") and section.get("name") in (None, "tests"):  # miniwob: graded from the page
+        keep = ("hide_paths", "run_id") if by_source == "harbor" else ()
+        cfg["verifier"] = {"name": by_source, **{k: v for k, v in section.items() if k in keep}}
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:

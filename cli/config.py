@@ -119,7 +119,8 @@ def hide_from_sandboxes(cfg: dict[str, Any], task_file: str, *outputs: Path) -> 
     tasks = Path(task_file).resolve()
     recipes = [Path(p).resolve() for p in hrl.recipes.__path__]
     inside = any(tasks.is_relative_to(r) for r in recipes)
-    hide = [str(tasks.parent if inside else tasks), *(str(Path(o).resolve()) for o in outputs)]
+    hide = [str(tasks.parent if inside else tasks)] if not str(task_file).startswith("miniwob:") else []  # no file
+    hide += [str(Path(o).resolve()) for o in outputs]
     verifier = cfg.setdefault("verifier", {})
     verifier["hide_paths"] = [
         *verifier.get("hide_paths", []),

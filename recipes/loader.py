@@ -15,7 +15,7 @@ __all__ = ["RECIPES_DIR", "RecipeError", "list_recipes", "load_recipe", "recipe_
 
 RECIPES_DIR = Path(__file__).resolve().parent
 RECIPE_FILE = "recipe.yaml"
-PATH_KEYS = ("tasks", "eval_tasks")  # values that are file paths, relative to the recipe's folder
+PATH_KEYS = ("tasks", "eval_tasks")  # values that are file paths, relative to the recipe's folder (not `miniwob:…`)
 
 
 class RecipeError(ValueError):
@@ -61,6 +61,6 @@ def load_recipe(name_or_path: str | Path) -> dict[str, Any]:
     data["recipe_dir"] = str(folder)
     for key in PATH_KEYS:
         value = data.get(key)
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+        if isinstance(value, str) and value and ":" not in value and not Path(value).expanduser().is_absolute():
             data[key] = str(folder / value)
     return data

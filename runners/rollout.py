@@ -203,13 +203,17 @@ class AgentRollouts:
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options, pool=self.pool, prepare=prepare,
                                  group=getattr(ep, "group_id", None)) as session:  # fmt: skip
-            env = proxy_session.meta["env"]
-            proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
-            infra = session.lease.metrics() if session.lease is not None else {}
-            phase("agent")
-            result = await session.run(budget)
-            phase("grading")
-            verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
+            try:
+                env = proxy_session.meta["env"]
+                proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
+                infra = session.lease.metrics() if session.lease is not None else {}
+                phase("agent")
+                result = await session.run(budget)
+                phase("grading")
+                verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
+            finally:  # what the verifier started for the episode (a browser) stops with it, verified or not
+                if (release := getattr(self.verifier, "release", None)) is not None:
+                    await release(session.sandbox)
         outcome = verdict.trace_fields()
         last = self.stack.proxy.sessions[token].last_turn() if token in self.stack.proxy.sessions else None
         if last is not None and last.error is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.browser import CDP, Browser, BrowserError, browser_episode
 from hrl.runners.errors import PrerequisiteError
@@ -119,10 +119,12 @@ def load_miniwob(spec: str) -> list[Task]:
 class MiniWoBVerifierConfig(BaseModel):
     """`verifier: {name: miniwob}`."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is refused, not ignored
+
     time_limit_s: float = Field(
         3600.0, gt=0, description="The page's own episode clock (MiniWoB's default is 10 s, too short for a model)."
     )
-    allow_proxy: bool = Field(True, description="Let the browser reach the proxy's address inside the sandbox too.")
+    hide_paths: list[str] = Field(default_factory=list, description="Set by the CLI for every verifier; unused here.")
 
 
 @dataclass
@@ -177,6 +179,11 @@ class MiniWoBVerifier:
 
     async def grade(self, task: Task, patch: str) -> Verdict:
         return Verdict.error("a MiniWoB++ task is graded from its page, not from a diff", task=task.instance_id)
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Stop the browser of `sandbox`'s episode if `verify` did not (the agent failed, the episode was cancelled)."""
+        if (episode := self._episodes.pop(sandbox.id, None)) is not None:
+            await episode.stack.aclose()
 
     async def close(self) -> None:
         """Stop every browser an episode left open (an episode that failed before `verify`)."""

@@ -240,14 +240,18 @@ class PythonRollouts:
         try:
             backend = get_backend(self.config.sandbox)
             async with await backend.create(spec, self.config.run_id or "hrl-python", label) as sandbox:
-                await self.verifier.prepare(sandbox, task)
-                ws.sandbox = sandbox  # type: ignore[attr-defined]
-                phase("agent")
-                outcome, extra = await self._attempt(task, ws)
-                if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
-                    phase("grading")
-                    verdict = await self.verifier.verify(sandbox, task)
-                    outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch}
+                try:
+                    await self.verifier.prepare(sandbox, task)
+                    ws.sandbox = sandbox  # type: ignore[attr-defined]
+                    phase("agent")
+                    outcome, extra = await self._attempt(task, ws)
+                    if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
+                        phase("grading")
+                        verdict = await self.verifier.verify(sandbox, task)
+                        outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch}
+                finally:  # what the verifier started for the episode (a browser) stops with it, verified or not
+                    if (release := getattr(self.verifier, "release", None)) is not None:
+                        await release(sandbox)
         except (SandboxError, OSError) as e:
             return {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
         return outcome, extra

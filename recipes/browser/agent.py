@@ -1,0 +1,62 @@
+"""A white-box browser agent: it reads the page's accessibility snapshot (text), asks the model for one action, and
+acts on the page over CDP (Playwright connected to the episode's own Chromium), a few steps at most.
+
+The episode's browser is hrl's (started by the `miniwob` verifier); its DevTools endpoint and the page's address are in
+browser.json in the episode's sandbox. The page, not this agent, says the reward: the verifier reads it at the end.
+
+Actions the model may answer with, one per reply:  click TEXT  |  type TEXT  |  done
+(`type` fills the focused or first text field, then the agent presses nothing else: the model clicks Submit itself.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from playwright.async_api import async_playwright
+
+STEPS = 4
+SYSTEM = (
+    "You operate a web page. Each turn you see the page's accessibility snapshot. Reply with exactly one action: "
+    "`click TEXT` (click the element showing TEXT), `type TEXT` (type TEXT into the text field), or `done`."
+)
+
+
+async def run(task: Any, session: Any) -> float | None:
+    info = json.loads(await session.sandbox.read_file(f"{session.sandbox.workdir}/browser.json"))
+    client = session.openai(max_retries=0)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.connect_over_cdp(info["cdp_url"])
+        page = next(p for c in browser.contexts for p in c.pages if p.url == info["page_url"])
+        messages = [{"role": "system", "content": SYSTEM}]
+        for _ in range(STEPS):
+            snapshot = await page.locator("body").aria_snapshot(timeout=5000)
+            messages.append({"role": "user", "content": f"Page:\n{snapshot[:3000]}\nYour action?"})
+            reply = await client.chat.completions.create(model=session.model, messages=messages, max_tokens=32)
+            action = (reply.choices[0].message.content or "").strip()
+            messages.append({"role": "assistant", "content": action})
+            if not await _act(page, action):
+                break
+        await browser.close()  # closes the connection only: the browser is hrl's, stopped by the verifier
+    return None
+
+
+async def _act(page: Any, action: str) -> bool:
+    """Do `action`; False ends the episode (done, or a reply that is no action)."""
+    if m := re.match(r"click\s+(.+)", action, re.I):
+        target = page.get_by_text(m.group(1).strip().strip('"'), exact=False).first
+    elif m := re.match(r"type\s+(.+)", action, re.I):
+        target = page.locator("input[type=text], textarea").first
+        try:
+            await target.fill(m.group(1).strip().strip('"'), timeout=2000)
+        except Exception:  # no such field: the step is spent, the episode goes on
+            pass
+        return True
+    else:
+        return False
+    try:
+        await target.click(timeout=2000)
+    except Exception:  # no such element: the step is spent
+        pass
+    return True
