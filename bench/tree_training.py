@@ -12,13 +12,25 @@ Two batches whose branches share long prefixes, each trained by the same trainer
 largest |logp(tree) - logp(per branch)| over every token of the batch, in float32: the tree pass's masks (windowed ones
 too) reproduce the model's own attention when it is at float32 rounding (< 1e-5).
 
+Both passes of that comparison run through one attention kernel, SDPA's math backend (`--kernel math`, the default),
+so the figure measures the tree mask and not two kernels' rounding. Without it (`--kernel default`) torch picks per
+call: a per-branch pass with no explicit mask (causal) can get another CPU kernel than the tree pass's explicit 4D mask,
+and their float32 rounding differs by more than the masks do (on the windowed tiny model, 1.6e-5 instead of 8.6e-6).
+The trainer's steps below run with the model's own kernels either way.
+
+The floor of any float32 comparison is printed beside it (`--no-float64-reference` skips it): "f32_vs_f64" is how far
+float32 per-branch logprobs are from the same model in float64, "tree_vs_f64" the same for the float32 tree pass, and
+"max_dlogp_f64" the tree vs per-branch difference in float64 (the masks' own error, at float64 rounding).
+
     python bench/tree_training.py [--mode lora|full] [--hidden 128 --layers 4] [--group-prompt 6000]
     python bench/tree_training.py --model DIR      # any local model, e.g. `hrl models tiny DIR --sliding-window 32`
+    python bench/tree_training.py --model DIR --kernel default   # each pass on the kernel torch picks for it
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -111,25 +123,55 @@ def _vocab(model: str) -> int:
     return int(cfg.get_text_config().vocab_size)
 
 
-def max_dlogp(model: Any, samples: list[Sample]) -> float:
-    """max |logp(tree pass) - logp(one forward per branch)| over every predicted token of the batch."""
+def kernel(name: str) -> contextlib.AbstractContextManager[Any]:
+    """The attention kernel both passes of a comparison run under: SDPA's math backend, or torch's pick per call."""
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def _passes(model: Any, seqs: list[list[int]], kern: str) -> tuple[list[Any], list[Any]]:
+    """Per sequence, its logprobs from one tree pass over all of them and from its own forward pass (no grad)."""
     import torch
 
-    seqs = [s.input_ids for s in samples]
-    with torch.no_grad():
+    with torch.no_grad(), kernel(kern):
         tree = tree_logprobs(model, seqs)
         alone = [token_logprobs(model, torch.tensor([s]), torch.ones((1, len(s)), dtype=torch.long))[0] for s in seqs]
-    return max((float((t - b).abs().max()) for t, b in zip(tree, alone, strict=True) if len(b)), default=0.0)
+    return tree, alone
 
 
-def measure(a: argparse.Namespace, model: str, name: str, samples: list[Sample], lm: Any) -> dict[str, Any]:
+def _max_diff(xs: list[Any], ys: list[Any]) -> float:
+    return max(
+        (float((x.double() - y.double()).abs().max()) for x, y in zip(xs, ys, strict=True) if len(y)), default=0.0
+    )
+
+
+def max_dlogp(model: Any, samples: list[Sample], kern: str = "math", reference: Any = None) -> dict[str, float]:
+    """max |logp(tree pass) - logp(one forward per branch)| over every predicted token of the batch; with a float64
+    `reference` model, also the float32 passes' distance from its per-branch logprobs and its own tree difference."""
+    seqs = [s.input_ids for s in samples]
+    tree, alone = _passes(model, seqs, kern)
+    out = {"max_dlogp": _max_diff(tree, alone)}
+    if reference is not None:
+        tree64, alone64 = _passes(reference, seqs, kern)
+        out["f32_vs_f64"] = _max_diff(alone, alone64)
+        out["tree_vs_f64"] = _max_diff(tree, alone64)
+        out["max_dlogp_f64"] = _max_diff(tree64, alone64)
+    return out
+
+
+def measure(
+    a: argparse.Namespace, model: str, name: str, samples: list[Sample], lm: Any, reference: Any
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "case": name,
         "branches": len(samples),
         "per_branch_tokens": sum(len(s.input_ids) for s in samples),
         "distinct_tokens": distinct(samples),
         "tree_tokens": len(build_tree([s.input_ids for s in samples])),
-        "max_dlogp": max_dlogp(lm, samples),
+        **max_dlogp(lm, samples, a.kernel, reference),
     }
     for tree in ("off", "on"):
         cfg = TrainerConfig(model=model, mode=a.mode, lr=1e-4, micro_batch=a.micro_batch, tree=tree)
@@ -161,39 +203,75 @@ def main() -> None:
     p.add_argument("--group-prompt", type=int, default=6000)
     p.add_argument("--response", type=int, default=256, help="group case: longest response (shortest: half)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kernel",
+        choices=["math", "default"],
+        default="math",
+        help="attention kernel of both Δlogp passes: SDPA's math backend (like with like), or torch's pick per call",
+    )
+    p.add_argument(
+        "--float64-reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also load the model in float64 and print how far the float32 passes are from it (the floor)",
+    )
     a = p.parse_args()
     rng = random.Random(a.seed)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or _model(a, tmp)
         a.vocab = _vocab(model) if a.model else a.vocab
-        lm = _float32(model)
+        lm = _load(model, "float32")
         if reason := tree_declined(lm):
             sys.exit(f"tree passes cannot reproduce {model}'s attention: {reason}")
+        reference = _load(model, "float64") if a.float64_reference else None
         for name, batch in ((f"thinking-{a.turns}", thinking_trace(a, rng)), (f"grpo-{a.group}", grpo_group(a, rng))):
-            rows.append(measure(a, model, name, batch, lm))
+            rows.append(measure(a, model, name, batch, lm, reference))
     cols = ["case", "branches", "per_branch_tokens", "tree_tokens", "distinct_tokens", "tree_token_ratio"]
-    cols += ["max_dlogp", "step_s_off", "step_s_on", "time_ratio"]
+    cols += ["max_dlogp"] + (["f32_vs_f64", "tree_vs_f64", "max_dlogp_f64"] if a.float64_reference else [])
+    cols += ["step_s_off", "step_s_on", "time_ratio"]
     print(" | ".join(cols), file=sys.stderr)
     for r in rows:
-        print(" | ".join(str(r[c]) for c in cols), file=sys.stderr)
+        print(" | ".join(_cell(c, r[c]) for c in cols), file=sys.stderr)
     worst = max(r["max_dlogp"] for r in rows)
-    print(f"max |Δlogp| tree vs per-branch, float32 ({_attention(lm)}): {worst:.3g}", file=sys.stderr)
-    json.dump({"config": vars(a), "results": rows}, sys.stdout, indent=2)
+    print(f"attention: {_attention(lm)}; Δlogp passes on {_kernel_words(lm, a.kernel)}", file=sys.stderr)
+    print(f"max |Δlogp| tree vs per-branch, float32: {worst:.3g}", file=sys.stderr)
+    if a.float64_reference:
+        floor = max(r["f32_vs_f64"] for r in rows)
+        print(
+            f"floor: float32 per-branch vs float64 per-branch {floor:.3g}, float32 tree vs float64 per-branch "
+            f"{max(r['tree_vs_f64'] for r in rows):.3g}; tree vs per-branch in float64 "
+            f"{max(r['max_dlogp_f64'] for r in rows):.3g}",
+            file=sys.stderr,
+        )
+    json.dump({"config": vars(a), "attention": _attention(lm), "results": rows}, sys.stdout, indent=2)
     print()
 
 
-def _float32(model: str) -> Any:
+def _cell(col: str, value: Any) -> str:
+    return f"{value:.3g}" if "dlogp" in col or "f64" in col else str(value)
+
+
+def _load(model: str, dtype: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
 
 
 def _attention(lm: Any) -> str:
     """The model's attention in words: its implementation, and the window of its windowed layers."""
     layers = ", ".join(k if w is None else f"{k} window {w}" for k, w in attention_layout(lm)[0].items())
     return f"{attention_implementation(lm)}; {layers}"
+
+
+def _kernel_words(lm: Any, kern: str) -> str:
+    """Which kernel the two Δlogp passes ran on, in words."""
+    if attention_implementation(lm) != "sdpa":
+        return f"{attention_implementation(lm)} attention (no SDPA kernel to choose), both passes"
+    if kern == "math":
+        return "SDPA's math backend, both passes (like with like)"
+    return "torch's own SDPA kernel per call, each pass"
 
 
 if __name__ == "__main__":
