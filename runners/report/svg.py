@@ -3,6 +3,7 @@ dependencies; every mark carries a `<title>` so hovering shows its value."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from html import escape
 
@@ -21,6 +22,17 @@ def _fmt(x: float) -> str:
     if abs(x) >= 1000:
         return f"{x / 1000:.1f}k"
     return f"{x:.3g}"
+
+
+def _labels(ticks: list[float]) -> list[str]:
+    """Tick labels, each distinct: `_fmt`'s short form, or as many decimals as the step needs where that form
+    would repeat a label (1256-1257 tokens: 1256.2, 1256.4, not 1.3k five times)."""
+    short = [_fmt(t) for t in ticks]
+    if len(set(short)) == len(short) or len(ticks) < 2:
+        return short
+    step = min(b - a for a, b in itertools.pairwise(ticks))
+    decimals = max(0, -math.floor(math.log10(step))) if step > 0 else 0
+    return [f"{t:.{decimals}f}" for t in ticks]
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -50,13 +62,14 @@ class _Frame:
 
     def axes(self, xticks: list[float], xlabel: str) -> str:
         out = [f'<line class="axis" x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}"/>']
-        for t in self.yt:
+        for t, label in zip(self.yt, _labels(self.yt), strict=True):
             y = self.y(t)
             out.append(f'<line class="grid" x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}"/>')
-            out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-        for t in xticks:
+            out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+        for t, label in zip(xticks, _labels(xticks), strict=True):
             x = self.x(t)
-            out.append(f'<text class="tick" x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{_fmt(t)}</text>')
+            anchor = "end" if x > W - RIGHT - 20 else "middle"  # the last label ends at the plot's edge, not past it
+            out.append(f'<text class="tick" x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="{anchor}">{label}</text>')
         out.append(f'<text class="label" x="{(LEFT + W - RIGHT) / 2}" y="{H - 8}" text-anchor="middle">{xlabel}</text>')
         return "".join(out)
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -297,8 +298,74 @@ class DevTools:
             await self.send("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
 
-async def _drive(url: str, port: int) -> dict[str, Any]:
-    """Open the report, read what is on the page, click a trace, screenshot (`png`), open one by URL hash."""
+WIDTH = 1400  # a laptop's window: the report must fit it
+
+
+async def screenshot(cdp: DevTools) -> bytes:
+    """The whole page as PNG, the window stretched to its height (at most 8000 px)."""
+    height = (await cdp.send("Page.getLayoutMetrics"))["cssContentSize"]["height"]
+    await cdp.send(
+        "Emulation.setDeviceMetricsOverride",
+        width=WIDTH,
+        height=min(int(height), 8000),
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    png = await cdp.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+    return base64.b64decode(png["data"])
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+# What is cut at the window: every element whose box ends right of it, or that hides part of its content sideways
+# (in a scroll box of its own, or clipped, with an ellipsis or not). `[tag#id.class, right edge, px hidden]`.
+CUT = """[...document.querySelectorAll('body *')].filter(e => e.getClientRects().length).map(e => {
+  const r = e.getBoundingClientRect(), over = e.scrollWidth - e.clientWidth;
+  const hides = over > 1 && getComputedStyle(e).overflowX !== 'visible';
+  return [e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className && e.className.baseVal === undefined
+    ? '.' + e.className.split(' ').join('.') : ''), Math.round(r.right), hides ? over : 0];
+}).filter(([, right, over]) => right > innerWidth || over > 0)"""
+
+
+def in_chromium(url: str, drive: Callable[[DevTools], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """Open `url` in headless Chromium at 1400 × 1000 px and run `drive` on the page; what it returns, plus the page's
+    uncaught exceptions (`errors`) and the URL schemes it requested (`requests`)."""
+    binary = chromium()
+    with tempfile.TemporaryDirectory(
+        prefix="hrl-chromium-", ignore_cleanup_errors=True
+    ) as profile:  # its helpers may write late
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "--remote-allow-origins=*",
+            "about:blank",
+        ]
+        proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            port = _wait_for_port(Path(profile), proc)
+            return asyncio.run(asyncio.wait_for(_session(url, port, drive), 120))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _session(url: str, port: int, drive: Callable[[DevTools], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -309,40 +376,10 @@ async def _drive(url: str, port: int) -> dict[str, Any]:
             for domain in ("Page", "Runtime", "Network"):
                 await cdp.send(f"{domain}.enable")
             await cdp.send(
-                "Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False
+                "Emulation.setDeviceMetricsOverride", width=WIDTH, height=1000, deviceScaleFactor=1, mobile=False
             )
             await cdp.goto(url)
-            found: dict[str, Any] = await cdp.js(
-                "({plots: [...document.querySelectorAll('svg.plot')].map(s => [s.id, s.querySelectorAll("
-                "'circle, rect, polyline').length]), rows: document.querySelectorAll('#traces tr.trace').length})"
-            )
-            await cdp.click('tr.trace[data-trace="seq00001"]')
-            found["opened"] = await cdp.js(
-                "({calls: [...document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.call')].map(r => r.dataset.call),"
-                " tools: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.tool').length,"
-                " turns: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] details.turn').length,"
-                " hash: location.hash})"
-            )
-            found["width"] = await cdp.js("document.documentElement.scrollWidth")  # with a trace's detail open
-            height = (await cdp.send("Page.getLayoutMetrics"))["cssContentSize"]["height"]
-            await cdp.send(
-                "Emulation.setDeviceMetricsOverride",
-                width=1400,
-                height=min(int(height), 8000),
-                deviceScaleFactor=1,
-                mobile=False,
-            )
-            png = await cdp.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-            found["png"] = base64.b64decode(png["data"])
-            await cdp.goto("about:blank")
-            await cdp.goto(url + "#trace=ovl00002")
-            found["from_hash"] = await cdp.js(
-                "[...document.querySelectorAll('tr.detail tr.call')].map(r => r.dataset.call)"
-            )
-            found["filtered"] = await cdp.js(
-                "(() => { const s = document.getElementById('search'); s.value = 'ovl00002';"
-                " s.dispatchEvent(new Event('input')); return document.querySelectorAll('#traces tr.trace:not([hidden])').length; })()"
-            )
+            found = await drive(cdp)
             found["errors"] = [e["params"] for e in cdp.events if e.get("method") == "Runtime.exceptionThrown"]
             found["requests"] = sorted(
                 {
@@ -367,49 +404,49 @@ def _wait_for_port(profile: Path, proc: subprocess.Popen[bytes]) -> int:
 
 
 def test_report_in_headless_chromium(run_dir: Path):
-    binary = chromium()
+    """Read what is on the page, click a trace, screenshot, open one by URL hash, filter."""
     out = hrl("report", str(run_dir))
     assert out.returncode == 0, out.stderr
     url = (run_dir / "report.html").resolve().as_uri()
-    shot = run_dir / "report.png"
-    with tempfile.TemporaryDirectory(prefix="hrl-chromium-") as profile:
-        flags = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={profile}",
-            "--remote-debugging-port=0",
-            "--remote-allow-origins=*",
-            "about:blank",
-        ]
-        proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            found = asyncio.run(asyncio.wait_for(_drive(url, _wait_for_port(Path(profile), proc)), 120))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+
+    async def drive(cdp: DevTools) -> dict[str, Any]:
+        found: dict[str, Any] = await cdp.js(
+            "({plots: [...document.querySelectorAll('svg.plot')].map(s => [s.id, s.querySelectorAll("
+            "'circle, rect, polyline').length]), rows: document.querySelectorAll('#traces tr.trace').length})"
+        )
+        await cdp.click('tr.trace[data-trace="seq00001"]')
+        found["opened"] = await cdp.js(
+            "({calls: [...document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.call')].map(r => r.dataset.call),"
+            " tools: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] tr.tool').length,"
+            " turns: document.querySelectorAll('tr.detail[data-detail=\"seq00001\"] details.turn').length,"
+            " hash: location.hash})"
+        )
+        found["width"] = await cdp.js("document.documentElement.scrollWidth")  # with a trace's detail open
+        found["cut"] = await cdp.js(CUT)
+        found["png"] = await screenshot(cdp)
+        await cdp.goto("about:blank")
+        await cdp.goto(url + "#trace=ovl00002")
+        found["from_hash"] = await cdp.js(
+            "[...document.querySelectorAll('tr.detail tr.call')].map(r => r.dataset.call)"
+        )
+        found["filtered"] = await cdp.js(
+            "(() => { const s = document.getElementById('search'); s.value = 'ovl00002';"
+            " s.dispatchEvent(new Event('input')); return document.querySelectorAll('#traces tr.trace:not([hidden])').length; })()"
+        )
+        return found
+
+    found = in_chromium(url, drive)
+    (run_dir / "report.png").write_bytes(found["png"])  # kept in the run folder: the CI artifact
     plots = dict(found["plots"])
     for plot in PLOTS:
         assert plots.get(plot, 0) > 0, f"{plot} missing or empty: {plots}"
     assert found["rows"] == ITERATIONS * PER_ITERATION + 2
     assert found["opened"] == {"calls": ["c1", "c2", "s1", "c3"], "tools": 2, "turns": 4, "hash": "#trace=seq00001"}
-    assert found["width"] <= 1400  # the page never scrolls sideways: wide tables scroll in their own box
+    assert found["width"] <= WIDTH  # the page never scrolls sideways: wide tables scroll in their own box
+    assert found["cut"] == []  # nor does any table: all of it fits at 1400 px, no cell cut short
     assert found["from_hash"] == ["a1", "b1", "a2"]
     assert found["filtered"] == 1
     assert found["errors"] == []
     assert set(found["requests"]) <= {"file", "about", "data"}, found["requests"]
-    shot.write_bytes(found["png"])  # kept in the run folder: the CI artifact
-    png = found["png"]
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-    assert width == 1400 and height > 1000, (width, height)
+    width, height = png_size(found["png"])
+    assert width == WIDTH and height > 1000, (width, height)

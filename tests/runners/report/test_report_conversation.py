@@ -5,12 +5,25 @@ from the trace, and the conversation decoded, with real newlines, in the trace's
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from html import unescape
 from pathlib import Path
+from typing import Any
 
 from hrl.runners.trace import read_traces
-from tests.runners.report.test_report import PLOTS, hrl, make_run
+from tests.runners.report.test_report import (
+    CUT,
+    PLOTS,
+    WIDTH,
+    DevTools,
+    hrl,
+    in_chromium,
+    make_run,
+    png_size,
+    screenshot,
+)
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "chat-sse.jsonl"
 STEP_PLOTS = [p for p in PLOTS if p not in ("plot-latency", "plot-prompt-tokens", "plot-response-tokens")]
@@ -46,6 +59,11 @@ def test_a_rollout_file_has_no_step_charts_and_cards_from_its_traces(tmp_path: P
     assert facts["model"] == tiny_model
     assert facts["policy version"] == "v0–v1"  # call c5 was sampled across a publish: versions 0 then 1
     assert "steps" not in facts and facts["files"] == "1"
+    ticks = re.findall(
+        r'class="tick" x="[^"]*" y="202" text-anchor="\w+">([^<]*)<',
+        html.split('id="plot-prompt-tokens"')[1].split("</svg>")[0],
+    )
+    assert len(ticks) > 1 and len(set(ticks)) == len(ticks), ticks  # one trace, one value: still distinct labels
 
 
 def test_the_conversation_is_decoded_with_real_newlines(tmp_path: Path, tiny_model: str):
@@ -99,3 +117,47 @@ def test_past_its_text_budget_the_page_shows_counts(tiny_model: str):
     first, second = _conversation(html, 0), _conversation(html, 1)
     assert "tool call bash" in first and "token counts only" not in first  # decoded: the budget was not spent yet
     assert "tool call bash" not in second and "characters of text are spent" in second
+
+
+def test_a_rollout_file_in_headless_chromium(tmp_path: Path, tiny_model: str):
+    """What `hrl rollout --out` writes, as a report at 1400 px: cards filled, the trace's conversation opened and
+    readable (real line breaks, the model's reply, a tool call), nothing cut at the window's edge; the screenshot is
+    kept beside the file (HRL_ARTIFACTS=DIR: in DIR/report-rollout)."""
+    keep = os.environ.get("HRL_ARTIFACTS")
+    root = Path(keep) / "report-rollout" if keep else tmp_path
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    out = hrl("report", str(_rollout_file(root, tiny_model)), "--json")
+    assert out.returncode == 0, out.stderr
+    page = Path(json.loads(out.stdout)["out"])
+    (trace,) = list(read_traces(GOLDEN))
+
+    async def drive(cdp: DevTools) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "cards": await cdp.js(
+                "Object.fromEntries([...document.querySelectorAll('.fact')].map(f => "
+                "[f.querySelector('span').innerText, f.querySelector('b').innerText]))"
+            )
+        }
+        await cdp.click(f'tr.trace[data-trace="{trace["trace_id"]}"]')
+        found["blocks"] = await cdp.js(  # what a reader sees: innerText is the rendered text, hidden parts left out
+            "[...document.querySelectorAll('tr.detail .conversation .block')].map(b => "
+            "[b.querySelector('.label').innerText, b.querySelector('pre').innerText, b.querySelector('pre').offsetHeight])"
+        )
+        found["cut"] = await cdp.js(CUT)
+        found["png"] = await screenshot(cdp)
+        return found
+
+    found = in_chromium(page.as_uri(), drive)
+    page.with_suffix(".png").write_bytes(found["png"])  # the CI artifact, beside the report
+    assert found["cards"]["model"] == tiny_model and found["cards"]["policy version"] == "v0–v1"
+    labels = [label for label, _, _ in found["blocks"]]
+    says = [text for label, text, _ in found["blocks"] if label == "says"]
+    assert "tool call bash" in labels and says, labels
+    assert [json.loads(t)["command"] for label, t, _ in found["blocks"] if label == "tool call bash"][:1] == ["ls -la"]
+    assert all(h > 0 for _, _, h in found["blocks"])  # laid out, not folded away
+    assert any("\n" in text for _, text, _ in found["blocks"]) and not any("\\n" in t for _, t, _ in found["blocks"])
+    assert found["cut"] == []  # no element past 1400 px, none hiding content in a sideways scroll
+    assert found["errors"] == [] and set(found["requests"]) <= {"file", "about", "data"}, found["requests"]
+    width, height = png_size(found["png"])
+    assert width == WIDTH and height > 1000, (width, height)
