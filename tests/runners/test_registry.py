@@ -25,7 +25,7 @@ LOOKUPS = [
     (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, claude-code, codex,"),
     (
         lambda: make_verifier("nope", get_backend("local")),
-        "unknown verifier 'nope'; valid: harbor, tests or python, with a Python agent only (white-box recipes)",
+        "unknown verifier 'nope'; valid: harbor, miniwob, tests or python, with a Python agent only (white-box recipes)",
     ),
     (lambda: get_dialect("nope"), "unknown dialect 'nope'; valid: anthropic, chat, gemini, responses"),
 ]

@@ -1,0 +1,61 @@
+"""The bundled browser recipe end to end: the real proxy and harness, hrl's Chromium on a MiniWoB++ page, the
+Playwright agent acting on the scripted engine's replies; the page's own reward lands in the one trace."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+import pytest
+
+from hrl.recipes.loader import load_recipe
+from hrl.runners.browser import live_in_group
+from hrl.runners.episodes import Episode
+from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.serving.stack import serving
+from hrl.runners.tasks.task import load_tasks
+from hrl.runners.trace import read_traces
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+
+def _episode(model: str, turns: list, tmp_path: Path) -> dict:
+    cfg = load_recipe("browser")
+    task = load_tasks(cfg["tasks"])[0]  # miniwob.click-test.s0: one "Click Me!" button
+    out = tmp_path / "traces.jsonl"
+    started: list[int] = []
+
+    async def main() -> dict:
+        async with serving(model, "scripted", engine_options={"turns": turns},
+                           control_token=secrets.token_urlsafe(32)) as stack:  # fmt: skip
+            config = RolloutConfig(**{**cfg["rollout"], "sandbox": "local"})
+            rollouts = make_rollouts(stack, config, verifier=cfg["verifier"], base_dir=cfg["recipe_dir"])
+            rollouts.prepare()  # loads the agent and makes the verifier
+            prepare = rollouts.verifier.prepare
+
+            async def spy(sandbox, task):  # the browser's process group, to check that it is gone afterwards
+                await prepare(sandbox, task)
+                started.append(rollouts.verifier._episodes[sandbox.id].browser.pid)
+
+            rollouts.verifier.prepare = spy
+            return await rollouts.episode(Episode(task, 0, 0), out)
+
+    trace = asyncio.run(main())
+    assert [t["trace_id"] for t in read_traces(out)] == [trace["trace_id"]]
+    assert len(started) == 1 and not live_in_group(started[0])  # no browser left behind
+    return trace
+
+
+def test_a_click_on_the_right_button_scores_the_pages_reward(tiny_model, tmp_path):
+    trace = _episode(tiny_model, ["click Click Me!", "done"], tmp_path)
+    assert trace["failure_reason"] is None, trace.get("metadata")
+    assert trace["reward"] == 1.0 and trace["success"] is True
+    assert trace["reward_info"]["ended"] is True and trace["reward_info"]["tampered"] is False
+    assert len(trace["calls"]) >= 1
+
+
+def test_an_agent_that_does_nothing_scores_zero(tiny_model, tmp_path):
+    trace = _episode(tiny_model, ["done"], tmp_path)
+    assert trace["failure_reason"] is None, trace.get("metadata")
+    assert trace["reward"] == 0.0 and trace["success"] is False and trace["reward_info"]["ended"] is False
