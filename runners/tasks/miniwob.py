@@ -91,16 +91,20 @@ def load_miniwob(spec: str) -> list[Task]:
     except ValueError:
         seeds = 0
     if seeds < 1:
-        raise TaskFormatError(f"{spec}: SEEDS must be a whole number ≥ 1 (got {seeds_part!r})")
+        raise TaskFormatError(
+            f"{spec}: SEEDS must be a whole number ≥ 1 (got {seeds_part!r})",
+            hint="e.g. miniwob:enter-text:8 for seeds 0 … 7",
+        )
     pages = miniwob_html() / "miniwob"
     known = sorted(p.stem for p in pages.glob("*.html"))
     names = known if names_part.strip() == "*" else [n.strip() for n in names_part.split(",") if n.strip()]
     if not names:
-        raise TaskFormatError(f"{spec}: no task named; give miniwob:NAME[,NAME…] or miniwob:*")
+        raise TaskFormatError(f"{spec}: no task named", hint="give miniwob:NAME[,NAME…][:SEEDS] or 'miniwob:*'")
     unknown = [n for n in names if n not in known]
     if unknown:
         raise TaskFormatError(f"{spec}: no MiniWoB++ task {', '.join(map(repr, unknown))} (the package has {len(known)}:"
-                              f" {', '.join(known[:8])}, …; `hrl tasks ls --tasks miniwob:*` lists them)")  # fmt: skip
+                              f" {', '.join(known[:8])}, …; `hrl tasks ls 'miniwob:*'` lists them)",
+                              hint="hrl tasks ls 'miniwob:*'")  # fmt: skip
     return [
         MiniWoBTask(
             instance_id=f"miniwob.{name}.s{seed}",
