@@ -330,6 +330,31 @@ CUT = """[...document.querySelectorAll('body *')].filter(e => e.getClientRects()
 }).filter(([, right, over]) => right > innerWidth || over > 0)"""
 
 
+GOLDEN = Path(__file__).parents[2] / "golden" / "chat-sse.jsonl"  # recorded through the real proxy, tiny tokenizer
+
+# Each text block of the opened conversations as a reader sees it: [label, innerText (rendered), height in px].
+READ = """[...document.querySelectorAll('tr.detail .conversation .block')].map(b =>
+  [b.querySelector('.label').innerText, b.querySelector('pre').innerText, b.querySelector('pre').offsetHeight])"""
+
+
+def golden_trace(model: str) -> dict[str, Any]:
+    """The golden trace as a rollout writes it: naming the model it was sampled from."""
+    from hrl.runners.trace import read_traces
+
+    (trace,) = list(read_traces(GOLDEN))
+    return {**trace, "model": {"name": model}}
+
+
+def assert_readable(blocks: list[list[Any]]) -> None:
+    """The golden trace's conversation on the page: the model's reply, its tool call with arguments, laid out (not
+    folded away), line breaks real and no escaped `\\n` left."""
+    labels = [label for label, _, _ in blocks]
+    assert "says" in labels and "tool call bash" in labels, labels
+    assert [json.loads(t)["command"] for label, t, _ in blocks if label == "tool call bash"][:1] == ["ls -la"]
+    assert all(h > 0 for _, _, h in blocks)
+    assert any("\n" in text for _, text, _ in blocks) and not any("\\n" in text for _, text, _ in blocks)
+
+
 def in_chromium(url: str, drive: Callable[[DevTools], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     """Open `url` in headless Chromium at 1400 × 1000 px and run `drive` on the page; what it returns, plus the page's
     uncaught exceptions (`errors`) and the URL schemes it requested (`requests`)."""
@@ -403,8 +428,12 @@ def _wait_for_port(profile: Path, proc: subprocess.Popen[bytes]) -> int:
     raise AssertionError("chromium did not open its DevTools port within 60 s")
 
 
-def test_report_in_headless_chromium(run_dir: Path):
-    """Read what is on the page, click a trace, screenshot, open one by URL hash, filter."""
+def test_report_in_headless_chromium(run_dir: Path, tiny_model: str):
+    """Read what is on the page, click a trace, then a decodable one (the golden trace among the run's) and read its
+    conversation, screenshot, open one by URL hash, filter."""
+    with (run_dir / "traces" / "iter-0000.jsonl").open("a") as f:
+        f.write(json.dumps(golden_trace(tiny_model)) + "\n")
+    golden = golden_trace(tiny_model)["trace_id"]
     out = hrl("report", str(run_dir))
     assert out.returncode == 0, out.stderr
     url = (run_dir / "report.html").resolve().as_uri()
@@ -422,6 +451,9 @@ def test_report_in_headless_chromium(run_dir: Path):
             " hash: location.hash})"
         )
         found["width"] = await cdp.js("document.documentElement.scrollWidth")  # with a trace's detail open
+        await cdp.click('tr.trace[data-trace="seq00001"]')  # folded again: the screenshot shows the readable one
+        await cdp.click(f'tr.trace[data-trace="{golden}"]')
+        found["blocks"] = await cdp.js(READ)
         found["cut"] = await cdp.js(CUT)
         found["png"] = await screenshot(cdp)
         await cdp.goto("about:blank")
@@ -440,7 +472,8 @@ def test_report_in_headless_chromium(run_dir: Path):
     plots = dict(found["plots"])
     for plot in PLOTS:
         assert plots.get(plot, 0) > 0, f"{plot} missing or empty: {plots}"
-    assert found["rows"] == ITERATIONS * PER_ITERATION + 2
+    assert found["rows"] == ITERATIONS * PER_ITERATION + 3
+    assert_readable(found["blocks"])
     assert found["opened"] == {"calls": ["c1", "c2", "s1", "c3"], "tools": 2, "turns": 4, "hash": "#trace=seq00001"}
     assert found["width"] <= WIDTH  # the page never scrolls sideways: wide tables scroll in their own box
     assert found["cut"] == []  # nor does any table: all of it fits at 1400 px, no cell cut short

@@ -15,9 +15,13 @@ from typing import Any
 from hrl.runners.trace import read_traces
 from tests.runners.report.test_report import (
     CUT,
+    GOLDEN,
     PLOTS,
+    READ,
     WIDTH,
     DevTools,
+    assert_readable,
+    golden_trace,
     hrl,
     in_chromium,
     make_run,
@@ -25,15 +29,12 @@ from tests.runners.report.test_report import (
     screenshot,
 )
 
-GOLDEN = Path(__file__).parents[2] / "golden" / "chat-sse.jsonl"
 STEP_PLOTS = [p for p in PLOTS if p not in ("plot-latency", "plot-prompt-tokens", "plot-response-tokens")]
 
 
 def _rollout_file(tmp_path: Path, model: str) -> Path:
-    """The golden trace as a rollout writes it: naming the model it was sampled from."""
-    (trace,) = list(read_traces(GOLDEN))
     path = tmp_path / "traces.jsonl"
-    path.write_text(json.dumps({**trace, "model": {"name": model}}) + "\n")
+    path.write_text(json.dumps(golden_trace(model)) + "\n")
     return path
 
 
@@ -140,10 +141,7 @@ def test_a_rollout_file_in_headless_chromium(tmp_path: Path, tiny_model: str):
             )
         }
         await cdp.click(f'tr.trace[data-trace="{trace["trace_id"]}"]')
-        found["blocks"] = await cdp.js(  # what a reader sees: innerText is the rendered text, hidden parts left out
-            "[...document.querySelectorAll('tr.detail .conversation .block')].map(b => "
-            "[b.querySelector('.label').innerText, b.querySelector('pre').innerText, b.querySelector('pre').offsetHeight])"
-        )
+        found["blocks"] = await cdp.js(READ)
         found["cut"] = await cdp.js(CUT)
         found["png"] = await screenshot(cdp)
         return found
@@ -151,12 +149,7 @@ def test_a_rollout_file_in_headless_chromium(tmp_path: Path, tiny_model: str):
     found = in_chromium(page.as_uri(), drive)
     page.with_suffix(".png").write_bytes(found["png"])  # the CI artifact, beside the report
     assert found["cards"]["model"] == tiny_model and found["cards"]["policy version"] == "v0–v1"
-    labels = [label for label, _, _ in found["blocks"]]
-    says = [text for label, text, _ in found["blocks"] if label == "says"]
-    assert "tool call bash" in labels and says, labels
-    assert [json.loads(t)["command"] for label, t, _ in found["blocks"] if label == "tool call bash"][:1] == ["ls -la"]
-    assert all(h > 0 for _, _, h in found["blocks"])  # laid out, not folded away
-    assert any("\n" in text for _, text, _ in found["blocks"]) and not any("\\n" in t for _, t, _ in found["blocks"])
+    assert_readable(found["blocks"])
     assert found["cut"] == []  # no element past 1400 px, none hiding content in a sideways scroll
     assert found["errors"] == [] and set(found["requests"]) <= {"file", "about", "data"}, found["requests"]
     width, height = png_size(found["png"])
