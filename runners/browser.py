@@ -1,8 +1,9 @@
 """One headless Chromium per episode, its task pages served on loopback, and a small CDP client.
 
 `browser_episode(site_dir)` serves `site_dir` on 127.0.0.1 (a static file server in hrl's process), starts Chromium
-with a remote-debugging endpoint (CDP) in a fresh profile, and yields a `Browser` whose `cdp_url` the agent's tools
-and the grader both connect to: they see the same page. On exit the browser's whole process group is killed and the
+with a remote-debugging endpoint (CDP) in a fresh profile, and yields a `Browser`: hrl's grader holds the browser's
+own endpoint (`direct_url`), the agent's tools get `cdp_url`, a relay in front of it that refuses the commands that
+could rewrite the task's code or files (`refusal`). Both see the same page. On exit the browser's whole process group is killed and the
 profile removed, whatever happened.
 
 What the browser reaches: hrl's own CDP session intercepts every request (`Fetch`) and fails those outside the
@@ -31,7 +32,17 @@ from aiohttp import web
 
 from hrl.runners.errors import HrlError, PrerequisiteError
 
-__all__ = ["CDP", "CHROMIUM_FLAGS", "Browser", "BrowserError", "browser_episode", "find_chromium", "live_in_group"]
+__all__ = [
+    "CDP",
+    "CHROMIUM_FLAGS",
+    "REFUSED_PREFIXES",
+    "Browser",
+    "BrowserError",
+    "browser_episode",
+    "find_chromium",
+    "live_in_group",
+    "refusal",
+]
 
 # Without the networking flags Chromium's background connections are refused here and slow every start.
 CHROMIUM_FLAGS = (
@@ -124,15 +135,90 @@ class CDP:
         await self._http.close()
 
 
+# CDP methods an agent's connection may not use: they would rewrite the task's own code or data (a live edit of its
+# scripts, its closures' variables, a script of the agent's before the task's in the page's main world) or serve the
+# page other files (request interception). Playwright and the MCP browser servers act without them.
+REFUSED_PREFIXES = ("Debugger.", "Fetch.", "Network.setRequestInterception", "Network.setBypassServiceWorker",
+                    "Page.setBypassCSP", "Target.exposeDevToolsProtocol", "Target.setRemoteLocations")  # fmt: skip
+
+
+def refusal(method: str, params: dict[str, Any]) -> str | None:
+    """Why an agent's CDP command is refused, or None to pass it to the browser."""
+    if method.startswith(REFUSED_PREFIXES):
+        return f"{method} is refused by hrl: it could rewrite the task's page or what it is served"
+    if method == "Page.addScriptToEvaluateOnNewDocument" and not params.get("worldName"):
+        return "Page.addScriptToEvaluateOnNewDocument is allowed only into an isolated world (give worldName)"
+    return None
+
+
+async def _relay_socket(request: web.Request, browser: Browser) -> web.WebSocketResponse:
+    """One agent connection: every message passed on both ways, except the agent's refused commands, answered with
+    a CDP error instead (`Browser.refused` counts them)."""
+    agent = web.WebSocketResponse(max_msg_size=0)
+    await agent.prepare(request)
+    async with aiohttp.ClientSession() as http:
+        try:
+            upstream = await http.ws_connect(browser.direct_url, max_msg_size=0)
+        except (aiohttp.ClientError, OSError):
+            await agent.close()
+            return agent
+
+        async def down() -> None:
+            async for msg in upstream:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    await agent.send_str(msg.data)
+            await agent.close()
+
+        pump = asyncio.create_task(down())
+        try:
+            async for msg in agent:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                command = json.loads(msg.data)
+                why = refusal(str(command.get("method", "")), command.get("params") or {})
+                if why is None:
+                    await upstream.send_str(msg.data)
+                    continue
+                browser.refused.append(str(command.get("method")))
+                answer = {"id": command.get("id"), "error": {"code": -32000, "message": why}}
+                if "sessionId" in command:
+                    answer["sessionId"] = command["sessionId"]
+                await agent.send_str(json.dumps(answer))
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+            await upstream.close()
+    return agent
+
+
+async def _relay(browser: Browser) -> tuple[web.AppRunner, str]:
+    """The agent's DevTools endpoint: a websocket relay on loopback in front of the browser's own."""
+    app = web.Application()
+
+    async def handle(request: web.Request) -> web.WebSocketResponse:
+        return await _relay_socket(request, browser)
+
+    app.router.add_get("/devtools/{path:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"ws://127.0.0.1:{port}/devtools/{browser.direct_url.split('/devtools/', 1)[1]}"
+
+
 @dataclass
 class Browser:
     """A started browser: its DevTools endpoint and the origin that serves the task's pages."""
 
-    cdp_url: str  # ws://127.0.0.1:PORT/devtools/browser/ID: what the agent's browser tools connect to
+    direct_url: str  # the browser's own endpoint: hrl's grader only
     site: str  # http://127.0.0.1:PORT: the task's pages
     pid: int
     allowed: tuple[str, ...] = ()
     blocked: list[str] = field(default_factory=list)  # requests hrl's interception failed (outside `allowed`)
+    refused: list[str] = field(default_factory=list)  # the agent's CDP commands the relay refused
+    cdp_url: str = ""  # ws://127.0.0.1:PORT/devtools/browser/ID: the relay, what the agent's browser tools connect to
 
 
 async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
@@ -230,13 +316,17 @@ async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()
     runner, site = await _serve(Path(site_dir))
     proc: asyncio.subprocess.Process | None = None
     cdp: CDP | None = None
+    relay: web.AppRunner | None = None
     try:
-        proc, cdp_url = await _start_chromium(profile)
-        cdp = await CDP.connect(cdp_url)
-        browser = Browser(cdp_url, site, proc.pid, allowed=(site + "/", *also_allow))
+        proc, direct_url = await _start_chromium(profile)
+        cdp = await CDP.connect(direct_url)
+        browser = Browser(direct_url, site, proc.pid, allowed=(site + "/", *also_allow))
         await _guard(cdp, browser)
+        relay, browser.cdp_url = await _relay(browser)
         yield browser, cdp
     finally:
+        if relay is not None:
+            await relay.cleanup()
         if cdp is not None:
             await cdp.close()
         try:

@@ -19,8 +19,9 @@ globals (`WOB_REWARD_GLOBAL`, …) are not trusted. hrl's own CDP session record
 writes, with its call stack, and accepts it only when every frame of that stack comes from the task's own files
 (the page and its scripts): a call of `core.endEpisode` (or of a task function) from a script the agent evaluated has
 a frame without a file and is refused (`reward_info["refused"]`). The globals are read too and kept in `reward_info`
-(`page`); a disagreement is flagged (`tampered`). Not covered: an agent that rewrites the task's own script files
-through its CDP session (`Debugger.setScriptSource`, `Fetch` interception of its own); see docs/browser.md.
+(`page`); a disagreement is flagged (`tampered`). The agent's endpoint refuses live edits of the task's scripts
+and request interception (`hrl.runners.browser.refusal`). Not covered: a main-world script that changes a global
+the task grades against before a real click; see docs/browser.md.
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ async def read_reward(episode: _Episode) -> Verdict:
                                "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, url: location.href})")  # fmt: skip
     except BrowserError as e:
         return Verdict.error(f"the browser could not be read at the end of the episode: {e}")
-    info: dict[str, Any] = {"page": page, "blocked_requests": episode.browser.blocked[:20]}
+    info: dict[str, Any] = {"page": page, "blocked_requests": episode.browser.blocked[:20],
+                            "refused_commands": episode.browser.refused[:20]}  # fmt: skip
     refused = [e for e in episode.ends if e["foreign"] or not e["top_url"].endswith("/core/core.js")]
     accepted = [e for e in episode.ends if e not in refused]
     if refused:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from hrl.runners.browser import live_in_group
+from hrl.runners.browser import BrowserError, live_in_group
 from hrl.runners.tasks.miniwob import MiniWoBVerifier, load_miniwob, read_reward, start_page
 from hrl.runners.tasks.miniwob_solutions import Page, solve
 from hrl.runners.tasks.task import TaskFormatError, load_tasks
@@ -182,3 +182,31 @@ def test_verifier_episode_in_a_local_sandbox(tmp_path: Path) -> None:
     rewards, pid = asyncio.run(main())
     assert rewards == [1.0, 0.0]
     assert _gone(pid)
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("Debugger.enable", {}), ("Fetch.enable", {}), ("Page.addScriptToEvaluateOnNewDocument", {"source": "1"})],
+)
+def test_the_agents_endpoint_refuses_what_could_rewrite_the_task(method: str, params: dict) -> None:
+    """The agent's CDP endpoint is a relay: live edits of the task's scripts, request interception and main-world
+    scripts ahead of the task's are refused with a CDP error; reading the page passes."""
+
+    async def main() -> tuple[str, object, list[str]]:
+        ep = await start_page(load_miniwob("miniwob:click-test")[0], 60)
+        try:
+            page = await Page.open(ep.browser.cdp_url, ep.page_url)
+            try:
+                await page.cdp.call(method, page.session, **params)
+                error = ""
+            except BrowserError as e:
+                error = str(e)
+            title = await page.read("document.title")
+            await page.close()
+            return error, title, list(ep.browser.refused)
+        finally:
+            await ep.stack.aclose()
+
+    error, title, refused = asyncio.run(main())
+    assert "refused by hrl" in error or "isolated world" in error
+    assert refused == [method] and isinstance(title, str)
