@@ -14,6 +14,7 @@ from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
 
 __all__ = [
     "check_agent",
+    "check_browser_reach",
     "check_engine",
     "check_honest_sampling",
     "check_model",
@@ -132,6 +133,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)
     roll = cfg["rollout"]
+    check_browser_reach(cfg, names)
     for agent in names:
         if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
             load_function(agent, cfg.get("recipe_dir"))
@@ -174,6 +176,24 @@ def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
     if by_source in ("harbor", "miniwob") and section.get("name") in (None, "tests"):  # miniwob: graded from the page
         keep = ("hide_paths", "run_id") if by_source == "harbor" else ()
         cfg["verifier"] = {"name": by_source, **{k: v for k, v in section.items() if k in keep}}
+
+
+def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
+    """The `miniwob` verifier's browser listens on the host's loopback, beside hrl: only a white-box agent in hrl's
+    process reaches it. An agent that could not is refused before anything starts, rather than scored 0."""
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    if (cfg.get("verifier") or {}).get("name") != "miniwob":
+        return
+    mode = (cfg.get("rollout") or {}).get("mode", "auto")
+    unreachable = [a for a in agents if not is_python_agent(a) or mode == "subprocess"]
+    if unreachable:
+        raise UsageError(
+            f"MiniWoB++ tasks cannot run with {', '.join(unreachable)}"
+            f"{' in a subprocess' if mode == 'subprocess' else ''}: the episode's browser listens on the host's "
+            "loopback, which an agent in a sandbox or a closed subprocess does not reach",
+            hint="use a python: agent in process (`hrl rollout --recipe browser`; rollout.mode: inprocess or auto)",
+        )
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:
