@@ -334,11 +334,9 @@ def logprobs_mode(extra_args: list[str], attached: bool) -> str:
     return "unknown (attached by URL)" if attached else "raw_logprobs"
 
 
-def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dict[str, Any]:
-    """A streamed /v1/completions request that returns ids and sampled logprobs and leaves ids untouched."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": list(prompt_ids),
+def _sampling(p: SamplingParams) -> dict[str, Any]:
+    """vLLM's sampling fields for `p`, the same on both routes; logprobs of the sampled tokens only."""
+    return {
         "max_tokens": p.max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -350,6 +348,15 @@ def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dic
         "stop_token_ids": [] if p.ignore_eos else list(p.stop_token_ids),
         "ignore_eos": p.ignore_eos,
         "logprobs": 0,
+    }
+
+
+def completion_body(model: str, prompt_ids: list[int], p: SamplingParams) -> dict[str, Any]:
+    """A streamed /v1/completions request that returns ids and sampled logprobs and leaves ids untouched."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        **_sampling(p),
         "return_token_ids": True,
         "skip_special_tokens": False,
         "include_stop_str_in_output": True,
@@ -366,17 +373,7 @@ def generate_body(model: str, prompt_ids: list[int], p: SamplingParams, images: 
     returns the expanded prompt ids and the images' placeholder ranges (`return_token_ids`). The only route of the
     pinned vLLM that takes images with a token prompt: `/v1/completions` has no field for them."""
     sampling: dict[str, Any] = {
-        "max_tokens": p.max_tokens,
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k or -1,
-        "min_p": p.min_p,
-        "repetition_penalty": p.repetition_penalty,
-        "presence_penalty": p.presence_penalty,
-        "frequency_penalty": p.frequency_penalty,
-        "stop_token_ids": [] if p.ignore_eos else list(p.stop_token_ids),
-        "ignore_eos": p.ignore_eos,
-        "logprobs": 0,
+        **_sampling(p),
         "detokenize": False,
     }
     if p.seed is not None:
