@@ -89,17 +89,57 @@ def _atif(run: Any, pairs: list[tuple[Path | None, dict[str, Any]]], out: Path, 
     if note and traces:
         err.print(f"Note: {note}: the steps carry token counts without text (--model DIR decodes with that tokenizer)",
                   markup=False, highlight=False)  # fmt: skip
-    files, checked = [], True
-    for t in traces:
+    files, checked, media = [], True, {"copied": 0, "missing": 0}
+    for trace_file, t in pairs:
         traj = trajectory(t, template, note=note, token_ids=token_ids)
         checked = validate(traj) and checked
         path = out / f"{t['trace_id']}.json"
         path.write_text(json.dumps(traj, indent=1, ensure_ascii=False) + "\n")
         files.append(str(path))
+        if template is not None:
+            for k, n in _copy_media(t, trace_file, out).items():
+                media[k] += n
+    if media["missing"]:
+        err.print(f"Note: {media['missing']} image(s) the trajectories reference are not stored beside their traces "
+                  "(media/<sha256>): their image parts point at files that are not there", markup=False,
+                  highlight=False)  # fmt: skip
     if not checked:
         err.print("Note: jsonschema is not installed: checked the ATIF rules but not the schema (pip install jsonschema)",
                   markup=False, highlight=False)  # fmt: skip
-    return {"schema_version": ATIF_VERSION, "files": files, "decoded": template is not None, "schema_checked": checked}
+    return {
+        "schema_version": ATIF_VERSION,
+        "files": files,
+        "decoded": template is not None,
+        "schema_checked": checked,
+        "media": media,
+    }
+
+
+def _copy_media(trace: dict[str, Any], trace_file: Path | None, out: Path) -> dict[str, int]:
+    """The stored bytes of each image the trace's calls saw (`media/<sha256>` beside its trace file), copied to
+    `out/media/` where the trajectories' image parts point; counts of those copied and those not found."""
+    import shutil
+
+    from hrl.runners.telemetry.atif import ATIF_IMAGE_TYPES
+
+    counts = {"copied": 0, "missing": 0}
+    shas = {m["sha256"] for c in trace.get("calls") or [] for m in c.get("media") or []
+            if m.get("mime") in ATIF_IMAGE_TYPES}  # fmt: skip
+    for sha in sorted(shas):
+        if len(sha) != 64 or not all(ch in "0123456789abcdef" for ch in sha):  # a name, never a path
+            counts["missing"] += 1
+            continue
+        dest = out / "media" / sha
+        if dest.exists():
+            continue
+        source = trace_file.parent / "media" / sha if trace_file is not None else None
+        if source is None or not source.is_file():
+            counts["missing"] += 1
+            continue
+        dest.parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, dest)
+        counts["copied"] += 1
+    return counts
 
 
 def _otlp(run: Any, out: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from hrl.runners.models import model_file
 from hrl.runners.summary import describe_calls
 from hrl.runners.trace import trace_success
 
-__all__ = ["MORE", "conversation", "cut", "info_text", "load_template", "model_of"]
+__all__ = ["MORE", "conversation", "cut", "image_mark", "info_text", "load_template", "model_of"]
 
 Trace = dict[str, Any]
 MORE = "… {n} more lines"
@@ -123,15 +123,57 @@ def conversation(
     }
 
 
+def image_mark(m: dict[str, Any]) -> str:
+    """How an image stands in a decoded text: its hash, type and size, once, in place of the engine's expanded
+    placeholder run (hundreds of image tokens in a real vision model, which decoded would read as words)."""
+    return f"[image {str(m.get('sha256', ''))[:12]} {m.get('mime', '?')} {m.get('width')}×{m.get('height')}]"
+
+
 def _input(call: dict[str, Any], template: Any, max_lines: int | None) -> dict[str, Any]:
     """What this call's prompt adds: after `after` tokens of call `since` (its parent, or the earlier call it shares
-    the longest prefix with), or the whole prompt (`since` None)."""
+    the longest prefix with), or the whole prompt (`since` None). `media`: the images whose placeholder runs lie in
+    what it adds (an image re-sent in the history belongs to the call that first added it); `parts`: the text
+    between them and the images in order (`{"type": "text", "text"}` / `{"type": "image", "media"}`), and `text`
+    the same with each image as `image_mark`."""
     ref = call.get("prompt_ref")
     ids = list(call.get("prompt_suffix_ids") or []) if ref else list(call.get("prompt_ids") or [])
-    out: dict[str, Any] = {"since": ref["call_id"] if ref else None, "after": ref["length"] if ref else 0}
+    after = ref["length"] if ref else 0
+    out: dict[str, Any] = {"since": ref["call_id"] if ref else None, "after": after}
     out["tokens"] = len(ids)
-    out["text"] = cut(template.decode(ids).strip(), max_lines) if template is not None else None
+    media = sorted((m for m in call.get("media") or [] if _inside(m, after, len(ids))),
+                   key=lambda m: m["placeholder"][0])  # fmt: skip
+    out["media"] = media
+    if template is None:
+        out["text"], out["parts"] = None, None
+        return out
+    parts: list[dict[str, Any]] = []
+    at = 0
+    for m in media:
+        offset, length = _span(m, after)
+        parts.append({"type": "text", "text": template.decode(ids[at:offset])})
+        parts.append({"type": "image", "media": m})
+        at = offset + length
+    parts.append({"type": "text", "text": template.decode(ids[at:])})
+    parts[0]["text"], parts[-1]["text"] = parts[0]["text"].lstrip(), parts[-1]["text"].rstrip()  # as `text` is
+    parts = [p for p in parts if p["type"] == "image" or p["text"]]
+    out["text"] = cut("".join(p["text"] if p["type"] == "text" else image_mark(p["media"]) for p in parts).strip(),
+                      max_lines)  # fmt: skip
+    out["parts"] = parts if media else None
     return out
+
+
+def _span(m: dict[str, Any], after: int) -> tuple[int, int]:
+    """An image's placeholder run as (offset into what the call added, length)."""
+    offset, length = m["placeholder"]
+    return int(offset) - after, int(length)
+
+
+def _inside(m: dict[str, Any], after: int, n: int) -> bool:
+    placeholder = m.get("placeholder")
+    if not placeholder:
+        return False
+    offset, length = _span(m, after)
+    return offset >= 0 and offset + length <= n
 
 
 def _reply(call: dict[str, Any], template: Any, max_lines: int | None) -> dict[str, Any]:

@@ -24,11 +24,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.conversation import conversation
+from hrl.runners.conversation import conversation, image_mark
 from hrl.runners.errors import HrlError
 from hrl.runners.trace import call_prompt_ids, trace_success
 
-__all__ = ["ATIF_VERSION", "SCHEMA_PATH", "AtifError", "schema", "trajectory", "validate"]
+__all__ = ["ATIF_IMAGE_TYPES", "ATIF_VERSION", "SCHEMA_PATH", "AtifError", "schema", "trajectory", "validate"]
 
 ATIF_VERSION = "ATIF-v1.8"
 SCHEMA_PATH = Path(__file__).with_name("atif-v1.8.schema.json")
@@ -103,9 +103,30 @@ def _agent_step(trace: Trace, index: int, turn: dict[str, Any], token_ids: bool)
     })  # fmt: skip
 
 
-def _input_text(turn: dict[str, Any]) -> str:
-    text = turn["input"]["text"]
-    return text if text is not None else f"({turn['input']['tokens']} tokens, not decoded)"
+ATIF_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # ATIF's ImageSource media types
+
+
+def _input_text(turn: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """What the call was shown new: text, or ATIF content parts when it held images (each image a file reference,
+    `media/<sha256>`, relative to the trajectory file: `hrl export` copies the stored bytes there). An image of a
+    type ATIF cannot name stays in the text as its mark."""
+    given = turn["input"]
+    if given["text"] is None:
+        return f"({given['tokens']} tokens, not decoded)"
+    if not given.get("parts"):
+        return str(given["text"])
+    out: list[dict[str, Any]] = []
+    for part in given["parts"]:
+        m = part.get("media")
+        if m is not None and m.get("mime") in ATIF_IMAGE_TYPES:
+            out.append({"type": "image", "source": {"media_type": m["mime"], "path": f"media/{m['sha256']}"}})
+        else:
+            text = part["text"] if m is None else image_mark(m)
+            if out and out[-1]["type"] == "text":
+                out[-1]["text"] += text
+            else:
+                out.append({"type": "text", "text": text})
+    return out
 
 
 def _observation(turn: dict[str, Any], step: Step, shown: dict[str, Any] | None) -> dict[str, Any]:

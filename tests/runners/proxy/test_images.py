@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 from typing import Any
 
 import anthropic
@@ -247,28 +248,38 @@ def test_a_changed_image_starts_a_new_branch(serving):
     assert "parent" not in two and [m["sha256"] for m in two["media"]] == [hashlib.sha256(TOOL).hexdigest()]
 
 
-def test_inspect_and_report_show_each_calls_images(serving, tmp_path):
+def test_inspect_and_report_show_each_calls_images(serving, vision_model, tmp_path):
     import os
     import subprocess
     import sys
 
     proxy, out = serving
     client = openai.OpenAI(base_url=f"{proxy.url}/s/shown/v1", api_key="unused", max_retries=0)
-    content: Any = [{"type": "image_url", "image_url": {"url": _url(TOOL)}}]
+    content: Any = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": _url(TOOL)}}]
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=2)
     trace = proxy.end("shown", reward=0.0)
     offset, length = trace["calls"][0]["media"][0]["placeholder"]
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    shown = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(out), "--trace", trace["trace_id"]],
-                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    shown = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(out), "--trace", trace["trace_id"],
+                            "--model", vision_model], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     sha = hashlib.sha256(TOOL).hexdigest()[:12]
     assert f"image {sha} image/png 40×40 {len(TOOL)} B: prompt tokens {offset}+{length}" in shown.stdout
+    # the text shows the image once, where it was, not its expanded placeholder run decoded as words
+    assert f"what is this?[image {sha} image/png 40×40]" in shown.stdout and "<image>" not in shown.stdout
+    atif = subprocess.run([sys.executable, "-m", "hrl.cli", "export", str(out), "--format", "atif", "--out",
+                           str(tmp_path / "atif"), "--model", vision_model], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert atif.returncode == 0, atif.stderr
+    traj = json.loads((tmp_path / "atif" / f"{trace['trace_id']}.json").read_text())
+    full = hashlib.sha256(TOOL).hexdigest()
+    before, image, after = traj["steps"][0]["message"]  # the prompt as decoded: the template's text around the image
+    assert before["type"] == after["type"] == "text" and before["text"].endswith("what is this?")
+    assert image == {"type": "image", "source": {"media_type": "image/png", "path": f"media/{full}"}}
+    assert (tmp_path / "atif" / "media" / full).read_bytes() == TOOL  # where the trajectory points, the same bytes
     report = subprocess.run([sys.executable, "-m", "hrl.cli", "report", str(out), "--out", str(tmp_path / "r.html")],
                             capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert report.returncode == 0, report.stderr
     html = (tmp_path / "r.html").read_text()
-    full = hashlib.sha256(TOOL).hexdigest()
     assert '<img src="data:image/jpeg;base64,' in html and f'alt="{full}">' in html  # the image itself, shown
     assert f"image {sha} · image/png 40×40 · {len(TOOL)} B · prompt tokens {offset}+{length}" in html
 
