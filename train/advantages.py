@@ -23,7 +23,7 @@ import math
 from collections import defaultdict
 from typing import Literal
 
-__all__ = ["AdvantageKind", "group_advantages"]
+__all__ = ["AdvantageKind", "group_advantages", "lone_advantages"]
 
 AdvantageKind = Literal["grpo", "mean", "dr_grpo", "batch"]
 
@@ -69,4 +69,32 @@ def group_advantages(
         "adv/dropped_traces": float(len(rewards) - len(adv)),
         "adv/mean_abs": sum(abs(a) for a in adv.values()) / max(len(adv), 1),
     }
+    return adv, metrics
+
+
+def lone_advantages(
+    rewards: dict[str, float],
+    groups: dict[str, str],
+    kind: AdvantageKind = "grpo",
+    baselines: dict[str, float] | None = None,
+    eps: float = 1e-6,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Online traffic, where most traces come without a group: a group of ≥ 2 traces in the batch gets `kind` within
+    itself (`group_advantages`); a trace alone in its group gets r − its `baselines` entry (a running per-task mean
+    reward) where it has one, else the batch baseline over the batch's lone traces, (r − mean) / std, as "batch"
+    does. `adv/lone_traces` counts the lone ones, `adv/task_baselined` those with a baseline of their own."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for tid in rewards:
+        members[groups[tid]].append(tid)
+    lone = [tids[0] for tids in members.values() if len(tids) == 1]
+    grouped = {t: r for t, r in rewards.items() if t not in set(lone)}
+    adv, metrics = group_advantages(grouped, groups, kind)
+    mean, std = _mean_std([rewards[t] for t in lone])
+    with_own = [t for t in lone if baselines and t in baselines]
+    for t in lone:
+        adv[t] = rewards[t] - baselines[t] if t in with_own else (rewards[t] - mean) / (std + eps)  # type: ignore[index]
+    metrics["adv/groups"] += len(lone)
+    metrics["adv/lone_traces"] = float(len(lone))
+    metrics["adv/task_baselined"] = float(len(with_own))
+    metrics["adv/mean_abs"] = sum(abs(a) for a in adv.values()) / max(len(adv), 1)
     return adv, metrics

@@ -51,6 +51,7 @@ from hrl.train.step import (
     Event,
     Publisher,
     commit,
+    off_policy,
     publish_checkpoint,
     save_checkpoint,
     start_trainer,
@@ -132,11 +133,11 @@ def select_fresh(
 ) -> tuple[list[dict[str, Any]], int | None]:
     """What a trainer at `version` trains on: the traces kept, and with `staleness: mask` the version below which
     their tokens leave the loss (None: drop, every kept trace is fresh throughout). A trace with no sampled token is
-    kept, as it has nothing stale."""
+    kept, as it has nothing stale, and so is one an online run trains off-policy (`online.late_reward`)."""
     before = version - acfg.max_staleness  # a token of an older version is more than max_staleness versions old
     if acfg.staleness == "drop":
-        return [t for t in batch if (v := oldest_version(t)) is None or v >= before], None
-    return [t for t in batch if (v := newest_version(t)) is None or v >= before], before
+        return [t for t in batch if off_policy(t) or (v := oldest_version(t)) is None or v >= before], None
+    return [t for t in batch if off_policy(t) or (v := newest_version(t)) is None or v >= before], before
 
 
 def stale_groups(batch: list[dict[str, Any]], kept: list[dict[str, Any]]) -> int:
@@ -300,10 +301,13 @@ async def train_async(
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
     eval_tasks: list[dict[str, Any]] | None = None,
+    producer: Any = None,
 ) -> list[dict[str, Any]]:
     """Run `cfg.iterations` updates asynchronously, publishing through `publisher` (the proxy, so agents never see
     an update). `eval_tasks`: held-out tasks, evaluated before the first update, after the last, and every
-    `eval_every` steps between, each evaluation pinned to the version of its step (the module docstring)."""
+    `eval_every` steps between, each evaluation pinned to the version of its step (the module docstring).
+    `producer`: where finished traces come from, in place of episodes this loop starts (an online run's
+    `hrl.train.online.ExternalProducer`: its `metrics()` join each step's, its `advantages` replace the groups')."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
     version, history, dropped_total, masked_total = state["version"], [], 0, 0
@@ -315,7 +319,7 @@ async def train_async(
     except BaseException:
         sink.close()
         raise
-    producer = _Producer(tasks, cfg, acfg, rollouts, run)
+    producer = producer or _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
     publisher.take_cpu_per_token()  # sets the mark: each step reports its own window
@@ -328,7 +332,8 @@ async def train_async(
             t1 = time.monotonic()
             fresh, stale_before = select_fresh(batch, version, acfg)
             dropped_total += len(batch) - len(fresh)
-            metrics = await update(trainer, fresh, cfg, version, stale_before) | sampler_metrics(
+            advantages = getattr(producer, "advantages", None)
+            metrics = await update(trainer, fresh, cfg, version, stale_before, advantages) | sampler_metrics(
                 cfg, tasks, producer.stats
             )
             masked_total += int(metrics.setdefault("async/masked_tokens", 0.0))
@@ -363,6 +368,8 @@ async def train_async(
                     "time/elapsed_s": time.monotonic() - t_start,
                 }
             )
+            if hasattr(producer, "metrics"):
+                metrics |= producer.metrics(fresh)
             commit(run, sink, metrics, path)
             history.append(metrics)
             on_event("step", metrics)

@@ -32,6 +32,7 @@ __all__ = [
     "Publisher",
     "attach_ipc_weights",
     "commit",
+    "off_policy",
     "offload_plan",
     "publish_checkpoint",
     "restore_dropped_weights",
@@ -151,27 +152,31 @@ def trainable(trace: dict[str, Any], keep_dropped_media: bool = False) -> bool:
 
 
 def update_from_traces(
-    trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, stale_before: int | None = None
+    trainer: Trainer,
+    traces: list[dict[str, Any]],
+    cfg: LoopConfig,
+    stale_before: int | None = None,
+    advantages: Any = None,
 ) -> dict[str, Any]:
     """Advantages per group, branch samples, one trainer step. Returns the step's advantage and train metrics,
     `train/lr` (the learning rate of this step) among them. `stale_before`: tokens sampled by an older version leave
     the loss (`mask_stale`, counted as `async/masked_tokens`), after the retained-token check, which stays a check of
-    tokenization alone; advantages are the traces' own, as without it."""
+    tokenization alone; advantages are the traces' own, as without it. A trace an online run trains off-policy (its
+    reward came late: `online.late_reward: off_policy`) keeps its stale tokens. `advantages`: (rewards, groups) →
+    (advantages, metrics) in place of the per-group ones (an online run's `lone_advantages`)."""
     rewards = {t["trace_id"]: float(t["reward"]) for t in traces if trainable(t, cfg.keep_dropped_media)}
     groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
-    adv, adv_metrics = group_advantages(
-        rewards,
-        groups,
-        cfg.advantage,
-        drop_zero_variance=cfg.drop_zero_variance,
-    )
+    if advantages is not None:
+        adv, adv_metrics = advantages(rewards, groups)
+    else:
+        adv, adv_metrics = group_advantages(rewards, groups, cfg.advantage, drop_zero_variance=cfg.drop_zero_variance)
     samples, trained, sampled, masked = [], 0, 0, 0
     for t in traces:
         if t["trace_id"] in adv:
             mine = build_samples(t, cfg.include_side_calls)
             kept, total = retained_tokens(t, mine, cfg.include_side_calls)
             trained, sampled = trained + kept, sampled + total
-            if stale_before is not None:
+            if stale_before is not None and not off_policy(t):
                 masked += mask_stale(t, mine, stale_before)
             for s in mine:
                 s.advantage = adv[t["trace_id"]]
@@ -196,13 +201,23 @@ def trained_nothing(metrics: dict[str, Any]) -> bool:
     return not metrics.get("train/samples") or bool(metrics.get("train/skipped"))
 
 
+def off_policy(trace: dict[str, Any]) -> bool:
+    """A trace an online run trains although its reward came late (`online.late_reward: off_policy`)."""
+    return bool(((trace.get("metadata") or {}).get("online") or {}).get("off_policy"))
+
+
 async def update(
-    trainer: Trainer, traces: list[dict[str, Any]], cfg: LoopConfig, version: int, stale_before: int | None = None
+    trainer: Trainer,
+    traces: list[dict[str, Any]],
+    cfg: LoopConfig,
+    version: int,
+    stale_before: int | None = None,
+    advantages: Any = None,
 ) -> dict[str, Any]:
     """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now;
     `stale_before`: as in `update_from_traces`. `train/empty` = 1 when it trained on nothing (`trained_nothing`): the
     loops then neither save nor publish."""
-    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg, stale_before)
+    metrics = await asyncio.to_thread(update_from_traces, trainer, traces, cfg, stale_before, advantages)
     return metrics | step_metrics(traces, trainer_version=version) | {"train/empty": float(trained_nothing(metrics))}
 
 

@@ -24,6 +24,12 @@ registered with (`agent_key` in the answer to `POST /sessions`; `Session.issue_a
 session tree it was issued for, and nothing else (403 otherwise; no reward, no end of a root, no control route):
   POST /s/<token>/children {"name", "trainable"} (a sub-agent of <token>) · POST /s/<child>/retire (retire one)
 
+Client scope — an online run's client key (`hrl train --serve`, `hrl keys add`; docs/online.md):
+`Authorization: Bearer hrlc-…`. It opens sessions and ends and rewards its own, nothing else (403 on every other
+control route; a session of another key is a 404, as an unknown one):
+  POST /sessions {task_id?, group?, metadata?} → {token, base_url} · POST /s/<token>/end {reward?, info?} ·
+  POST /s/<token>/reward {reward, info?}
+
 A request that cannot be served (bad JSON, wrong types, a conversation the template cannot render) is a 4xx in
 its dialect's shape naming the problem, and is recorded in its session's trace (`rejected`); never a 500.
 """
@@ -115,8 +121,36 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class _Handler:
-    def __init__(self, proxy: Proxy, control_token: str | None) -> None:
-        self.proxy, self.control_token = proxy, control_token
+    def __init__(self, proxy: Proxy, control_token: str | None, clients: Any = None) -> None:
+        self.proxy, self.control_token, self.clients = proxy, control_token, clients
+
+    def _client(self, request: web.Request) -> str | None:
+        """The client key's name, when the request carries a client key of this run (an online run only)."""
+        if self.clients is None:
+            return None
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return self.clients.keys.name_for(given)  # type: ignore[no-any-return]
+
+    async def _client_route(self, request: web.Request, client: str, token: str | None, p: str) -> web.Response:
+        """What a client key may do: open a session, end or reward its own. Everything else is refused."""
+        from hrl.runners.online.sessions import ClientError
+
+        if request.method != "POST" or not (
+            (p == "/sessions" and token is None) or (token and p in ("/end", "/reward"))
+        ):
+            return _error(403, "a client key opens sessions and ends and rewards its own; nothing else")
+        body = await _json_or_empty(request)
+        try:
+            if p == "/sessions":
+                out = self.clients.open(client, body)
+                out["base_url"] = f"{request.url.origin()}/s/{out['token']}/v1"
+                return web.json_response(out, status=201)
+            assert token is not None
+            if p == "/end":
+                return web.json_response(await self.clients.end(client, token, body))
+            return web.json_response(self.clients.reward(client, token, body))
+        except ClientError as e:
+            return _error(e.status, str(e))
 
     def _control_denied(self, request: web.Request) -> web.Response | None:
         """None when the request carries the control token; else the 401/403 that refuses it."""
@@ -144,7 +178,12 @@ class _Handler:
         p = path.rstrip("/")
         if request.method == "HEAD":
             return web.Response(status=200)
-        if p in _CONTROL or (token and p == "/end"):
+        if p in _CONTROL or (token and p in ("/end", "/reward")):
+            client = self._client(request)
+            if client is not None:
+                return await self._client_route(request, client, token, p)
+            if p == "/reward":
+                return _error(401, "reward route: send Authorization: Bearer <client key> (hrl keys add)")
             return await self._control(request, token, p)
         if token and p in _SCOPED:
             return await self._scoped(request, token, p)
@@ -385,10 +424,11 @@ async def _json_or_empty(request: web.Request) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def build_app(proxy: Proxy, control_token: str | None = None) -> web.Application:
-    """The proxy's HTTP app. Control routes need `control_token` (without one, every control request is refused)."""
+def build_app(proxy: Proxy, control_token: str | None = None, clients: Any = None) -> web.Application:
+    """The proxy's HTTP app. Control routes need `control_token` (without one, every control request is refused).
+    `clients`: an online run's `OnlineSessions`, whose client keys open the client routes."""
     app = web.Application(client_max_size=proxy.config.max_body_bytes + 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", _Handler(proxy, control_token).dispatch)
+    app.router.add_route("*", "/{tail:.*}", _Handler(proxy, control_token, clients).dispatch)
     return app
 
 

@@ -28,6 +28,7 @@ class Stack:
     url: str  # http://127.0.0.1:PORT, for local sandboxes and tools on the host
     socket: str  # unix socket path, for docker sandboxes (mount its directory)
     control_token: str | None = None  # opens the HTTP control routes (white-box agents register sub-agents there)
+    clients: Any = None  # an online run's OnlineSessions: client keys open sessions on the HTTP routes
 
 
 def _free_port(host: str) -> int:
@@ -50,13 +51,15 @@ async def serving(
     proxy_options: dict[str, Any] | None = None,
     traces: TraceWriter | None = None,
     control_token: str | None = None,
+    clients: Callable[[Proxy], Any] | None = None,
     say: Callable[[str], object] = lambda _: None,
 ) -> AsyncIterator[Stack]:
     """Start engine, proxy and server; on exit end every open session (so nothing is lost) and stop them all.
     `model` may be a LoRA checkpoint (peft adapter dir): its base is served with the adapter published as policy 1.
     With `traces`, the proxy writes each ended session there too (`proxy.end_session` returns it either way).
     `control_token` opens the HTTP control routes (sessions, publish, pause) to whoever sends it; without one they
-    stay closed (rollouts drive the proxy in process). `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
+    stay closed (rollouts drive the proxy in process). `clients(proxy)`: an online run's client sessions
+    (`hrl.runners.online.OnlineSessions`), whose client keys open sessions over HTTP. `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
     path, adapter = split_adapter(model)
     port = port or _free_port(host)
     check_port_free(host, port)
@@ -74,12 +77,14 @@ async def serving(
         if adapter:
             await eng.publish(adapter, "lora")
         ready = asyncio.Event()
-        server = asyncio.create_task(run_server(build_app(proxy, control_token), host, port, ready, unix_socket=sock))
+        online = clients(proxy) if clients is not None else None
+        app = build_app(proxy, control_token, online)
+        server = asyncio.create_task(run_server(app, host, port, ready, unix_socket=sock))
         done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
         if server in done:
             server.result()  # raises why it could not listen
         proxy.start_reaper()
-        yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token)
+        yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token, online)
     finally:
         proxy.close()
         if server is not None:

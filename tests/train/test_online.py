@@ -1,0 +1,139 @@
+"""An online run through the real proxy, embedded engine and trainer: clients with their own keys open sessions
+over HTTP, end them, reward them on time, late or never, forget them, hang up mid-stream; the run trains what it
+should, counts the rest, and a resumed run takes up the open sessions and the pending rewards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hrl.runners.online import OnlineConfig, OnlineSessions, add_key
+from hrl.runners.rundir import RunDir
+from hrl.runners.serving.stack import serving
+from hrl.train.async_loop import AsyncConfig, train_async
+from hrl.train.loop import LoopConfig
+from hrl.train.online import ExternalProducer
+from hrl.train.trainer import TrainerConfig
+
+CONTROL = "control-token-of-the-test-0123456789"
+MSG = [{"role": "user", "content": "fix the bug"}]
+
+
+class Client:
+    """A fleet that is not hrl: HTTP and the OpenAI-compatible endpoint, nothing else."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str, key: str) -> None:
+        self.http, self.url, self.auth = http, url, {"Authorization": f"Bearer {key}"}
+
+    async def post(self, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        async with self.http.post(self.url + path, json=body or {}, headers=self.auth) as r:
+            return r.status, await r.json(content_type=None)
+
+    async def get(self, path: str) -> int:
+        async with self.http.get(self.url + path, headers=self.auth) as r:
+            return r.status
+
+    async def open(self, **body: Any) -> dict[str, Any]:
+        status, out = await self.post("/sessions", body)
+        assert status == 201, out
+        assert out["base_url"] == f"{self.url}/s/{out['token']}/v1"
+        return out
+
+    async def chat(self, s: dict[str, Any], messages: list[dict[str, Any]] = MSG) -> str:
+        body = {"messages": messages, "max_tokens": 8}
+        headers = {"Authorization": f"Bearer hrl-{s['token']}"}
+        async with self.http.post(s["base_url"] + "/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            return str((await r.json())["choices"][0]["message"]["content"])
+
+    async def hang_up(self, s: dict[str, Any]) -> None:
+        """A streamed call the client leaves after its first tokens."""
+        body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        async with self.http.post(s["base_url"] + "/chat/completions", json=body) as r:
+            seen = 0
+            async for line in r.content:
+                seen += line.startswith(b"data: {")
+                if seen >= 3:
+                    break  # leaving the block drops the connection mid-stream
+
+
+def _stack(model: str, run: RunDir, ocfg: OnlineConfig) -> Any:
+    def clients(proxy: Any) -> OnlineSessions:
+        return OnlineSessions(proxy, ocfg, run.path, max_staleness=1)
+
+    return serving(model, engine_options={"dtype": "float32"}, control_token=CONTROL, clients=clients)
+
+
+async def _train(model: str, run: RunDir, cfg: LoopConfig, acfg: AsyncConfig, ocfg: OnlineConfig, fleet: Any):
+    async with _stack(model, run, ocfg) as stack, aiohttp.ClientSession() as http:
+        producer = ExternalProducer(stack.clients, cfg, run)
+        trainer = asyncio.create_task(train_async([], cfg, acfg, run, stack.proxy, None, producer=producer))  # type: ignore[arg-type]
+        result = await fleet(http, stack)
+        return await asyncio.wait_for(trainer, 120), result
+
+
+def _sessions(run: RunDir) -> dict[str, dict[str, Any]]:
+    return {t["session"]: t for t in run.all_traces()}
+
+
+def test_online_run(tmp_path: Path, tiny_model: str) -> None:
+    run = RunDir(tmp_path / "run")
+    key_a, key_b = add_key(run.path / "client_keys.json", "a"), add_key(run.path / "client_keys.json", "b")
+    cfg = LoopConfig(iterations=1, group_size=1, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
+    acfg = AsyncConfig(max_in_flight=1, batch_traces=3, max_staleness=1, max_buffered=8)
+    ocfg = OnlineConfig(max_reward_delay_s=1.0, session_timeout_s=1.5, late_reward="drop")
+    run.create({"train": cfg.model_dump()})
+    tokens: dict[str, str] = {}
+
+    async def fleet(http: aiohttp.ClientSession, stack: Any) -> dict[str, Any]:
+        a, b = Client(http, stack.url, key_a), Client(http, stack.url, key_b)
+        on_time, late, forgotten, cut = [await a.open(task_id=f"t{i}") for i in range(4)]
+        other = await b.open(task_id="t8")
+        # a client key reaches its own sessions only, and no control route
+        assert await a.get("/sessions") == 403
+        for path in ("/publish", "/pause", "/resume"):
+            assert (await a.post(path, {"path": "x", "kind": "lora"}))[0] == 403
+        assert (await a.post(f"/s/{other['token']}/end", {"reward": 1.0}))[0] == 404
+        assert (await a.post(f"/s/{other['token']}/reward", {"reward": 1.0}))[0] == 404
+        assert (await a.post(f"/s/{other['token']}/children", {"name": "x", "trainable": True}))[0] == 403
+        assert (await Client(http, stack.url, "hrlc-not-a-key").post("/sessions"))[0] == 403
+        assert not stack.proxy._held  # nothing paused
+        for s in (on_time, late, forgotten, other):
+            await a.chat(s)
+        await a.hang_up(cut)
+        # on time: ended without a reward, rewarded 0.3 s later
+        assert (await a.post(f"/s/{on_time['token']}/end"))[1]["status"] == "waiting for reward"
+        assert (await a.post(f"/s/{late['token']}/end"))[1]["status"] == "waiting for reward"
+        await asyncio.sleep(0.3)
+        assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 1.0, "info": {"tests": "pass"}}))[1]["trained"]
+        assert (await a.post(f"/s/{cut['token']}/end", {"reward": 0.0}))[1]["status"] == "final"
+        await asyncio.sleep(2.5)  # past the delay of `late`, past the timeout of `forgotten`
+        status, out = await a.post(f"/s/{late['token']}/reward", {"reward": 1.0})
+        assert status == 200 and out == {"trace_id": out["trace_id"], "trained": False, "late": True}
+        assert (await a.post(f"/s/{forgotten['token']}/end", {"reward": 1.0}))[0] == 410  # reaped
+        assert (await b.post(f"/s/{other['token']}/end", {"reward": 0.5}))[0] == 410  # reaped too
+        fresh = await b.open(task_id="t9", metadata={"pr": 7})
+        await b.chat(fresh)
+        assert (await b.post(f"/s/{fresh['token']}/end", {"reward": 0.5}))[0] == 200
+        tokens.update(on_time=on_time["token"], late=late["token"], forgotten=forgotten["token"],
+                      cut=cut["token"], other=fresh["token"])  # fmt: skip
+        return {}
+
+    history, _ = asyncio.run(_train(tiny_model, run, cfg, acfg, ocfg, fleet))
+    (m,) = history
+    assert m["online/delayed_rewards"] == 1 and m["online/late_rewards"] == 1
+    assert m["online/expired"] == 1 and m["online/reaped"] == 2
+    assert m["train/trained_traces"] == 3 and m["online/trained_on_time"] == 3
+    traces = _sessions(run)
+    assert set(traces) == {tokens["on_time"], tokens["cut"], tokens["other"]}  # the late and the reaped: not trained
+    assert traces[tokens["on_time"]]["reward"] == 1.0
+    assert traces[tokens["on_time"]]["reward_info"] == {"tests": "pass"}
+    assert traces[tokens["other"]]["metadata"]["pr"] == 7
+    assert traces[tokens["other"]]["metadata"]["online"]["client"] == "b"
+    assert [c["finish_reason"] for c in traces[tokens["cut"]]["calls"]] == ["abort"]  # the hang-up: an aborted call
+    reaped = [json.loads(line) for line in (run.path / "online" / "reaped.jsonl").read_text().splitlines()]
+    assert tokens["forgotten"] in [t["session"] for t in reaped]

@@ -1,0 +1,106 @@
+"""Online training: the async loop fed by sessions that clients run anywhere (`hrl train --serve`, docs/online.md).
+
+`ExternalProducer` stands where the async loop's `_Producer` launches episodes: it starts nothing, and takes the
+final traces `hrl.runners.online.OnlineSessions` hands over (rewarded, or scored), group by group, into the step's
+trace file and the trainer's next batch. Everything else (staleness, versions, publishing while clients keep
+calling, checkpoints, `--resume`, held-out evaluation) is the async loop's. A trace without a group of its own in
+the batch is baselined by `online.baseline` (`lone_advantages`): the batch's lone traces, or a running mean reward
+per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from functools import partial
+from typing import Any
+
+from hrl.runners.online import OnlineSessions
+from hrl.runners.rundir import RunDir
+from hrl.runners.trace import write_trace
+from hrl.train.advantages import lone_advantages
+from hrl.train.loop import LoopConfig
+from hrl.train.sampler import TaskStats
+
+__all__ = ["ExternalProducer", "TaskBaseline"]
+
+
+class TaskBaseline:
+    """A running mean reward per task id (an exponential mean, `decay` per trace), from the traces of earlier steps
+    only, so a trace is never its own baseline."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.mean: dict[str, float] = {}
+
+    def of(self, traces: list[dict[str, Any]]) -> dict[str, float]:
+        """{trace id: its task's running mean} for the traces whose task was seen before."""
+        return {t["trace_id"]: self.mean[str(t["task_id"])] for t in traces if str(t.get("task_id")) in self.mean}
+
+    def observe(self, traces: list[dict[str, Any]]) -> None:
+        for t in traces:
+            if t.get("reward") is not None and t.get("task_id") is not None:
+                key, r = str(t["task_id"]), float(t["reward"])
+                self.mean[key] = r if key not in self.mean else self.decay * self.mean[key] + (1 - self.decay) * r
+
+
+class ExternalProducer:
+    """The async loop's producer for traffic from outside: `take(n)` waits for ≥ n final traces in whole groups."""
+
+    def __init__(self, sessions: OnlineSessions, cfg: LoopConfig, run: RunDir) -> None:
+        self.sessions, self.cfg, self.run = sessions, cfg, run
+        self.running: set[Any] = set()  # nothing runs here: the clients run their own agents
+        self.dropped: set[str] = set()
+        self.dropped_traces = 0
+        self.started = 0  # final traces received (the loop's `async/started`)
+        self.stats = TaskStats(cfg.success_reward)
+        self.ready: list[list[dict[str, Any]]] = []
+        self.changed = asyncio.Event()
+        self.step = run.state()["iteration"]  # the step whose batch is being gathered: final traces are filed there
+        self.baseline = TaskBaseline() if sessions.cfg.baseline == "task" else None
+        self._batch_baselines: dict[str, float] = {}
+        sessions.deliver = self.receive
+
+    def receive(self, traces: list[dict[str, Any]]) -> None:
+        """A final group (or one late trace) from the clients: into the step's trace file, then the buffer."""
+        for t in traces:
+            write_trace(self.run.trace_file(self.step), t)
+        self.started += len(traces)
+        self.stats.observe(traces)
+        self.ready.append(traces)
+        self.changed.set()
+
+    def buffered(self) -> int:
+        return sum(len(g) for g in self.ready)
+
+    async def loop(self) -> None:
+        """Serve the clients' sessions: their sweeper (overdue rewards, forgotten sessions) runs for the run."""
+        self.sessions.start()
+        await asyncio.Event().wait()
+
+    async def take(self, n: int) -> list[dict[str, Any]]:
+        while self.buffered() < n:
+            self.changed.clear()
+            await self.changed.wait()
+        out: list[dict[str, Any]] = []
+        while self.ready and len(out) < n:
+            out += self.ready.pop(0)
+        self.step += 1
+        if self.baseline is not None:
+            self._batch_baselines = self.baseline.of(out)
+            self.baseline.observe(out)  # after its own baselines were read: no trace is its own baseline
+        return out
+
+    @property
+    def advantages(self) -> Any:
+        return partial(lone_advantages, kind=self.cfg.advantage, baselines=self._batch_baselines or None)
+
+    def metrics(self, trained: list[dict[str, Any]]) -> dict[str, float]:
+        """The clients' counts (online/…) and the step's traces by how they came."""
+        how = Counter(
+            "off_policy" if (t["metadata"].get("online") or {}).get("off_policy") else "on_time" for t in trained
+        )
+        return self.sessions.metrics() | {f"online/trained_{k}": float(how[k]) for k in ("on_time", "off_policy")}
+
+    async def stop(self) -> None:
+        await self.sessions.close()
