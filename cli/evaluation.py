@@ -128,7 +128,8 @@ async def _run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hrl.cli.config import run_config
-    from hrl.runners.placement import Episode, local_placement
+    from hrl.runners.live import live_status
+    from hrl.runners.placement import Episode, engine_version, local_placement
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
     from hrl.runners.report.run import load_run
     from hrl.runners.rundir import RunDir
@@ -155,9 +156,11 @@ async def _run(
     traces: list[dict[str, Any]] = []
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     provider = "openai-compatible" if "://" in engine else engine
+    serving: list[Any] = []  # the placement serving now (one model after the other), for the live status's version
     with (
         exporting(settings.telemetry, run_id=settings.rollout.run_id, provider=provider, phase="eval", say=say),
         progress,
+        live_status(run.path, lambda: engine_version(serving[-1]) if serving else None) as live,  # `hrl top RUN`
     ):
         bars = {
             c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]
@@ -165,6 +168,7 @@ async def _run(
         for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
             cells = [c for c in plan["cells"] if c["model_path"] == path]
             async with local_placement(settings, path, engine, harnesses=[c["agent"] for c in cells]) as here:
+                serving.append(here)
                 for cell in cells:
                     bar = bars[cell["iteration"]]
 
@@ -179,6 +183,7 @@ async def _run(
                         traces += await here.run(episodes, run.trace_file(cell["iteration"]), concurrency)
                     except asyncio.CancelledError:
                         err.print(f"interrupted: the traces so far are in {run_dir}", markup=False)
+                        live.end_as = "interrupted"
                         return 130
                     if progress.disable:
                         err.print(f"{cell['agent']} · {cell['model']}: {per_cell} episodes done", markup=False)

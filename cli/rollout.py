@@ -157,7 +157,8 @@ async def _run(
     as_json: bool,
     verbose: bool,
 ) -> int:
-    from hrl.runners.placement import Episode, placed
+    from hrl.runners.live import live_status, traces_live_file
+    from hrl.runners.placement import Episode, engine_version, placed
     from hrl.runners.tasks.task import load_tasks
 
     task_list = load_tasks(task_file)[: limit or None]
@@ -200,7 +201,8 @@ async def _run(
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     async with placed(run, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         try:
-            traces = await here.run(episodes, out, concurrency)
+            with live_status(traces_live_file(out), lambda: engine_version(here)):  # `hrl top OUT` watches it
+                traces = await here.run(episodes, out, concurrency)
         except asyncio.CancelledError:
             err.print(f"interrupted: traces of finished and cancelled episodes are in {out}", markup=False)
             return 130

@@ -1,6 +1,7 @@
-"""`hrl top`: a live view of a running `hrl train`, read from its run directory alone (so a run on another machine
-shows over a shared filesystem): episodes in flight, policy version and staleness, latencies, tokens/s, reward and
-failures per step, the latest traces."""
+"""`hrl top`: a live view of a running `hrl train` or `hrl eval`, read from its run directory alone, or of an
+`hrl rollout`, read from its trace file (`--out`) and the live status beside it (so a run on another machine shows
+over a shared filesystem): episodes in flight, policy version and staleness, latencies, tokens/s, reward and
+failures per step (a training run's), the latest traces."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ EPILOG = """Examples:
   hrl top runs/demo --once                # one snapshot, for a log or a non-terminal
 
   hrl top runs/demo --once --json | jq '.in_flight | length'   # the snapshot as JSON, for scripts
+
+  hrl top traces.jsonl                    # an `hrl rollout --out traces.jsonl` while it runs
+
+  hrl top runs/eval-aider --once          # an `hrl eval` run
 """
 
 STEPS_SHOWN = 5  # the last steps in the per-step table
@@ -65,14 +70,52 @@ def _step_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _recent_traces(run: Any, limit: int) -> list[dict[str, Any]]:
-    """The traces of the latest two steps' files, oldest first, read as they are being appended (a last line cut
-    short by the writer is skipped)."""
+def _recent_traces(files: list[Path], limit: int) -> list[dict[str, Any]]:
+    """The traces of `files` (a run's latest two steps', or a rollout's one), oldest first, read as they are being
+    appended (a last line cut short by the writer is skipped)."""
     from hrl.runners.trace import read_traces
 
-    files = sorted(run.trace_files().items())[-2:]
-    traces = [t for _, f in files for t in read_traces(f, on_cut=lambda _line: None)]
+    traces = [t for f in files if f.is_file() for t in read_traces(f, on_cut=lambda _line: None)]
     return traces[-limit:] if limit else traces
+
+
+def _in_flight(live: dict[str, Any] | None, version: int | None, now: float) -> list[dict[str, Any]]:
+    """The episodes a live writer says are running, each with its staleness and age; none from a stale file."""
+    out = []
+    for e in (live or {}).get("episodes", []) if live and live["live"] else []:
+        staleness = None if e.get("version") is None or version is None else version - e["version"]
+        out.append({**e, "staleness": staleness, "age_s": round(now - float(e["started_at"]), 1)})
+    return out
+
+
+def _common(where: Path, live: dict[str, Any] | None, version: int | None, recent: list[dict[str, Any]],
+            latest: int) -> dict[str, Any]:  # fmt: skip
+    """What every snapshot holds, a run's or a trace file's."""
+    in_flight = _in_flight(live, version, time.time())
+    return {
+        "run": str(where),
+        "status": (live or {}).get("state", "unknown"),
+        "live": bool(live and live["live"]),
+        "status_line": _run_state(live),
+        "updated_s_ago": live["age_s"] if live else None,
+        "version": version,
+        "in_flight": in_flight,
+        "by_state": dict(Counter(e["state"] for e in in_flight)),
+        "failures": dict(Counter(t.get("failure_reason") or "none" for t in recent)),
+        "recent_traces": len(recent),
+        "latest": [_trace_row(t) for t in recent[-latest:]][::-1],
+    }
+
+
+def _trace_file_snapshot(path: Path, latest: int) -> dict[str, Any]:
+    """An `hrl rollout --out FILE`: its traces and `FILE.live.json`; no steps (nothing is trained)."""
+    from hrl.runners.live import read_live, traces_live_file
+
+    live = read_live(traces_live_file(path))
+    recent = _recent_traces([path], 0)
+    version = live["version"] if live and live["live"] and live.get("version") is not None else None
+    return {**_common(path, live, version, recent[-200:], latest), "kind": "rollout", "step": None,
+            "iterations": None, "steps": [], "traces": len(recent)}  # fmt: skip
 
 
 def _trace_row(t: dict[str, Any]) -> dict[str, Any]:
@@ -89,37 +132,27 @@ def _trace_row(t: dict[str, Any]) -> dict[str, Any]:
 
 
 def snapshot(path: Path, latest: int = 8) -> dict[str, Any]:
-    """Everything the view shows, from the run directory alone. Episodes in flight only while the run is live."""
-    from hrl.runners.live import read_live
+    """Everything the view shows, from the run directory (or a rollout's trace file) alone. Episodes in flight only
+    while the run is live."""
+    from hrl.runners.live import read_live, traces_live_file
     from hrl.runners.rundir import RunDir, is_run_dir
 
+    if path.is_file() or (not path.exists() and traces_live_file(path).exists()):
+        return _trace_file_snapshot(path, latest)
     if path.exists() and not is_run_dir(path):
-        raise UsageError(f"{path} is not a run directory (no traces/, metrics.jsonl or state.json)",
-                         hint="pass the --run-dir of an `hrl train` run")  # fmt: skip
+        raise UsageError(f"{path} is not a run directory (no traces/, metrics.jsonl or state.json) nor a trace file",
+                         hint="pass the --run-dir of an `hrl train` or `hrl eval` run, or an `hrl rollout`'s --out")  # fmt: skip
     run = RunDir.existing(path)
-    live, now = read_live(run.path), time.time()
+    live = read_live(run.path)
     state, steps = run.state(), run.metric_rows()
     version = live["version"] if live and live["live"] and live.get("version") is not None else state["version"]
-    in_flight = []
-    for e in (live or {}).get("episodes", []) if live and live["live"] else []:
-        staleness = None if e.get("version") is None or version is None else version - e["version"]
-        in_flight.append({**e, "staleness": staleness, "age_s": round(now - float(e["started_at"]), 1)})
-    recent = _recent_traces(run, 200)
+    recent = _recent_traces([f for _, f in sorted(run.trace_files().items())[-2:]], 200)
     return {
-        "run": str(run.path),
-        "status": (live or {}).get("state", "unknown"),
-        "live": bool(live and live["live"]),
-        "status_line": _run_state(live),
-        "updated_s_ago": live["age_s"] if live else None,
+        **_common(run.path, live, version, recent, latest),
+        "kind": "run",
         "step": state["iteration"],
         "iterations": (run.config().get("train") or {}).get("iterations"),
-        "version": version,
-        "in_flight": in_flight,
-        "by_state": dict(Counter(e["state"] for e in in_flight)),
         "steps": [_step_row(r) for _, r in sorted(steps.items())[-STEPS_SHOWN:]],
-        "failures": dict(Counter(t.get("failure_reason") or "none" for t in recent)),
-        "recent_traces": len(recent),
-        "latest": [_trace_row(t) for t in recent[-latest:]][::-1],
     }
 
 
@@ -134,7 +167,8 @@ def render(snap: dict[str, Any]) -> Any:
     from rich.text import Text
 
     of = f" of {snap['iterations']}" if snap.get("iterations") else ""
-    head = Text(f"{snap['run']}: {snap['status_line']}\nstep {snap['step']}{of}   policy v{_fmt(snap['version'])}")
+    where = f"{snap['traces']} traces" if snap.get("kind") == "rollout" else f"step {snap['step']}{of}"
+    head = Text(f"{snap['run']}: {snap['status_line']}\n{where}   policy v{_fmt(snap['version'])}")
     states = ", ".join(f"{n} {s}" for s, n in sorted(snap["by_state"].items())) or "none"
     flight = Table(title=f"episodes in flight: {len(snap['in_flight'])} ({states})", title_justify="left")
     for col in ("episode", "task", "state", "version", "stale", "age s"):
@@ -157,7 +191,7 @@ def render(snap: dict[str, Any]) -> Any:
     for t in snap["latest"]:
         latest.add_row(str(t["episode"]), str(t["task"]), _fmt(t["reward"]), t["failure"] or "-", str(t["calls"]),
                        ",".join(map(str, t["versions"])) or "-", _fmt(t["seconds"], ".1f"))  # fmt: skip
-    return Group(head, flight, steps, fails, latest)
+    return Group(head, flight, *([steps] if snap["steps"] else []), fails, latest)
 
 
 def _text(snap: dict[str, Any]) -> str:
@@ -169,7 +203,13 @@ def _text(snap: dict[str, Any]) -> str:
 
 
 def top(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="The --run-dir of an `hrl train` run.")],
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN",
+            help="The --run-dir of an `hrl train` or `hrl eval` run, or an `hrl rollout`'s --out trace file.",
+        ),
+    ],
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit (for a non-terminal).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --once: the snapshot as one JSON document.")] = False,
     interval: Annotated[
@@ -177,10 +217,10 @@ def top(
     ] = 2.0,
     latest: Annotated[int, typer.Option("--latest", min=0, help="Latest traces shown.")] = 8,
 ) -> None:
-    """Watch a training run (sync or async) from its run directory: the episodes in flight by state (sandbox,
-    agent, grading) with the policy version each started on and its staleness, reward, success, call and tool
-    latency and tokens/s per step, failures by reason, the latest traces. A run whose process is gone reads
-    `not running (last update Ns ago)`, never as live."""
+    """Watch a training run (sync or async) or an evaluation from its run directory, or a rollout from its trace
+    file: the episodes in flight by state (sandbox, agent, grading) with the policy version each started on and its
+    staleness; for a training run reward, success, call and tool latency and tokens/s per step; failures by reason,
+    the latest traces. A run whose process is gone reads `not running (last update Ns ago)`, never as live."""
     if as_json and not once:
         raise UsageError("--json prints one snapshot: it needs --once", hint=f"hrl top {run_dir} --once --json")
     snap = snapshot(run_dir, latest)

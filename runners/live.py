@@ -1,12 +1,13 @@
-"""The live status of a running `hrl train`: `<run>/live.json`, rewritten about once a second (to a temp file, then
-renamed) with the episodes in flight and the live policy version, so `hrl top` can show a run from its directory
-alone, over a shared filesystem too.
+"""The live status of a running `hrl train` or `hrl eval`: `<run>/live.json`, and of `hrl rollout --out FILE`:
+`FILE.live.json` beside its traces; rewritten about once a second (to a temp file, then renamed) with the episodes in
+flight and the live policy version, so `hrl top` can show a run from its directory or trace file alone, over a
+shared filesystem too.
 
     with live_status(run.path, version=lambda: engine.version):   # the training process, around its loop
         ...                                                          # `guarded_episode` registers each episode
     phase("grading")                                                 # inside an episode: what it is doing now
 
-Outside a `live_status` block (`hrl rollout`, `hrl eval`, tests) the hooks do nothing. A run that ends marks the
+Outside a `live_status` block (tests, library use) the hooks do nothing. A run that ends marks the
 file `finished` (or `failed`, `interrupted`); one that dies leaves it `running` with an `updated_at` that stops
 moving and a pid that is gone, which `read_live` reports as `stale`, never as live.
 """
@@ -25,12 +26,37 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LIVE_FILE", "SCHEMA", "STALE_AFTER_S", "LiveStatus", "live_episode", "live_status", "phase", "read_live"]
+__all__ = [
+    "LIVE_FILE",
+    "SCHEMA",
+    "STALE_AFTER_S",
+    "LiveStatus",
+    "live_episode",
+    "live_file",
+    "live_status",
+    "phase",
+    "read_live",
+    "traces_live_file",
+]
 
 LIVE_FILE = "live.json"
 SCHEMA = "hrl.live/1"
 STALE_AFTER_S = 10.0  # ten missed heartbeats (one a second) and no writer is keeping the file
 PHASES = ("starting", "sandbox", "agent", "grading")  # what an episode in flight is doing, in order
+
+
+def traces_live_file(traces: str | Path) -> Path:
+    """Where `hrl rollout --out FILE` keeps its live status: `FILE.live.json`, beside the traces."""
+    path = Path(traces)
+    return path.with_name(path.name + "." + LIVE_FILE)
+
+
+def live_file(where: str | Path) -> Path:
+    """The live-status file of `where`: a run directory's `live.json`, or `where` itself when it names one
+    (`*.live.json`, from `traces_live_file`)."""
+    path = Path(where)
+    return path if path.name.endswith("." + LIVE_FILE) else path / LIVE_FILE
+
 
 _STATUS: ContextVar[LiveStatus | None] = ContextVar("hrl_live_status", default=None)
 _EPISODE: ContextVar[str | None] = ContextVar("hrl_live_episode", default=None)
@@ -41,9 +67,10 @@ class LiveStatus:
     (a thread, so a trainer step that holds the event loop does not make a live run look dead)."""
 
     def __init__(self, run_dir: str | Path, version: Callable[[], int | None], interval_s: float = 1.0) -> None:
-        self.path = Path(run_dir) / LIVE_FILE
+        self.path = live_file(run_dir)
         self.version, self.interval_s = version, interval_s
         self.episodes: dict[str, dict[str, Any]] = {}
+        self.end_as: str | None = None  # how a block that returns normally ended, when not `finished` (a caught cancel)
         self.started_at = time.time()
         self._lock, self._writing = threading.Lock(), threading.Lock()
         self._stop = threading.Event()
@@ -89,7 +116,7 @@ class LiveStatus:
     def write(self, state: str) -> None:
         """Replace the file whole (temp file + rename: a reader never sees half of it). No fsync: a status that a
         crash loses is rewritten by the next heartbeat, or reported stale."""
-        tmp = self.path.with_name(f".{LIVE_FILE}.{os.getpid()}.tmp")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with self._writing:  # the heartbeat and a last write share the temp file
             tmp.write_text(json.dumps(self.snapshot(state), default=str))
             tmp.replace(self.path)
@@ -118,7 +145,7 @@ def live_status(
     end = "failed"  # an exception
     try:
         yield status
-        end = "finished"
+        end = status.end_as or "finished"
     except (KeyboardInterrupt, asyncio.CancelledError):
         end = "interrupted"
         raise
@@ -151,10 +178,10 @@ def phase(state: str) -> None:
 
 
 def read_live(run_dir: str | Path, now: float | None = None) -> dict[str, Any] | None:
-    """`<run>/live.json` with `age_s` and `live`: whether a writer still keeps it (state `running`, updated within
+    """`<run>/live.json` (or a `*.live.json` file named whole) with `age_s` and `live`: whether a writer still keeps it (state `running`, updated within
     `STALE_AFTER_S`, and, on the writer's host, its pid alive); a `running` file that no writer keeps says
     `state: stale`. None when the run has no such file (not started, or from before live status)."""
-    path = Path(run_dir) / LIVE_FILE
+    path = live_file(run_dir)
     try:
         data = dict(json.loads(path.read_text()))
     except FileNotFoundError:

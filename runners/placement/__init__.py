@@ -24,12 +24,18 @@ __all__ = [
     "PlacementConfig",
     "RunConfig",
     "check_port_free",
+    "engine_version",
     "local_placement",
     "placed",
     "proxy_workers",
     "run_serving",
     "serve_proxy",
 ]  # fmt: skip
+
+
+def engine_version(here: Any) -> int | None:
+    """The policy version the placement's engine serves now (None while it has none to say), for live status."""
+    return getattr(getattr(here.publisher, "engine", None), "version", None)
 
 
 @contextlib.asynccontextmanager

@@ -50,6 +50,10 @@ def test_eval_prints_one_row_per_harness_and_report_repeats_it(tmp_path: Path):
     assert lines[4].startswith("success: successes / episodes the infrastructure did not fail")
     assert lines[5].startswith("agreement mini-swe-agent ~ codex: 100% of 1 tasks")  # neither solves it
     assert len(list((tmp_path / "ev" / "traces").glob("iter-*.jsonl"))) == 2
+    top = _hrl("top", "ev", "--once", "--json", cwd=tmp_path)  # the evaluation kept a live status, as a train run
+    assert top.returncode == 0, top.stderr
+    snap = json.loads(top.stdout)
+    assert snap["status"] == "finished" and snap["in_flight"] == [] and snap["recent_traces"] == 2  # one a harness
     report = _hrl("report", "ev", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "\n".join(lines) in report.stderr  # the same table, line for line

@@ -1,5 +1,6 @@
-"""`hrl top RUN --once`: the episodes in flight of a real running `hrl train` (their state and the policy version each
-started on), the run marked finished once it ends, and a status file whose writer died shown as not running."""
+"""`hrl top RUN --once`: the episodes in flight of a real running `hrl train` and `hrl rollout` (their state and the
+policy version each started on), the run marked finished once it ends, and a status file whose writer died shown as
+not running."""
 
 from __future__ import annotations
 
@@ -35,11 +36,11 @@ def top(*args: str) -> tuple[int, str]:
     return out.exit_code, out.stdout
 
 
-def poll(run: Path, until, timeout_s: float = 120) -> dict:
+def poll(run: Path, until, timeout_s: float = 120, ready=None) -> dict:
     """`hrl top RUN --once --json` until `until(snapshot)`; the run's own progress bounds the wait, not a guess."""
     deadline, snap = time.monotonic() + timeout_s, {}
     while time.monotonic() < deadline:
-        if (run / "traces").is_dir():
+        if ready() if ready is not None else (run / "traces").is_dir():
             code, out = top(str(run), "--once", "--json")
             assert code == 0, out
             snap = json.loads(out)
@@ -74,6 +75,28 @@ def test_top_shows_the_episodes_in_flight_of_a_running_train_then_that_it_finish
     assert snap["step"] == 1 and len(snap["latest"]) == 2 and sum(snap["failures"].values()) == 2
     code, human = top(str(run), "--once")
     assert code == 0 and f"{run}: finished (ended" in human, human
+
+
+def test_top_shows_a_running_rollout_from_its_trace_file_then_that_it_finished(tiny_model, tmp_path):
+    (tmp_path / "gate.py").write_text(GATED_AGENT)
+    out = tmp_path / "traces.jsonl"
+    status = tmp_path / f"traces.jsonl.{LIVE_FILE}"  # beside the traces
+    cmd = [sys.executable, "-m", "hrl.cli", "rollout", "--recipe", "agents-sdk", "--model", tiny_model, "--agent",
+           "gate.py:run", "-c", "rollout.mode=inprocess", "--limit", "1", "-n", "2", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        snap = poll(out, lambda s: s["live"] and s["by_state"] == {"agent": 2}, ready=status.exists)
+        assert snap["kind"] == "rollout" and snap["version"] == 0 and snap["traces"] == 0
+        code, human = top(str(out), "--once")
+        assert code == 0 and "running (pid" in human and "episodes in flight: 2 (2 agent)" in human, human
+        assert "0 traces" in human and "steps" not in human  # nothing is trained: no step table
+    finally:
+        (tmp_path / "gate").touch()
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    snap = poll(out, lambda s: True, timeout_s=1, ready=status.exists)
+    assert snap["status"] == "finished" and snap["in_flight"] == [] and snap["traces"] == 2 and len(snap["latest"]) == 2
 
 
 def _run_with_status(tmp_path: Path, pid: int, age_s: float) -> Path:
