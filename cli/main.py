@@ -84,6 +84,7 @@ def _root(
 def _register() -> None:
     from hrl.cli import (
         agents,
+        clientkeys,
         doctor,
         evaluation,
         export,
@@ -105,6 +106,7 @@ def _register() -> None:
     app.add_typer(tasks.app, name="tasks")
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(recipes.app, name="recipes")
+    app.add_typer(clientkeys.app, name="keys")
     app.command("serve", epilog=serve.EPILOG)(serve.serve)
     app.command("rollout", epilog=rollout.EPILOG)(rollout.rollout)
     app.command("train", epilog=train.EPILOG)(train.train)

@@ -30,6 +30,9 @@ EPILOG = """Examples:
 
   hrl train --recipe demo --agent mini-swe-agent,aider      # across two harnesses: curves per harness in the report
   hrl train --recipe demo --placement ray -c placement.engine_replicas=2   # rollouts on Ray (docs/ray.md)
+
+  hrl train --recipe demo --serve --port 8100 --run-dir runs/online   # episodes come from clients (docs/online.md)
+  hrl keys add fleet --run-dir runs/online                             # a client key for them
 """
 
 
@@ -127,6 +130,16 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir.")] = False,
     wandb: Annotated[bool, typer.Option("--wandb", help="Also log metrics to Weights & Biases.")] = False,
     otlp: OtlpOption = "",
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="An online run: train on sessions clients run anywhere, over HTTP with client keys (hrl keys add), "
+            "instead of episodes hrl starts (the async loop; docs/online.md).",
+        ),
+    ] = False,
+    host: Annotated[str, typer.Option(help="With --serve: the address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="With --serve: the port; 0 = a free one.")] = 8100,
     placement: Annotated[
         str,
         typer.Option(
@@ -155,11 +168,12 @@ def train(
             )
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "--placement": placement,
-                 "-c": config, "--include-unchecked": include_unchecked}  # fmt: skip
+                 "-c": config, "--include-unchecked": include_unchecked, "--serve": serve}  # fmt: skip
         if given := [name for name, value in fixed.items() if value]:
             raise UsageError(
                 f"{', '.join(given)} cannot change on --resume: the run goes on with its own config.json",
-                hint="only --iterations (to extend the run), --wandb and --otlp may be given with --resume",
+                hint="only --iterations (to extend the run), --wandb, --otlp, --host and --port may be given with "
+                "--resume (an online run serves again)",
             )
         cfg = RunDir(run_dir).config()
         _check_loop_settings(cfg)  # a run written before these checks existed is refused before it resumes
@@ -176,8 +190,9 @@ def train(
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
-            "async.enabled": use_async or None, "train.wandb": wandb or None, "placement.kind": placement or None,
-            "telemetry.otlp_endpoint": otlp or None,
+            "train.wandb": wandb or None, "placement.kind": placement or None,
+            "telemetry.otlp_endpoint": otlp or None, "online.enabled": serve or None,
+            "async.enabled": (use_async or serve) or None,
         }  # fmt: skip
         cfg = _resolve(recipe, config or [], flags)
         run_dir = run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -185,7 +200,7 @@ def train(
     with run.locked():
         if resume and cfg != run.config():
             run.save_config(cfg)  # the extended run: a later plain --resume goes on to the new iteration count
-        _start(run, cfg, resume, include_unchecked)
+        _start(run, cfg, resume, include_unchecked, (host, port))
     err.print(
         f"done. report: hrl report {run.path}    per-iteration summary: hrl inspect {run.path}\n"
         f"      a trace as a tree: hrl inspect {run.path} --trace <id>",
@@ -193,7 +208,9 @@ def train(
     )
 
 
-def _start(run: Any, cfg: dict[str, Any], resume: bool, include_unchecked: bool = False) -> None:
+def _start(
+    run: Any, cfg: dict[str, Any], resume: bool, include_unchecked: bool = False, address: tuple[str, int] = ("", 0)
+) -> None:
     """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
     if not resume:
         if run.exists():
@@ -208,7 +225,7 @@ def _start(run: Any, cfg: dict[str, Any], resume: bool, include_unchecked: bool 
 
     held = [Path(cfg["eval_tasks"])] if cfg.get("eval_tasks") else []
     hide_from_sandboxes(cfg, cfg["tasks"], run.path, *held)  # no sandbox may read the tasks or the run
-    asyncio.run(_train(cfg, run, include_unchecked))
+    asyncio.run(_train(cfg, run, include_unchecked, address))
 
 
 def _remove_leftovers(cfg: dict[str, Any]) -> None:
@@ -246,8 +263,15 @@ def _line(m: dict[str, Any]) -> str:
         + (f"  left out for dropped media {int(m['train/dropped_media'])}" if m.get("train/dropped_media") else "")
         + (f"  left out for images {int(m['train/image_traces'])}" if m.get("train/image_traces") else "")
         + ("  trained on nothing: not published" if m.get("train/empty") else "")
+        + (_online(m) if "online/open" in m else "")
         + (f"  per harness {harness}" if len(harness := _per_harness(m)) > 1 else "")
     )
+
+
+def _online(m: dict[str, Any]) -> str:
+    """An online step's client counts: sessions open, traces waiting for a reward, and what was not trained."""
+    n = {k: int(m.get(f"online/{k}", 0)) for k in ("open", "pending", "late_rewards", "expired", "reaped")}
+    return "  online " + " ".join(f"{k} {v}" for k, v in n.items())
 
 
 def before_after(rows: dict[int, dict[str, Any]]) -> str:
@@ -300,19 +324,42 @@ def _checked_tasks(cfg: dict[str, Any], run: Any, include_unchecked: bool) -> tu
     return tasks, heldout or None
 
 
-async def _train(cfg: dict[str, Any], run: Any, include_unchecked: bool = False) -> None:
+async def _train(
+    cfg: dict[str, Any], run: Any, include_unchecked: bool = False, address: tuple[str, int] = ("", 0)
+) -> None:
     from hrl.cli.config import run_config
     from hrl.runners.live import live_status
     from hrl.runners.placement import placed
     from hrl.train.async_loop import train_async
     from hrl.train.loop import train as train_sync
 
+    if (cfg.get("online") or {}).get("enabled"):
+        from hrl.cli.online import train_online
+
+        await train_online(cfg, run, address, include_unchecked)
+        return
     checked, held = _checked_tasks(cfg, run, include_unchecked)
     tasks = [t.model_dump() for t in checked]
     heldout = [t.model_dump() for t in held] if held else None
     loop_cfg, async_cfg = _training(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # every call at the policy's own distribution
     settings = run_config(cfg)
+
+    on_event = step_printer()
+    say = lambda line: err.print(line, markup=False)  # noqa: E731
+    async with placed(settings, settings.model, settings.engine, loop_cfg.concurrency, say=say) as here:
+        rollouts, publisher = here.rollouts, here.publisher
+        with live_status(run.path, lambda: publisher.engine.version):  # <run>/live.json, for `hrl top`
+            if async_cfg is not None:
+                history = await train_async(tasks, loop_cfg, async_cfg, run, publisher, rollouts,
+                                            on_event, heldout)  # fmt: skip
+            else:
+                history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)
+    summary(run, history)
+
+
+def step_printer() -> Any:
+    """The training loop's events as lines on stderr."""
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "step":
@@ -333,15 +380,11 @@ async def _train(cfg: dict[str, Any], run: Any, include_unchecked: bool = False)
         elif kind == "resumed":
             err.print(f"resuming at iteration {data['iteration']}, version {data['version']}", markup=False)
 
-    say = lambda line: err.print(line, markup=False)  # noqa: E731
-    async with placed(settings, settings.model, settings.engine, loop_cfg.concurrency, say=say) as here:
-        rollouts, publisher = here.rollouts, here.publisher
-        with live_status(run.path, lambda: publisher.engine.version):  # <run>/live.json, for `hrl top`
-            if async_cfg is not None:
-                history = await train_async(tasks, loop_cfg, async_cfg, run, publisher, rollouts,
-                                            on_event, heldout)  # fmt: skip
-            else:
-                history = await train_sync(tasks, loop_cfg, run, publisher, rollouts, on_event, heldout)
+    return on_event
+
+
+def summary(run: Any, history: list[dict[str, Any]]) -> None:
+    """The run's reward curve and held-out table, on stderr."""
     curve = [None if m.get("trace/reward") is None else round(float(m["trace/reward"]), 3) for m in history]
     err.print(f"reward per iteration: {curve}", markup=False)
     if len(curve) > 2:

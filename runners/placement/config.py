@@ -69,6 +69,11 @@ class RunConfig(BaseModel):
         description="The asynchronous loop (`enabled` turns it on).",
         json_schema_extra={"model": "hrl.train.async_loop:AsyncConfig", "extra": {"enabled": "bool"}},
     )
+    online: dict[str, Any] = Field(
+        default_factory=dict,
+        description="An online run's clients (`hrl train --serve` sets `enabled`): reward delay, late rewards, keys.",
+        json_schema_extra={"model": "hrl.runners.online.sessions:OnlineConfig", "extra": {"enabled": "bool"}},
+    )
     placement: PlacementConfig = Field(default_factory=PlacementConfig, description="Where it runs: local, or Ray.")
     verifier: dict[str, Any] = _section("verifier", "The verifier (`name`) and its config.", name="str")
     telemetry: TelemetryConfig = Field(

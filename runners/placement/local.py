@@ -82,15 +82,18 @@ async def local_placement(
     engine_options: dict[str, Any] | None = None,
     say: Say = _silent,
     verbose: bool = False,
+    online: dict[str, Any] | None = None,
 ) -> AsyncIterator[LocalPlacement]:
     """Start the engine and proxy for `run` (its engine_options, proxy, rollout and verifier) with `model` and
     `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes stay closed (no
     control token): hrl drives the proxy in process, and a white-box agent opens its sub-agents with its own
-    session's agent key. `harnesses` is accepted for the placements' common signature."""
+    session's agent key. `harnesses` is accepted for the placements' common signature. `online`: an online run
+    (`hrl train --serve`): {host, port, control_token, clients}, the proxy on that address with its control routes
+    open to the control token and its client routes to the run's client keys (`hrl.runners.online`)."""
     options = run.engine_options if engine_options is None else engine_options
     async with serving(
         model, engine, engine_options=options, proxy_options=run.proxy_options(),
-        say=say,
+        say=say, **(online or {}),
     ) as stack:  # fmt: skip
         placement = LocalPlacement(stack, run, say, verbose)
         try:
