@@ -233,11 +233,15 @@ async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
 
 
 async def _start_chromium(profile: Path) -> tuple[asyncio.subprocess.Process, str]:
+    # Chromium keeps its singleton socket in $TMPDIR (org.chromium.Chromium.*), which a killed browser never removes:
+    # inside the profile, it goes with the profile.
+    (tmp := profile / "tmp").mkdir(exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-address=127.0.0.1",
         "--remote-debugging-port=0", "about:blank",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,  # its own process group: killed whole on exit (the renderers and the zygote too)
+        env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
     port_file = profile / "DevToolsActivePort"
     loop = asyncio.get_running_loop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,9 @@ def test_the_browser_reaches_only_the_tasks_pages() -> None:
 
 
 def test_no_browser_is_left_behind_even_when_the_episode_raises() -> None:
+    singletons = lambda: set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))  # noqa: E731
+    before = singletons()
+
     async def main() -> int:
         ep = await start_page(load_miniwob("miniwob:click-test")[0], 60)
         pid = ep.browser.pid
@@ -145,6 +149,7 @@ def test_no_browser_is_left_behind_even_when_the_episode_raises() -> None:
         return pid
 
     assert _gone(asyncio.run(main()))
+    assert singletons() <= before  # nor the singleton folder a killed Chromium leaves in $TMPDIR
 
 
 def test_an_unreachable_browser_is_a_verifier_error_not_a_zero() -> None:
