@@ -90,6 +90,9 @@ def rollout(
         ),
     ] = "",
     otlp: OtlpOption = "",
+    include_unchecked: Annotated[
+        bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
+    ] = False,
     run_id: Annotated[
         str,
         typer.Option(
@@ -99,7 +102,8 @@ def rollout(
         ),
     ] = "",
 ) -> None:
-    """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes."""
+    """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes. Tasks
+    `hrl tasks check` found not ok are left out (and listed) unless --include-unchecked."""
     from hrl.cli.checks import check_model, check_placement, check_run, harnesses, say_context
     from hrl.cli.config import (
         apply_overrides,
@@ -141,7 +145,9 @@ def rollout(
     archive.mkdir(parents=True, exist_ok=True)  # a folder hides only once it exists
     hide_from_sandboxes(cfg, task_file, out, archive)
     run = run_config(cfg)
-    rc = asyncio.run(_run(run, model, engine, task_file, n, concurrency, limit, out, as_json, verbose))
+    rc = asyncio.run(
+        _run(run, model, engine, task_file, n, concurrency, limit, out, as_json, verbose, include_unchecked)
+    )
     raise typer.Exit(rc)
 
 
@@ -156,12 +162,16 @@ async def _run(
     out: Path,
     as_json: bool,
     verbose: bool,
+    include_unchecked: bool = False,
 ) -> int:
     from hrl.runners.live import live_status, traces_live_file
     from hrl.runners.placement import Episode, engine_version, placed
+    from hrl.runners.tasks.checks import filter_checked
     from hrl.runners.tasks.task import load_tasks
 
-    task_list = load_tasks(task_file)[: limit or None]
+    task_list, checks = filter_checked(load_tasks(task_file), include_unchecked)  # as `hrl train` and `hrl eval`
+    task_list = task_list[: limit or None]
+    err.print(checks.line(), markup=False)
     several = list(run.rollout.agents)
     names = several if len(several) > 1 else [""]  # "": the run's one harness
     episodes = [Episode(t, k, 0, name) for t in task_list for name in names for k in range(n)]

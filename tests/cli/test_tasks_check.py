@@ -1,6 +1,7 @@
 """`hrl tasks check` through the CLI on the five tasks of tests/runners/tasks/test_task_check.py (graded for real in
 local sandboxes; the flaky one flaky by construction, as that module says), then `hrl train` on the same file: the
-tasks the check found not ok are left out, listed at the start, and counted in the run's task_checks.json."""
+tasks the check found not ok are left out, listed at the start, and counted in the run's task_checks.json; and
+`hrl rollout` on it leaves them out too, unless --include-unchecked."""
 
 from __future__ import annotations
 
@@ -64,3 +65,12 @@ def test_check_classes_each_task_and_train_leaves_out_the_bad_ones(tmp_path: Pat
     assert sorted({t["task_id"] for t in traces}) == sorted(ok) and len(traces) == 2 * len(ok)
     saved = json.loads((tmp_path / "run" / "task_checks.json").read_text())["tasks"]
     assert saved["kept"] == ok and saved["left_out"] == left and saved["unchecked"] == []
+
+    said = {"": f"tasks: {len(ok)} of 5 used; {len(left)} left out by `hrl tasks check` (",
+            "--include-unchecked": f"tasks: all 5 used (--include-unchecked); {len(left)} not ok, used anyway ("}  # fmt: skip
+    for flag, used in (("", ok), ("--include-unchecked", list(EXPECTED))):
+        out = tmp_path / f"rollout{flag}.jsonl"
+        rolled = _hrl("rollout", "--recipe", "recipe.yaml", "--out", str(out), *([flag] if flag else []), env=env,
+                      cwd=tmp_path)  # fmt: skip
+        assert rolled.returncode == 0 and said[flag] in rolled.stderr, rolled.stderr
+        assert sorted(t["task_id"] for t in read_traces(out)) == sorted(used)
