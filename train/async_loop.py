@@ -310,6 +310,8 @@ async def train_async(
     `hrl.train.online.ExternalProducer`: its `metrics()` join each step's, its `advantages` replace the groups')."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
+    if callable(ready := getattr(producer, "policy_ready", None)):
+        ready()  # the run's policy is the engine's now (a resumed run's published): an online run serves again
     version, history, dropped_total, masked_total = state["version"], [], 0, 0
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     evals = Evaluations(eval_tasks, cfg, run, rollouts)

@@ -60,6 +60,15 @@ class ExternalProducer:
         self.baseline = TaskBaseline() if sessions.cfg.baseline == "task" else None
         self._batch_baselines: dict[str, float] = {}
         sessions.deliver = self.receive
+        self._held = bool(self.run.state()["checkpoint"])
+        if self._held:  # a resumed run: no client is served the base weights before its policy is published
+            sessions.proxy.pause()
+
+    def policy_ready(self) -> None:
+        """The trainer published the run's policy (`train_async` calls this once): clients are served from now on."""
+        if self._held:
+            self.sessions.proxy.resume()
+            self._held = False
 
     def receive(self, traces: list[dict[str, Any]]) -> None:
         """A final group (or one late trace) from the clients: into the step's trace file, then the buffer."""

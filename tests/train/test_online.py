@@ -137,3 +137,59 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
     assert [c["finish_reason"] for c in traces[tokens["cut"]]["calls"]] == ["abort"]  # the hang-up: an aborted call
     reaped = [json.loads(line) for line in (run.path / "online" / "reaped.jsonl").read_text().splitlines()]
     assert tokens["forgotten"] in [t["session"] for t in reaped]
+
+
+def test_resume_keeps_open_sessions_and_pending_rewards(tmp_path: Path, tiny_model: str) -> None:
+    """A stop saves the open sessions; the resumed run serves them under the same tokens with their calls, and takes
+    the rewards of traces that ended before the stop. A reward for a trace grown staler than async.max_staleness is
+    late: with `late_reward: off_policy` it is trained anyway (the staleness filter would have dropped it), counted."""
+    run = RunDir(tmp_path / "run")
+    key = add_key(run.path / "client_keys.json", "a")
+    trainer = TrainerConfig(model=tiny_model, lr=1e-2)
+    acfg = AsyncConfig(max_in_flight=1, batch_traces=2, max_staleness=1, max_buffered=8)
+    ocfg = OnlineConfig(max_reward_delay_s=300, late_reward="off_policy")
+    run.create({})
+    saved: dict[str, dict[str, Any]] = {}
+
+    async def before(http: aiohttp.ClientSession, stack: Any) -> None:
+        a = Client(http, stack.url, key)
+        opened = [await a.open(task_id=f"t{i}") for i in range(5)]
+        saved["open"], saved["pending"], saved["old"] = opened[:3]
+        for s in opened:
+            s["reply"] = await a.chat(s)
+        assert (await a.post(f"/s/{saved['pending']['token']}/end"))[1]["status"] == "waiting for reward"
+        for s, r in zip(opened[3:], (1.0, 0.0), strict=True):  # a lone trace's baseline is the batch's: two of them
+            assert (await a.post(f"/s/{s['token']}/end", {"reward": r}))[1]["status"] == "final"
+
+    history, _ = asyncio.run(_train(tiny_model, run, LoopConfig(iterations=1, group_size=1, trainer=trainer),
+                                    acfg, ocfg, before))  # fmt: skip
+    assert [m["version"] for m in history] == [1]
+
+    async def after(http: aiohttp.ClientSession, stack: Any) -> None:
+        a = Client(http, stack.url, key)
+        here = {k: {**s, "base_url": f"{stack.url}/s/{s['token']}/v1"} for k, s in saved.items()}
+        reply = {"role": "assistant", "content": saved["open"]["reply"]}  # the same token goes on, its call kept
+        await a.chat(here["open"], [*MSG, reply, {"role": "user", "content": "go on"}])
+        assert (await a.post(f"/s/{saved['open']['token']}/end", {"reward": 0.0}))[0] == 200
+        assert (await a.post(f"/s/{saved['pending']['token']}/reward", {"reward": 1.0}))[1]["trained"]
+        while stack.proxy.engine.version < 2:  # step 1 trained and published: `old` (sampled by v0) is now stale
+            await asyncio.sleep(0.1)
+        assert (await a.post(f"/s/{saved['old']['token']}/end"))[0] == 200
+        status, out = await a.post(f"/s/{saved['old']['token']}/reward", {"reward": 1.0})
+        assert status == 200 and out["late"] and out["trained"]
+        fresh = await a.open(task_id="t9")
+        await a.chat(fresh)
+        assert (await a.post(f"/s/{fresh['token']}/end", {"reward": 0.0}))[0] == 200
+
+    cfg = LoopConfig(iterations=3, group_size=1, trainer=trainer)
+    history, _ = asyncio.run(_train(tiny_model, run, cfg, acfg, ocfg, after))
+    assert [m["step"] for m in history] == [1, 2]
+    assert history[0]["online/trained_on_time"] == 2 and history[0]["async/dropped_stale"] == 0
+    assert history[1]["online/trained_off_policy"] == 1 and history[1]["online/late_rewards"] == 1
+    assert history[1]["async/dropped_stale"] == 0 and history[1]["train/trained_traces"] == 2
+    traces = _sessions(run)
+    opened = traces[saved["open"]["token"]]
+    assert len(opened["calls"]) == 2 and opened["calls"][1]["parent"] == opened["calls"][0]["call_id"]
+    assert {v for c in opened["calls"] for _, v in c["versions"]} == {0, 1}  # before the stop, and after
+    assert traces[saved["pending"]["token"]]["reward"] == 1.0
+    assert traces[saved["old"]["token"]]["metadata"]["online"]["off_policy"] is True
