@@ -103,6 +103,8 @@ class TraceCall(TypedDict):
     tool_parse_error: NotRequired[str]  # tool-call markup the parser could not read (it reached the agent as text)
     sampling: NotRequired[dict[str, dict[str, float]]]  # {asked, used}: the agent's sampling knobs, and those used
     dropped_media: NotRequired[dict[str, int]]  # media parts left out of the request, by kind (proxy.media: drop)
+    media: NotRequired[list[dict[str, Any]]]  # the prompt's images: {sha256, mime, bytes, width, height, placeholder}
+    image_processor: NotRequired[dict[str, Any]]  # the settings the engine's image processor made their pixels with
 
 
 class ToolEvent(TypedDict):
@@ -230,8 +232,8 @@ def dropped_media(trace: dict[str, Any]) -> dict[str, int]:
 
 
 def image_calls(trace: dict[str, Any]) -> int:
-    """Calls whose prompt held images (`media`). Training has no pixel inputs yet, so it leaves such a trace out:
-    trained on its ids alone, the policy would learn as if it had not seen the images."""
+    """Calls whose prompt held images (`media`): training reads their bytes from `media/` and makes their pixels
+    again (`hrl.train.media`)."""
     return sum(bool(c.get("media")) for c in trace.get("calls") or [])
 
 

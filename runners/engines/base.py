@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from hrl.runners.trace import add_version
 
@@ -79,10 +79,13 @@ class ImageInput:
 @dataclass(frozen=True)
 class ExpandedPrompt:
     """The prompt as an engine that took images ran it: each image placeholder expanded into the model's image
-    tokens. `placeholders`: per image, in order, (offset, length) of its expanded run in `prompt_ids`."""
+    tokens. `placeholders`: per image, in order, (offset, length) of its expanded run in `prompt_ids`. `processor`:
+    the settings of the image processor that made its pixels (`engines.images.processor_settings`), which training
+    uses to make the same pixels again; None where the engine does not say."""
 
     prompt_ids: list[int]
     placeholders: list[tuple[int, int]]
+    processor: dict[str, Any] | None = None
 
 
 @dataclass

@@ -275,13 +275,14 @@ class EmbeddedEngine:
     def _load_full(self, path: str) -> None:
         import torch
         from peft import PeftModel
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
         if isinstance(self.model, PeftModel):
             self.model = self.model.unload()  # drop all adapters, keep the unmerged base weights
             base = self.model
-        new = AutoModelForCausalLM.from_pretrained(resolve_model(path), dtype=base.dtype)
+        auto = AutoModelForImageTextToText if self.takes_images else AutoModelForCausalLM  # a vision model's whole
+        new = auto.from_pretrained(resolve_model(path), dtype=base.dtype)
         with torch.no_grad():
             missing = base.load_state_dict(new.state_dict(), strict=False)
         if missing.missing_keys:

@@ -15,7 +15,7 @@ from typing import Any
 from hrl.runners.engines.base import ExpandedPrompt, ImageInput
 from hrl.runners.errors import EngineError, EngineStartError
 
-__all__ = ["expand_images", "load_processor", "model_has_vision"]
+__all__ = ["expand_images", "load_processor", "model_has_vision", "processor_settings"]
 
 
 def model_has_vision(path: str) -> bool:
@@ -39,6 +39,13 @@ def load_processor(path: str) -> tuple[Any, int]:
         raise EngineStartError(f"{path}: its processor names image token {token!r}, not config.json's "
                                f"image_token_id {tid}")  # fmt: skip
     return processor, int(tid)
+
+
+def processor_settings(processor: Any) -> dict[str, Any]:
+    """The settings of a processor's image processor (its `to_dict()`: sizes, resampling, rescale and normalisation,
+    splitting), which with the image's bytes make its pixels: recorded per call (`image_processor`), so that training
+    makes the pixels the engine ran. JSON-ready; the same processor gives the same dict."""
+    return json.loads(processor.image_processor.to_json_string())
 
 
 def expand_images(
@@ -70,4 +77,4 @@ def expand_images(
         last = pos + 1
     ids += prompt_ids[last:]
     pixels = dict(processor.image_processor(images=[pil], return_tensors="pt"))
-    return ExpandedPrompt(ids, ranges), pixels
+    return ExpandedPrompt(ids, ranges, processor_settings(processor)), pixels

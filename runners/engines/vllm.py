@@ -34,7 +34,7 @@ from hrl.runners.engines.base import (
     SamplingParams,
     TokenDelta,
 )
-from hrl.runners.engines.images import model_has_vision
+from hrl.runners.engines.images import load_processor, model_has_vision, processor_settings
 from hrl.runners.engines.vllm_contract import (
     FULL_PUBLISH,
     IPC_TWO_PHASE,
@@ -84,14 +84,16 @@ def _logprobs(logprobs: Any) -> list[float]:
     return [float("nan") if lp is None else float(lp) for lp in values]
 
 
-def _expanded(payload: dict[str, Any], images: int) -> ExpandedPrompt:
-    """The prompt vLLM ran for a request with images: the first chunk's expanded ids and image placeholder ranges."""
+def _expanded(payload: dict[str, Any], images: int, processor: dict[str, Any] | None) -> ExpandedPrompt:
+    """The prompt vLLM ran for a request with images: the first chunk's expanded ids and image placeholder ranges,
+    and `processor`, the settings of the model's image processor (vLLM's processor is the model's own: hrl passes
+    no processor overrides)."""
     ids = payload.get("prompt_token_ids")
     ranges = (payload.get("mm_placeholders") or {}).get("image") or []
     if not isinstance(ids, list) or len(ranges) != images:
         raise EngineError(f"vLLM's first chunk did not return the expanded prompt and {images} image placeholder "
                           f"ranges (prompt_token_ids: {type(ids).__name__}, ranges: {len(ranges)})")  # fmt: skip
-    return ExpandedPrompt([int(t) for t in ids], [(int(r["offset"]), int(r["length"])) for r in ranges])
+    return ExpandedPrompt([int(t) for t in ids], [(int(r["offset"]), int(r["length"])) for r in ranges], processor)
 
 
 class VLLMEngineConfig(BaseModel):
@@ -199,6 +201,7 @@ class VLLMEngine:
         self._publish_lock = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
         self.contract = Contract("unknown")  # the server's version and routes, read at start()
+        self.image_processor: dict[str, Any] | None = None  # a vision model's image processor settings (at start)
 
     @property
     def version(self) -> int:
@@ -218,6 +221,9 @@ class VLLMEngine:
             await self._read_models()
             await self._read_contract()
             self.takes_images = self._vision() and self.contract.serves(_GENERATE)
+            if self.takes_images:
+                path = resolve_model(self.config.model)
+                self.image_processor = processor_settings((await asyncio.to_thread(load_processor, path))[0])
             if self.config.weight_sync == "ipc":
                 await self._init_ipc()
         except BaseException:
@@ -371,7 +377,7 @@ class VLLMEngine:
                 if isinstance(err := payload.get("error"), dict):
                     raise http_error(int(err.get("code") or 500), err, "generation")
                 if images and expanded is None:
-                    expanded = _expanded(payload, len(images))
+                    expanded = _expanded(payload, len(images), self.image_processor)
                 for choice in payload.get("choices") or []:
                     reason = choice.get("finish_reason")
                     finished = finished or reason is not None

@@ -68,6 +68,7 @@ class CallRecord:
     # prompt order; prompt_ids are then the engine's (placeholders expanded), sent_ids the ids the proxy sent
     media: list[dict[str, Any]] | None = None
     sent_ids: list[int] | None = None
+    image_processor: dict[str, Any] | None = None  # the settings the engine's image processor made the pixels with
 
     @property
     def full_ids(self) -> list[int]:
@@ -141,6 +142,7 @@ class Call:
         rec.prompt_ids = list(prompt.prompt_ids)
         for m, (offset, length) in zip(media, prompt.placeholders, strict=True):
             m["placeholder"] = [offset, length]
+        rec.image_processor = prompt.processor
         parent = self.plan.parent
         if parent is not None and rec.prompt_ids[: len(parent.full_ids)] != parent.full_ids:
             rec.parent_id = None

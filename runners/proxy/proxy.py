@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -182,6 +183,8 @@ class Proxy:
         self, engine: Engine, template: ChatTemplate, config: ProxyConfig, traces: TraceWriter | None = None
     ) -> None:
         self.engine, self.template, self.config, self.traces = engine, template, config, traces
+        # where images' bytes are kept: media/ beside the trace file, or where a run keeps its traces (`keep_media`)
+        self.media_dir: Path | None = traces.path.parent / "media" if traces is not None else None
         if config.tool_parser != "auto":  # else the template's own choice (detected from the model)
             template.tool_parser = get_tool_parser(config.tool_parser)
         if config.reasoning_parser != "auto":
@@ -401,12 +404,17 @@ class Proxy:
                                          f"{self.config.max_image_bytes} (proxy.max_image_bytes)")  # fmt: skip
         return {m.sha256: m for m in images}
 
+    def keep_media(self, folder: str | Path) -> None:
+        """Keep images' bytes in `folder` (`media/` beside a run's trace files, which the rollouts write, not the
+        proxy): training reads them there (`hrl.train.media`)."""
+        self.media_dir = Path(folder)
+
     def _store_media(self, images: dict[str, MediaPart]) -> None:
         """Each image's bytes, once per run: `media/<sha256>` beside the traces (written whole, then renamed)."""
-        if self.traces is None:
+        if self.media_dir is None:
             return
-        folder = self.traces.path.parent / "media"
-        folder.mkdir(exist_ok=True)
+        folder = self.media_dir
+        folder.mkdir(parents=True, exist_ok=True)
         for sha, m in images.items():
             path = folder / sha
             if not path.exists():

@@ -434,6 +434,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["dropped_media"] = c.dropped_media
         if c.media:
             d["media"] = c.media
+        if c.media and c.image_processor:
+            d["image_processor"] = c.image_processor
         out.append(d)
     return out
 
