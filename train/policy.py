@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from hrl.runners.engines.images import model_has_vision
+from hrl.runners.errors import HrlError
 from hrl.runners.models import peft_quietly
 from hrl.train import distributed
 from hrl.train.logprobs import LogprobModel
@@ -23,14 +25,20 @@ def build_policy(
     copy of the starting weights. One process loads the checkpoint onto its device. Sharded, no rank ever holds the
     whole model: built on the meta device, sharded, then each rank reads only its shards' rows. bf16 full fine-tuning
     keeps its shards in fp32 (the masters; gradients reduced and accumulated in fp32) and computes in bf16, as one
-    process does with MasterWeights."""
-    from transformers import AutoModelForCausalLM
+    process does with MasterWeights. A vision-language model (`vision_config` in its config.json) loads whole, its
+    vision tower and connector with the LM, in one process only."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    vision = model_has_vision(str(path))
+    if vision and sharded:
+        raise HrlError("a vision-language model trains in one trainer process (FSDP2 sharding would run its vision "
+                       "tower on some ranks only)", hint="use -c trainer.nproc=1")  # fmt: skip
     mixed = sharded and trainable and cfg.mode == "full" and dtype != torch.float32
     if sharded:
         model = distributed.empty_model(path, torch.float32 if mixed else dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM  # vision: tower, connector, LM
+        model = auto.from_pretrained(path, dtype=dtype).to(device)
     model.config.use_cache = False
     if not trainable:
         model = model.eval().requires_grad_(False)

@@ -11,6 +11,10 @@ gets 1/k of its share in each, so a trace that splits into 5 branches weighs the
 `mask_stale` takes tokens out of the loss by the policy version that sampled them (`async.staleness: mask`): their
 `loss_mask` becomes 0, the rest of the sample and its weights stay as they were.
 
+A sample whose prompt held images carries them (`media`: the leaf call's records, sha256 and placeholder range in
+its ids, which hold every image of its branch, since each call's prompt extends its parent's), where their bytes are
+(`media_dir`) and the image processor settings the engine used; `hrl.train.media` makes its pixel inputs.
+
 `retained_tokens` checks the result against the trace: of the tokens the engine sampled in calls meant for training,
 how many sit, id for id, at a loss-masked position of some sample (`train/retained_token_ratio`, goal 1.00).
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.trace import all_prompt_ids, branches, expand_versions
@@ -45,6 +50,9 @@ class Sample:
     weight: list[float] = field(default_factory=list)  # per-token share of the trace's unit weight
     reward: float = 0.0
     advantage: float = 0.0
+    media: list[dict[str, Any]] = field(default_factory=list)  # the prompt's images: {sha256, placeholder, …}
+    media_dir: str | None = None  # where their bytes are: media/<sha256>
+    image_processor: dict[str, Any] | None = None  # the settings the engine's image processor used (None: default)
 
     @property
     def loss_tokens(self) -> int:
@@ -59,7 +67,21 @@ def _keep(include_side: bool) -> Callable[[dict[str, Any]], bool]:
     )
 
 
-def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> Sample:
+def _branch_media(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """The images of a branch: its leaf's, each earlier call's being those of the leaf that lie in its prompt."""
+    calls = trace["calls"]
+    media = list(calls[path[-1]].get("media") or [])
+    for i in path[:-1]:
+        inside = [m for m in media if sum(m["placeholder"]) <= len(prompts[i])]
+        if list(calls[i].get("media") or []) != inside:
+            raise ValueError(f"trace {trace['trace_id']}: call {calls[i]['call_id']}'s images are not those its "
+                             f"child's prompt holds where it extends it")  # fmt: skip
+    return media
+
+
+def _branch_sample(
+    trace: dict[str, Any], path: list[int], prompts: list[list[int]], media_dir: str | None = None
+) -> Sample:
     calls = trace["calls"]
     leaf = path[-1]
     ids = prompts[leaf] + list(calls[leaf]["response_ids"])
@@ -80,14 +102,21 @@ def _branch_sample(trace: dict[str, Any], path: list[int], prompts: list[list[in
         behaviour_logprobs=logps,
         versions=versions,
         reward=float(trace.get("reward") or 0.0),
+        media=_branch_media(trace, path, prompts),
+        media_dir=media_dir,
+        image_processor=calls[leaf].get("image_processor"),
     )
 
 
-def build_samples(trace: dict[str, Any], include_side: bool = False) -> list[Sample]:
-    """All branch samples of one trace, with per-token weights summing to 1 over the trace."""
+def build_samples(
+    trace: dict[str, Any], include_side: bool = False, media_dir: str | Path | None = None
+) -> list[Sample]:
+    """All branch samples of one trace, with per-token weights summing to 1 over the trace. `media_dir`: where the
+    bytes of the trace's images are (`media/` beside its trace file)."""
     paths = branches(trace, _keep(include_side))
     prompts = all_prompt_ids(trace)
-    samples = [_branch_sample(trace, p, prompts) for p in paths]
+    folder = None if media_dir is None else str(media_dir)
+    samples = [_branch_sample(trace, p, prompts, folder) for p in paths]
     # how many branches hold each sampled token of each call (tokens are identified by (call, offset))
     shared: Counter[int] = Counter(i for p in paths for i in p)
     distinct = sum(len(trace["calls"][i]["response_ids"]) for i in shared)

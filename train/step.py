@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from hrl.runners.rundir import RunDir
 from hrl.runners.trace import dropped_media, image_calls, is_infra_failure
 from hrl.train.advantages import group_advantages
 from hrl.train.group import make_trainer
+from hrl.train.media import unusable_images
 from hrl.train.offload import OffloadPlan, resolve_offload
 from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, mask_stale, retained_tokens
 from hrl.train.sinks import MetricsSink
@@ -48,6 +50,8 @@ __all__ = [
 ]
 
 Event = Callable[[str, dict[str, Any]], None]
+_log = logging.getLogger(__name__)
+_logged: set[str] = set()  # reasons image traces were left out, each logged once per process
 
 
 class Publisher(Protocol):
@@ -92,6 +96,9 @@ async def start_trainer(
                        "publishes them from the trainer's GPU memory",
                        hint="use -c trainer.offload=optimizer (or auto), or -c engine_options.weight_sync=disk")  # fmt: skip
     trainer = await asyncio.to_thread(make_trainer, cfg.trainer)
+    trainer.media_dir = run.traces / "media"  # images' bytes, where the proxy keeps them for this run
+    if callable(keep := getattr(publisher, "keep_media", None)):
+        keep(trainer.media_dir)
     attach_ipc_weights(engine, trainer, cfg.trainer)
     if state["checkpoint"]:
         await asyncio.to_thread(trainer.load, state["checkpoint"])
@@ -145,10 +152,23 @@ async def wake(publisher: Publisher, trainer: Trainer) -> dict[str, float]:
 def trainable(trace: dict[str, Any], keep_dropped_media: bool = False) -> bool:
     """Traces with a real score: the agent's own failures (exit, timeout, crash, overflow) keep their reward and
     are trained on; infrastructure failures (no reward) are not, nor, unless `keep_dropped_media`, a trace whose
-    requests lost media to `proxy.media: drop` (the model answered without seeing it), nor one whose prompts held
-    images (training has no pixel inputs yet: counted as train/image_traces)."""
-    media_ok = (keep_dropped_media or not dropped_media(trace)) and not image_calls(trace)
+    requests lost media to `proxy.media: drop` (the model answered without seeing it). A trace whose prompts held
+    images is trained with their pixels, unless the trainer cannot use them (`update_from_traces`)."""
+    media_ok = keep_dropped_media or not dropped_media(trace)
     return trace.get("reward") is not None and not is_infra_failure(trace) and media_ok
+
+
+def _unseen_images(trainer: Trainer, traces: list[dict[str, Any]]) -> set[str]:
+    """Traces whose images the trainer cannot use (`hrl.train.media.unusable_images`): left out, counted as
+    `train/image_traces`, each reason logged once."""
+    out = set()
+    for t in traces:
+        if image_calls(t) and (why := unusable_images(t, trainer.takes_images, trainer.media_dir)):
+            out.add(t["trace_id"])
+            if why not in _logged:
+                _logged.add(why)
+                _log.warning("traces with images left out of training: %s", why)
+    return out
 
 
 def update_from_traces(
@@ -164,7 +184,9 @@ def update_from_traces(
     tokenization alone; advantages are the traces' own, as without it. A trace an online run trains off-policy (its
     reward came late: `online.late_reward: off_policy`) keeps its stale tokens. `advantages`: (rewards, groups) →
     (advantages, metrics) in place of the per-group ones (an online run's `lone_advantages`)."""
-    rewards = {t["trace_id"]: float(t["reward"]) for t in traces if trainable(t, cfg.keep_dropped_media)}
+    unseen = _unseen_images(trainer, traces)
+    rewards = {t["trace_id"]: float(t["reward"]) for t in traces
+               if trainable(t, cfg.keep_dropped_media) and t["trace_id"] not in unseen}  # fmt: skip
     groups = {t["trace_id"]: str(t.get("group_id")) for t in traces}
     if advantages is not None:
         adv, adv_metrics = advantages(rewards, groups)
@@ -173,7 +195,7 @@ def update_from_traces(
     samples, trained, sampled, masked = [], 0, 0, 0
     for t in traces:
         if t["trace_id"] in adv:
-            mine = build_samples(t, cfg.include_side_calls)
+            mine = build_samples(t, cfg.include_side_calls, trainer.media_dir)
             kept, total = retained_tokens(t, mine, cfg.include_side_calls)
             trained, sampled = trained + kept, sampled + total
             if stale_before is not None and not off_policy(t):
@@ -182,8 +204,9 @@ def update_from_traces(
                 s.advantage = adv[t["trace_id"]]
             samples += mine
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
-    images = float(sum(bool(image_calls(t)) for t in traces))  # left out: no pixel inputs in training yet
-    media = float(sum(trainable(t, keep_dropped_media=True) and t["trace_id"] not in rewards for t in traces))
+    images = float(len(unseen))  # left out: images the trainer cannot use (no vision tower, bytes missing)
+    media = float(sum(trainable(t, keep_dropped_media=True) and t["trace_id"] not in rewards
+                      and t["trace_id"] not in unseen for t in traces))  # fmt: skip
     signal = adv_metrics["adv/groups"] - adv_metrics["adv/zero_variance_groups"]
     lr = trainer.lr_info()  # read before the step: the rate the step uses
     return {**adv_metrics, "train/groups_with_signal": signal / max(adv_metrics["adv/groups"], 1.0),

@@ -26,11 +26,12 @@ from hrl.train.device import (
 )
 from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
+from hrl.train.media import MediaError, Pixels
 from hrl.train.offload import Offloader, OffloadPlan, free_cache, optimizer_tensors
 from hrl.train.policy import build_policy
 from hrl.train.samples import Sample
 from hrl.train.trainer_config import TrainerConfig
-from hrl.train.tree import token_ratio, tree_plan
+from hrl.train.tree import token_ratio, tree_declined_for_media, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
 
@@ -54,6 +55,11 @@ class Trainer:
             self.model, self.forward = build()
             # full fine-tuning with a KL term: a frozen copy of the starting weights, sharded as the policy is
             self.reference = build(trainable=False)[1] if config.kl_coef > 0 and config.mode == "full" else None
+        # a vision model's images: pixel inputs made from media/ (`hrl.train.media`), per sample, once per step
+        self.takes_images = getattr(self.model.config, "vision_config", None) is not None
+        self.media_dir: Path | None = None  # where the loops' traces keep their images' bytes (start_trainer sets it)
+        self._pixels = Pixels(self.path)
+        self._pixel_cache: dict[tuple[str, tuple[str, ...]], dict[str, torch.Tensor]] = {}
         params = self._trainable()
         self.n_trainable = sum(p.numel() for p in params)
         adamw = {"lr": config.lr, "weight_decay": config.weight_decay}
@@ -78,8 +84,22 @@ class Trainer:
         )
 
     def _logp(self, model: LogprobModel, mb: list[Sample], tree: bool) -> torch.Tensor | list[torch.Tensor]:
-        """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows."""
-        return model(None, None, [s.input_ids for s in mb]) if tree else model(*self._pad(mb))
+        """A micro-batch's logprobs, [i][t] predicting sample i's token t+1: one packed prefix tree, or padded rows
+        (a sample with images is a micro-batch of its own, with its pixel inputs)."""
+        if tree:
+            return model(None, None, [s.input_ids for s in mb])
+        return model(*self._pad(mb), pixels=self._pixel_inputs(mb[0]) if mb[0].media else None)
+
+    def _pixel_inputs(self, sample: Sample) -> dict[str, torch.Tensor]:
+        """A sample's pixel inputs on the trainer's device, floats in its dtype; made once per step."""
+        if not self.takes_images:
+            raise MediaError(f"trace {sample.trace_id} holds images, and {self.config.model} has no vision tower")
+        key = (sample.trace_id, tuple(sample.branch))
+        if key not in self._pixel_cache:
+            made = self._pixels.of(sample)
+            self._pixel_cache[key] = {k: v.to(device=self.device, dtype=self.dtype if v.is_floating_point() else v.dtype)
+                                      for k, v in made.items()}  # fmt: skip
+        return self._pixel_cache[key]
 
     @distributed.on_own_device
     @torch.no_grad()
@@ -107,8 +127,15 @@ class Trainer:
         return out
 
     def _plan(self, samples: list[Sample]) -> tuple[list[list[int]], bool]:
-        """Micro-batches (sample indices) and whether each is one packed prefix tree (trainer.tree) or padded rows."""
+        """Micro-batches (sample indices) and whether each is one packed prefix tree (trainer.tree) or padded rows.
+        A batch with images trains one row per branch (`tree_declined_for_media`), each sample with images alone."""
         cfg, seqs = self.config, [s.input_ids for s in samples]
+        images = [i for i, s in enumerate(samples) if s.media]
+        if images:
+            tree_declined_for_media(cfg.tree)
+            text = [i for i, s in enumerate(samples) if not s.media]
+            plan = plan_micro_batches([len(seqs[i]) for i in text], cfg.micro_batch, cfg.micro_batch_tokens)
+            return [[text[j] for j in mb] for mb in plan] + [[i] for i in images], False
         trees = tree_plan(self.model, seqs, cfg.tree, cfg.tree_threshold, cfg.tree_max_tokens)
         if trees is not None:
             return trees, True
@@ -123,6 +150,7 @@ class Trainer:
         No step when every advantage is zero (`train/skipped` = 1). Per-step metrics are averaged (`_max`: max)."""
         cfg, t0 = self.config, time.monotonic()
         reset_peak_mem(self.device)
+        self._pixel_cache.clear()
         samples = [s for s in samples if s.loss_tokens > 0]
         if not samples:
             return {"train/samples": 0.0}
@@ -304,7 +332,8 @@ class Trainer:
             import shutil
 
             for f in Path(self.path).iterdir() if Path(self.path).is_dir() else []:
-                if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
+                if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges",
+                                      "preprocessor_config", "processor_config")):  # fmt: skip
                     shutil.copy(f, out / f.name)
         if self.distributed:
             torch.distributed.barrier()

@@ -13,7 +13,10 @@ mask: a node sees an ancestor fewer than `window` positions above it, as transfo
 model whose layers mix full and windowed attention gets one mask per layer type (the dict transformers takes in place
 of one mask). A model whose attention the tree masks cannot reproduce (another attention implementation, chunked or
 linear layers, mixed layers without per-layer-type masks) is declined: `on` fails naming why, `auto` logs it once
-and trains one row per branch.
+and trains one row per branch. A batch holding images is declined whatever the mode (`tree_declined_for_media`, logged
+once): a packed pass has no pixel inputs, and a trie of token ids alone would merge two different images whose
+placeholder runs hold the same ids (their sha256 differ, their ids do not), so such a batch trains one row per
+branch, each with its own images.
 
 Sorting the sequences lexicographically makes the trie cheap to build: a sequence's longest shared prefix with any
 earlier one is its shared prefix with the one just before it.
@@ -44,6 +47,7 @@ __all__ = [
     "plan",
     "token_ratio",
     "tree_declined",
+    "tree_declined_for_media",
     "tree_logprobs",
     "tree_plan",
 ]
@@ -272,6 +276,16 @@ def tree_plan(
         return None
     order, spans = plan(seqs, max_tokens)
     return [order[a:b] for a, b in spans]
+
+
+MEDIA_REASON = "the batch holds images (a tree pass has no pixel inputs, and its trie compares token ids, not images)"
+
+
+def tree_declined_for_media(mode: str) -> None:
+    """A batch with images trains one row per branch whatever `trainer.tree` says; logged once (not for `off`)."""
+    if mode != "off" and MEDIA_REASON not in _logged:
+        _logged.add(MEDIA_REASON)
+        _log.warning("trainer.tree=%s trains one row per branch: %s", mode, MEDIA_REASON)
 
 
 def _declined_once(model: Any) -> bool:

@@ -50,11 +50,12 @@ def test_hrl_trains_step_line_says_how_many_traces_dropped_media_left_out():
     assert "dropped media" not in _line(step)
     assert "left out for dropped media 2" in _line({**step, "train/dropped_media": 2.0})
     assert "images" not in _line(step)
-    assert "left out for images 3" in _line({**step, "train/image_traces": 3.0})  # no pixel inputs in training yet
+    assert "left out for images 3" in _line({**step, "train/image_traces": 3.0})  # images the trainer cannot use
 
 
-def test_a_trace_whose_prompts_held_images_is_left_out_of_training(traces):
-    """Training has no pixel inputs yet: a trace with images would train on their placeholder ids alone."""
+def test_a_trace_whose_prompts_held_images_is_trainable(traces):
+    """Images are trained with their pixels (tests/train/test_images.py); only dropped media leaves a trace out here,
+    and images the trainer cannot use are left out where the trainer is known (`update_from_traces`)."""
     plain = traces[0]
     seen = {**plain, "calls": [{**plain["calls"][0], "media": [{"sha256": "0" * 64, "placeholder": [3, 7]}]}]}
-    assert trainable(plain) and not trainable(seen) and not trainable(seen, keep_dropped_media=True)
+    assert trainable(plain) and trainable(seen)
