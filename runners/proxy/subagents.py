@@ -14,7 +14,10 @@ they send:
 
 Each child counts against `proxy.max_children` (the proxy refuses one more with a 429).
 
-White-box agents need none of this: they register their children (`POST /sessions` with `parent`).
+White-box agents need none of this: they register their children (`POST /sessions` with `parent`). Any client may
+also say what a call is, with the header `x-hrl-call`: `side` records it in the child `side`, never trained (a
+title, a summary, a judge's call made through the session), and `main` keeps it the session's own whatever the
+markers above say (docs/online.md).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from collections.abc import Mapping
 from hrl.runners.proxy.dialects.base import ChatRequest
 from hrl.runners.proxy.session import Session
 
-__all__ = ["PROMPT_MARKERS", "recognise_subagent"]
+__all__ = ["CALL_HEADER", "PROMPT_MARKERS", "recognise_subagent"]
 
 # (text near the start of a sub-agent's system prompt, the child's name)
 PROMPT_MARKERS = (("cc_is_subagent=true", "claude-code/task"), ("You are an agent for Claude Code", "claude-code/task"))
 _HARNESS_SESSION_HEADER = "x-session-id"  # opencode: one per opencode session, sub-agents included
 _OPENCODE_AGENT = "opencode/"  # how opencode's User-Agent starts (opencode/1.18.33 ai-sdk/provider-utils/…)
+CALL_HEADER = "x-hrl-call"  # main | side: what the client says a call is
 
 
 def _first(req: ChatRequest, role: str) -> str:
@@ -41,6 +45,11 @@ def _first(req: ChatRequest, role: str) -> str:
 def recognise_subagent(session: Session, headers: Mapping[str, str], req: ChatRequest) -> Session:
     """The session a request records into: `session`, or the child for the sub-agent that sent it."""
     if session.root is not session:  # a registered child says what it is
+        return session
+    said = headers.get(CALL_HEADER, "").strip().lower()
+    if said == "side":
+        return session.child("side", "side", trainable=False)
+    if said == "main":
         return session
     system = _first(req, "system")
     for marker, name in PROMPT_MARKERS:

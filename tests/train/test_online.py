@@ -17,6 +17,7 @@ from hrl.runners.serving.stack import serving
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.online import ExternalProducer
+from hrl.train.samples import build_samples
 from hrl.train.trainer import TrainerConfig
 
 CONTROL = "control-token-of-the-test-0123456789"
@@ -43,9 +44,9 @@ class Client:
         assert out["base_url"] == f"{self.url}/s/{out['token']}/v1"
         return out
 
-    async def chat(self, s: dict[str, Any], messages: list[dict[str, Any]] = MSG) -> str:
+    async def chat(self, s: dict[str, Any], messages: list[dict[str, Any]] = MSG, call: str = "") -> str:
         body = {"messages": messages, "max_tokens": 8}
-        headers = {"Authorization": f"Bearer hrl-{s['token']}"}
+        headers = {"Authorization": f"Bearer hrl-{s['token']}"} | ({"x-hrl-call": call} if call else {})
         async with self.http.post(s["base_url"] + "/chat/completions", json=body, headers=headers) as r:
             assert r.status == 200, await r.text()
             return str((await r.json())["choices"][0]["message"]["content"])
@@ -104,6 +105,7 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
         assert not stack.proxy._held  # nothing paused
         for s in (on_time, late, forgotten, other):
             await a.chat(s)
+        await a.chat(on_time, [{"role": "user", "content": "a title for this"}], call="side")  # recorded, not trained
         await a.hang_up(cut)
         # on time: ended without a reward, rewarded 0.3 s later
         assert (await a.post(f"/s/{on_time['token']}/end"))[1]["status"] == "waiting for reward"
@@ -132,6 +134,11 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
     assert set(traces) == {tokens["on_time"], tokens["cut"], tokens["other"]}  # the late and the reaped: not trained
     assert traces[tokens["on_time"]]["reward"] == 1.0
     assert traces[tokens["on_time"]]["reward_info"] == {"tests": "pass"}
+    main, side = traces[tokens["on_time"]]["calls"]
+    assert "agent" not in main and side["agent"] == "side" and side["trainable"] is False
+    assert [len(s.input_ids) for s in build_samples(traces[tokens["on_time"]])] == [  # the side call is no sample
+        len(main["prompt_ids"]) + len(main["response_ids"])
+    ]
     assert traces[tokens["other"]]["metadata"]["pr"] == 7
     assert traces[tokens["other"]]["metadata"]["online"]["client"] == "b"
     assert [c["finish_reason"] for c in traces[tokens["cut"]]["calls"]] == ["abort"]  # the hang-up: an aborted call
@@ -172,7 +179,8 @@ def test_resume_keeps_open_sessions_and_pending_rewards(tmp_path: Path, tiny_mod
         await a.chat(here["open"], [*MSG, reply, {"role": "user", "content": "go on"}])
         assert (await a.post(f"/s/{saved['open']['token']}/end", {"reward": 0.0}))[0] == 200
         assert (await a.post(f"/s/{saved['pending']['token']}/reward", {"reward": 1.0}))[1]["trained"]
-        while stack.proxy.engine.version < 2:  # step 1 trained and published: `old` (sampled by v0) is now stale
+        # step 1 trained and published: `old` (sampled by v0) is now stale
+        while stack.proxy.engine.version < 2:  # noqa: ASYNC110 (the engine has no event for a publish)
             await asyncio.sleep(0.1)
         assert (await a.post(f"/s/{saved['old']['token']}/end"))[0] == 200
         status, out = await a.post(f"/s/{saved['old']['token']}/reward", {"reward": 1.0})
