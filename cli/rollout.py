@@ -210,6 +210,8 @@ async def _run(
     )
     say = lambda line: err.print(line, markup=False)  # noqa: E731
     async with placed(run, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
+        if callable(keep := getattr(getattr(here, "publisher", None), "keep_media", None)):
+            keep(out.parent / "media")  # images' bytes beside the traces, where report, inspect and training read them
         try:
             with live_status(traces_live_file(out), lambda: engine_version(here)):  # `hrl top OUT` watches it
                 traces = await here.run(episodes, out, concurrency)

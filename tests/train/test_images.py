@@ -67,15 +67,20 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def recorded(vision_model, tmp_path_factory) -> tuple[list[dict], Path]:
     """Four traces of the three-turn conversation (one GRPO group, rewards 1, 0, 1, 0; the last two with another
-    first image) and the run's media folder."""
-    out = tmp_path_factory.mktemp("run") / "traces.jsonl"
+    first image) and the run's media folder, where the proxy keeps the images as in `hrl train` (`keep_media`: the
+    rollouts write the traces, the proxy has no trace file of its own)."""
+    media = tmp_path_factory.mktemp("run") / "traces" / "media"
     traces = []
-    with running_proxy(vision_model, engine="embedded", traces=str(out), engine_options={"dtype": "float32"}) as p:
+    with running_proxy(vision_model, engine="embedded", engine_options={"dtype": "float32"}) as p:
+        p.proxy.keep_media(media)
         for i in range(4):
             p.call(p.proxy.open_session, f"t{i}", {"group_id": "g", "task_id": "t"})
             _conversation(p.url, f"t{i}", seed=i, asked=ASKED if i < 2 else _png(50, (30, 60)))
             traces.append(p.end(f"t{i}", reward=float(i % 2 == 0)))
-    return traces, out.parent / "media"
+    assert sorted(f.name for f in media.iterdir()) == sorted(
+        hashlib.sha256(b).hexdigest() for b in (ASKED, TOOL, _png(50, (30, 60)))
+    )  # each image once
+    return traces, media
 
 
 def test_samples_carry_their_images_and_the_engines_processor_settings(recorded):
