@@ -63,3 +63,25 @@ def test_vllm_s_prompt_is_transformers_own(serving, vision_model):
     messages = [{"role": "user", "content": [{"type": "text", "text": ASK}, {"type": "image", "image": image}]}]
     ids = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
     assert call["prompt_ids"] == list(ids["input_ids"][0])
+
+
+def test_trainer_logprobs_match_vllms_on_a_conversation_with_two_images(serving, vision_model):
+    """Three turns, two images (one inside a tool result), served by vLLM: the trainer, making the pixels again from
+    media/ with the image processor settings the call recorded, gives vLLM's logprobs within the text parity
+    tolerance of vLLM against transformers (tests/runners/engines/test_vllm.py), and not without the pixels."""
+    from hrl.train.samples import build_samples
+    from hrl.train.trainer import Trainer, TrainerConfig
+    from tests.runners.engines.test_vllm import TOL
+    from tests.train.test_images import _bound_and_delta, _conversation
+
+    proxy, out = serving
+    _conversation(proxy.url, "parity", seed=0)
+    trace = proxy.end("parity", reward=1.0)
+    assert all(c.get("image_processor") for c in trace["calls"])
+    trainer = Trainer(TrainerConfig(model=vision_model, mode="full", device="cpu", dtype="float32"))
+    samples = build_samples(trace, media_dir=out.parent / "media")
+    assert sum(len(s.media) for s in samples) >= 2
+    deltas = [_bound_and_delta(trainer, s, vision_model)[1:] for s in samples]
+    print(f"\nvLLM: max|Δlogp| trainer vs vLLM {max(d for d, _ in deltas):.2e}; without pixels "
+          f"{min(b for _, b in deltas):.2e}")  # fmt: skip
+    assert all(d <= TOL for d, _ in deltas) and all(b > 10 * TOL for _, b in deltas)
