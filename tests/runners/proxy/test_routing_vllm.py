@@ -30,7 +30,7 @@ CONTEXT = " ".join(f"line {i} of the task's context." for i in range(60))  # ~40
 
 
 @pytest.fixture(scope="module")
-def servers(
+def started(
     tiny_model: str, tmp_path_factory: pytest.TempPathFactory, loop: asyncio.AbstractEventLoop
 ) -> Iterator[list[VLLMEngine]]:
     logs = tmp_path_factory.mktemp("vllm-replicas")
@@ -54,16 +54,16 @@ def servers(
 
 
 @pytest.fixture
-def servers_one_may_kill(servers: list[VLLMEngine], loop: asyncio.AbstractEventLoop) -> Iterator[list[VLLMEngine]]:
-    """For a test that SIGKILLs a server: afterwards a dead one is replaced by a fresh server (a minute), so that the
-    module's other tests find two live servers in any order."""
-    yield servers
-    for i, server in enumerate(servers):
+def servers(started: list[VLLMEngine], loop: asyncio.AbstractEventLoop) -> list[VLLMEngine]:
+    """The module's two servers, both live: one a test SIGKILLed is replaced by a fresh server (a minute) before
+    the next test that needs it, so the tests pass in any order and the last one's kill costs nothing."""
+    for i, server in enumerate(started):
         if not loop.run_until_complete(server.health()):
             loop.run_until_complete(server.close())
             fresh = VLLMEngine(server.config)
             loop.run_until_complete(fresh.start())
-            servers[i] = fresh
+            started[i] = fresh
+    return started
 
 
 def _options(servers: list[VLLMEngine], **routing) -> dict:
@@ -155,9 +155,9 @@ def _cut_after_first_tokens(replica: VLLMEngine, server: VLLMEngine, killed: thr
     replica.generate = cut  # type: ignore[method-assign]
 
 
-def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny_model, servers_one_may_kill):
-    """It kills one of the two servers (SIGKILL of its process group); the fixture starts another after it."""
-    servers = servers_one_may_kill
+def test_a_vllm_replica_killed_mid_stream_hands_its_generation_to_the_other(tiny_model, servers):
+    """It kills one of the two servers (SIGKILL of its process group); the `servers` fixture starts another before
+    a later test needs it."""
     owner = hrw_rank("victim", ["r0", "r1"])[0]
     other = "r1" if owner == "r0" else "r0"
     want = 3000
