@@ -178,3 +178,15 @@ def test_pixels_that_do_not_make_the_recorded_run_are_refused(recorded, vision_m
     cut = sample.__class__(**{**sample.__dict__, "input_ids": sample.input_ids[: offset + length - 2]})
     with pytest.raises(MediaError, match="is not whole inside"):
         trainer._pixels.of(cut)
+
+
+def test_a_branch_whose_earlier_call_held_another_image_is_refused(recorded):
+    """Samples compare images by hash, not by ids alone: two images expand into the same placeholder ids here, so a
+    call whose image differs from what its child's prompt holds where it extends it is an error, never merged."""
+    traces, media = recorded
+    trace = traces[0]
+    first = trace["calls"][0]
+    other = {**first, "media": [{**first["media"][0], "sha256": traces[2]["calls"][0]["media"][0]["sha256"]}]}
+    assert other["media"][0]["placeholder"] == first["media"][0]["placeholder"]  # the same ids at the same place
+    with pytest.raises(ValueError, match="images are not those its child's prompt holds"):
+        build_samples({**trace, "calls": [other, *trace["calls"][1:]]}, media_dir=media)
