@@ -190,3 +190,23 @@ def test_a_branch_whose_earlier_call_held_another_image_is_refused(recorded):
     assert other["media"][0]["placeholder"] == first["media"][0]["placeholder"]  # the same ids at the same place
     with pytest.raises(ValueError, match="images are not those its child's prompt holds"):
         build_samples({**trace, "calls": [other, *trace["calls"][1:]]}, media_dir=media)
+
+
+def test_a_training_run_keeps_its_images_where_its_trainer_reads_them(vision_model, tmp_path):
+    """`start_trainer` points the trainer and the proxy at the run directory's traces/media: the images an episode
+    sends land where the step reads them (hrl train's proxy has no trace file of its own)."""
+    import asyncio
+
+    from hrl.runners.rundir import RunDir
+    from hrl.train.step import start_trainer
+
+    with running_proxy(vision_model) as p:  # the scripted engine: it expands the images, runs no weights
+        cfg = LoopConfig(trainer=TrainerConfig(model=vision_model, mode="lora", device="cpu"))
+        trainer, _ = asyncio.run(start_trainer(cfg, RunDir(tmp_path), p.proxy, lambda *_: None))
+        client = openai.OpenAI(base_url=f"{p.url}/s/run/v1", api_key="unused", max_retries=0)
+        content: Any = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": _url(TOOL)}}]
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=2)
+        trace = p.end("run", reward=1.0)
+    assert trainer.media_dir == tmp_path / "traces" / "media"
+    assert (trainer.media_dir / hashlib.sha256(TOOL).hexdigest()).read_bytes() == TOOL
+    assert trace["calls"][0]["image_processor"]["size"] == {"longest_edge": 56}
