@@ -41,6 +41,7 @@ from hrl.runners.trace import TraceWriter, binary_success, read_traces, sampled_
 __all__ = ["ClientError", "OnlineConfig", "OnlineSessions"]
 
 Deliver = Callable[[list[dict[str, Any]]], None]
+AGENT_FAILURES = ("agent_crash", "agent_timeout")  # what a client may say of its own agent's end
 _KEEP_EXPIRED = 4096  # expired traces kept for a late reward (the oldest go first)
 
 
@@ -61,7 +62,8 @@ class OnlineConfig(BaseModel):
     )
     scorer: str = Field(
         "", description="python:MODULE:FUNCTION | FILE.py:FUNCTION scoring a session ended without a reward: "
-        "f(trace, info) -> reward (or (reward, info)); '' = such a trace waits for POST /s/<token>/reward."
+        "f(trace, info) -> reward, (reward, info), or None (cannot say: the trace waits for POST "
+        "/s/<token>/reward, as every such trace does with '')."
     )  # fmt: skip
     keys_file: str = Field("", description="The client keys file; '' = <run>/client_keys.json (hrl keys add).")
     max_open_per_key: int = Field(256, ge=1, description="Open sessions one client key may hold at once (429 past).")
@@ -136,8 +138,13 @@ class OnlineSessions:
         if token not in self.proxy.sessions:
             raise ClientError(409, f"session {token} has ended already")
         reward, info = _reward(body, required=False)
+        failure = body.get("failure_reason")
+        if failure is not None and failure not in AGENT_FAILURES:
+            raise ClientError(400, f"'failure_reason' is one of {', '.join(AGENT_FAILURES)}, or absent")
         try:
-            trace = self.proxy.end_session(token, reward=reward, reward_info=info, extra={"ended_by": "client"})
+            trace = self.proxy.end_session(
+                token, reward=reward, reward_info=info, failure_reason=failure, extra={"ended_by": "client"}
+            )
         except UnknownSessionError as e:
             raise ClientError(409, f"session {token} has ended already") from e
         self.counts["online/ended"] += 1
@@ -247,6 +254,8 @@ class OnlineSessions:
             out = self.scorer(trace, info)
             if asyncio.iscoroutine(out):
                 out = await out
+            if out is None:  # the scorer cannot say: the trace waits for the client's reward
+                return None, info
             reward, extra = out if isinstance(out, tuple) else (out, {})
             self.counts["online/scored"] += 1
             return float(reward), {**info, **(extra or {}), "scorer": True}

@@ -93,6 +93,7 @@ class WhiteboxSession:
         self.reward_value: float | None = None
         self.reward_info: dict[str, Any] = {}
         self.result: dict[str, Any] = {}  # what the proxy answered the end with (trace_id, calls, status)
+        self._client_key: str | None = None  # an online run's client key (session(key=…)): for send_reward
         self._clients: list[Any] = []
 
     @property
@@ -127,6 +128,14 @@ class WhiteboxSession:
         client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **options)
         self._clients.append(client)
         return client
+
+    async def send_reward(self, value: float, info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An online run's client: the reward of this session after it ended (`POST /s/<token>/reward`), within the
+        run's `online.max_reward_delay_s` to be trained as on time. The proxy's answer: {trace_id, trained, late?}."""
+        if not self._client_key:
+            raise SessionAPIError("send_reward needs a session opened with a client key", hint="hrl.session(key=…)")
+        body = {"reward": float(value), "info": dict(info or {})}
+        return await _control(self.url, self._client_key, f"/s/{self.token}/reward", body, "")
 
     def reward(self, value: float | None, info: dict[str, Any] | None = None) -> None:
         """The episode's reward (and why), sent when the session ends; in a rollout it replaces the verifier's."""
@@ -181,6 +190,7 @@ async def session(
     *,
     url: str | None = None,
     control_token: str | None = None,
+    key: str | None = None,
     model: str | None = None,
     agent: str = "python",
     group_id: str | None = None,
@@ -189,9 +199,18 @@ async def session(
     """Register a session on the proxy at `url` (default: $HRL_URL) with `control_token` (default:
     $HRL_CONTROL_TOKEN), yield it, and end it on exit with the reward given to `s.reward` (an exception ends it
     as `agent_crash` and propagates). `model`: the name to send (default: the one the proxy serves). The control
-    token stays in this function: the session it yields holds the registration's agent key only."""
+    token stays in this function: the session it yields holds the registration's agent key only.
+
+    `key` (default $HRL_CLIENT_KEY, when no control token is given): an online run's client key (`hrl train
+    --serve`, docs/online.md). The session is the client's (`group_id` its group), it ends with the reward given,
+    or without one, and `await s.send_reward(r)` sends one later."""
     url = (url or os.environ.get("HRL_URL") or "").rstrip("/")
     control_token = control_token or os.environ.get("HRL_CONTROL_TOKEN")
+    key = key or (None if control_token else os.environ.get("HRL_CLIENT_KEY"))
+    if url and key:
+        async with _client_session(task, url, key, model, group_id, metadata) as s:
+            yield s
+        return
     if not url or not control_token:
         raise SessionAPIError(
             "hrl.session() needs the proxy's url and control token",
@@ -215,6 +234,33 @@ async def session(
         if s.reward_value is not None:
             outcome |= {"reward": s.reward_value, "reward_info": s.reward_info}
         s.result = await _control(url, control_token, f"/s/{s.token}/end", outcome)
+
+
+@contextlib.asynccontextmanager
+async def _client_session(
+    task: Any, url: str, key: str, model: str | None, group: str | None, metadata: dict[str, Any] | None
+) -> AsyncIterator[WhiteboxSession]:
+    """`session(key=…)`: a session of an online run's client, through the client routes."""
+    hint = "pass the client key `hrl keys add NAME --run-dir RUN` printed (key=…)"
+    body = {**_task_meta(task), "group": group, "metadata": dict(metadata or {})}
+    reg = await _control(url, key, "/sessions", body, hint)
+    s = WhiteboxSession(url, reg["token"], model or await _served_model(url), None, task=task)
+    s._client_key = key
+    crashed = False
+    try:
+        with s._current():
+            yield s
+    except BaseException:
+        crashed = True
+        raise
+    finally:
+        await s._close_clients()
+        end: dict[str, Any] = {"info": s.reward_info} if s.reward_info else {}
+        if s.reward_value is not None and not crashed:
+            end["reward"] = s.reward_value
+        if crashed:
+            end["failure_reason"] = "agent_crash"
+        s.result = await _control(url, key, f"/s/{s.token}/end", end, hint)
 
 
 async def _served_model(url: str) -> str:

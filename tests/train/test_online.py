@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+import hrl
 from hrl.runners.online import OnlineConfig, OnlineSessions, add_key
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
@@ -62,9 +63,16 @@ class Client:
                     break  # leaving the block drops the connection mid-stream
 
 
+def score(trace: dict[str, Any], info: dict[str, Any]) -> tuple[float, dict[str, Any]] | None:
+    """online.scorer: grades what the client's info holds an answer for; anything else waits for the client."""
+    if "answer" not in info:
+        return None
+    return float(info["answer"] == "42"), {"graded": "answer"}
+
+
 def _stack(model: str, run: RunDir, ocfg: OnlineConfig) -> Any:
     def clients(proxy: Any) -> OnlineSessions:
-        return OnlineSessions(proxy, ocfg, run.path, max_staleness=1)
+        return OnlineSessions(proxy, ocfg, run.path, max_staleness=1, scorer=score)
 
     return serving(model, engine_options={"dtype": "float32"}, control_token=CONTROL, clients=clients)
 
@@ -85,7 +93,7 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
     run = RunDir(tmp_path / "run")
     key_a, key_b = add_key(run.path / "client_keys.json", "a"), add_key(run.path / "client_keys.json", "b")
     cfg = LoopConfig(iterations=1, group_size=1, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
-    acfg = AsyncConfig(max_in_flight=1, batch_traces=3, max_staleness=1, max_buffered=8)
+    acfg = AsyncConfig(max_in_flight=1, batch_traces=4, max_staleness=1, max_buffered=8)
     ocfg = OnlineConfig(max_reward_delay_s=1.0, session_timeout_s=1.5, late_reward="drop")
     run.create({"train": cfg.model_dump()})
     tokens: dict[str, str] = {}
@@ -113,6 +121,11 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
         await asyncio.sleep(0.3)
         assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 1.0, "info": {"tests": "pass"}}))[1]["trained"]
         assert (await a.post(f"/s/{cut['token']}/end", {"reward": 0.0}))[1]["status"] == "final"
+        async with hrl.session({"task_id": "t5"}, url=stack.url, key=key_a) as s:  # the Python wrapper
+            await s.openai().chat.completions.create(model=s.model, messages=MSG, max_tokens=4)
+            s.reward(None, {"answer": "42"})  # no reward: the scorer's
+        assert s.result["status"] == "final"
+        tokens["scored"] = s.token
         await asyncio.sleep(2.5)  # past the delay of `late`, past the timeout of `forgotten`
         status, out = await a.post(f"/s/{late['token']}/reward", {"reward": 1.0})
         assert status == 200 and out == {"trace_id": out["trace_id"], "trained": False, "late": True}
@@ -129,9 +142,11 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
     (m,) = history
     assert m["online/delayed_rewards"] == 1 and m["online/late_rewards"] == 1
     assert m["online/expired"] == 1 and m["online/reaped"] == 2
-    assert m["train/trained_traces"] == 3 and m["online/trained_on_time"] == 3
+    assert m["train/trained_traces"] == 4 and m["online/trained_on_time"] == 4 and m["online/scored"] == 1
     traces = _sessions(run)
-    assert set(traces) == {tokens["on_time"], tokens["cut"], tokens["other"]}  # the late and the reaped: not trained
+    assert set(traces) == {tokens[k] for k in ("on_time", "cut", "other", "scored")}  # not the late, nor the reaped
+    assert traces[tokens["scored"]]["reward"] == 1.0
+    assert traces[tokens["scored"]]["reward_info"] == {"answer": "42", "graded": "answer", "scorer": True}
     assert traces[tokens["on_time"]]["reward"] == 1.0
     assert traces[tokens["on_time"]]["reward_info"] == {"tests": "pass"}
     main, side = traces[tokens["on_time"]]["calls"]
