@@ -26,22 +26,29 @@ __all__ = ["ExternalProducer", "TaskBaseline"]
 
 
 class TaskBaseline:
-    """A running mean reward per task id (an exponential mean, `decay` per trace), from the traces of earlier steps
-    only, so a trace is never its own baseline."""
+    """A running mean reward per task id (the plain mean of its first 1 / (1 − decay) traces, then an exponential
+    one, so it follows a policy that learns), from the traces of earlier steps
+    only, so a trace is never its own baseline. A task seen fewer than `min_seen` times has none (its trace takes the
+    batch's): one or two earlier rewards of a 0/1 task are a worse baseline than the batch (bench/online_baseline.py)."""
 
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
+    def __init__(self, decay: float = 0.9, min_seen: int = 4) -> None:
+        self.decay, self.min_seen = decay, min_seen
         self.mean: dict[str, float] = {}
+        self.seen: dict[str, int] = {}
 
     def of(self, traces: list[dict[str, Any]]) -> dict[str, float]:
-        """{trace id: its task's running mean} for the traces whose task was seen before."""
-        return {t["trace_id"]: self.mean[str(t["task_id"])] for t in traces if str(t.get("task_id")) in self.mean}
+        """{trace id: its task's running mean} for the traces whose task was seen `min_seen` times before."""
+        return {
+            t["trace_id"]: self.mean[k] for t in traces if self.seen.get(k := str(t.get("task_id")), 0) >= self.min_seen
+        }
 
     def observe(self, traces: list[dict[str, Any]]) -> None:
         for t in traces:
             if t.get("reward") is not None and t.get("task_id") is not None:
                 key, r = str(t["task_id"]), float(t["reward"])
-                self.mean[key] = r if key not in self.mean else self.decay * self.mean[key] + (1 - self.decay) * r
+                n = self.seen[key] = self.seen.get(key, 0) + 1
+                step = max(1.0 / n, 1.0 - self.decay)  # the plain mean at first, then an exponential one
+                self.mean[key] = self.mean.get(key, 0.0) + step * (r - self.mean.get(key, 0.0))
 
 
 class ExternalProducer:

@@ -68,9 +68,11 @@ class OnlineConfig(BaseModel):
     keys_file: str = Field("", description="The client keys file; '' = <run>/client_keys.json (hrl keys add).")
     max_open_per_key: int = Field(256, ge=1, description="Open sessions one client key may hold at once (429 past).")
     baseline: Literal["batch", "task"] = Field(
-        "batch",
-        description="Advantage of a trace without a group in its batch: batch = (r − mean) / std over the batch's "
-        "ungrouped traces; task = r − the running mean reward of its task_id (docs/online.md says which and why).",
+        "task",
+        description="Advantage of a trace without a group in its batch: task = r − the running mean reward of its "
+        "task_id once seen 4 times, else as batch; batch = (r − mean) / std over the batch's lone traces. task "
+        "correlates better with r − p (the ideal) when tasks recur, and no worse when they do not "
+        "(bench/online_baseline.py, docs/online.md).",
     )
 
 

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 import hrl
 from hrl.runners.online import OnlineConfig, OnlineSessions, add_key
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
+from hrl.train.advantages import lone_advantages
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig
-from hrl.train.online import ExternalProducer
+from hrl.train.online import ExternalProducer, TaskBaseline
 from hrl.train.samples import build_samples
 from hrl.train.trainer import TrainerConfig
 
@@ -216,3 +218,24 @@ def test_resume_keeps_open_sessions_and_pending_rewards(tmp_path: Path, tiny_mod
     assert {v for c in opened["calls"] for _, v in c["versions"]} == {0, 1}  # before the stop, and after
     assert traces[saved["pending"]["token"]]["reward"] == 1.0
     assert traces[saved["old"]["token"]]["metadata"]["online"]["off_policy"] is True
+
+
+def test_lone_traces_take_the_batch_or_their_tasks_baseline() -> None:
+    """Hand-computed: a group of two gets GRPO within itself; lone traces take their task's running mean once it was
+    seen `min_seen` times in earlier steps, else the lone traces' batch baseline (r − mean) / std."""
+    running = TaskBaseline(min_seen=2)
+    running.observe([{"task_id": "x", "reward": 1.0}, {"task_id": "x", "reward": 0.0}])  # mean 0.5, seen twice
+    running.observe([{"task_id": "y", "reward": 1.0}])  # seen once: no baseline of its own yet
+    traces = [{"trace_id": "g1", "task_id": "y"}, {"trace_id": "g2", "task_id": "y"},
+              {"trace_id": "x1", "task_id": "x"}, {"trace_id": "y1", "task_id": "y"}, {"trace_id": "z1"}]  # fmt: skip
+    rewards = {"g1": 1.0, "g2": 0.0, "x1": 1.0, "y1": 1.0, "z1": 0.0}
+    groups = {"g1": "G", "g2": "G", "x1": "x1", "y1": "y1", "z1": "z1"}
+    baselines = running.of(traces)
+    assert baselines == {"x1": 0.5}
+    adv, metrics = lone_advantages(rewards, groups, "grpo", baselines)
+    assert adv["g1"] == pytest.approx(1.0, abs=1e-5) and adv["g2"] == pytest.approx(-1.0, abs=1e-5)
+    assert adv["x1"] == 0.5  # r − its task's mean
+    # y1 and z1 by the lone traces' batch baseline: rewards 1, 1, 0 (x1, y1, z1), mean 2/3, std √2/3
+    assert adv["y1"] == pytest.approx((1 - 2 / 3) / (2**0.5 / 3), abs=1e-5)
+    assert adv["z1"] == pytest.approx((0 - 2 / 3) / (2**0.5 / 3), abs=1e-5)
+    assert metrics["adv/lone_traces"] == 3 and metrics["adv/task_baselined"] == 1 and metrics["adv/groups"] == 4
