@@ -134,7 +134,9 @@ def _grad_norm(trainer: Trainer, part: str) -> float:
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
-def test_one_grpo_step_on_traces_with_images_reaches_the_vision_tower_and_the_lm(recorded, vision_model, mode):
+def test_one_grpo_step_on_traces_with_images_reaches_the_vision_tower_and_the_lm(
+    recorded, vision_model, mode, tmp_path
+):
     """LoRA's default targets (q/k/v/o and the MLP projections) adapt the tower's attention and the LM, not the
     connector; full fine-tuning trains all three."""
     traces, media = recorded
@@ -147,6 +149,39 @@ def test_one_grpo_step_on_traces_with_images_reaches_the_vision_tower_and_the_lm
     print(f"\n{mode}: grad norms {norms}; train/grad_norm {metrics['train/grad_norm']:.3e}")
     assert norms["vision_model"] > 0 and norms["text_model"] > 0
     assert (norms["connector"] > 0) == (mode == "full")
+    _published_weights_are_the_trainers(trainer, vision_model, mode, tmp_path)
+
+
+def _published_weights_are_the_trainers(trainer: Trainer, vision_model: str, mode: str, tmp_path: Path) -> None:
+    """The step's checkpoint published to the embedded engine serving the vision model: its tower and LM weights are
+    the trainer's (LoRA: the adapter loaded over the base; full: the whole image-text model reloaded)."""
+    import asyncio
+
+    from hrl.runners.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    path = trainer.save(tmp_path / "v1")
+
+    async def publish() -> dict[str, torch.Tensor]:
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=vision_model, dtype="float32"))
+        await engine.start()
+        try:
+            assert await engine.publish(str(path), mode) == 1
+            merged = engine.model.merge_and_unload() if mode == "lora" else engine.model
+            return {n: p.detach().clone() for n, p in merged.named_parameters()}
+        finally:
+            await engine.close()
+
+    from transformers import AutoModelForImageTextToText
+
+    served = asyncio.run(publish())
+    base = dict(AutoModelForImageTextToText.from_pretrained(vision_model).named_parameters())
+    mine = trainer.model.merge_and_unload() if mode == "lora" else trainer.model
+    moved = 0.0
+    for name, p in mine.named_parameters():
+        if "vision_model" in name or "layers.0.self_attn.q_proj" in name:
+            assert torch.allclose(served[name], p.detach(), rtol=0, atol=1e-8), name
+            moved = max(moved, float((served[name] - base[name].detach()).abs().max()))
+    assert moved > 1e-7  # the step moved them, and the engine serves them moved
 
 
 def test_images_the_trainer_cannot_use_are_left_out_and_counted(recorded, vision_model, tiny_model, tmp_path, caplog):
