@@ -65,6 +65,8 @@ class ExternalProducer:
         self.changed = asyncio.Event()
         self.step = run.state()["iteration"]  # the step whose batch is being gathered: final traces are filed there
         self.baseline = TaskBaseline() if sessions.cfg.baseline == "task" else None
+        if self.baseline is not None:  # a resumed run goes on from the means of the traces it has
+            self.baseline.observe(run.all_traces())
         self._batch_baselines: dict[str, float] = {}
         sessions.deliver = self.receive
         self._held = bool(self.run.state()["checkpoint"])
