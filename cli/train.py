@@ -138,8 +138,12 @@ def train(
             "instead of episodes hrl starts (the async loop; docs/online.md).",
         ),
     ] = False,
-    host: Annotated[str, typer.Option(help="With --serve: the address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="With --serve: the port; 0 = a free one.")] = 8100,
+    host: Annotated[
+        str, typer.Option(help="With --serve (or --resume of an online run): the address to listen on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="With --serve (or --resume of an online run): the port; 0 = any free.")
+    ] = 8100,
     placement: Annotated[
         str,
         typer.Option(
