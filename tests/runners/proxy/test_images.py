@@ -214,8 +214,10 @@ def test_an_image_sent_again_each_turn_extends_the_earlier_ids_and_is_stored_onc
     client = openai.OpenAI(base_url=f"{proxy.url}/s/again/v1", api_key="unused", max_retries=0)
     image: Any = {"type": "image_url", "image_url": {"url": _url(ASKED)}}
     messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": ASK}, image]}]
-    for follow_up in ("and now?", [{"type": "text", "text": "and this one?"}, image], None):
-        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4).choices[0].message.content
+    for seed, follow_up in enumerate(("and now?", [{"type": "text", "text": "and this one?"}, image], None)):
+        # seeded: the random tiny model samples its own <image> token now and then, which the next turn refuses
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=seed)
+        reply = reply.choices[0].message.content
         if follow_up is not None:
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
     trace = proxy.end("again", reward=0.0)
@@ -240,7 +242,8 @@ def test_a_changed_image_starts_a_new_branch(serving):
         return {"role": "user", "content": [{"type": "text", "text": ASK}, {"type": "image_url",
                                                                          "image_url": {"url": _url(raw)}}]}  # fmt: skip
 
-    reply = client.chat.completions.create(model="m", messages=[turn(ASKED)], max_tokens=4).choices[0].message.content
+    reply = client.chat.completions.create(model="m", messages=[turn(ASKED)], max_tokens=4, seed=0)  # as above
+    reply = reply.choices[0].message.content
     again = [turn(TOOL), {"role": "assistant", "content": reply}, {"role": "user", "content": "and now?"}]
     client.chat.completions.create(model="m", messages=again, max_tokens=4)
     one, two = proxy.end("changed", reward=0.0)["calls"]
