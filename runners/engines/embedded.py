@@ -66,6 +66,7 @@ class EmbeddedEngine:
     continues_in_place = True  # a publish lands between two decode steps of running requests
     sampling_knobs = frozenset({"temperature", "top_p", "top_k", "min_p"})  # no penalties: sent as no-ops
     takes_images = False  # True once a vision model (its processor and image-text model) is loaded
+    images_refused: str | None = None  # why a loaded vision model's images cannot be served here (`positions_refusal`)
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
@@ -128,11 +129,12 @@ class EmbeddedEngine:
         of a token prompt and makes the pixel inputs (`expand`)."""
         from transformers import AutoModelForImageTextToText
 
-        from hrl.runners.engines.images import load_processor
+        from hrl.runners.engines.images import load_processor, positions_refusal
 
         self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
         self.processor, self.image_token_id = load_processor(path)
         self.takes_images = True
+        self.images_refused = positions_refusal(self.model)  # text is served; images would get wrong positions
 
     def expand(self, prompt_ids: list[int], images: list[ImageInput]) -> tuple[ExpandedPrompt, dict[str, Any]]:
         """The prompt with each image placeholder expanded by the model's processor, and the pixel inputs
@@ -163,6 +165,8 @@ class EmbeddedEngine:
         if images:
             if not self.takes_images:
                 raise EngineError(f"the embedded engine serves {self.config.model}, which takes no images")
+            if self.images_refused:
+                raise EngineError(self.images_refused)
             expanded, pixels = await asyncio.to_thread(self.expand, list(prompt_ids), images)
             prompt_ids = expanded.prompt_ids
         if len(prompt_ids) + 1 > self.max_model_len:

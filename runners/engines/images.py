@@ -15,7 +15,7 @@ from typing import Any
 from hrl.runners.engines.base import ExpandedPrompt, ImageInput
 from hrl.runners.errors import EngineError, EngineStartError
 
-__all__ = ["expand_images", "load_processor", "model_has_vision", "processor_settings"]
+__all__ = ["expand_images", "load_processor", "model_has_vision", "positions_refusal", "processor_settings"]
 
 
 def model_has_vision(path: str) -> bool:
@@ -25,6 +25,19 @@ def model_has_vision(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
+def positions_refusal(model: Any) -> str | None:
+    """Why an engine that gives 1-D positions cannot run this vision model's images (None: it can). Models with
+    multi-dimensional rotary positions (mRoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V …) place an image's tokens on
+    a grid computed from its patches (their `get_rope_index`); the embedded engine decodes with one position per
+    token, which for such a model is right for text and wrong for every image: refused, never served wrong."""
+    inner = getattr(model, "model", None)
+    if any(callable(getattr(m, "get_rope_index", None)) for m in (model, inner) if m is not None):
+        name = type(model).__name__
+        return (f"{name} places images with multi-dimensional rotary positions (mRoPE), which the embedded engine "
+                "does not compute (it gives one position a token); serve it with --engine vllm")  # fmt: skip
+    return None
 
 
 def load_processor(path: str) -> tuple[Any, int]:

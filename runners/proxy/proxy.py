@@ -395,6 +395,8 @@ class Proxy:
                 f"{images[0].at}: an image part; the {self.engine.name} engine cannot take images (the embedded "
                 "engine and vLLM can)"
             )
+        if why := getattr(self.engine, "images_refused", None):
+            raise MediaRefusedError(f"{images[0].at}: an image part; {why}")
         if len(images) > self.config.max_images:
             raise MediaRefusedError(f"{images[self.config.max_images].at}: {len(images)} images in one request, over "
                                     f"the limit of {self.config.max_images} (proxy.max_images)")  # fmt: skip

@@ -238,3 +238,22 @@ def test_lora_checkpoint_is_served_as_its_base_plus_the_adapter(tiny_model, tiny
     (nameless / "adapter_config.json").write_text('{"base_model_name_or_path": null}')
     with pytest.raises(ModelNotFoundError, match="does not name its base model"):
         split_adapter(str(nameless))
+
+
+def test_a_vision_model_with_mrope_positions_has_its_images_refused_not_served_wrong(tmp_path):
+    """The embedded engine decodes with one position a token; a Qwen2-VL-style model places an image's tokens on a
+    grid of rotary positions, so its images are refused with the reason (text is still served); Idefics3's layout,
+    one position a token, is served."""
+    from transformers import AutoModelForImageTextToText, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from hrl.runners.engines.images import positions_refusal
+    from hrl.train.tiny import build_tiny_vision_model
+
+    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "vocab_size": 200, "bos_token_id": 0, "eos_token_id": 1}  # fmt: skip
+    vision = {"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2}
+    qwen = Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision))
+    why = positions_refusal(qwen)
+    assert why is not None and "mRoPE" in why and "--engine vllm" in why
+    idefics = AutoModelForImageTextToText.from_pretrained(build_tiny_vision_model(tmp_path / "vl", seed=0))
+    assert positions_refusal(idefics) is None
