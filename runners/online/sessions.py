@@ -109,6 +109,7 @@ class OnlineSessions:
         self._reaped = TraceWriter(self.dir / "reaped.jsonl")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._scoring: set[str] = set()
         self._load()
 
     # ---- the routes -------------------------------------------------------------------------------------------
@@ -151,7 +152,11 @@ class OnlineSessions:
             raise ClientError(409, f"session {token} has ended already") from e
         self.counts["online/ended"] += 1
         if reward is None and self.scorer is not None:
-            reward, info = await self._score(trace, info)
+            self._scoring.add(token)  # ended, not yet pending: not for the reaper
+            try:
+                reward, info = await self._score(trace, info)
+            finally:
+                self._scoring.discard(token)
         if reward is not None:
             self._final(token, _rewarded(trace, reward, info))
             return {"trace_id": trace["trace_id"], "status": "final", "calls": len(trace["calls"])}
@@ -225,7 +230,8 @@ class OnlineSessions:
                 self.counts["online/expired"] += 1
                 self._event("expired", token)
                 self._expire(token, trace)
-        for token in [t for t in self.owners if t not in self.pending and t not in self.expired]:
+        waiting = self.pending.keys() | self.expired.keys() | self._scoring
+        for token in [t for t in self.owners if t not in waiting]:
             session = self.proxy.sessions.get(token)
             if session is not None and now - session.last_active <= self.cfg.session_timeout_s:
                 continue
