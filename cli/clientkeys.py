@@ -62,5 +62,8 @@ def ls(
     """List the client keys' names (the keys themselves are not kept)."""
     from hrl.runners.online.keys import ClientKeys
 
-    names = ClientKeys(_path(run_dir, keys_file)).names()
+    path = _path(run_dir, keys_file)
+    if not path.is_file():
+        raise UsageError(f"no client keys yet: {path} does not exist", hint="add one: hrl keys add NAME (same flags)")
+    names = ClientKeys(path).names()
     emit(names, as_json=as_json, human="\n".join(names))
