@@ -8,7 +8,8 @@ so no weight tolerance can tell a faithful rebuild from a broken one. There the 
 everything the build fixes:
 
 - every file but the weights byte-identical: the tokenizer is trained on the generated transcripts and the config
-  holds the architecture, so a change to the data, the generator or the model shape changes their bytes;
+  holds the architecture, so a change to the data, the generator or the model shape changes their bytes (the
+  version of transformers that wrote config.json and generation_config.json aside: `VERSION_KEYS`);
 - the same tensors (names, shapes, dtypes);
 - the same greedy answers on the turns the transcripts never vary (read the module, submit: 96 prompts of the
   demo's held-out tasks), and a well-formed `sed` fix on the turn they do;
@@ -82,8 +83,38 @@ def compare_files(built: str | Path, reference: str | Path) -> list[dict[str, An
     from hrl.train.tiny.agent import build_info, file_digests
 
     a, b = (build_info(reference) or {}).get("sha256") or {}, file_digests(built)
-    return [{"file": f, "reference": a.get(f), "built": b.get(f), "same": a.get(f) == b.get(f)}
-            for f in sorted(a.keys() | b.keys())]  # fmt: skip
+    rows = []
+    for f in sorted(a.keys() | b.keys()):
+        row = {"file": f, "reference": a.get(f), "built": b.get(f), "same": a.get(f) == b.get(f)}
+        if (
+            not row["same"]
+            and f in VERSIONED
+            and a.get(f)
+            and b.get(f)
+            and _same_but_versions(Path(built) / f, Path(reference) / f)
+        ):
+            row |= {"same": True, "only": ", ".join(VERSION_KEYS) + " differs"}
+        rows.append(row)
+    return rows
+
+
+# Keys save_pretrained writes into config.json and generation_config.json: the version of the library that wrote the
+# file, not anything of the build (a new transformers release changes them and nothing else).
+VERSION_KEYS = ("transformers_version",)
+VERSIONED = ("config.json", "generation_config.json")  # every other file is compared byte for byte
+
+
+def _same_but_versions(built: Path, reference: Path) -> bool:
+    """Whether two JSON files hold the same object once VERSION_KEYS are left out (at the top level)."""
+    try:
+        x, y = json.loads(built.read_text()), json.loads(reference.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(x, dict) or not isinstance(y, dict):
+        return False
+    return {k: v for k, v in x.items() if k not in VERSION_KEYS} == {
+        k: v for k, v in y.items() if k not in VERSION_KEYS
+    }
 
 
 def compare_tensors(built: str | Path, reference: str | Path) -> dict[str, Any]:

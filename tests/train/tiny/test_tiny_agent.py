@@ -259,6 +259,27 @@ def test_verify_fails_when_one_weight_of_the_shipped_model_is_changed(tmp_path, 
         assert not verify.verify_build(changed, shipped_model())["verified"]
 
 
+def _json_edit(name: str, key: str, value: object) -> Callable[[Path], None]:
+    def edit(model: Path) -> None:
+        data = json.loads((model / name).read_text())
+        (model / name).write_text(json.dumps({**data, key: value}, indent=2) + "\n")
+
+    return edit
+
+
+def test_a_rebuild_by_another_transformers_release_differs_only_in_its_version_key(tmp_path):
+    """save_pretrained writes its own version into config.json and generation_config.json: a rebuild under another
+    transformers release is the same build there, and a changed field beside it is not."""
+    from hrl.train.tiny.verify import compare_files
+
+    released = _edited_copy(tmp_path, "released", _json_edit("config.json", "transformers_version", "99.0.0"))
+    rows = {r["file"]: r for r in compare_files(released, shipped_model())}
+    assert rows["config.json"]["same"] and rows["config.json"]["only"] == "transformers_version differs"
+    assert all(r["same"] for r in rows.values())
+    wider = _edited_copy(tmp_path, "wider", _json_edit("config.json", "hidden_size", 4096))
+    assert not {r["file"]: r for r in compare_files(wider, shipped_model())}["config.json"]["same"]
+
+
 def test_verify_elsewhere_fails_a_build_of_other_data_or_a_model_that_learnt_less(tmp_path, monkeypatch):
     """Off the builder's machine: another tokenizer (the generated data changed), another architecture, or weights
     that have not learnt the fixed turns each fail, even with a record that matches their files."""
