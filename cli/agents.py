@@ -60,30 +60,45 @@ def install(
 @app.command(
     "doctor",
     epilog="Examples:\n\n  hrl agents doctor\n\n  hrl agents doctor opencode codex --sandbox local\n\n"
-    "  hrl agents doctor --json",
+    "  hrl agents doctor --json\n\n"
+    "  hrl agents doctor --images claude-code codex   # each shows the tiny vision model a PNG it read",
 )
 def doctor(
     names: Annotated[list[str] | None, typer.Argument(help="Agents to check (default: every installed one).")] = None,
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
-    model: Annotated[str, typer.Option(help="Model dir whose template the scripted engine uses (default: tiny).")] = "",
+    model: Annotated[
+        str,
+        typer.Option(help="Model dir whose template the scripted engine uses (default: tiny; --images: tiny vision)."),
+    ] = "",
+    images: Annotated[
+        bool,
+        typer.Option(
+            "--images",
+            help="Check images instead: each CLI with an image tool writes a PNG and shows it to a vision model; ✓ "
+            "when the image reaches the engine as the file's bytes, token-exactly, and its training sample makes "
+            "its pixels (Docker sandboxes).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
 ) -> None:
     """Run each CLI once against a scripted engine through the real proxy: ✓ when it makes a tool call that changes
-    a file, answers and exits, with a token-exact trace."""
+    a file, answers and exits, with a token-exact trace (--images: when the image it reads reaches the model)."""
     from hrl.cli.checks import check_agent, check_model, check_sandbox
+    from hrl.runners.doctor.agents import check_names
     from hrl.runners.doctor.agents import doctor as run_doctor
 
     for name in names or []:
         check_agent(name)
     check_sandbox(sandbox)
+    check_names(names, sandbox, images)  # type: ignore[arg-type]
     if model:
         check_model(model)
     with scratch("doctor") as tmp:
         if not model:
-            from hrl.train.tiny import build_tiny_model
+            from hrl.train.tiny import build_tiny_model, build_tiny_vision_model
 
-            model = str(build_tiny_model(f"{tmp}/tiny"))
-        checks = run_doctor(names, model, sandbox)  # type: ignore[arg-type]
+            model = str(build_tiny_vision_model(f"{tmp}/tiny-vl") if images else build_tiny_model(f"{tmp}/tiny"))
+        checks = run_doctor(names, model, sandbox, images=images)  # type: ignore[arg-type]
     human = "\n".join(f"{'✓' if c.ok else '✗'} {c.name:<15} {c.seconds:5.1f}s  {c.reason}" for c in checks)
     emit([asdict(c) for c in checks], as_json=as_json, human=human or "no agents installed: hrl agents install NAME")
     if not all(c.ok for c in checks):

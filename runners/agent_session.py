@@ -78,6 +78,7 @@ async def agent_session(
     context = AgentContext(
         base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,
         home=new_home(), workdir=spec.workdir, install_dir=install.install_dir, options=dict(options or {}),
+        vision=stack.proxy.takes_images,
     )  # fmt: skip
     if pool is not None:
         async with pool.lease(spec, episode_id, prepare=prepare or _nothing, group=group) as lease:

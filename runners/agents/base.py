@@ -33,6 +33,7 @@ class AgentContext:
     options: dict[str, Any] = field(
         default_factory=dict
     )  # agent-specific knobs from the recipe (rollout.agent_options)
+    vision: bool = False  # the served model takes images: a CLI that asks its config whether it may send them, may
 
     @property
     def openai_base(self) -> str:
@@ -58,6 +59,9 @@ class AgentRunner(Protocol):
     # Characters of what the CLI sends before the task (system prompt, tool schemas) on its first request, measured
     # at the pinned version; `runners.agents.fit` turns it into tokens of a model to say up front when it cannot fit.
     fixed_prompt_chars: int
+    # The CLI's own tool that shows the model an image file, and its path argument, where measured at the pinned
+    # version to send the image to the model (`hrl agents doctor --images`); None where it sends none.
+    image_tool: tuple[str, str] | None
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         """Config files to write before the run: path (relative = under HOME) -> content."""

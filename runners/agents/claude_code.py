@@ -55,6 +55,7 @@ class ClaudeCodeRunner:
     install_scripts = True
     dialect = "anthropic"
     needs_tty = False
+    image_tool = ("Read", "file_path")  # its Read tool sends a PNG as an image block in the tool_result
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         return {}

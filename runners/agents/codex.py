@@ -76,6 +76,7 @@ class CodexRunner:
     install_scripts = False
     dialect = "responses"
     needs_tty = False
+    image_tool = ("view_image", "path")  # view_image sends an input_image in the function_call_output
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         return {".codex/config.toml": _config(ctx)}

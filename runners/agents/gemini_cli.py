@@ -33,6 +33,7 @@ class GeminiCliRunner:
     install_scripts = False
     dialect = "gemini"
     needs_tty = False
+    image_tool = ("read_file", "file_path")  # read_file sends inlineData in the functionResponse
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         settings = {

@@ -31,6 +31,7 @@ class MiniSweAgentRunner:
     install_scripts = False
     dialect = "chat"
     needs_tty = False
+    image_tool = None  # only a shell tool: text out
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         return {}

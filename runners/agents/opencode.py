@@ -10,6 +10,7 @@ no flag turns it off.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
@@ -28,9 +29,15 @@ class OpencodeRunner:
     install_scripts = True
     dialect = "chat"
     needs_tty = False
+    image_tool = (
+        "read",
+        "filePath",
+    )  # its read tool attaches a PNG in a user message after the tool result (vision models)
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
-        model = {"name": ctx.model, "tool_call": True, "limit": {"context": 32768, "output": 4096}}
+        model: dict[str, Any] = {"name": ctx.model, "tool_call": True, "limit": {"context": 32768, "output": 4096}}
+        if ctx.vision:  # else its read tool answers an image with "this model does not support image input"
+            model |= {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
         config = {
             "$schema": "https://opencode.ai/config.json",
             "provider": {

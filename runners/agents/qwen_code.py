@@ -24,11 +24,17 @@ class QwenCodeRunner:
     install_scripts = False
     dialect = "chat"
     needs_tty = False
+    image_tool = ("read_file", "file_path")  # read_file sends an image_url part (vision models: ctx.vision)
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         settings = {
             "security": {"auth": {"selectedType": "openai"}},
-            "model": {"name": ctx.model},
+            # modalities: else read_file answers an image "This model does not support image input" (qwen-code
+            # guesses them from the model's name, and hrl's is none it knows)
+            "model": {
+                "name": ctx.model,
+                **({"generationConfig": {"modalities": {"image": True}}} if ctx.vision else {}),
+            },
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},

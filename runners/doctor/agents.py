@@ -5,13 +5,23 @@ token ids of the given model's tokenizer; the proxy serves on TCP (local sandbox
 docker sandbox forwards to 127.0.0.1:<port> inside the container. A CLI passes when it exits 0, the file is
 there, and its trace has ≥ 2 main calls in its dialect whose prompts extend each other token-exactly (or, where the
 family's template writes an answer's stop token otherwise in the history, fork exactly there).
+
+With `images=True` (`hrl agents doctor --images`), each CLI with an image tool (`runner.image_tool`) writes a PNG
+with its shell tool and shows it to the model with its image tool, the scripted engine serving a vision model (the
+tiny one by default): it passes when the call after the image tool holds the file's image, the bytes the CLI sent
+hashing as the file does, expanded by the model's processor into the very ids the trace records, and the training
+sample built from the trace makes that image's pixel inputs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import io
 import itertools
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,16 +30,21 @@ from hrl.runners.agent_session import agent_session
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.install import installed
 from hrl.runners.agents.run import AgentOutcome
-from hrl.runners.errors import HrlError
+from hrl.runners.engines.scripted import ScriptedTurn
+from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.trace import call_prompt_ids
 
 if TYPE_CHECKING:
     from hrl.runners.serving.stack import Stack
 
-__all__ = ["AgentCheck", "Probe", "agents_table", "doctor", "probe_agent", "scripted_stack", "trace_problems"]
+__all__ = [
+    "AgentCheck", "Probe", "agents_table", "check_names", "doctor", "image_problems", "image_turns", "probe_agent", "probe_png",
+    "scripted_stack", "trace_problems",
+]  # fmt: skip
 
 SandboxName = Literal["docker", "local"]
 PROBE_FILE, PROBE_TEXT = "hrl-doctor.txt", "ok"
+PROBE_IMAGE = "hrl-doctor.png"  # written and read in the workdir (/work) by the image probe
 
 
 def agents_table() -> list[dict[str, Any]]:
@@ -86,9 +101,11 @@ async def probe_agent(
     turns: list[Any] | None = None,
     backend: Any = None,
     prompt: str = "",
+    media_dir: str | None = None,
 ) -> Probe:
     """Run one scripted episode of an installed CLI (in a sandbox from `backend`, default: a new one of that kind),
-    with `prompt` as the task (default: write the probe word into the probe file). Raises PrerequisiteError when it
+    with `prompt` as the task (default: write the probe word into the probe file). `media_dir`: where the proxy keeps
+    the bytes of the images the CLI sends (as a run keeps them beside its traces). Raises PrerequisiteError when it
     is not installed."""
     from hrl.runners.errors import PrerequisiteError
     from hrl.sandboxes import SandboxSpec, get_backend
@@ -101,6 +118,8 @@ async def probe_agent(
     turns = turns if turns is not None else runner.smoke_turns(PROBE_FILE, PROBE_TEXT)
     prompt = prompt or f"Write the word {PROBE_TEXT} into the file {PROBE_FILE}."
     async with scripted_stack(model, turns) as stack:
+        if media_dir is not None:
+            stack.proxy.keep_media(media_dir)
         token = stack.proxy.open_session(meta={"metadata": {"probe": name}}).token
         backend = backend or get_backend(sandbox)
         async with agent_session(stack, runner, inst, backend, SandboxSpec(workdir="/work"), token, prompt,
@@ -135,8 +154,64 @@ def trace_problems(trace: dict[str, Any], dialect: str) -> list[str]:
     return problems
 
 
-async def _check(name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any) -> AgentCheck:
+def probe_png() -> bytes:
+    """The image probe's PNG: 40×28 pixels, two colours (101 bytes)."""
+    from PIL import Image
+
+    image = Image.new("RGB", (40, 28), (200, 30, 30))
+    image.paste((30, 60, 200), (20, 0, 40, 28))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _with_image_tool() -> list[str]:
+    return [n for n in AGENTS if get_agent(n).image_tool is not None]
+
+
+def image_turns(name: str, png: bytes, workdir: str = "/work") -> list[ScriptedTurn]:
+    """The image probe's script: write `png` into PROBE_IMAGE with the CLI's shell tool (base64-decoded), show it to
+    the model with its image tool (by absolute path), then finish."""
+    runner = get_agent(name)
+    if runner.image_tool is None:
+        raise UsageError(f"{name} has no tool known to send the model an image",
+                         hint="the CLIs with one: " + ", ".join(_with_image_tool()))  # fmt: skip
+    tool, arg = runner.image_tool
+    *write, _done = runner.smoke_turns(PROBE_IMAGE, f"{base64.b64encode(png).decode()} | base64 -d")
+    return [*write, {"tool_calls": [{"name": tool, "arguments": {arg: f"{workdir}/{PROBE_IMAGE}"}}]}, "Done."]
+
+
+def image_problems(trace: dict[str, Any], png: bytes, model: str, media_dir: str) -> list[str]:
+    """What is wrong with an image probe's trace: the call after the image tool must hold exactly the file's image,
+    and the training sample of that call must make its pixel inputs (which checks that the model's processor expands
+    those bytes into the ids recorded at its placeholder)."""
+    from hrl.train.media import MediaError, Pixels
+    from hrl.train.samples import build_samples
+
+    calls = [c for c in trace["calls"] if not c["side"]]
+    if len(calls) < 3:
+        return [f"{len(calls)} main LLM call(s), expected 3 (write, show the image, finish)"]
+    media = calls[2].get("media") or []
+    sha = hashlib.sha256(png).hexdigest()
+    if [m["sha256"] for m in media] != [sha]:
+        return [f"the call after the image tool holds images {[m['sha256'][:12] for m in media]}, expected the "
+                f"file's {sha[:12]} alone"]  # fmt: skip
+    samples = [s for s in build_samples(trace, media_dir=media_dir) if s.media]
+    if len(samples) != 1:
+        return [f"{len(samples)} training samples carry the image, expected 1"]
+    try:
+        pixels = Pixels(model).of(samples[0])
+    except MediaError as e:
+        return [str(e)]
+    return [] if "pixel_values" in pixels else [f"no pixel_values made for the image (got {sorted(pixels)})"]
+
+
+async def _check(
+    name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any, images: bool = False
+) -> AgentCheck:
     t0 = time.monotonic()
+    if images:
+        return await _check_images(name, model, sandbox, time_budget_s, backend, t0)
     try:
         probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend)
     except HrlError as e:
@@ -153,23 +228,73 @@ async def _check(name: str, model: str, sandbox: SandboxName, time_budget_s: flo
     return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
 
 
+async def _check_images(
+    name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any, t0: float
+) -> AgentCheck:
+    png = probe_png()
+    with tempfile.TemporaryDirectory(prefix="hrl-doctor-media-") as media:
+        try:
+            probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend,
+                                      turns=image_turns(name, png), prompt=f"Look at {PROBE_IMAGE}.",
+                                      media_dir=media)  # fmt: skip
+        except HrlError as e:
+            reason = f"{e} (fix: {e.hint})" if e.hint else str(e)
+            return AgentCheck(name, False, reason, round(time.monotonic() - t0, 1))
+        except Exception as e:  # as in _check: report it for this CLI and go on
+            return AgentCheck(name, False, f"{type(e).__name__}: {e}", round(time.monotonic() - t0, 1))
+        out = probe.outcome
+        problems = [] if out.ok else [f"{out.failure_reason} (exit {out.exit_code}): {_last_line(out)}"]
+        problems += trace_problems(probe.trace, get_agent(name).dialect) or image_problems(
+            probe.trace, png, model, media
+        )
+    media_rec = next((c["media"] for c in probe.trace["calls"] if c.get("media")), [{}])[0]
+    details = {"calls": len(probe.trace["calls"]), "image": media_rec, "agent_s": out.duration_s}
+    return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
+
+
 def _last_line(out: AgentOutcome) -> str:
     lines = (out.stderr_tail.strip() or out.stdout_tail.strip()).splitlines()
     return lines[-1][:300] if lines else "no output"
 
 
+def check_names(names: list[str] | None, sandbox: SandboxName, images: bool = False) -> None:
+    """Refuse, before anything starts, an unknown CLI, and for the image probe a sandbox other than Docker or a CLI
+    with no image tool."""
+    if images and sandbox != "docker":
+        raise UsageError("the image probe runs in Docker sandboxes (the CLIs' image tools take an absolute path, "
+                         "which a local sandbox's workdir is not)", hint="hrl agents doctor --images --sandbox docker")  # fmt: skip
+    for n in names or []:
+        get_agent(n)
+        if images:
+            image_turns(n, b"")  # raises for a CLI with no image tool
+
+
 def doctor(
-    names: list[str] | None, model: str, sandbox: SandboxName = "docker", *, time_budget_s: float = 180
+    names: list[str] | None,
+    model: str,
+    sandbox: SandboxName = "docker",
+    *,
+    time_budget_s: float = 180,
+    images: bool = False,
 ) -> list[AgentCheck]:
-    """Probe each named CLI (default: every installed one) once; a CLI not installed is a ✗ with the fix."""
-    names = names or [n for n in AGENTS if installed(n, sandbox) is not None]
-    for n in names:
-        get_agent(n)  # unknown names fail before anything runs
+    """Probe each named CLI (default: every installed one; with `images`, every installed one with an image tool)
+    once; a CLI not installed is a ✗ with the fix."""
+    check_names(names, sandbox, images)
+    if images:
+        from hrl.runners.engines.images import model_has_vision
+        from hrl.runners.models import resolve_model
+
+        if not model_has_vision(resolve_model(model)):
+            raise UsageError(f"{model} is not a vision model: the image probe needs one",
+                             hint="leave --model out for the tiny one, or build one: `hrl models tiny DIR --vision`")  # fmt: skip
+    names = names or [
+        n for n in AGENTS if installed(n, sandbox) is not None and (not images or n in _with_image_tool())
+    ]
 
     async def all_checks() -> list[AgentCheck]:
         from hrl.sandboxes import get_backend
 
         backend = get_backend(sandbox)
-        return [await _check(n, model, sandbox, time_budget_s, backend) for n in names]
+        return [await _check(n, model, sandbox, time_budget_s, backend, images) for n in names]
 
     return asyncio.run(all_checks())

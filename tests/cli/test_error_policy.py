@@ -47,6 +47,18 @@ CASES = [
     Case("unknown agent", ("agents", "install", "nope"), USAGE, "unknown agent 'nope'"),
     Case("unknown agent", ("agents", "doctor", "nope"), USAGE, "unknown agent 'nope'"),
     Case(
+        "no image tool", ("agents", "doctor", "opencode", "--images"), USAGE, "no tool known to send the model an image"
+    ),
+    Case(
+        "image probe outside docker", ("agents", "doctor", "--images", "--sandbox", "local"), USAGE, "Docker sandboxes"
+    ),
+    Case(
+        "not a vision model",
+        ("agents", "doctor", "--images", "--model", "{tmp}/text-model"),
+        USAGE,
+        "is not a vision model",
+    ),
+    Case(
         "bad python agent",
         ("rollout", "--agent", "python:no_such_mod:run", "--recipe", "demo"),
         USAGE,
@@ -311,6 +323,8 @@ def _files(tmp: Path) -> None:
     (tmp / "nofield.jsonl").write_text(json.dumps({"instance_id": "t2"}) + "\n")
     (tmp / "traces.jsonl").write_text(json.dumps(TRACE) + "\n")
     (tmp / "empty").mkdir()
+    (tmp / "text-model").mkdir()
+    (tmp / "text-model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     write_task(tmp / "harbor", "reward-file")
     (tmp / "run").mkdir()
     demo = (Path(hrl.recipes.__path__[0]) / "demo" / "recipe.yaml").read_text()

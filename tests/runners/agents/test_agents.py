@@ -5,6 +5,8 @@ real recording proxy, leaving a file behind and a token-exact trace."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import json
 import shutil
 import tomllib
@@ -13,12 +15,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.base import AgentContext
 from hrl.runners.agents.install import AgentInstall, _once, _steps, installed
 from hrl.runners.agents.run import classify, run_agent
-from hrl.runners.doctor.agents import PROBE_FILE, PROBE_TEXT, Probe, agents_table, doctor, probe_agent, trace_problems
+from hrl.runners.doctor.agents import (
+    PROBE_FILE,
+    PROBE_IMAGE,
+    PROBE_TEXT,
+    Probe,
+    agents_table,
+    doctor,
+    image_problems,
+    image_turns,
+    probe_agent,
+    probe_png,
+    trace_problems,
+)
 from hrl.runners.errors import PrerequisiteError, UnknownNameError
 from hrl.runners.trace import call_prompt_ids
 from hrl.sandboxes import SandboxSpec
@@ -276,3 +291,56 @@ def test_cli_runs_in_local_sandbox_through_the_proxy(name, tiny_model, request):
     install_agent(name, "local")
     probe = asyncio.run(probe_agent(name, tiny_model, "local", time_budget_s=300, prompt=DASH_TASK))
     _check_episode(name, probe, request.node, tiny_model)
+
+
+# ---- images through the CLIs' own tools -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from hrl.train.tiny import build_tiny_vision_model
+
+    return str(build_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vl", seed=0))
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", [n for n in EXPECTED if get_agent(n).image_tool is not None])
+def test_cli_shows_the_model_an_image_its_own_tool_read(name, vision_model, tmp_path):
+    """Claude Code's Read, Codex's view_image, Gemini CLI's and Qwen Code's read_file, opencode's read, in Docker through the proxy to the tiny
+    vision model: the PNG the CLI wrote reaches the engine as the file's bytes, the call records it expanded by the
+    model's own processor at its placeholder, the run's media folder keeps it, and the training sample carries it
+    and makes its pixels."""
+    from transformers import AutoProcessor
+
+    from hrl.train.media import Pixels
+    from hrl.train.samples import build_samples
+
+    install_agent(name, "docker")
+    png, media = probe_png(), tmp_path / "media"
+    turns = image_turns(name, png)
+    probe = asyncio.run(probe_agent(name, vision_model, "docker", time_budget_s=300, turns=turns,
+                                    prompt=f"Look at {PROBE_IMAGE}.", media_dir=str(media)))  # fmt: skip
+    out, trace = probe.outcome, probe.trace
+    assert out.ok, f"{out.failure_reason} {out.exit_code}\n{out.stdout_tail}\n{out.stderr_tail}"
+    dialect, _stream, shell, _side = EXPECTED[name]
+    assert [t["name"] for t in trace["tools"]] == [shell, get_agent(name).image_tool[0]]  # type: ignore[index]
+    main = [i for i, c in enumerate(trace["calls"]) if not c["side"]]
+    assert len(main) == 3 and trace_problems(trace, dialect) == []
+    assert [trace["calls"][i].get("media") or [] for i in main[:2]] == [[], []]
+    (m,) = trace["calls"][main[2]]["media"]
+    sha = hashlib.sha256(png).hexdigest()
+    assert (m["sha256"], m["mime"], m["bytes"], m["width"], m["height"]) == (sha, "image/png", len(png), 40, 28)
+    processor = AutoProcessor.from_pretrained(vision_model)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    run = processor(text=processor.image_token, images=[[image]], add_special_tokens=False)["input_ids"][0]
+    offset, length = m["placeholder"]
+    assert call_prompt_ids(trace, main[2])[offset : offset + length] == [int(t) for t in run]  # token-exact
+    assert (media / sha).read_bytes() == png  # stored once, content-addressed
+    (sample,) = [s for s in build_samples(trace, media_dir=media) if s.media]
+    assert sample.media == [m]
+    assert Pixels(vision_model).of(sample)["pixel_values"].shape[:2] == (1, 1)  # one image, one view
+    assert image_problems(trace, png, vision_model, str(media)) == []
+    other = probe_png()[:-12] + b"\x00" * 12  # another file's bytes: the probe says the image is not the file's
+    assert "expected the file's" in image_problems(trace, other, vision_model, str(media))[0]
