@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from hrl.runners.serving.stack import Stack
 
 __all__ = [
-    "AgentCheck", "Probe", "agents_table", "check_names", "doctor", "image_problems", "image_turns", "probe_agent", "probe_png",
-    "scripted_stack", "trace_problems",
+    "AgentCheck", "Probe", "agents_table", "check_names", "doctor", "image_problems", "image_turns", "probe_agent",
+    "probe_png", "scripted_stack", "trace_problems",
 ]  # fmt: skip
 
 SandboxName = Literal["docker", "local"]
@@ -261,8 +261,11 @@ def check_names(names: list[str] | None, sandbox: SandboxName, images: bool = Fa
     """Refuse, before anything starts, an unknown CLI, and for the image probe a sandbox other than Docker or a CLI
     with no image tool."""
     if images and sandbox != "docker":
-        raise UsageError("the image probe runs in Docker sandboxes (the CLIs' image tools take an absolute path, "
-                         "which a local sandbox's workdir is not)", hint="hrl agents doctor --images --sandbox docker")  # fmt: skip
+        raise UsageError(
+            "the image probe runs in Docker sandboxes (the CLIs' image tools take an absolute path, which a local "
+            "sandbox's workdir is not)",
+            hint="hrl agents doctor --images --sandbox docker",
+        )
     for n in names or []:
         get_agent(n)
         if images:
@@ -285,8 +288,10 @@ def doctor(
         from hrl.runners.models import resolve_model
 
         if not model_has_vision(resolve_model(model)):
-            raise UsageError(f"{model} is not a vision model: the image probe needs one",
-                             hint="leave --model out for the tiny one, or build one: `hrl models tiny DIR --vision`")  # fmt: skip
+            raise UsageError(
+                f"{model} is not a vision model: the image probe needs one",
+                hint="leave --model out for the tiny one, or build one: `hrl models tiny DIR --vision`",
+            )
     names = names or [
         n for n in AGENTS if installed(n, sandbox) is not None and (not images or n in _with_image_tool())
     ]

@@ -308,10 +308,10 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", [n for n in EXPECTED if get_agent(n).image_tool is not None])
 def test_cli_shows_the_model_an_image_its_own_tool_read(name, vision_model, tmp_path):
-    """Claude Code's Read, Codex's view_image, Gemini CLI's and Qwen Code's read_file, opencode's read, in Docker through the proxy to the tiny
-    vision model: the PNG the CLI wrote reaches the engine as the file's bytes, the call records it expanded by the
-    model's own processor at its placeholder, the run's media folder keeps it, and the training sample carries it
-    and makes its pixels."""
+    """Claude Code's Read, Codex's view_image, Gemini CLI's and Qwen Code's read_file, opencode's read, in Docker
+    through the proxy to the tiny vision model: the PNG the CLI wrote reaches the engine as the file's bytes, the
+    call records it expanded by the model's own processor at its placeholder, the run's media folder keeps it, and
+    the training sample carries it and makes its pixels."""
     from transformers import AutoProcessor
 
     from hrl.train.media import Pixels
