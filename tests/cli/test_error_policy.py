@@ -46,9 +46,7 @@ CASES = [
     Case("unknown agent", ("train", "--recipe", "demo", "--agent", "nope"), USAGE, "unknown agent 'nope'"),
     Case("unknown agent", ("agents", "install", "nope"), USAGE, "unknown agent 'nope'"),
     Case("unknown agent", ("agents", "doctor", "nope"), USAGE, "unknown agent 'nope'"),
-    Case(
-        "no image tool", ("agents", "doctor", "opencode", "--images"), USAGE, "no tool known to send the model an image"
-    ),
+    Case("no image tool", ("agents", "doctor", "aider", "--images"), USAGE, "no tool known to send the model an image"),
     Case(
         "image probe outside docker", ("agents", "doctor", "--images", "--sandbox", "local"), USAGE, "Docker sandboxes"
     ),
