@@ -75,8 +75,8 @@ def doctor(
         typer.Option(
             "--images",
             help="Check images instead: each CLI with an image tool writes a PNG and shows it to a vision model; ✓ "
-            "when the image reaches the engine as the file's bytes, token-exactly, and its training sample makes "
-            "its pixels (Docker sandboxes).",
+            "when the image reaches the engine as the file's bytes, token-exactly, and is kept for training "
+            "(Docker sandboxes).",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,

@@ -9,8 +9,8 @@ family's template writes an answer's stop token otherwise in the history, fork e
 With `images=True` (`hrl agents doctor --images`), each CLI with an image tool (`runner.image_tool`) writes a PNG
 with its shell tool and shows it to the model with its image tool, the scripted engine serving a vision model (the
 tiny one by default): it passes when the call after the image tool holds the file's image, the bytes the CLI sent
-hashing as the file does, expanded by the model's processor into the very ids the trace records, and the training
-sample built from the trace makes that image's pixel inputs.
+hashing as the file does, expanded by the model's processor into the very ids the trace records, and kept in the
+media folder training reads.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import itertools
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hrl.runners.agent_session import agent_session
@@ -183,27 +184,30 @@ def image_turns(name: str, png: bytes, workdir: str = "/work") -> list[ScriptedT
 
 def image_problems(trace: dict[str, Any], png: bytes, model: str, media_dir: str) -> list[str]:
     """What is wrong with an image probe's trace: the call after the image tool must hold exactly the file's image,
-    and the training sample of that call must make its pixel inputs (which checks that the model's processor expands
-    those bytes into the ids recorded at its placeholder)."""
-    from hrl.train.media import MediaError, Pixels
-    from hrl.train.samples import build_samples
+    the model's processor must expand those bytes into the very ids the call records at its placeholder, and the
+    bytes must be kept in `media_dir` (where training reads them)."""
+    from PIL import Image
 
-    calls = [c for c in trace["calls"] if not c["side"]]
-    if len(calls) < 3:
-        return [f"{len(calls)} main LLM call(s), expected 3 (write, show the image, finish)"]
-    media = calls[2].get("media") or []
+    from hrl.runners.engines.images import load_processor
+
+    main = [i for i, c in enumerate(trace["calls"]) if not c["side"]]
+    if len(main) < 3:
+        return [f"{len(main)} main LLM call(s), expected 3 (write, show the image, finish)"]
+    media = trace["calls"][main[2]].get("media") or []
     sha = hashlib.sha256(png).hexdigest()
     if [m["sha256"] for m in media] != [sha]:
         return [f"the call after the image tool holds images {[m['sha256'][:12] for m in media]}, expected the "
                 f"file's {sha[:12]} alone"]  # fmt: skip
-    samples = [s for s in build_samples(trace, media_dir=media_dir) if s.media]
-    if len(samples) != 1:
-        return [f"{len(samples)} training samples carry the image, expected 1"]
-    try:
-        pixels = Pixels(model).of(samples[0])
-    except MediaError as e:
-        return [str(e)]
-    return [] if "pixel_values" in pixels else [f"no pixel_values made for the image (got {sorted(pixels)})"]
+    processor = load_processor(model)[0]
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    run = processor(text=processor.image_token, images=[[image]], add_special_tokens=False)["input_ids"][0]
+    offset, length = media[0]["placeholder"]
+    if call_prompt_ids(trace, main[2])[offset : offset + length] != [int(t) for t in run]:
+        return [f"the ids at the image's placeholder ({offset}+{length}) are not the model processor's expansion"]
+    kept = Path(media_dir) / sha
+    if not kept.is_file() or kept.read_bytes() != png:
+        return [f"the image's bytes are not kept as {kept}"]
+    return []
 
 
 async def _check(
