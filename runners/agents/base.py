@@ -33,7 +33,7 @@ class AgentContext:
     options: dict[str, Any] = field(
         default_factory=dict
     )  # agent-specific knobs from the recipe (rollout.agent_options)
-    vision: bool = False  # the served model takes images: a CLI that asks its config whether it may send them, may
+    vision: bool = False  # the served model takes images: tells CLIs that send images only where configured to
 
     @property
     def openai_base(self) -> str:

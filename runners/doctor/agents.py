@@ -170,14 +170,20 @@ def _with_image_tool() -> list[str]:
     return [n for n in AGENTS if get_agent(n).image_tool is not None]
 
 
+def image_tool(name: str) -> tuple[str, str]:
+    """The CLI's image tool and its path argument; a UsageError for a CLI with none."""
+    tool = get_agent(name).image_tool
+    if tool is None:
+        raise UsageError(f"{name} has no tool known to send the model an image",
+                         hint="the CLIs with one: " + ", ".join(_with_image_tool()))  # fmt: skip
+    return tool
+
+
 def image_turns(name: str, png: bytes, workdir: str = "/work") -> list[ScriptedTurn]:
     """The image probe's script: write `png` into PROBE_IMAGE with the CLI's shell tool (base64-decoded), show it to
     the model with its image tool (by absolute path), then finish."""
     runner = get_agent(name)
-    if runner.image_tool is None:
-        raise UsageError(f"{name} has no tool known to send the model an image",
-                         hint="the CLIs with one: " + ", ".join(_with_image_tool()))  # fmt: skip
-    tool, arg = runner.image_tool
+    tool, arg = image_tool(name)
     *write, _done = runner.smoke_turns(PROBE_IMAGE, f"{base64.b64encode(png).decode()} | base64 -d")
     return [*write, {"tool_calls": [{"name": tool, "arguments": {arg: f"{workdir}/{PROBE_IMAGE}"}}]}, "Done."]
 
@@ -186,9 +192,8 @@ def image_problems(trace: dict[str, Any], png: bytes, model: str, media_dir: str
     """What is wrong with an image probe's trace: the call after the image tool must hold exactly the file's image,
     the model's processor must expand those bytes into the very ids the call records at its placeholder, and the
     bytes must be kept in `media_dir` (where training reads them)."""
-    from PIL import Image
-
-    from hrl.runners.engines.images import load_processor
+    from hrl.runners.engines.base import ImageInput
+    from hrl.runners.engines.images import expand_images, load_processor
 
     main = [i for i, c in enumerate(trace["calls"]) if not c["side"]]
     if len(main) < 3:
@@ -198,11 +203,10 @@ def image_problems(trace: dict[str, Any], png: bytes, model: str, media_dir: str
     if [m["sha256"] for m in media] != [sha]:
         return [f"the call after the image tool holds images {[m['sha256'][:12] for m in media]}, expected the "
                 f"file's {sha[:12]} alone"]  # fmt: skip
-    processor = load_processor(model)[0]
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    run = processor(text=processor.image_token, images=[[image]], add_special_tokens=False)["input_ids"][0]
+    processor, image_token = load_processor(model)
+    run = expand_images(processor, image_token, [image_token], [ImageInput(png, "image/png", sha)])[0].prompt_ids
     offset, length = media[0]["placeholder"]
-    if call_prompt_ids(trace, main[2])[offset : offset + length] != [int(t) for t in run]:
+    if call_prompt_ids(trace, main[2])[offset : offset + length] != run:
         return [f"the ids at the image's placeholder ({offset}+{length}) are not the model processor's expansion"]
     kept = Path(media_dir) / sha
     if not kept.is_file() or kept.read_bytes() != png:
@@ -213,46 +217,30 @@ def image_problems(trace: dict[str, Any], png: bytes, model: str, media_dir: str
 async def _check(
     name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any, images: bool = False
 ) -> AgentCheck:
+    """One CLI's probe: the file it writes (or, with `images`, the image it shows the model) and its trace."""
     t0 = time.monotonic()
-    if images:
-        return await _check_images(name, model, sandbox, time_budget_s, backend, t0)
-    try:
-        probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend)
-    except HrlError as e:
-        reason = f"{e} (fix: {e.hint})" if e.hint else str(e)
-        return AgentCheck(name, False, reason, round(time.monotonic() - t0, 1))
-    except Exception as e:  # a broken sandbox or proxy: report it for this CLI and go on with the next
-        return AgentCheck(name, False, f"{type(e).__name__}: {e}", round(time.monotonic() - t0, 1))
-    out = probe.outcome
-    problems = [] if out.ok else [f"{out.failure_reason} (exit {out.exit_code}): {_last_line(out)}"]
-    if probe.file_text is None or probe.file_text.strip() != PROBE_TEXT:
-        problems.append(f"{PROBE_FILE} holds {probe.file_text!r}, expected {PROBE_TEXT!r}")
-    problems += trace_problems(probe.trace, get_agent(name).dialect)
-    details = {"calls": len(probe.trace["calls"]), "startup_s": probe.startup_s, "agent_s": out.duration_s}
-    return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
-
-
-async def _check_images(
-    name: str, model: str, sandbox: SandboxName, time_budget_s: float, backend: Any, t0: float
-) -> AgentCheck:
-    png = probe_png()
+    png = probe_png() if images else b""
     with tempfile.TemporaryDirectory(prefix="hrl-doctor-media-") as media:
+        script: dict[str, Any] = {}
         try:
-            probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend,
-                                      turns=image_turns(name, png), prompt=f"Look at {PROBE_IMAGE}.",
-                                      media_dir=media)  # fmt: skip
+            if images:
+                script = {"turns": image_turns(name, png), "prompt": f"Look at {PROBE_IMAGE}.", "media_dir": media}
+            probe = await probe_agent(name, model, sandbox, time_budget_s=time_budget_s, backend=backend, **script)
         except HrlError as e:
             reason = f"{e} (fix: {e.hint})" if e.hint else str(e)
             return AgentCheck(name, False, reason, round(time.monotonic() - t0, 1))
-        except Exception as e:  # as in _check: report it for this CLI and go on
+        except Exception as e:  # a broken sandbox or proxy: report it for this CLI and go on with the next
             return AgentCheck(name, False, f"{type(e).__name__}: {e}", round(time.monotonic() - t0, 1))
-        out = probe.outcome
+        out, trace = probe.outcome, probe.trace
         problems = [] if out.ok else [f"{out.failure_reason} (exit {out.exit_code}): {_last_line(out)}"]
-        problems += trace_problems(probe.trace, get_agent(name).dialect) or image_problems(
-            probe.trace, png, model, media
-        )
-    media_rec = next((c["media"] for c in probe.trace["calls"] if c.get("media")), [{}])[0]
-    details = {"calls": len(probe.trace["calls"]), "image": media_rec, "agent_s": out.duration_s}
+        if not images and (probe.file_text is None or probe.file_text.strip() != PROBE_TEXT):
+            problems.append(f"{PROBE_FILE} holds {probe.file_text!r}, expected {PROBE_TEXT!r}")
+        problems += trace_problems(trace, get_agent(name).dialect)
+        if images and not problems:
+            problems += image_problems(trace, png, model, media)
+    details = {"calls": len(trace["calls"]), "startup_s": probe.startup_s, "agent_s": out.duration_s}
+    if images:
+        details["image"] = next((c["media"][0] for c in trace["calls"] if c.get("media")), {})
     return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
 
 
@@ -273,7 +261,7 @@ def check_names(names: list[str] | None, sandbox: SandboxName, images: bool = Fa
     for n in names or []:
         get_agent(n)
         if images:
-            image_turns(n, b"")  # raises for a CLI with no image tool
+            image_tool(n)
 
 
 def doctor(
