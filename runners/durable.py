@@ -7,6 +7,7 @@ resume and every trace file rely on.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 __all__ = ["append_durably", "write_atomically"]
@@ -23,11 +24,19 @@ def append_durably(path: str | Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_atomically(path: str | Path, text: str) -> None:
-    """Replace the file at `path` with `text`: readers see the old content or the new one, never a mix."""
+def write_atomically(path: str | Path, text: str, mode: int = 0o644) -> None:
+    """Replace the file at `path` with `text` (permissions `mode`): readers see the old content or the new one, never
+    a mix. The temporary file is this writer's own, so threads or processes writing the same path at once each
+    replace it whole (the last one wins) instead of renaming each other's half-written file."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    with tmp.open() as f:
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(name).replace(path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise

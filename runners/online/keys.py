@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
 import time
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.errors import UsageError
 
 __all__ = ["KEYS_FILE", "KEY_PREFIX", "ClientKeys", "add_key"]
@@ -47,11 +47,7 @@ def add_key(path: Path, name: str) -> str:
     key = KEY_PREFIX + secrets.token_urlsafe(24)
     keys.append({"name": name, "digest": _digest(key), "created_at": round(time.time(), 3)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps({"keys": keys}, indent=2))
-    tmp.replace(path)
+    write_atomically(path, json.dumps({"keys": keys}, indent=2), mode=0o600)
     return key
 
 

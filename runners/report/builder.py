@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.conversation import load_template, model_of
+from hrl.runners.durable import write_atomically
 from hrl.runners.errors import UsageError
 from hrl.runners.metrics import harness_rewards, trace_metrics
 from hrl.runners.report.conversation import MAX_LINES, conversation_templates, thumbnails
@@ -385,7 +386,5 @@ def write_report(run: Run | str | Path, out: str | Path | None = None, model: st
     path = Path(out) if out is not None else default
     html = render_report(run, model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
+    write_atomically(path, html)
     return path

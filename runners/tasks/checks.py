@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.tasks.task import Task, files_digest
 from hrl.runners.tasks.validate import Grade, graders
 from hrl.runners.tasks.verifier import TestVerifierConfig, Verdict
@@ -226,9 +227,7 @@ def _write(folder: Path, result: TaskCheckResult) -> None:
     """Atomically: checks of the same task running at once leave one whole file."""
     folder.mkdir(parents=True, exist_ok=True)
     target = _path(folder, result.content_hash)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.{id(result)}.tmp")
-    tmp.write_text(json.dumps({**result.to_dict(), "cached": False}, indent=1) + "\n")
-    tmp.replace(target)
+    write_atomically(target, json.dumps({**result.to_dict(), "cached": False}, indent=1) + "\n")
 
 
 def _version() -> str:

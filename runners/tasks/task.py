@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
 from hrl.runners.tasks.swebench import adapt_row
 
@@ -204,11 +205,8 @@ def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
     """Write tasks as JSONL (one compact object per line), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        for task in tasks:
-            f.write(json.dumps(task.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    lines = (json.dumps(t.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")) + "\n" for t in tasks)
+    write_atomically(path, "".join(lines))
     return path
 
 
