@@ -179,21 +179,38 @@ def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
 
 
 def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
-    """The `miniwob` verifier's browser listens on the host's loopback, beside hrl: only a white-box agent in hrl's
-    process reaches it. An agent that could not is refused before anything starts, rather than scored 0."""
+    """The `miniwob` verifier's browser runs beside hrl: a CLI agent reaches it through its sandbox's own network
+    (the endpoint forwarded in, the CLI's MCP browser server connected to it), a white-box agent in hrl's process
+    directly. An agent that could not (a CLI with no MCP client, a local sandbox without bubblewrap, a python agent
+    in a closed subprocess) is refused before anything starts rather than scored 0."""
+    from hrl.runners.agents import get_agent
     from hrl.runners.whitebox.harness import is_python_agent
 
     if (cfg.get("verifier") or {}).get("name") != "miniwob":
         return
-    mode = (cfg.get("rollout") or {}).get("mode", "auto")
-    unreachable = [a for a in agents if not is_python_agent(a) or mode == "subprocess"]
-    if unreachable:
+    roll = cfg.get("rollout") or {}
+    in_subprocess = roll.get("mode", "auto") == "subprocess"
+    if unreachable := [a for a in agents if is_python_agent(a) and in_subprocess]:
         raise UsageError(
-            f"MiniWoB++ tasks cannot run with {', '.join(unreachable)}"
-            f"{' in a subprocess' if mode == 'subprocess' else ''}: the episode's browser listens on the host's "
-            "loopback, which an agent in a sandbox or a closed subprocess does not reach",
-            hint="use a python: agent in process (`hrl rollout --recipe browser`; rollout.mode: inprocess or auto)",
+            f"MiniWoB++ tasks cannot run with {', '.join(unreachable)} in a subprocess: the episode's browser "
+            "listens on the host's loopback, which a closed subprocess does not reach",
+            hint="run the python: agent in process (rollout.mode: inprocess or auto), or use an agent CLI",
         )
+    clis = [a for a in agents if not is_python_agent(a)]
+    if no_mcp := [a for a in clis if not getattr(get_agent(a), "mcp_tool", None)]:
+        raise UsageError(
+            f"MiniWoB++ tasks cannot run with {', '.join(no_mcp)}: it has no MCP client to drive the browser with",
+            hint="use claude-code, codex, opencode, gemini-cli or qwen-code (each given a browser MCP server)",
+        )
+    if clis and roll.get("sandbox", "docker") == "local":
+        from hrl.sandboxes.local import bwrap_works
+
+        if not bwrap_works():
+            raise UsageError(
+                f"MiniWoB++ tasks cannot run with {', '.join(clis)} in a local sandbox without bubblewrap: the "
+                "browser's endpoint is forwarded into a sandbox's own network namespace",
+                hint="use --sandbox docker (or install bubblewrap)",
+            )
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:

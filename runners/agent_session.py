@@ -57,6 +57,7 @@ async def agent_session(
     pool: SandboxPool | None = None,
     prepare: Prepare | None = None,
     group: str | None = None,
+    mcp: dict[str, list[str]] | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A sandbox from `backend` made from `spec` plus the agent's mounts and the route to the proxy (docker: only the
     proxy's unix socket, as 127.0.0.1:`proxy_port`, for docker and for local sandboxes in a bubblewrap network
@@ -64,7 +65,8 @@ async def agent_session(
     the context that points `runner` at session `token` (base URL `/s/<token>`, API key `hrl-<token>`) with a
     fresh HOME in the spec's workdir. Labelled `run_id` / `episode_id`; removed on exit. With a `pool`, the sandbox
     is leased from it (pooled, or reused within `group` after a reset) and laid out by `prepare` (which the pool
-    skips for a reused sandbox, whose reset restores that state); without one, `prepare` (if any) runs here."""
+    skips for a reused sandbox, whose reset restores that state); without one, `prepare` (if any) runs here.
+    `mcp`: MCP servers the CLI is configured to start (name -> argv in the sandbox)."""
     closed = backend.name == "docker" or bool(getattr(backend, "isolate", False))  # local: where bubblewrap runs
     spec = spec.model_copy(
         update={
@@ -78,7 +80,7 @@ async def agent_session(
     context = AgentContext(
         base_url=f"{base}/s/{token}", api_key=f"hrl-{token}", model=stack.proxy.config.model_name, prompt=prompt,
         home=new_home(), workdir=spec.workdir, install_dir=install.install_dir, options=dict(options or {}),
-        vision=stack.proxy.takes_images,
+        vision=stack.proxy.takes_images, mcp=dict(mcp or {}),
     )  # fmt: skip
     if pool is not None:
         async with pool.lease(spec, episode_id, prepare=prepare or _nothing, group=group) as lease:

@@ -192,20 +192,32 @@ async def _relay_socket(request: web.Request, browser: Browser) -> web.WebSocket
     return agent
 
 
-async def _relay(browser: Browser) -> tuple[web.AppRunner, str]:
-    """The agent's DevTools endpoint: a websocket relay on loopback in front of the browser's own."""
+async def _relay(browser: Browser, unix_socket: str | None = None) -> tuple[web.AppRunner, str]:
+    """The agent's DevTools endpoint: a websocket relay on loopback in front of the browser's own, and where given
+    on `unix_socket` too (what a sandbox reaches as 127.0.0.1:PORT through `SandboxSpec.forwards`). It answers
+    `/json/version` as Chromium does, with the relay's own address as its client named it, so tools that take an
+    http:// endpoint (Playwright's connectOverCDP, the MCP browser servers) find it."""
     app = web.Application()
+    path = browser.direct_url.split("/devtools/", 1)[1]
 
     async def handle(request: web.Request) -> web.WebSocketResponse:
         return await _relay_socket(request, browser)
 
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"Browser": "Chromium (hrl relay)", "Protocol-Version": "1.3",
+                                  "webSocketDebuggerUrl": f"ws://{request.host}/devtools/{path}"})  # fmt: skip
+
     app.router.add_get("/devtools/{path:.*}", handle)
+    app.router.add_get("/json/version", version)
+    app.router.add_get("/json/version/", version)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     tcp = web.TCPSite(runner, "127.0.0.1", 0)
     await tcp.start()
+    if unix_socket is not None:
+        await web.UnixSite(runner, unix_socket).start()
     port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"ws://127.0.0.1:{port}/devtools/{browser.direct_url.split('/devtools/', 1)[1]}"
+    return runner, f"ws://127.0.0.1:{port}/devtools/{path}"
 
 
 @dataclass
@@ -313,9 +325,11 @@ async def _guard(cdp: CDP, browser: Browser) -> None:
 
 
 @contextlib.asynccontextmanager
-async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()) -> AsyncIterator[tuple[Browser, CDP]]:
+async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = (),
+                          unix_socket: str | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
     """Serve `site_dir`, start Chromium, and yield (the browser, hrl's own CDP connection to it). `also_allow`:
-    URL prefixes besides the site that the browser may reach (the proxy's base URL). Raises BrowserError."""
+    URL prefixes besides the site that the browser may reach (the proxy's base URL). `unix_socket`: the agent's
+    relay listens there too (a sandbox's forwarded endpoint). Raises BrowserError."""
     profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
     runner, site = await _serve(Path(site_dir))
     proc: asyncio.subprocess.Process | None = None
@@ -326,7 +340,7 @@ async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()
         cdp = await CDP.connect(direct_url)
         browser = Browser(direct_url, site, proc.pid, allowed=(site + "/", *also_allow))
         await _guard(cdp, browser)
-        relay, browser.cdp_url = await _relay(browser)
+        relay, browser.cdp_url = await _relay(browser, unix_socket)
         yield browser, cdp
     finally:
         if relay is not None:

@@ -7,6 +7,7 @@ is scored by the task's verifier, and ends as exactly one trace — finished, or
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field
 from hrl.errors import UsageError
 from hrl.runners.agent_session import PROXY_PORT, agent_session
 from hrl.runners.agents import get_agent
-from hrl.runners.agents.install import AgentInstall, install
+from hrl.runners.agents.install import AgentInstall, install, install_mcp
 from hrl.runners.agents.warm import start_warm_harness
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
@@ -59,6 +60,11 @@ class RolloutConfig(BaseModel):
     )
     memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
     agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
+    browser_mcp: str = Field(
+        "playwright",
+        description="Browser tasks (verifier miniwob) with an agent CLI: the MCP server the CLI is given, configured "
+        "through its own MCP settings and connected to the episode's browser (`playwright`: @playwright/mcp).",
+    )
     warm_sandboxes: int = Field(
         0,
         ge=0,
@@ -126,6 +132,19 @@ class AgentRollouts:
         self.backend = get_backend(config.sandbox)
         options = dict(verifier or {})
         name = options.pop("name", "tests")
+        if name == "miniwob":  # the CLI runs in the sandbox: the episode's browser endpoint is forwarded into it
+            closed = self.backend.name == "docker" or bool(getattr(self.backend, "isolate", False))
+            if not closed:
+                raise UsageError(
+                    f"{config.agent} on browser tasks needs a sandbox with its own network: docker, or local where "
+                    "bubblewrap runs (the browser's endpoint is forwarded into it)",
+                    hint="use --sandbox docker",
+                )
+            if config.warm_sandboxes or config.reuse != "none":
+                raise UsageError("browser tasks start a browser per episode in its own sandbox: rollout.warm_sandboxes "
+                                 "and rollout.reuse do not apply", hint="set rollout.warm_sandboxes: 0 and "
+                                 "rollout.reuse: none")  # fmt: skip
+            options["agent_in_sandbox"] = True
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self.verifier_section = {"name": name, **options}  # archived with each episode, for `hrl regrade`
         if config.reuse == "group" and getattr(getattr(self.verifier, "config", None), "carry", "") == "container":
@@ -138,6 +157,7 @@ class AgentRollouts:
         self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
                                 on_event=on_event, on_made=self._start_harness if warm_harness else None)  # fmt: skip
         self._install: AgentInstall | None = None
+        self._mcp: dict[str, list[str]] = {}  # MCP servers the CLI is given (browser tasks), argv in the sandbox
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
     async def _start_harness(self, sandbox: Any) -> None:
@@ -147,12 +167,31 @@ class AgentRollouts:
     def prepare(self) -> AgentInstall:
         """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
         if self._install is None:
-            self._install = install(self.config.agent, "docker" if self.config.sandbox == "docker" else "local")
+            target = "docker" if self.config.sandbox == "docker" else "local"
+            inst = install(self.config.agent, target)
+            if self.verifier.name == "miniwob":
+                inst = self._with_browser_mcp(inst, target)
+            self._install = inst
         return self._install
 
+    def _with_browser_mcp(self, inst: AgentInstall, target: Literal["docker", "local"]) -> AgentInstall:
+        """The browser MCP server installed beside the CLI (its mounts added), started by the CLI with the episode's
+        browser endpoint as the sandbox sees it; screenshots as images only where the model takes them."""
+        mcp = install_mcp(self.config.browser_mcp, target)
+        port = self.verifier.config.cdp_port
+        images = "allow" if self.stack.proxy.takes_images else "omit"
+        self._mcp = {mcp.name: [*mcp.argv, "--cdp-endpoint", f"http://127.0.0.1:{port}", "--image-responses", images]}
+        have = {m.target for m in inst.mounts}
+        return dataclasses.replace(inst, mounts=(*inst.mounts, *(m for m in mcp.mounts if m.target not in have)))
+
     async def close(self) -> None:
-        """End the run's sandbox pool: every sandbox it still holds (ready or parked for a group) is closed."""
-        await self.pool.close()
+        """End the run's sandbox pool (every sandbox it still holds, ready or parked for a group, is closed), then
+        what the verifier holds for the run (browsers an episode left, their socket folders)."""
+        try:
+            await self.pool.close()
+        finally:
+            if (close := getattr(self.verifier, "close", None)) is not None:
+                await close()
 
     def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
         return {
@@ -202,7 +241,7 @@ class AgentRollouts:
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options, pool=self.pool, prepare=prepare,
-                                 group=getattr(ep, "group_id", None)) as session:  # fmt: skip
+                                 group=getattr(ep, "group_id", None), mcp=self._mcp) as session:  # fmt: skip
             try:
                 env = proxy_session.meta["env"]
                 proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}

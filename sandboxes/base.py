@@ -51,6 +51,12 @@ class SandboxSpec(BaseModel):
     )
     proxy_socket: str | None = Field(None, description="Host path of the proxy's unix socket (network='proxy').")
     proxy_port: int = Field(8000, description="Port the proxy appears on inside the sandbox (network='proxy').")
+    forwards: dict[int, str] = Field(
+        default_factory=dict,
+        description="More host unix sockets the sandbox reaches, each as 127.0.0.1:PORT inside (port -> socket path; "
+        "network 'none' or 'proxy'): an episode's own browser endpoint. Each socket's folder is made visible to the "
+        "sandbox read-only, so it must be the episode's own.",
+    )
     cpus: float = Field(0.0, description="CPU limit; 0 = none.")
     memory_mb: int = Field(0, description="Memory limit in MiB; 0 = none.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (run and episode ids are added).")

@@ -46,6 +46,7 @@ __all__ = ["DockerBackend", "DockerSandbox"]
 
 T = TypeVar("T")
 PROXY_DIR = "/run/hrl"
+FORWARDS_DIR = "/run/hrl-forwards"  # spec.forwards: each socket's folder at FORWARDS_DIR/<port>
 EXEC_MARK = "HRL_EXEC"  # set on every exec; KILL_TREE finds a command's whole tree by it
 KILL_GRACE_S = 10.0  # after a timeout kill, how long to wait for the output stream to close
 BUILD_HINT = "build the base image with `hrl sandbox build` (or .ci/setup.sh); there is no registry to pull from"
@@ -127,6 +128,9 @@ class DockerBackend:
             await self.call(api.start, sandbox.id)
             if spec.network == "proxy":
                 await sandbox.start_forwarder()
+            if spec.network != "host":
+                for port, path in spec.forwards.items():
+                    await sandbox.start_forwarder(f"{FORWARDS_DIR}/{port}/{Path(path).name}", port)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await sandbox.close()
@@ -201,6 +205,11 @@ class DockerBackend:
             if not socket_dir.is_dir():
                 raise SandboxError(f"the proxy socket's directory {socket_dir} does not exist")
             mounts.append(DockerMount(PROXY_DIR, str(socket_dir), type="bind", read_only=True))
+        for port, path in spec.forwards.items():
+            if not Path(path).absolute().parent.is_dir():
+                raise SandboxError(f"the folder of forwarded socket {path} (port {port}) does not exist")
+            mounts.append(DockerMount(f"{FORWARDS_DIR}/{port}", str(Path(path).absolute().parent), type="bind",
+                                      read_only=True))  # fmt: skip
         host_config = self.api.create_host_config(
             init=True,
             mounts=mounts,
@@ -410,19 +419,20 @@ class DockerSandbox:
             raise SandboxError(f"cannot commit container {self.id[:12]}: {_explain(exc)}") from exc
         return str(made["Id"])
 
-    async def start_forwarder(self) -> None:
-        assert self.spec.proxy_socket
+    async def start_forwarder(self, inside: str = "", port: int = 0) -> None:
+        """Relay 127.0.0.1:`port` in the container to the unix socket `inside` (default: the proxy's)."""
+        if not inside:
+            assert self.spec.proxy_socket
+            inside, port = f"{PROXY_DIR}/{Path(self.spec.proxy_socket).name}", self.spec.proxy_port
         await self.write_file(FORWARDER_PATH, FORWARDER.encode())
-        inside = f"{PROXY_DIR}/{Path(self.spec.proxy_socket).name}"
         # as root: the proxy's socket is its owner's only (0600), and root in the container may open it whatever
         # user the image's agent runs as
-        argv = ["python3", FORWARDER_PATH, inside, str(self.spec.proxy_port)]
-        result = await self.exec(argv, timeout_s=30, user="0")
+        result = await self.exec(["python3", FORWARDER_PATH, inside, str(port)], timeout_s=30, user="0")
         if result.exit_code != 0:
             raise SandboxError(
-                f"the proxy forwarder did not start in container {self.id[:12]} (exit {result.exit_code}): "
+                f"the forwarder to {inside} did not start in container {self.id[:12]} (exit {result.exit_code}): "
                 f"{(result.stderr or result.stdout).strip()[-500:]}",
-                hint="network='proxy' needs python3 in the image and a free proxy_port",
+                hint="network='proxy' and spec.forwards need python3 in the image and a free port",
             )
 
     async def close(self) -> None:

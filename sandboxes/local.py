@@ -286,6 +286,9 @@ class LocalSandbox:
         if self.spec.network == "proxy" and self.spec.proxy_socket:  # its folder may lie in a hidden temp folder
             folder = str(Path(self.spec.proxy_socket).absolute().parent)
             args += ["--ro-bind", folder, folder]
+        for path in self.spec.forwards.values():  # the episode's own sockets' folders (a browser endpoint)
+            folder = str(Path(path).absolute().parent)
+            args += ["--ro-bind", folder, folder]
         if self.spec.network != "host":  # only a loopback interface (bwrap brings it up)
             args.append("--unshare-net")
         for hidden in [*self.spec.hidden_paths, str(state_dir())]:
@@ -301,12 +304,17 @@ class LocalSandbox:
         command's network namespace (it binds, forks into the background and returns), then runs the command. The
         relay ends with the namespace, when the command does."""
         spec = self.spec
-        if spec.network != "proxy" or not spec.proxy_socket:
+        pairs = dict(spec.forwards) if spec.network != "host" else {}
+        if spec.network == "proxy" and spec.proxy_socket:
+            pairs[spec.proxy_port] = spec.proxy_socket
+        if not pairs:
             return []
         import sys
 
-        relay = [sys.executable, "-I", "-c", FORWARDER, str(Path(spec.proxy_socket).absolute()), str(spec.proxy_port)]
-        return ["sh", "-c", f'{" ".join(shlex.quote(a) for a in relay)} && exec "$@"', "hrl-relay"]
+        relays = [[sys.executable, "-I", "-c", FORWARDER, str(Path(path).absolute()), str(port)]
+                  for port, path in pairs.items()]  # fmt: skip
+        started = " && ".join(" ".join(shlex.quote(a) for a in relay) for relay in relays)
+        return ["sh", "-c", f'{started} && exec "$@"', "hrl-relay"]
 
     def _kill(self, group: int, token: str) -> None:
         with contextlib.suppress(OSError):

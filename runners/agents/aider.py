@@ -30,6 +30,7 @@ class AiderRunner:
     install_scripts = False
     dialect = "chat"
     needs_tty = False
+    mcp_tool = None  # no MCP client: browser tasks refuse it
     image_tool = None  # no tool reads files to the model
 
     def files(self, ctx: AgentContext) -> dict[str, str]:

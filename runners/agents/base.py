@@ -34,6 +34,9 @@ class AgentContext:
         default_factory=dict
     )  # agent-specific knobs from the recipe (rollout.agent_options)
     vision: bool = False  # the served model takes images: tells CLIs that send images only where configured to
+    # MCP servers the CLI starts over stdio (name -> argv inside the sandbox), each configured through the CLI's own
+    # MCP settings: the episode's browser server on browser tasks (`install_mcp`)
+    mcp: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def openai_base(self) -> str:
@@ -56,6 +59,9 @@ class AgentRunner(Protocol):
     install_scripts: bool  # npm: run the packages' install scripts (only where the CLI needs them to link its binary)
     dialect: DialectName  # the wire API it speaks to the proxy
     needs_tty: bool  # run under a pseudo-terminal (none of the supported CLIs needs one)
+    # How the model names a tool of an MCP server the CLI starts (AgentContext.mcp), `{server}` and `{tool}` filled
+    # in, measured at the pinned version; None: no MCP client (browser tasks refuse the CLI)
+    mcp_tool: str | None
     # Characters of what the CLI sends before the task (system prompt, tool schemas) on its first request, measured
     # at the pinned version; `runners.agents.fit` turns it into tokens of a model to say up front when it cannot fit.
     fixed_prompt_chars: int

@@ -8,10 +8,13 @@ below it resolves no other host.
 
 from __future__ import annotations
 
+import json
+
 from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
 
 __all__ = ["ClaudeCodeRunner"]
 
+MCP_CONFIG = ".hrl-mcp.json"  # in HOME: `--mcp-config` with `--strict-mcp-config` (no other MCP settings read)
 OFF = (
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
     "DISABLE_TELEMETRY",
@@ -55,10 +58,14 @@ class ClaudeCodeRunner:
     install_scripts = True
     dialect = "anthropic"
     needs_tty = False
+    mcp_tool = "mcp__{server}__{tool}"  # what the model calls a tool of an MCP server in its config (AgentContext.mcp)
     image_tool = ("Read", "file_path")  # its Read tool sends a PNG as an image block in the tool_result
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
-        return {}
+        if not ctx.mcp:
+            return {}
+        servers = {name: {"type": "stdio", "command": argv[0], "args": argv[1:]} for name, argv in ctx.mcp.items()}
+        return {MCP_CONFIG: json.dumps({"mcpServers": servers}, indent=2)}
 
     def env(self, ctx: AgentContext) -> dict[str, str]:
         return {
@@ -73,7 +80,9 @@ class ClaudeCodeRunner:
     def command(self, ctx: AgentContext) -> list[str]:
         return [
             self.bin, "-p", "--model", ctx.model, "--output-format", "stream-json", "--verbose",
-            "--dangerously-skip-permissions", "--", ctx.prompt,  # after "--": a task may start with a dash
+            "--dangerously-skip-permissions",
+            *(["--strict-mcp-config", "--mcp-config", f"{ctx.home}/{MCP_CONFIG}"] if ctx.mcp else []),
+            "--", ctx.prompt,  # after "--": a task may start with a dash
         ]  # fmt: skip
 
     def smoke_turns(self, path: str, text: str) -> list[ScriptedTurn]:

@@ -63,6 +63,11 @@ def _config(ctx: AgentContext) -> str:
         "stream_max_retries = 0",
         "stream_idle_timeout_ms = 600000",
     ]
+    for name, argv in ctx.mcp.items():  # stdio servers; absolute paths, so codex's trimmed server env does
+        # required: the first request waits for the server's tools (else codex sends it without them when the server
+        # starts slowly); approve: its tools run without asking, as approval_policy never says for the others
+        lines += [f"[mcp_servers.{name}]", f"command = {q(argv[0])}", f"args = {q(argv[1:])}",
+                  "startup_timeout_sec = 60", "required = true", 'default_tools_approval_mode = "approve"']  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -76,6 +81,7 @@ class CodexRunner:
     install_scripts = False
     dialect = "responses"
     needs_tty = False
+    mcp_tool = "mcp__{server}__{tool}"  # its namespace mcp__SERVER, flattened by the proxy
     image_tool = ("view_image", "path")  # view_image sends an input_image in the function_call_output
 
     def files(self, ctx: AgentContext) -> dict[str, str]:

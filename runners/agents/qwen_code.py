@@ -24,6 +24,7 @@ class QwenCodeRunner:
     install_scripts = False
     dialect = "chat"
     needs_tty = False
+    mcp_tool = "mcp__{server}__{tool}"  # what the model calls a tool of an MCP server in its config (AgentContext.mcp)
     image_tool = ("read_file", "file_path")  # read_file sends an image_url part (vision models: ctx.vision)
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
@@ -38,6 +39,15 @@ class QwenCodeRunner:
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
+            **(
+                {
+                    "mcpServers": {
+                        n: {"command": argv[0], "args": argv[1:], "trust": True} for n, argv in ctx.mcp.items()
+                    }
+                }
+                if ctx.mcp
+                else {}
+            ),
             "general": {"enableAutoUpdate": False},
         }
         return {".qwen/settings.json": json.dumps(settings, indent=2)}

@@ -32,6 +32,8 @@ import importlib.util
 import json
 import posixpath
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +132,12 @@ class MiniWoBVerifierConfig(BaseModel):
         3600.0, gt=0, description="The page's own episode clock (MiniWoB's default is 10 s, too short for a model)."
     )
     hide_paths: list[str] = Field(default_factory=list, description="Set by the CLI for every verifier; unused here.")
+    agent_in_sandbox: bool = Field(
+        False,
+        description="The agent runs in the sandbox (a CLI, set by hrl): the browser's endpoint is forwarded into it "
+        "as 127.0.0.1:cdp_port (its own unix socket, the sandbox's alone); else the agent is in hrl's process.",
+    )
+    cdp_port: int = Field(9222, gt=0, lt=65536, description="Where the sandbox sees the browser (agent_in_sandbox).")
 
 
 @dataclass
@@ -156,21 +164,37 @@ class MiniWoBVerifier:
         self.backend, self.run_id = backend, run_id
         self.config = config or MiniWoBVerifierConfig(**options)
         self._episodes: dict[str, _Episode] = {}
+        self._root: Path | None = None  # the episodes' socket folders (agent_in_sandbox), removed by close()
 
     async def provision(self, task: Task) -> None:
         miniwob_html()
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
-        return SandboxSpec(workdir=task.workdir, env=dict(task.env))
+        """The episode's sandbox; with `agent_in_sandbox`, the browser's endpoint forwarded into it from a unix socket
+        in a folder of the episode's own (another episode's sandbox cannot see it)."""
+        spec = SandboxSpec(workdir=task.workdir, env=dict(task.env))
+        if not self.config.agent_in_sandbox:
+            return spec
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="hrl-cdp-"))
+        folder = Path(tempfile.mkdtemp(dir=self._root))  # 0700: only hrl, and root in a container, opens it
+        return spec.model_copy(update={"forwards": {self.config.cdp_port: str(folder / "cdp.sock")}})
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
         """Start the episode's browser on the task's page; raises SandboxError when it cannot."""
+        forwarded = getattr(sandbox, "spec", None) and sandbox.spec.forwards.get(self.config.cdp_port)  # type: ignore[attr-defined]
+        if self.config.agent_in_sandbox and not forwarded:
+            raise SandboxError(f"the sandbox of {task.instance_id} forwards no browser endpoint (port "
+                               f"{self.config.cdp_port}): it was not made from this verifier's sandbox_spec")  # fmt: skip
         try:
-            episode = await start_page(_as_miniwob(task), self.config.time_limit_s)
+            episode = await start_page(_as_miniwob(task), self.config.time_limit_s, forwarded or None)
         except BrowserError as e:
             raise SandboxError(f"the browser for {task.instance_id} did not start: {e}") from e
         self._episodes[sandbox.id] = episode
-        info = {"cdp_url": episode.browser.cdp_url, "page_url": episode.page_url}
+        cdp_url = episode.browser.cdp_url
+        if forwarded:  # the sandbox's own address of the relay
+            cdp_url = f"ws://127.0.0.1:{self.config.cdp_port}/devtools/{cdp_url.split('/devtools/', 1)[1]}"
+        info = {"cdp_url": cdp_url, "page_url": episode.page_url}
         await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())
 
     async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
@@ -181,6 +205,7 @@ class MiniWoBVerifier:
             return await read_reward(episode)
         finally:
             await episode.stack.aclose()
+            self._forget(sandbox)
 
     async def grade(self, task: Task, patch: str) -> Verdict:
         return Verdict.error("a MiniWoB++ task is graded from its page, not from a diff", task=task.instance_id)
@@ -189,20 +214,35 @@ class MiniWoBVerifier:
         """Stop the browser of `sandbox`'s episode if `verify` did not (the agent failed, the episode was cancelled)."""
         if (episode := self._episodes.pop(sandbox.id, None)) is not None:
             await episode.stack.aclose()
+        self._forget(sandbox)
+
+    def _forget(self, sandbox: Sandbox) -> None:
+        """Remove the episode's socket folder (agent_in_sandbox), its browser stopped."""
+        spec = getattr(sandbox, "spec", None)
+        path = spec.forwards.get(self.config.cdp_port) if spec is not None else None
+        if self._root is not None and path and Path(path).parent.parent == self._root:
+            shutil.rmtree(Path(path).parent, ignore_errors=True)
 
     async def close(self) -> None:
         """Stop every browser an episode left open (an episode that failed before `verify`)."""
         while self._episodes:
             await self._episodes.popitem()[1].stack.aclose()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
 
 
-async def start_page(task: MiniWoBTask, time_limit_s: float) -> _Episode:
-    """Start a browser on the task's page, seeded, with the episode running; raises BrowserError."""
+async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | None = None) -> _Episode:
+    """Start a browser on the task's page, seeded, with the episode running; raises BrowserError. `unix_socket`: the
+    agent's relay listens there too (a sandbox's forwarded endpoint)."""
     stack = contextlib.AsyncExitStack()
     try:
-        browser, cdp = await stack.enter_async_context(browser_episode(miniwob_html()))
+        browser, cdp = await stack.enter_async_context(browser_episode(miniwob_html(), unix_socket=unix_socket))
         page_url = f"{browser.site}/miniwob/{task.miniwob}.html"
         created = await cdp.call("Target.createTarget", url="about:blank")
+        for other in (await cdp.call("Target.getTargets"))["targetInfos"]:  # Chromium's first tab: the task's alone
+            if other["type"] == "page" and other["targetId"] != created["targetId"]:
+                await cdp.call("Target.closeTarget", targetId=other["targetId"])
         attached = await cdp.call("Target.attachToTarget", targetId=created["targetId"], flatten=True)
         episode = _Episode(stack, browser, cdp, attached["sessionId"], page_url)
         cdp.on("Runtime.consoleAPICalled", lambda p, s: _on_console(episode, p, s))

@@ -5,8 +5,11 @@ items (reasoning, assistant message, function_call) → one assistant message wh
 calls and whose `reasoning_content` is the reasoning text; `function_call_output` → a tool message (its output a
 string or a list of parts). `input_image` and `input_file` parts, in a message or in a function call's output,
 are media, refused or dropped by `proxy.media` (`base.admit_media`); for a vision model an `input_image` data URL
-is decoded and kept where it stands (`base.media_text`). Non-function tools (web_search, namespace,
-custom…) are dropped: the chat template can only offer functions. Tool call ids pass through unchanged, so the
+is decoded and kept where it stands (`base.media_text`). A `namespace` tool's functions (Codex groups each MCP
+server's tools so: `mcp__playwright` holding `browser_click`, …) are offered as functions named `NS__NAME`
+(`mcp__playwright__browser_click`, as Claude Code names MCP tools); a call of one goes back as a function_call with
+`namespace` NS and `name` NAME, and a replayed one is joined again, so the history renders as the model produced it.
+Other non-function tools (web_search, custom…) are dropped: the chat template can only offer functions. Tool call ids pass through unchanged, so the
 history Codex sends back names the same calls the proxy produced.
 """
 
@@ -46,18 +49,39 @@ def merge_leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [head, *messages[n:]]
 
 
-def _tool(t: Any) -> dict[str, Any] | None:
-    if not isinstance(t, dict):
-        raise BadRequestError("each tool must be an object")
-    if t.get("type") != "function":
-        return None
-    if not isinstance(t.get("name"), str) or not t["name"]:
-        raise BadRequestError("a function tool needs a 'name'")
-    fn: dict[str, Any] = {"name": t["name"]}
+def _function(t: dict[str, Any], name: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
     if t.get("description"):
         fn["description"] = t["description"]
     fn["parameters"] = t.get("parameters") or _EMPTY_SCHEMA
     return {"type": "function", "function": fn}
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The function name a namespaced tool is offered under: `NS__NAME`."""
+    return f"{namespace}__{name}"
+
+
+def _tools(t: Any, namespaces: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """The chat functions of one Responses tool: a function, a namespace's functions (flattened; `namespaces` maps
+    each flat name back), or none (web_search, custom, …)."""
+    if not isinstance(t, dict):
+        raise BadRequestError("each tool must be an object")
+    if t.get("type") == "namespace":
+        if not isinstance(t.get("name"), str) or not t["name"] or not isinstance(t.get("tools") or [], list):
+            raise BadRequestError("a namespace tool needs a 'name' and a list of 'tools'")
+        out = []
+        for sub in t.get("tools") or []:
+            for fn in _tools(sub, namespaces):  # only its function tools
+                flat = flat_name(t["name"], fn["function"]["name"])
+                namespaces[flat] = (t["name"], fn["function"]["name"])
+                out.append(_function(fn["function"], flat))
+        return out
+    if t.get("type") != "function":
+        return []
+    if not isinstance(t.get("name"), str) or not t["name"]:
+        raise BadRequestError("a function tool needs a 'name'")
+    return [_function(t, t["name"])]
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:
@@ -114,7 +138,10 @@ def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, An
             args = item.get("arguments") or "{}"
             if not isinstance(args, str):
                 raise BadRequestError("function_call 'arguments' must be a JSON string")
-            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}}
+            if item.get("namespace") is not None and not isinstance(item["namespace"], str):
+                raise BadRequestError("a function_call item's 'namespace' must be a string")
+            name = flat_name(item["namespace"], item["name"]) if item.get("namespace") else item["name"]
+            call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": args}}
             assistant().setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
@@ -130,9 +157,10 @@ def _messages(body: dict[str, Any], media: list[MediaPart]) -> list[dict[str, An
     return merge_leading_system(out)
 
 
-def _arguments_item(rid: str, i: int, call: dict[str, Any]) -> dict[str, Any]:
+def _arguments_item(rid: str, i: int, call: dict[str, Any], req: ChatRequest | None = None) -> dict[str, Any]:
+    """A function_call output item; a call of a namespaced function names its namespace apart."""
     fn = call["function"]
-    return {
+    item = {
         "type": "function_call",
         "id": f"fc_{rid}_{i}",
         "call_id": call["id"],
@@ -140,6 +168,10 @@ def _arguments_item(rid: str, i: int, call: dict[str, Any]) -> dict[str, Any]:
         "arguments": fn.get("arguments") or "{}",
         "status": "completed",
     }
+    split = (req.extra.get("namespaces") or {}).get(fn["name"]) if req is not None else None
+    if split is not None:
+        item["namespace"], item["name"] = split
+    return item
 
 
 def _reasoning_item(rid: str, text: str) -> dict[str, Any]:
@@ -179,7 +211,8 @@ class ResponsesDialect:
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise BadRequestError("'tools' must be a list")
-        functions = [f for f in (_tool(t) for t in tools) if f is not None]
+        namespaces: dict[str, tuple[str, str]] = {}
+        functions = [f for t in tools for f in _tools(t, namespaces)]
         choice = body.get("tool_choice", "auto")
         media = MediaParts(images)
         return ChatRequest(
@@ -191,18 +224,19 @@ class ResponsesDialect:
             extra={
                 "tool_choice": choice if choice in ("auto", "none", "required") else "auto",
                 "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+                **({"namespaces": namespaces} if namespaces else {}),
             },
             media=media,
         )
 
-    def output(self, result: ChatResult, rid: str) -> list[dict[str, Any]]:
+    def output(self, result: ChatResult, rid: str, req: ChatRequest | None = None) -> list[dict[str, Any]]:
         """The output items of a finished response, in order: reasoning, message, function calls."""
         rid, reply = _rid(rid), result.reply
         status = "incomplete" if result.finish == "length" else "completed"
         items = [_reasoning_item(rid, reply.reasoning)] if reply.reasoning else []
         if reply.content:
             items.append(_message_item(rid, reply.content, status))
-        items += [_arguments_item(rid, i, c) for i, c in enumerate(reply.tool_calls)]
+        items += [_arguments_item(rid, i, c, req) for i, c in enumerate(reply.tool_calls)]
         return items
 
     def envelope(
@@ -229,7 +263,7 @@ class ResponsesDialect:
         }
 
     def response(self, req: ChatRequest, result: ChatResult, rid: str) -> dict[str, Any]:
-        return self.envelope(req, rid, int(time.time()), self.output(result, rid), result)
+        return self.envelope(req, rid, int(time.time()), self.output(result, rid, req), result)
 
     def encoder(self, req: ChatRequest, rid: str) -> _ResponsesStream:
         return _ResponsesStream(self, req, rid)
@@ -347,7 +381,7 @@ class _ResponsesStream:
         if reply.content and "message" not in streamed:
             out += self._whole(_message_item(self.rid, "", "in_progress"), reply.content, status)
         for i, call in enumerate(reply.tool_calls):
-            item, index = _arguments_item(self.rid, i, call), len(self.items)
+            item, index = _arguments_item(self.rid, i, call, self.req), len(self.items)
             self.items.append(item)
             at = {"item_id": item["id"], "output_index": index}
             out += [

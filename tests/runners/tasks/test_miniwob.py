@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -24,9 +25,20 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 SOLVED = "click-test,click-button,enter-text,focus-text,click-checkboxes"
 
 
+@pytest.fixture(autouse=True)
+def own_temp_folder(monkeypatch: pytest.MonkeyPatch):
+    """Each test's browsers keep their profiles in a temp folder of the test's own, so that `_gone` looks for this
+    test's browsers only (other test files run browsers at the same time)."""
+    where = tempfile.mkdtemp(prefix="hrl-mw-", dir="/tmp")  # short: Chromium's sockets live under it
+    monkeypatch.setattr(tempfile, "tempdir", where)
+    yield
+    shutil.rmtree(where, ignore_errors=True)
+
+
 def _gone(pid: int) -> bool:
-    """No process of the browser's group runs (nor any with a profile of hrl's on its command line)."""
-    return not live_in_group(pid) and not any("hrl-chromium-" in _cmdline(p) for p in Path("/proc").glob("[0-9]*"))
+    """No process of the browser's group runs (nor any with a profile of this test's on its command line)."""
+    mine = f"{tempfile.gettempdir()}/hrl-chromium-"
+    return not live_in_group(pid) and not any(mine in _cmdline(p) for p in Path("/proc").glob("[0-9]*"))
 
 
 def _cmdline(proc: Path) -> str:

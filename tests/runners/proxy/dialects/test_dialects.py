@@ -267,6 +267,35 @@ def test_responses_history_round_trips() -> None:
     }
 
 
+def test_responses_namespace_tools_are_offered_flat_and_called_back_by_namespace() -> None:
+    """Codex groups an MCP server's tools in a namespace tool: the template sees `NS__NAME` functions; the model's
+    call of one goes back (whole and streamed) as a function_call naming the namespace apart, which Codex routes to
+    the server; replayed, it renders as the model produced it. Other non-function tools are still dropped."""
+    from openai.types.responses import Response
+
+    click = {"type": "function", "name": "browser_click", "description": "Click.",
+             "parameters": {"type": "object", "properties": {"target": {"type": "string"}}}}  # fmt: skip
+    tools = [{"type": "namespace", "name": "mcp__playwright", "description": "Playwright.", "tools": [click]},
+             {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+             {"type": "web_search"}]  # fmt: skip
+    dialect = get_dialect("responses")
+    req = dialect.parse({"model": "m", "input": "go", "tools": tools}, None)
+    assert [t["function"]["name"] for t in req.tools or []] == ["mcp__playwright__browser_click", "exec_command"]
+    assert (req.tools or [])[0]["function"]["parameters"] == click["parameters"]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "mcp__playwright__browser_click", "arguments": '{"target": "e5"}'}}  # fmt: skip
+    res = ChatResult(ParsedReply("", "", [call, copy.deepcopy(CALL)]), "tool_calls", 9, 4)
+    out = dialect.response(req, res, RID)["output"]
+    assert [(o.get("namespace"), o["name"]) for o in out] == [("mcp__playwright", "browser_click"), (None, "shell")]
+    final = Response.model_validate(_stream("responses", res, req)[-1][1]["response"]).model_dump(exclude_none=True)
+    assert [(o.get("namespace"), o["name"]) for o in final["output"]] == [("mcp__playwright", "browser_click"),
+                                                                          (None, "shell")]  # fmt: skip
+    again = dialect.parse({"model": "m", "input": [{"role": "user", "content": "go"}, *out], "tools": tools}, None)
+    assert again.messages[-1]["tool_calls"] == [call, CALL]
+    with pytest.raises(BadRequestError, match="namespace"):
+        dialect.parse({"model": "m", "input": "go", "tools": [{"type": "namespace", "tools": [click]}]}, None)
+
+
 def test_responses_errors() -> None:
     from openai.types.responses import ResponseFailedEvent
     from openai.types.shared import ErrorObject

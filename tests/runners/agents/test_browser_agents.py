@@ -1,0 +1,89 @@
+"""Agent CLIs on browser tasks: `hrl rollout --recipe browser --agent CLI --sandbox docker --limit 2`, each CLI given
+the Playwright MCP server through its own MCP settings and connected to the episode's browser (forwarded into the
+container from a socket of the episode's own), the scripted engine calling the CLI's MCP tools by the names the CLI
+gives them. Per episode: one trace, the page's own reward 1, the MCP calls in `hrl inspect`; after the run no
+container, browser or socket folder is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hrl.runners.agents import get_agent
+from tests.conftest import install_agent
+
+MCP_CLIS = ["claude-code", "codex", "opencode", "gemini-cli", "qwen-code"]
+
+
+def hrl(*args: str, cwd: Path, timeout: float = 600, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", **({"TMPDIR": str(tmp)} if tmp else {})}
+    return subprocess.run([sys.executable, "-m", "hrl.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)  # fmt: skip
+
+
+def browser_turns(name: str) -> list[object]:
+    """Snapshot the page, click its button by the snapshot's ref, finish: in the CLI's own MCP tool names (Qwen Code's
+    first prompt already holds one assistant turn, as its smoke script says)."""
+    runner = get_agent(name)
+    tool = runner.mcp_tool.format(server="playwright", tool="{}")  # type: ignore[union-attr]
+    turns: list[object] = [
+        {"tool_calls": [{"name": tool.format("browser_snapshot"), "arguments": {}}]},
+        {"tool_calls": [{"name": tool.format("browser_click"), "arguments": {"element": "Click Me!", "target": "e5"}}]},
+        "Done.",
+    ]
+    pad = len(runner.smoke_turns("f", "t")) - 2
+    return [turns[0]] * pad + turns
+
+
+def running_under(folder: Path) -> list[int]:
+    """Processes whose command line names `folder` (a browser's profile there)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(folder).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", MCP_CLIS)
+def test_a_cli_drives_the_episodes_browser_through_its_mcp_server(name: str, tmp_path: Path):
+    install_agent(name, "docker")
+    tmp = Path(
+        tempfile.mkdtemp(prefix="hrl-t-", dir="/tmp")
+    )  # the run's profiles and sockets (short: unix socket paths)
+    run_id = f"hrl-browser-{name}"
+    run = hrl("rollout", "--recipe", "browser", "--agent", name, "--sandbox", "docker", "--limit", "2",
+              "--engine", "scripted", "-c", f"engine_options.turns={json.dumps(browser_turns(name))}",
+              "-c", "engine_options.max_model_len=1048576", "-c", "proxy.default_max_tokens=512",
+              "-c", "rollout.agent_options.context_tokens=200000", "--run-id", run_id,
+              "--out", "traces.jsonl", cwd=tmp_path, tmp=tmp)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    traces = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert sorted(t["task_id"] for t in traces) == ["miniwob.click-test.s0", "miniwob.click-test.s1"]
+    for t in traces:
+        assert (t["reward"], t["success"], t["failure_reason"]) == (1.0, True, None), t["metadata"].get(
+            "agent_stdout_tail"
+        )
+        assert t["reward_info"]["ended"] and not t["reward_info"]["tampered"]
+        assert t["reward_info"]["refused_commands"] == [] and t["reward_info"]["blocked_requests"] == []
+    shown = hrl("inspect", "traces.jsonl", "--trace", traces[0]["trace_id"], cwd=tmp_path)
+    click = get_agent(name).mcp_tool.format(server="playwright", tool="browser_click")  # type: ignore[union-attr]
+    assert f"tool call {click} " in shown.stdout
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=hrl.run={run_id}"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert left.stdout.strip() == ""
+    assert running_under(tmp) == []  # no browser, relay or MCP server left
+    assert list(tmp.iterdir()) == []  # profiles and socket folders removed
+    tmp.rmdir()
