@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -495,3 +496,34 @@ def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait(timeout=10)
     return proc.pid
+
+
+FETCH = """import sys, urllib.request
+print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/hello", timeout=10).read().decode())"""
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend_name", ["docker", "local"])
+def test_a_forwarded_socket_is_reached_at_its_port_and_no_other_port_is(backend_name: str,
+                                                                               socket_dir: str) -> None:  # fmt: skip
+    """`SandboxSpec.forwards` (an episode's browser endpoint): a host unix socket served as 127.0.0.1:PORT in a
+    sandbox with no network (docker, and local under bubblewrap); a port nothing forwards is refused."""
+    from hrl.sandboxes.local import bwrap_works
+
+    if backend_name == "local" and not bwrap_works():
+        pytest.fail("bubblewrap is needed (.ci/setup.sh installs it)")
+    sock, rid = str(Path(socket_dir) / "cdp.sock"), run_id()
+    backend = DockerBackend() if backend_name == "docker" else LocalBackend()
+    spec = SandboxSpec(image=IMAGE, network="none", forwards={9333: sock})
+
+    async def main() -> tuple[Any, Any]:
+        async with host_servers(sock), await backend.create(spec, rid, "ep-fwd") as sandbox:
+            python = "python3" if backend_name == "docker" else sys.executable
+            fetched = await sandbox.exec([python, "-c", FETCH, "9333"], timeout_s=60)
+            other = await sandbox.exec([python, "-c", FETCH, "9334"], timeout_s=60)  # nothing else forwarded
+            return fetched, other
+
+    fetched, other = run(main())
+    assert (fetched.exit_code, fetched.stdout.strip()) == (0, "hello from the unix socket"), fetched
+    assert other.exit_code != 0 and "Connection refused" in other.stderr, other
+    assert containers(rid) == []

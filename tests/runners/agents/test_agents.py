@@ -344,3 +344,26 @@ def test_cli_shows_the_model_an_image_its_own_tool_read(name, vision_model, tmp_
     assert image_problems(trace, png, vision_model, str(media)) == []
     other = probe_png()[:-12] + b"\x00" * 12  # another file's bytes: the probe says the image is not the file's
     assert "expected the file's" in image_problems(trace, other, vision_model, str(media))[0]
+
+
+def test_each_mcp_client_configures_the_servers_it_is_given_and_the_others_are_refused():
+    """A CLI with an MCP client names the server's argv in its own settings (claude-code: a file its command points
+    at); without servers none of that appears; aider and mini-swe-agent have no client (`mcp_tool` None)."""
+    import dataclasses
+
+    argv = ["/opt/hrl/node/bin/node", "/opt/hrl/mcp/playwright/cli.js", "--cdp-endpoint", "http://127.0.0.1:9222"]
+    with_mcp = dataclasses.replace(CTX, mcp={"playwright": argv})
+    for name in AGENTS:
+        runner = get_agent(name)
+        plain = json.dumps([runner.files(CTX), runner.command(CTX)])
+        assert "cdp-endpoint" not in plain and "playwright" not in plain
+        if runner.mcp_tool is None:
+            assert name in ("aider", "mini-swe-agent")
+            continue
+        configured = json.dumps([runner.files(with_mcp), runner.command(with_mcp)])
+        assert all(json.dumps(a)[1:-1] in configured for a in argv), name
+        assert "{server}" in runner.mcp_tool and "{tool}" in runner.mcp_tool
+    codex = tomllib.loads(get_agent("codex").files(with_mcp)[".codex/config.toml"])["mcp_servers"]["playwright"]
+    assert (codex["command"], codex["args"], codex["required"]) == (argv[0], argv[1:], True)
+    claude = get_agent("claude-code").command(with_mcp)
+    assert claude[claude.index("--mcp-config") + 1] == f"{CTX.home}/.hrl-mcp.json" and "--strict-mcp-config" in claude
