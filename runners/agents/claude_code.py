@@ -75,6 +75,9 @@ class ClaudeCodeRunner:
             **dict.fromkeys(OFF, "1"),
             "IS_SANDBOX": "1",  # allows --dangerously-skip-permissions as root
             **(_telemetry(ctx) if ctx.telemetry else {}),
+            # its MCP servers connected before the first request (else, slow to start, their tools are missing
+            # from it); MCP_TIMEOUT: how long a server may take to start, in ms
+            **({"MCP_CONNECTION_NONBLOCKING": "0", "MCP_TIMEOUT": "60000"} if ctx.mcp else {}),
         }
 
     def command(self, ctx: AgentContext) -> list[str]:

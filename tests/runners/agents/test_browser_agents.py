@@ -87,3 +87,37 @@ def test_a_cli_drives_the_episodes_browser_through_its_mcp_server(name: str, tmp
     assert running_under(tmp) == []  # no browser, relay or MCP server left
     assert list(tmp.iterdir()) == []  # profiles and socket folders removed
     tmp.rmdir()
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from hrl.train.tiny import build_tiny_vision_model
+
+    return str(build_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vl", seed=0))
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", MCP_CLIS)
+def test_a_screenshot_reaches_the_vision_model_as_media(name: str, vision_model: str, tmp_path: Path):
+    """With a model that takes images, the MCP server sends its screenshots as images: the CLI passes the page's
+    screenshot on, and the call after it records one PNG of the page, kept in the run's media folder."""
+    install_agent(name, "docker")
+    runner = get_agent(name)
+    shot = {"name": runner.mcp_tool.format(server="playwright", tool="browser_take_screenshot"),  # type: ignore[union-attr]
+            "arguments": {"type": "png", "scale": "css"}}  # fmt: skip
+    turns = [{"tool_calls": [shot]}] * (len(runner.smoke_turns("f", "t")) - 1) + ["Done."]
+    run = hrl("rollout", "--recipe", "browser", "--agent", name, "--sandbox", "docker", "--tasks",
+              "miniwob:click-test", "--model", vision_model, "--engine", "scripted",
+              "-c", f"engine_options.turns={json.dumps(turns)}", "-c", "engine_options.max_model_len=1048576",
+              "-c", "proxy.default_max_tokens=512", "-c", "rollout.agent_options.context_tokens=200000",
+              "--out", "traces.jsonl", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    (trace,) = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    media = [m for c in trace["calls"] for m in c.get("media") or []]
+    assert len(media) == 1 and media[0]["mime"] == "image/png", trace["metadata"].get("agent_stdout_tail")
+    assert media[0]["width"] > 100 and media[0]["height"] > 100  # the page, not an icon
+    assert (tmp_path / "media" / media[0]["sha256"]).is_file()
+    assert not trace.get("dropped_media")
