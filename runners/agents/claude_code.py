@@ -45,6 +45,7 @@ def _telemetry(ctx: AgentContext) -> dict[str, str]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": ctx.base_url.rstrip("/"),
         "OTEL_EXPORTER_OTLP_HEADERS": f"x-api-key={ctx.api_key}",
         "OTEL_LOGS_EXPORT_INTERVAL": "1000",  # ms: events leave within a second, not only at exit
+        "OTEL_LOG_TOOL_DETAILS": "1",  # an MCP tool's own name (else `mcp_tool`), its server's, the shell command
     }
 
 

@@ -284,6 +284,8 @@ def _tool_report(name: str, attrs: dict[str, Any], at: float, extra: dict[str, A
         return None
     if not isinstance(tool, str) or not tool:
         return None
+    if tool == "mcp_tool":  # Claude Code hides an MCP tool's name unless its tool details are logged (it sets them)
+        tool = _mcp_name(attrs.get("tool_parameters")) or tool
     return ToolReport(
         name=tool[:200],
         call_id=_call_id(attrs),
@@ -293,6 +295,16 @@ def _tool_report(name: str, attrs: dict[str, Any], at: float, extra: dict[str, A
         decision=_decision(attrs.get("decision")),
         error=str(error)[:500] if error else None,
     )
+
+
+def _mcp_name(parameters: Any) -> str | None:
+    """`mcp__SERVER__TOOL`, as the model called it, from Claude Code's `tool_parameters` (OTEL_LOG_TOOL_DETAILS)."""
+    try:
+        details = json.loads(parameters) if isinstance(parameters, str) else parameters
+        server, tool = details["mcp_server_name"], details["mcp_tool_name"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return f"mcp__{server}__{tool}" if isinstance(server, str) and isinstance(tool, str) else None
 
 
 def merge_tools(inferred: list[dict[str, Any]], received: ReceivedTools) -> list[dict[str, Any]]:

@@ -254,3 +254,15 @@ def test_a_session_keeps_bounded_counts_and_reads_foreign_clocks_as_arrival():
                 {"name": "bash", "tool_call_id": "c1", "started_at": now - 2, "ended_at": now - 1}]  # fmt: skip
     merged = otel_in.merge_tools(inferred, received)
     assert [(t["tool_call_id"], t["source"]) for t in merged] == [("c0", "inferred"), ("c1", "otel")]  # by call id
+
+
+def test_claude_codes_mcp_tool_is_named_as_the_model_called_it():
+    """Claude Code reports every MCP tool as `mcp_tool`; with its tool details logged (hrl sets
+    OTEL_LOG_TOOL_DETAILS), `tool_parameters` names the server and the tool: the event says `mcp__SERVER__TOOL`."""
+    details = json.dumps({"mcp_server_name": "playwright", "mcp_tool_name": "browser_click"})
+    body = _logs(("claude_code.tool_result", {"tool_name": "mcp_tool", "tool_parameters": details, "success": "true",
+                                              "duration_ms": "12", "tool_use_id": "toolu_1"}),
+                 ("claude_code.tool_result", {"tool_name": "mcp_tool", "success": "true", "tool_use_id": "toolu_2"}),
+                 body_name=True)  # fmt: skip
+    names = [report.name for _, report, _ in otel_in.read("logs", body, "application/x-protobuf") if report]
+    assert names == ["mcp__playwright__browser_click", "mcp_tool"]  # without details: as reported
