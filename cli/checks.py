@@ -197,10 +197,12 @@ def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
             hint="run the python: agent in process (rollout.mode: inprocess or auto), or use an agent CLI",
         )
     clis = [a for a in agents if not is_python_agent(a)]
-    if no_mcp := [a for a in clis if not getattr(get_agent(a), "mcp_tool", None)]:
+    drives = [a for a in clis if getattr(get_agent(a), "drives_browser", False)]  # browser-use: over CDP itself
+    if no_mcp := [a for a in clis if a not in drives and not getattr(get_agent(a), "mcp_tool", None)]:
         raise UsageError(
             f"MiniWoB++ tasks cannot run with {', '.join(no_mcp)}: it has no MCP client to drive the browser with",
-            hint="use claude-code, codex, opencode, gemini-cli or qwen-code (each given a browser MCP server)",
+            hint="use claude-code, codex, opencode, gemini-cli or qwen-code (each given a browser MCP server), or "
+            "browser-use",
         )
     if clis and roll.get("sandbox", "docker") == "local":
         from hrl.sandboxes.local import bwrap_works
@@ -215,7 +217,7 @@ def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:
     """One warning line when the agent's fixed prompt cannot fit the model's context, naming the fix."""
-    from hrl.runners.agents import AGENTS
+    from hrl.runners.agents import AGENTS, get_agent
     from hrl.runners.agents.fit import fit
     from hrl.runners.whitebox.harness import is_python_agent
 
@@ -225,7 +227,8 @@ def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:
     found = fit(agent, model, options, proxy)
     if found is None or found.fits:
         return
-    others = [f for name in sorted(AGENTS) if name != agent and (f := fit(name, model, options, proxy)) and f.fits]
+    coders = [n for n in sorted(AGENTS) if n != agent and not getattr(get_agent(n), "drives_browser", False)]
+    others = [f for name in coders if (f := fit(name, model, options, proxy)) and f.fits]
     fitting = ", ".join(f"{f.agent} (~{f.prompt_tokens / 1000:.0f}k)" for f in others) or "none on this model"
     err.print(
         f"Warning: {agent}'s fixed prompt (system prompt + tool schemas) is about {found.prompt_tokens:,} tokens on "

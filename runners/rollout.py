@@ -169,7 +169,7 @@ class AgentRollouts:
         if self._install is None:
             target = "docker" if self.config.sandbox == "docker" else "local"
             inst = install(self.config.agent, target)
-            if self.verifier.name == "miniwob":
+            if self.verifier.name == "miniwob" and not getattr(self.runner, "drives_browser", False):
                 inst = self._with_browser_mcp(inst, target)
             self._install = inst
         return self._install

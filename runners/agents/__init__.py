@@ -18,6 +18,7 @@ AGENTS: dict[str, str] = {
     "gemini-cli": "hrl.runners.agents.gemini_cli:GeminiCliRunner",
     "mini-swe-agent": "hrl.runners.agents.mini_swe_agent:MiniSweAgentRunner",
     "aider": "hrl.runners.agents.aider:AiderRunner",
+    "browser-use": "hrl.runners.agents.browser_use:BrowserUseRunner",
 }
 
 

@@ -219,6 +219,9 @@ async def _check(
 ) -> AgentCheck:
     """One CLI's probe: the file it writes (or, with `images`, the image it shows the model) and its trace."""
     t0 = time.monotonic()
+    if _drives_browser(name):  # no shell and no file tool: what the probe asks of a CLI it cannot do
+        return AgentCheck(name, False, f"{name} is a browser agent: the file probe does not apply; run it on a "
+                          f"browser task (hrl rollout --recipe browser --agent {name} --sandbox docker --limit 1)", 0.0)  # fmt: skip
     png = probe_png() if images else b""
     with tempfile.TemporaryDirectory(prefix="hrl-doctor-media-") as media:
         script: dict[str, Any] = {}
@@ -242,6 +245,10 @@ async def _check(
     if images:
         details["image"] = next((c["media"][0] for c in trace["calls"] if c.get("media")), {})
     return AgentCheck(name, not problems, "; ".join(problems), round(time.monotonic() - t0, 1), details)
+
+
+def _drives_browser(name: str) -> bool:
+    return bool(getattr(get_agent(name), "drives_browser", False))
 
 
 def _last_line(out: AgentOutcome) -> str:
@@ -285,7 +292,9 @@ def doctor(
                 hint="leave --model out for the tiny one, or build one: `hrl models tiny DIR --vision`",
             )
     names = names or [
-        n for n in AGENTS if installed(n, sandbox) is not None and (not images or n in _with_image_tool())
+        n
+        for n in AGENTS
+        if installed(n, sandbox) is not None and not _drives_browser(n) and (not images or n in _with_image_tool())
     ]
 
     async def all_checks() -> list[AgentCheck]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -39,6 +40,34 @@ _CACHE_BLOCKS = 65536  # blocks the prefix cache holds (about 1M tokens)
 
 # One assistant turn to play back: text, or {"text": …, "reasoning": …, "tool_calls": [{"name": …, "arguments": {…}}]}.
 ScriptedTurn = str | dict[str, Any]
+MATCH = "{{match:"
+_PLACEHOLDER = re.compile(r"\{\{match:(.+?)\}\}")
+
+
+def _filled(turn: Any, prompt: str) -> Any:
+    """`turn` with each `{{match:REGEX}}` replaced by REGEX's first group (else whole match) at its last match in
+    `prompt`; `{{match:REGEX||TEXT}}` gives TEXT where REGEX matches nothing, which is otherwise an EngineError."""
+
+    def one(m: re.Match[str]) -> str:
+        pattern, _, fallback = m.group(1).partition("||")
+        try:
+            found = list(re.finditer(pattern, prompt))
+        except re.error as e:
+            raise EngineError(f"scripted turn: {m.group(0)} is not a valid regular expression ({e})") from e
+        if not found:
+            if "||" in m.group(1):
+                return fallback
+            raise EngineError(f"scripted turn: {pattern!r} matches nothing in the prompt")
+        last = found[-1]
+        return last.group(1) if last.re.groups else last.group(0)
+
+    if isinstance(turn, str):
+        return _PLACEHOLDER.sub(one, turn)
+    if isinstance(turn, dict):
+        return {k: _filled(v, prompt) for k, v in turn.items()}
+    if isinstance(turn, list):
+        return [_filled(v, prompt) for v in turn]
+    return turn
 
 
 class ScriptedEngineConfig(BaseModel):
@@ -50,7 +79,9 @@ class ScriptedEngineConfig(BaseModel):
         default_factory=lambda: ["Done."],
         description="Assistant turns: a string, or {'text': …, 'reasoning': …, 'tool_calls': [{'name': …, "
         "'arguments': {…}}]}, optionally with 'fail_after': N to die with an engine error after N tokens. Past the "
-        "end, the last turn repeats.",
+        "end, the last turn repeats. `{{match:REGEX}}` anywhere in a turn is replaced, per call, by REGEX's first "
+        "group (else its whole match) at its last match in the decoded prompt (`{{match:REGEX||TEXT}}`: TEXT where "
+        "it matches nothing): an id the page or the harness made up for this episode (an element's index).",
     )
     script_file: str | None = Field(None, description="JSON file with a list of turns (overrides `turns`).")
     token_delay_s: float = Field(
@@ -141,16 +172,21 @@ class ScriptedEngine:
     def _turn_index(self, prompt_ids: list[int]) -> int:
         return completed_turns(prompt_ids, *self._markers)
 
-    def _ids(self, index: int) -> list[int]:
+    def _ids(self, index: int, prompt_ids: list[int]) -> list[int]:
+        turn = self.turns[index]
+        if MATCH in json.dumps(turn):  # filled from this call's prompt: not cached
+            return self._render(index, _filled(turn, self.tokenizer.decode(prompt_ids)))
         if index not in self._turn_ids:
-            turn = self.turns[index]
-            if self.family == "hermes":
-                text = render_turn(turn, self._end)
-            else:
-                before = sum(len(t.get("tool_calls") or []) for t in self.turns[:index] if isinstance(t, dict))
-                text = render_family_turn(self.family, turn, before)
-            self._turn_ids[index] = self.tokenizer.encode(text, add_special_tokens=False)
+            self._turn_ids[index] = self._render(index, turn)
         return self._turn_ids[index]
+
+    def _render(self, index: int, turn: ScriptedTurn) -> list[int]:
+        if self.family == "hermes":
+            text = render_turn(turn, self._end)
+        else:
+            before = sum(len(t.get("tool_calls") or []) for t in self.turns[:index] if isinstance(t, dict))
+            text = render_family_turn(self.family, turn, before)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def busy(self) -> float:
@@ -231,7 +267,7 @@ class ScriptedEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
         index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
-        turn, ids = self.turns[index], self._ids(index)
+        turn, ids = self.turns[index], self._ids(index, prompt_ids)
         fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
         last = prompt_ids[-1] if prompt_ids else None
         start = next((j for j in range(len(ids) - 1, 0, -1) if ids[j - 1] == last and prompt_ids[-j:] == ids[:j]),

@@ -49,7 +49,9 @@ EXPECTED: dict[str, tuple[str, bool, str | None, int]] = {
     "gemini-cli": ("gemini", True, "run_shell_command", 0),
     "mini-swe-agent": ("chat", False, "bash", 0),
     "aider": ("chat", True, None, 0),
+    "browser-use": ("chat", False, None, 0),  # a browser agent: browser tasks only (test_browser_agents.py)
 }
+SMOKE = [n for n in EXPECTED if not getattr(get_agent(n), "drives_browser", False)]  # they write the probe file
 CTX = AgentContext(
     base_url="http://127.0.0.1:8000/s/tok",
     api_key="hrl-tok",
@@ -277,7 +279,7 @@ def _check_episode(name: str, probe: Probe, node: Any, model: str) -> None:
 @pytest.mark.agents
 @pytest.mark.docker
 @pytest.mark.timeout(1800)  # a first install of a Python CLI takes minutes
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", SMOKE)
 def test_cli_runs_in_docker_through_the_proxy(name, tiny_model, request):
     install_agent(name, "docker")
     probe = asyncio.run(probe_agent(name, tiny_model, "docker", time_budget_s=300, prompt=DASH_TASK))
@@ -358,7 +360,7 @@ def test_each_mcp_client_configures_the_servers_it_is_given_and_the_others_are_r
         plain = json.dumps([runner.files(CTX), runner.command(CTX)])
         assert "cdp-endpoint" not in plain and "playwright" not in plain
         if runner.mcp_tool is None:
-            assert name in ("aider", "mini-swe-agent")
+            assert name in ("aider", "mini-swe-agent", "browser-use")
             continue
         configured = json.dumps([runner.files(with_mcp), runner.command(with_mcp)])
         assert all(json.dumps(a)[1:-1] in configured for a in argv), name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -121,3 +122,50 @@ def test_a_screenshot_reaches_the_vision_model_as_media(name: str, vision_model:
     assert media[0]["width"] > 100 and media[0]["height"] > 100  # the page, not an icon
     assert (tmp_path / "media" / media[0]["sha256"]).is_file()
     assert not trace.get("dropped_media")
+
+
+def _step(*actions: dict) -> str:
+    """One browser-use step as its JSON-schema output: the goals it writes and its actions."""
+    return json.dumps({"evaluation_previous_goal": "-", "memory": "-", "next_goal": "-", "action": list(actions)})
+
+
+@pytest.mark.agents
+@pytest.mark.docker
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_browser_use_drives_the_episodes_browser_with_its_own_agent_loop(tmp_path: Path):
+    """browser-use, in its own venv in the sandbox, with its own Agent loop and prompts: it connects to the
+    episode's browser through the forward, sees the page's button as one of its numbered elements and clicks it; the page's
+    reward is 1 for both episodes and nothing is left behind. Each of its steps re-renders the whole prompt (its
+    history is in the user message), so every call is a branch of its own."""
+    install_agent("browser-use", "docker")
+    tmp = Path(tempfile.mkdtemp(prefix="hrl-t-", dir="/tmp"))
+    run_id = "hrl-browser-use"
+    # browser-use numbers the page's elements anew per episode ([2] or [3] for this button): the turn takes the
+    # number from the prompt; the scripted engine plays it at every step (browser-use sends no assistant turns)
+    click = _step({"click": {"index": 0}})
+    turns = [click.replace('"index": 0', '"index": {{match:\\[(\\d+)\\]<button id=subbtn||1}}')]
+    run = hrl("rollout", "--recipe", "browser", "--agent", "browser-use", "--sandbox", "docker", "--limit", "2",
+              "--engine", "scripted", "-c", f"engine_options.turns={json.dumps(turns)}",
+              "-c", "engine_options.max_model_len=1048576", "-c", "proxy.default_max_tokens=512",
+              "-c", "rollout.agent_options.max_steps=2", "--run-id", run_id, "--out", "traces.jsonl",
+              cwd=tmp_path, tmp=tmp)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    traces = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for t in traces:
+        assert (t["reward"], t["success"], t["failure_reason"]) == (1.0, True, None), t["metadata"].get(
+            "agent_stderr_tail"
+        )
+        assert not t["reward_info"]["tampered"] and t["reward_info"]["refused_commands"] == []
+        # two steps: the click, then its last step, where browser-use accepts only `done` (the script's click there
+        # is refused by its own output check; the page's reward was already given)
+        assert len(t["calls"]) == 2 and t["agent"]["name"] == "browser-use"
+    shown = hrl("inspect", "traces.jsonl", "--full", "--trace", traces[0]["trace_id"], cwd=tmp_path).stdout
+    index = re.search(r"\[(\d+)\]<button id=subbtn />", shown).group(1)  # type: ignore[union-attr]
+    flat = re.sub(r"\s*\n[│ ]*", " ", shown)  # long lines are wrapped
+    assert f'"action": [{{"click": {{"index": {index}}}}}]' in flat
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=hrl.run={run_id}"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert left.stdout.strip() == "" and running_under(tmp) == [] and list(tmp.iterdir()) == []
+    tmp.rmdir()

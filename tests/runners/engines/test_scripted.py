@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from hrl.runners.engines import SamplingParams, collect
 from hrl.runners.engines.scripted import ScriptedEngine, ScriptedEngineConfig
 
@@ -73,3 +75,25 @@ def test_prefill_is_charged_on_uncached_prompt_tokens_only(tiny_model: str) -> N
     assert cached == 288  # the 18 full 16-token blocks of the 300-token prefix
     assert cold >= 0.3  # 300 uncached tokens at 1000/s: a sleep, so never shorter
     assert warm < 0.3  # 14 uncached tokens (0.014 s); without the cache it would sleep 302/1000 s
+
+
+def test_a_turn_takes_an_id_from_the_prompt_where_it_says_match(tiny_model: str) -> None:
+    """`{{match:REGEX}}`: REGEX's group at its last match in this call's decoded prompt (an element's index the
+    harness numbered for this episode); `||TEXT` where it matches nothing; with neither, an engine error."""
+    from transformers import AutoTokenizer
+
+    from hrl.runners.errors import EngineError
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    turn = '{"click": {{match:\\[(\\d+)\\]<button||0}}}'
+
+    async def reply(turns: list[object], prompt: str) -> str:
+        engine = ScriptedEngine(ScriptedEngineConfig(model=tiny_model, turns=turns))  # type: ignore[arg-type]
+        await engine.start()
+        out = await collect(engine.generate("r", tok.encode(prompt), SamplingParams(max_tokens=64)))
+        return tok.decode(out.token_ids, skip_special_tokens=True)
+
+    assert asyncio.run(reply([turn], "[7]<button old [12]<button new")) == '{"click": 12}'
+    assert asyncio.run(reply([turn], "no buttons here")) == '{"click": 0}'
+    with pytest.raises(EngineError, match="matches nothing"):
+        asyncio.run(reply(['{"click": {{match:\\[(\\d+)\\]<button}}}'], "no buttons here"))
