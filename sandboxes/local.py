@@ -210,7 +210,23 @@ class LocalSandbox:
         if self.backend.isolate:
             if "/" not in argv[0] and shutil.which(argv[0], path=full_env.get("PATH")) is None:
                 return ExecResult(127, "", f"{argv[0]}: command not found\n")  # as without bwrap
-            argv = [*self._bwrap(cwd), *self._relay(), *argv]
+            # the mark says bwrap set the namespace up and started the command (a failed set-up is run again)
+            mark = self.root / f".hrl-started-{token}"
+            started = ["sh", "-c", ': > "$0" && exec "$@"', str(mark)]
+            argv = [*self._bwrap(cwd), *started, *self._relay(), *argv]
+        for attempt in range(1, BWRAP_TRIES + 1):
+            result = await self._run(argv, cwd, full_env, token, timeout_s)
+            if not self.backend.isolate:
+                return result
+            ran = mark.exists()
+            mark.unlink(missing_ok=True)
+            if ran or not _bwrap_setup_failed(result) or attempt == BWRAP_TRIES:
+                return result
+            await asyncio.sleep(0.1 * attempt)  # bwrap failed before the command ran: run it again
+        raise AssertionError("unreachable")
+
+    async def _run(self, argv: list[str], cwd: str, full_env: dict[str, str], token: str,
+                   timeout_s: float) -> ExecResult:  # fmt: skip
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -461,6 +477,20 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True
     return pid > 0
+
+
+# bwrap sets up its namespace by binding / recursively read-only; a mount appearing or going at that moment (a Docker
+# container starting or stopping on the same host: its overlay's resolv.conf) fails the remount with EINVAL before the
+# command runs. Such an exec (bwrap's own error, and no mark that the command started) is run again, up to
+# BWRAP_TRIES times; a command that started is never run twice.
+BWRAP_TRIES = 3
+_BWRAP_SETUP = re.compile(r"bwrap: (Can't|Unable to) [^\n]*\n?")
+
+
+def _bwrap_setup_failed(result: ExecResult) -> bool:
+    """Whether the exec looks like bwrap failing to set up the namespace (one line of its own on stderr, exit 1, no
+    output); the caller also checks that the command never started."""
+    return result.exit_code == 1 and not result.stdout and _BWRAP_SETUP.fullmatch(result.stderr) is not None
 
 
 def _group_alive(group: int) -> bool:

@@ -300,3 +300,35 @@ def test_docker_agent_reaches_the_owner_only_proxy_socket(socket_dir: Path) -> N
             return outs
 
     assert run(serving_socket(sock, from_container)) == ["hello from the proxy socket"] * 2
+
+
+def test_a_bwrap_that_fails_to_set_up_is_run_again_and_a_commands_own_failure_is_not(tmp_path: Path,
+                                                                                     monkeypatch) -> None:  # fmt: skip
+    """bwrap's read-only bind of / fails with EINVAL when a mount comes or goes meanwhile (a Docker container on the
+    same host): that exec never ran its command and is run again. A command that fails by itself runs once."""
+    assert bwrap_works(), "bubblewrap is needed (.ci/setup.sh installs it)"
+    fake, count = tmp_path / "bin", tmp_path / "setups"
+    fake.mkdir()
+    (fake / "bwrap").write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {count}\n"
+        f'if [ "$(wc -l < {count})" -lt 3 ]; then\n'
+        '  echo "bwrap: Can\'t bind mount /oldroot/ on /newroot/: Unable to apply mount flags: Invalid argument" >&2\n'
+        "  exit 1\n"
+        "fi\n"
+        f'exec {shutil.which("bwrap")} "$@"\n'
+    )
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    backend = LocalBackend(root=str(tmp_path / "sandboxes"))
+
+    async def main() -> tuple[Any, int, Any, int]:
+        async with await backend.create(SandboxSpec(), "run", "ep") as box:
+            ok = await box.exec("echo ran >> ran.txt; echo hi")
+            setups = len(count.read_text().splitlines())
+            failed = await box.exec('echo ran >> ran.txt; echo "bwrap: Can\'t bind mount it" >&2; exit 1')
+            return ok, setups, failed, len((await box.read_file("ran.txt")).splitlines())
+
+    ok, setups, failed, ran = run(main())
+    assert (ok.exit_code, ok.stdout, setups) == (0, "hi\n", 3)  # two failed set-ups, then the command
+    assert failed.exit_code == 1 and ran == 2  # each command ran once
