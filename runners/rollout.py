@@ -230,7 +230,9 @@ class AgentRollouts:
         phase("sandbox")
         await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
         limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
-        spec = self.verifier.sandbox_spec(task).model_copy(update=limits)
+        # a verifier that makes something per episode for its sandbox (a browser's socket folder) does it here, once
+        spec_of = getattr(self.verifier, "episode_spec", self.verifier.sandbox_spec)
+        spec = spec_of(task).model_copy(update=limits)
         budget = getattr(task, "agent_timeout_s", None) or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
         label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()

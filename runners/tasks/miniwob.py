@@ -170,9 +170,13 @@ class MiniWoBVerifier:
         miniwob_html()
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
-        """The episode's sandbox; with `agent_in_sandbox`, the browser's endpoint forwarded into it from a unix socket
-        in a folder of the episode's own (another episode's sandbox cannot see it)."""
-        spec = SandboxSpec(workdir=task.workdir, env=dict(task.env))
+        return SandboxSpec(workdir=task.workdir, env=dict(task.env))
+
+    def episode_spec(self, task: Task) -> SandboxSpec:
+        """One episode's sandbox: with `agent_in_sandbox`, the browser's endpoint forwarded into it from a unix socket
+        in a folder made for this episode alone (another episode's sandbox cannot see it; `verify` or `release`
+        removes it)."""
+        spec = self.sandbox_spec(task)
         if not self.config.agent_in_sandbox:
             return spec
         if self._root is None:
@@ -185,7 +189,7 @@ class MiniWoBVerifier:
         forwarded = getattr(sandbox, "spec", None) and sandbox.spec.forwards.get(self.config.cdp_port)  # type: ignore[attr-defined]
         if self.config.agent_in_sandbox and not forwarded:
             raise SandboxError(f"the sandbox of {task.instance_id} forwards no browser endpoint (port "
-                               f"{self.config.cdp_port}): it was not made from this verifier's sandbox_spec")  # fmt: skip
+                               f"{self.config.cdp_port}): it was not made from this verifier's episode_spec")  # fmt: skip
         try:
             episode = await start_page(_as_miniwob(task), self.config.time_limit_s, forwarded or None)
         except BrowserError as e:

@@ -22,7 +22,7 @@ LOOKUPS = [
         "unknown engine 'nope'; valid: embedded, remote, replicas, scripted, vllm or an http:// URL",
     ),
     (lambda: engine_kind("nope"), "unknown engine 'nope'"),
-    (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, claude-code, codex,"),
+    (lambda: get_agent("nope"), "unknown agent 'nope'; valid: aider, browser-use, claude-code,"),
     (
         lambda: make_verifier("nope", get_backend("local")),
         "unknown verifier 'nope'; valid: harbor, miniwob, tests or python, with a Python agent only (white-box recipes)",

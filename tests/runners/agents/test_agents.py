@@ -66,7 +66,7 @@ CTX = AgentContext(
 # ---- registry and per-agent config ------------------------------------------------------------------------------
 
 
-def test_registry_lists_seven_agents_and_rejects_unknown_names():
+def test_registry_lists_eight_agents_and_rejects_unknown_names():
     assert set(AGENTS) == set(EXPECTED)
     with pytest.raises(UnknownNameError) as info:
         get_agent("cursor")
