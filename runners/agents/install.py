@@ -99,17 +99,29 @@ def _dirs(runner: AgentRunner, target: Target) -> tuple[Path, str]:
     return host, (f"{SANDBOX_ROOT}/agents/{runner.name}" if target == "docker" else str(host))
 
 
+def _node(target: Target) -> tuple[str, list[Mount]]:
+    """Node's package dir as the sandbox sees it, and its mount (docker: read-only at SANDBOX_ROOT/node)."""
+    node = agents_cache() / f"node-{NODE_VERSION}" / "node_modules" / NODE_PACKAGE
+    if target != "docker":
+        return str(node), []
+    return f"{SANDBOX_ROOT}/node", [Mount(source=str(node), target=f"{SANDBOX_ROOT}/node")]
+
+
+def _node_step(timeout_s: float) -> tuple[Path, str, Builder]:
+    """The install step of node itself, shared by every npm CLI and MCP server."""
+    node = f"{NODE_PACKAGE}@{NODE_VERSION}"
+    return agents_cache() / f"node-{NODE_VERSION}", f"npm {node}", lambda d, log: _npm(d, node, timeout_s, log)
+
+
 def _layout(runner: AgentRunner, target: Target) -> AgentInstall:
     host, inside = _dirs(runner, target)
     mounts = [Mount(source=str(host), target=inside)] if target == "docker" else []
     if runner.package_kind == "pypi":
         path = [f"{inside}/venv/bin"]
     else:
-        node = agents_cache() / f"node-{NODE_VERSION}" / "node_modules" / NODE_PACKAGE
-        node_inside = f"{SANDBOX_ROOT}/node" if target == "docker" else str(node)
+        node_inside, node_mounts = _node(target)
         path = [f"{inside}/node_modules/.bin", f"{node_inside}/bin"]
-        if target == "docker":
-            mounts.append(Mount(source=str(node), target=node_inside))
+        mounts += node_mounts
     return AgentInstall(runner.name, runner.version, target, inside, tuple(path), tuple(mounts), str(host))
 
 
@@ -121,10 +133,9 @@ def _steps(runner: AgentRunner, target: Target, timeout_s: float) -> list[tuple[
         f"{runner.package}@{runner.version}" if runner.package_kind == "npm" else f"{runner.package}=={runner.version}"
     )
     if runner.package_kind == "npm":
-        node = f"{NODE_PACKAGE}@{NODE_VERSION}"
         scripts = runner.install_scripts
         return [
-            (agents_cache() / f"node-{NODE_VERSION}", f"npm {node}", lambda d, log: _npm(d, node, timeout_s, log)),
+            _node_step(timeout_s),
             (host, f"npm {spec}" + (" (install scripts)" if scripts else ""),
              lambda d, log: _npm(d, spec, timeout_s, log, scripts)),
         ]  # fmt: skip
@@ -164,18 +175,17 @@ def install_mcp(name: str, target: Target = "docker", *, timeout_s: float = 900,
     if name not in MCP_SERVERS:
         raise UsageError(f"unknown MCP server {name!r}", hint=f"choose one of: {', '.join(sorted(MCP_SERVERS))}")
     package, version, entry = MCP_SERVERS[name]
-    host = agents_cache() / f"mcp-{name}-{version}"
-    node = agents_cache() / f"node-{NODE_VERSION}"
-    node_spec, spec = f"{NODE_PACKAGE}@{NODE_VERSION}", f"{package}@{version}"
+    host, spec = agents_cache() / f"mcp-{name}-{version}", f"{package}@{version}"
     say = on_event or (lambda _msg: None)
-    _once(node, f"npm {node_spec}", say, lambda d, log: _npm(d, node_spec, timeout_s, log))
-    _once(host, f"npm {spec}", say, lambda d, log: _npm(d, spec, timeout_s, log))
-    node_dir = node / "node_modules" / NODE_PACKAGE
-    if target == "local":
-        return McpInstall(name, version, (str(node_dir / "bin" / "node"), str(host / entry)), ())
-    inside = f"{SANDBOX_ROOT}/mcp/{name}"
-    mounts = (Mount(source=str(host), target=inside), Mount(source=str(node_dir), target=f"{SANDBOX_ROOT}/node"))
-    return McpInstall(name, version, (f"{SANDBOX_ROOT}/node/bin/node", f"{inside}/{entry}"), mounts)
+    for dest, recipe, build in (
+        _node_step(timeout_s),
+        (host, f"npm {spec}", lambda d, log: _npm(d, spec, timeout_s, log)),
+    ):
+        _once(dest, recipe, say, build)
+    node_inside, node_mounts = _node(target)
+    inside = f"{SANDBOX_ROOT}/mcp/{name}" if target == "docker" else str(host)
+    mounts = [Mount(source=str(host), target=inside)] if target == "docker" else []
+    return McpInstall(name, version, (f"{node_inside}/bin/node", f"{inside}/{entry}"), (*mounts, *node_mounts))
 
 
 @contextlib.contextmanager
