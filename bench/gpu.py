@@ -26,6 +26,7 @@ standard library (the GPU image has no pydantic or vLLM): the trainer's device, 
 loaded from their files, so the steps run the trainer's own chunked logprobs, master-weight AdamW and mover.
 
     python bench/gpu.py              # on a GPU machine
+    python bench/gpu.py --deadline 480 --out $OUT/gpu.jsonl   # a lease-sized run that keeps what it finished
     python bench/gpu.py --tiny       # the same phases on a tiny config on the CPU (seconds; runs in CI)
 """
 
@@ -522,11 +523,16 @@ def time_budget(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def run_phase(bench: Bench, name: str, fn: Callable[[], dict[str, Any]], budget_s: float) -> dict[str, Any]:
+def run_phase(
+    bench: Bench, name: str, fn: Callable[[], dict[str, Any]], budget_s: float, out: Path | None = None
+) -> dict[str, Any]:
     """Run one phase under its time budget (a GPU run: the budgets are sized for an H200's work); --tiny's phases
-    run unbounded, their seconds reported (the CI test bounds the whole run)."""
+    run unbounded, their seconds reported (the CI test bounds the whole run). Each row is also appended to `out` as
+    it ends, so a run stopped from outside keeps the phases it finished."""
     t0 = time.perf_counter()
     try:
+        if budget_s <= 0:
+            raise TimeoutError("no time left before the run's deadline")
         with contextlib.nullcontext() if bench.tiny else time_budget(budget_s):
             row = {"phase": name, "ok": True, **fn()}
     except Exception as e:  # a phase fails alone; the next one runs
@@ -535,6 +541,9 @@ def run_phase(bench: Bench, name: str, fn: Callable[[], dict[str, Any]], budget_
     row["seconds"] = round(time.perf_counter() - t0, 2)
     bench.results.append(row)
     print(json.dumps(row), flush=True)
+    if out is not None:
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
     return row
 
 
@@ -547,9 +556,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 # budgets add up to 610 s: with imports and CUDA start the whole run stays under 11 minutes
-PHASES = [("probe", "probe", 25), ("lora_step", "lora_step", 75), ("full_step", "full_step", 95),
-          ("colocate", "colocate", 150), ("sync", "sync_phase", 100), ("publish", "publish", 120),
-          ("tree", "tree", 45)]  # fmt: skip
+# in the order of what a short device lease should measure first: the weight-sync buckets, the LoRA step, then the
+# phases that need the most memory and time (the 7B full step is the one most likely not to fit)
+PHASES = [("probe", "probe", 25), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 45),
+          ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95)]  # fmt: skip
 VLLM_SHARE = 0.8  # of the GPU's memory: what vLLM takes back while the offloaded trainer holds next to nothing
 
 
@@ -557,12 +567,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny config on the CPU (the CI run)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these phases")
+    ap.add_argument("--out", type=Path, default=None, help="append each phase's JSON row to this file as it ends")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for the whole run: a phase's budget is cut to what is left, minus 10 s",
+    )
     a = ap.parse_args(argv)
-    bench = Bench(a.tiny)
+    bench, start = Bench(a.tiny), time.perf_counter()
     for name, method, budget in PHASES:
         if a.only is None or name in a.only:
-            run_phase(bench, name, getattr(bench, method), budget)
+            if a.deadline is not None:
+                budget = min(budget, a.deadline - (time.perf_counter() - start) - 10)
+            run_phase(bench, name, getattr(bench, method), budget, a.out)
     print(table(bench.results), flush=True)
+    if a.out is not None:
+        a.out.with_suffix(".md").write_text(table(bench.results) + "\n")
     return 0 if all(r["ok"] for r in bench.results) else 1
 
 

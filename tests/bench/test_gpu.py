@@ -20,7 +20,7 @@ for name in ("pydantic", "vllm", "hrl", "docker"):
 sys.argv = ["gpu.py", "--tiny"]
 runpy.run_path(sys.argv_path, run_name="__main__")
 """.replace("sys.argv_path", repr(str(ROOT / "bench" / "gpu.py")))
-PHASES = ["probe", "lora_step", "full_step", "colocate", "sync", "publish", "tree"]
+PHASES = ["probe", "sync", "lora_step", "tree", "colocate", "publish", "full_step"]
 
 
 def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
