@@ -27,6 +27,8 @@ TINY_EPILOG = """Examples:
   hrl models tiny ./tiny-sw --sliding-window 32  # every layer attends to its last 32 positions
 
   hrl models tiny ./tiny-vl --vision            # images in: Idefics3's layout, 4 tokens an image
+
+  hrl models tiny ./tiny-qvl --vision --vision-layout qwen2-vl   # Qwen2-VL's: mRoPE positions, 2-8 tokens an image
 """
 
 
@@ -60,6 +62,15 @@ def tiny(
             "Hermes family, full attention only.",
         ),
     ] = False,
+    vision_layout: Annotated[
+        str,
+        typer.Option(
+            "--vision-layout",
+            help="With --vision: idefics3 (one position a token, 4 tokens an image; vLLM serves it here too) or "
+            "qwen2-vl (Qwen2-VL's processor, tower and multi-dimensional rotary positions, mRoPE: 2 to 8 tokens an "
+            "image by its aspect).",
+        ),
+    ] = "idefics3",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Build a tiny chat model offline: BPE tokenizer, a family's chat template and special tokens (default: ChatML
@@ -69,8 +80,12 @@ def tiny(
 
     family_spec(family)  # an unknown family fails before anything is written
     if vision:
-        _tiny_vision(out_dir, seed, family, sliding_window, as_json)
+        _tiny_vision(out_dir, seed, family, sliding_window, vision_layout, as_json)
         return
+    if vision_layout != "idefics3":
+        from hrl.runners.errors import UsageError
+
+        raise UsageError("--vision-layout chooses the layout of a --vision model", hint="add --vision")
     t0 = time.monotonic()
     window = f", sliding window {sliding_window}" if sliding_window else ""
     err.print(f"building tiny model in {out_dir} (seed {seed}, family {family}{window})")
@@ -81,21 +96,24 @@ def tiny(
     emit(result, as_json=as_json, human=str(path))
 
 
-def _tiny_vision(out_dir: Path, seed: int, family: str, sliding_window: int | None, as_json: bool) -> None:
+def _tiny_vision(out_dir: Path, seed: int, family: str, sliding_window: int | None, layout: str, as_json: bool) -> None:
     """`hrl models tiny --vision`: the tiny vision-language model; other families and windows are refused before
     anything is written (its template is the Hermes one with image parts, its decoder attends fully)."""
     from hrl.runners.errors import UsageError
-    from hrl.train.tiny import build_tiny_vision_model
+    from hrl.train.tiny import TinyVisionConfig, build_tiny_vision_model
+    from hrl.train.tiny.vision import VISION_LAYOUTS
 
     if family != "hermes" or sliding_window is not None:
         raise UsageError("--vision builds the Hermes family with full attention only",
                          hint="drop --family/--sliding-window, or --vision")  # fmt: skip
+    if layout not in VISION_LAYOUTS:
+        raise UsageError(f"unknown --vision-layout {layout!r}", hint=f"one of: {', '.join(VISION_LAYOUTS)}")
     t0 = time.monotonic()
-    err.print(f"building tiny vision-language model in {out_dir} (seed {seed})")
-    path = build_tiny_vision_model(out_dir, seed=seed)
+    err.print(f"building tiny vision-language model in {out_dir} (seed {seed}, layout {layout})")
+    path = build_tiny_vision_model(out_dir, seed=seed, cfg=TinyVisionConfig(layout=layout))
     files = sorted(p.name for p in path.iterdir())
-    result = {"path": str(path), "seed": seed, "family": family, "vision": True, "files": files,
-              "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
+    result = {"path": str(path), "seed": seed, "family": family, "vision": True, "vision_layout": layout,
+              "files": files, "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
     emit(result, as_json=as_json, human=str(path))
 
 

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hrl.runners.engines.images import load_processor
+from hrl.runners.engines.images import image_token_types, load_processor
 from hrl.runners.errors import HrlError
 
 if TYPE_CHECKING:
@@ -95,4 +95,9 @@ class Pixels:
                     f"tokens that are not the {length} the engine ran at {offset} (another processor or settings)"
                 )
             images.append(image)
-        return dict(proc.image_processor(images=[images], return_tensors="pt"))
+        pixels = dict(proc.image_processor(images=[images], return_tensors="pt"))
+        if getattr(proc, "return_mm_token_type_ids", False):  # mRoPE: positions from the grid and these ranges
+            pixels["mm_token_type_ids"] = image_token_types(
+                len(sample.input_ids), [m["placeholder"] for m in sample.media]
+            )
+        return pixels

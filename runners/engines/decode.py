@@ -96,6 +96,12 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
         r.rng = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
     pixels = batch[0].pixels if bsz == 1 and getattr(batch[0], "pixels", None) is not None else {}
+    if pixels:  # an mRoPE model's images sit on a grid of positions: (3, 1, T), text after them goes on from there
+        from hrl.runners.engines.images import rope_positions
+
+        rope = rope_positions(engine.model, ids, mask, pixels)
+        positions = positions if rope is None else rope
+        pixels = {k: v for k, v in pixels.items() if k != "mm_token_type_ids"}  # the positions are given
     past = None
     while True:
         if not engine._step_gate():
@@ -142,4 +148,4 @@ def run_batch(engine: Any, batch: list[Any]) -> None:
             return
         ids = nxt
         mask = torch.cat([mask, torch.ones((bsz, 1), dtype=torch.long)], dim=1)
-        positions = positions[:, -1:] + 1
+        positions = positions[..., -1:] + 1  # (B, 1), or (3, B, 1): a token after the prompt is text on all axes

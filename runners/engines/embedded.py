@@ -134,7 +134,7 @@ class EmbeddedEngine:
         self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
         self.processor, self.image_token_id = load_processor(path)
         self.takes_images = True
-        self.images_refused = positions_refusal(self.model)  # text is served; images would get wrong positions
+        self.images_refused = positions_refusal(self.model, self.processor)  # text is served; images would not be
 
     def expand(self, prompt_ids: list[int], images: list[ImageInput]) -> tuple[ExpandedPrompt, dict[str, Any]]:
         """The prompt with each image placeholder expanded by the model's processor, and the pixel inputs

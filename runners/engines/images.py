@@ -15,7 +15,8 @@ from typing import Any
 from hrl.runners.engines.base import ExpandedPrompt, ImageInput
 from hrl.runners.errors import EngineError, EngineStartError
 
-__all__ = ["expand_images", "load_processor", "model_has_vision", "positions_refusal", "processor_settings"]
+__all__ = ["expand_images", "image_token_types", "load_processor", "model_has_vision", "positions_refusal",
+           "processor_settings", "rope_positions"]  # fmt: skip
 
 
 def model_has_vision(path: str) -> bool:
@@ -27,17 +28,53 @@ def model_has_vision(path: str) -> bool:
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
-def positions_refusal(model: Any) -> str | None:
-    """Why an engine that gives 1-D positions cannot run this vision model's images (None: it can). Models with
-    multi-dimensional rotary positions (mRoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V …) place an image's tokens on
-    a grid computed from its patches (their `get_rope_index`); the embedded engine decodes with one position per
-    token, which for such a model is right for text and wrong for every image: refused, never served wrong."""
-    inner = getattr(model, "model", None)
-    if any(callable(getattr(m, "get_rope_index", None)) for m in (model, inner) if m is not None):
-        name = type(model).__name__
-        return (f"{name} places images with multi-dimensional rotary positions (mRoPE), which the embedded engine "
-                "does not compute (it gives one position a token); serve it with --engine vllm")  # fmt: skip
-    return None
+def _rope_owner(model: Any) -> Any:
+    """The module of a vision model that computes multi-dimensional rotary positions (mRoPE: Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, GLM-4V …: its `get_rope_index`), through a peft wrapper; None for a model of one position a token."""
+    seen: list[Any] = [model]
+    base = getattr(model, "get_base_model", None)
+    if callable(base):
+        seen.append(base())
+    for m in list(seen):
+        seen.append(getattr(m, "model", None))
+    return next((m for m in seen if m is not None and callable(getattr(m, "get_rope_index", None))), None)
+
+
+def positions_refusal(model: Any, processor: Any = None) -> str | None:
+    """Why an engine that computes positions in process cannot run this vision model's images (None: it can). A
+    model with mRoPE places an image's tokens on a grid computed from its patches (its `get_rope_index`, from which
+    tokens are the image's and the image's grid); the embedded engine gives it those when the processor marks the
+    image tokens (`return_mm_token_type_ids`), and refuses the images otherwise, never serving them at 1-D
+    positions."""
+    if _rope_owner(model) is None or getattr(processor, "return_mm_token_type_ids", False):
+        return None
+    name = type(model).__name__
+    return (f"{name} places images with multi-dimensional rotary positions (mRoPE), and its processor does not mark "
+            "the image tokens they are computed from; serve it with --engine vllm")  # fmt: skip
+
+
+def image_token_types(length: int, placeholders: list[tuple[int, int]] | list[list[int]]) -> Any:
+    """(1, length) token types, 1 on each image's expanded run and 0 elsewhere (what an mRoPE model's processor
+    returns as `mm_token_type_ids`), from the placeholder ranges the engine recorded, never from the ids: a text
+    token that happens to equal the image token stays text."""
+    import torch
+
+    types = torch.zeros((1, length), dtype=torch.long)
+    for offset, n in placeholders:
+        types[0, offset : offset + n] = 1
+    return types
+
+
+def rope_positions(model: Any, input_ids: Any, attention_mask: Any, pixels: dict[str, Any]) -> Any:
+    """(3, B, T) mRoPE positions of a prompt with images, from the image grid of its pixel inputs and the token types
+    made of its placeholder ranges (`image_token_types`); None for a model of one position a token, or pixels
+    without token types."""
+    owner = _rope_owner(model)
+    if owner is None or "mm_token_type_ids" not in pixels:
+        return None
+    positions, _ = owner.get_rope_index(input_ids=input_ids, mm_token_type_ids=pixels["mm_token_type_ids"],
+                                        image_grid_thw=pixels.get("image_grid_thw"), attention_mask=attention_mask)  # fmt: skip
+    return positions
 
 
 def load_processor(path: str) -> tuple[Any, int]:
@@ -45,13 +82,48 @@ def load_processor(path: str) -> tuple[Any, int]:
     from transformers import AutoConfig, AutoProcessor
 
     cfg = AutoConfig.from_pretrained(path)
-    processor = AutoProcessor.from_pretrained(path)
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except ImportError as e:  # a part the processor holds needs a library that is not installed
+        processor = _images_only_processor(path, e)
     token = getattr(processor, "image_token", None)
     tid = getattr(cfg, "image_token_id", getattr(cfg, "image_token_index", None))
     if token is None or processor.tokenizer.convert_tokens_to_ids(token) != tid:
         raise EngineStartError(f"{path}: its processor names image token {token!r}, not config.json's "
                                f"image_token_id {tid}")  # fmt: skip
     return processor, int(tid)
+
+
+def _images_only_processor(path: str, cause: ImportError) -> Any:
+    """The model's own processor class without its video processor, where transformers cannot build that part:
+    Qwen2-VL's family (Qwen2.5-VL, Qwen3-VL …) pairs its image processor with a video processor that imports
+    torchvision, which has no CPU build in the package registries. hrl sends images only, so it builds the model's
+    processor class from its tokenizer and image processor (transformers' PIL one) and leaves the video processor out;
+    the expansion of image placeholders is that class's own code. Any other missing library is raised as it was."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    name = None
+    for f in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        try:
+            name = name or json.loads((Path(path) / f).read_text()).get("processor_class")
+        except (OSError, ValueError, AttributeError):
+            continue
+    cls = getattr(transformers, name or "", None)
+    if "torchvision" not in str(cause).lower() or cls is None or "video_processor" not in cls.get_attributes():
+        raise EngineStartError(f"{path}: its processor could not be loaded: {str(cause).strip()[:300]}") from cause
+
+    class ImagesOnly(cls):  # type: ignore[misc, valid-type]
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = f"{cls.__name__}ImagesOnly"
+    template = Path(path) / "chat_template.jinja"
+    return ImagesOnly(image_processor=AutoImageProcessor.from_pretrained(path),
+                      tokenizer=AutoTokenizer.from_pretrained(path), video_processor=None,
+                      chat_template=template.read_text() if template.is_file() else None)  # fmt: skip
 
 
 def processor_settings(processor: Any) -> dict[str, Any]:
@@ -90,4 +162,6 @@ def expand_images(
         last = pos + 1
     ids += prompt_ids[last:]
     pixels = dict(processor.image_processor(images=[pil], return_tensors="pt"))
+    if getattr(processor, "return_mm_token_type_ids", False):  # an mRoPE model places images by these
+        pixels["mm_token_type_ids"] = image_token_types(len(ids), ranges)
     return ExpandedPrompt(ids, ranges, processor_settings(processor)), pixels

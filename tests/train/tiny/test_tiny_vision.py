@@ -108,3 +108,20 @@ def test_cli_refuses_vision_with_another_family_before_anything_is_written(tmp_p
     out = hrl("models", "tiny", str(tmp_path / "vl"), "--vision", "--family", "gpt-oss")
     assert out.returncode == 2 and "--vision" in out.stderr
     assert not (tmp_path / "vl").exists()
+
+
+def test_cli_builds_the_qwen2_vl_layout_and_refuses_a_layout_without_vision(tmp_path):
+    """`--vision-layout qwen2-vl`: Qwen2-VL's processor files and config (mRoPE sections over time, height and width);
+    the option alone, or an unknown layout, is a usage error before anything is written."""
+    out = hrl("models", "tiny", str(tmp_path / "qvl"), "--vision", "--vision-layout", "qwen2-vl", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["vision_layout"] == "qwen2-vl"
+    assert set(result["files"]) >= {"config.json", "model.safetensors", "preprocessor_config.json",
+                                    "processor_config.json", "tokenizer.json", "chat_template.jinja"}  # fmt: skip
+    config = json.loads((Path(result["path"]) / "config.json").read_text())
+    assert config["model_type"] == "qwen2_vl" and config["text_config"]["rope_parameters"]["mrope_section"] == [4, 6, 6]
+    for args in (("--vision-layout", "qwen2-vl"), ("--vision", "--vision-layout", "llava")):
+        bad = hrl("models", "tiny", str(tmp_path / "no"), *args)
+        assert bad.returncode == 2 and "--vision" in bad.stderr, bad.stderr
+    assert not (tmp_path / "no").exists()
