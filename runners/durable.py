@@ -24,16 +24,17 @@ def append_durably(path: str | Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_atomically(path: str | Path, text: str, mode: int = 0o644) -> None:
-    """Replace the file at `path` with `text` (permissions `mode`): readers see the old content or the new one, never
-    a mix. The temporary file is this writer's own, so threads or processes writing the same path at once each
+def write_atomically(path: str | Path, text: str | bytes, mode: int = 0o644) -> None:
+    """Replace the file at `path` with `text` (UTF-8; bytes as they are; permissions `mode`): readers see the old
+    content or the new one, never a mix. The temporary file is this writer's own, so threads or processes writing the same path at once each
     replace it whole (the last one wins) instead of renaming each other's half-written file."""
     path = Path(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(text)
+        data = text if isinstance(text, bytes) else text.encode("utf-8", errors="surrogateescape")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         Path(name).replace(path)

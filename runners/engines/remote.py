@@ -23,7 +23,9 @@ from the call's own failure by probing `/health`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import hashlib
 import hmac
 import json
 import time
@@ -34,7 +36,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field, SecretStr
 
-from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.base import Engine, ExpandedPrompt, ImageInput, PublishKind, SamplingParams, TokenDelta
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, UsageError
 
 __all__ = ["RemoteEngine", "RemoteEngineConfig", "engine_app", "serve_engine"]
@@ -77,11 +79,18 @@ def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
         body = await request.json()
         params = SamplingParams(**{**body.get("params", {}), "stop_token_ids": tuple(body["params"].get(
             "stop_token_ids", ()))})  # fmt: skip
+        images = [_image_in(i) for i in body.get("images") or []]
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         try:
-            async for d in engine.generate(body["request_id"], body["prompt_ids"], params, version=body.get("version")):
-                line = {"ids": d.token_ids, "logprobs": d.logprobs, "version": d.version, "finish": d.finish_reason}
+            kw: dict[str, Any] = {"images": images} if images else {}
+            async for d in engine.generate(body["request_id"], body["prompt_ids"], params, version=body.get("version"),
+                                           **kw):  # fmt: skip
+                line: dict[str, Any] = {"ids": d.token_ids, "logprobs": d.logprobs, "version": d.version,
+                                        "finish": d.finish_reason}  # fmt: skip
+                if d.prompt is not None:  # the first delta of a call with images: what its prompt became
+                    line["prompt"] = {"ids": d.prompt.prompt_ids, "placeholders": d.prompt.placeholders,
+                                      "processor": d.prompt.processor}  # fmt: skip
                 await resp.write(json.dumps(line).encode() + b"\n")
         except EngineError as e:
             err = {"error": str(e), "context": isinstance(e, ContextLengthError)}
@@ -115,6 +124,8 @@ def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
             "version": engine.version,
             "max_model_len": int(getattr(engine, "max_model_len", 0) or 0),
             "continues_in_place": bool(getattr(engine, "continues_in_place", False)),
+            "takes_images": bool(getattr(engine, "takes_images", False)),
+            "images_refused": getattr(engine, "images_refused", None),
             "loaded_versions": list(loaded()) if loaded is not None else [engine.version],
         })  # fmt: skip
 
@@ -157,6 +168,19 @@ class _Refused(EngineError):
     """The server answered 401: the token is not its own (retrying will not help)."""
 
 
+def _image_out(image: ImageInput) -> dict[str, str]:
+    return {"data": base64.b64encode(image.data).decode(), "mime": image.mime, "sha256": image.sha256}
+
+
+def _image_in(wire: dict[str, str]) -> ImageInput:
+    """An image as the proxy shard sent it, its bytes checked against its sha256 (the engine keys nothing by a
+    hash it has not checked)."""
+    data = base64.b64decode(wire["data"], validate=True)
+    if hashlib.sha256(data).hexdigest() != wire["sha256"]:
+        raise web.HTTPBadRequest(text="an image's bytes do not match its sha256")
+    return ImageInput(data, wire["mime"], wire["sha256"])
+
+
 class RemoteEngine:
     """Engine protocol over an `engine_app` server."""
 
@@ -169,6 +193,8 @@ class RemoteEngine:
         self._loaded: list[int] = [0]
         self.max_model_len = 0
         self.continues_in_place = False
+        self.takes_images = False  # the served engine's, read from /health
+        self.images_refused: str | None = None
         self.last_publish_tier = ""
         self._http: aiohttp.ClientSession | None = None
 
@@ -197,6 +223,7 @@ class RemoteEngine:
         self._version, self._loaded = int(state["version"]), list(state.get("loaded_versions") or [state["version"]])
         self.max_model_len = int(state.get("max_model_len") or 0)
         self.continues_in_place = bool(state.get("continues_in_place"))
+        self.takes_images, self.images_refused = bool(state.get("takes_images")), state.get("images_refused")
         return state
 
     async def start(self) -> None:
@@ -228,10 +255,16 @@ class RemoteEngine:
             raise EngineError(f"engine replica at {self.url} gave no metrics: {e!r}") from e
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, *, version: int | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[TokenDelta]:
         body = {"request_id": request_id, "prompt_ids": prompt_ids, "params": dataclasses.asdict(params),
-                "version": version}  # fmt: skip
+                "version": version, "images": [_image_out(i) for i in images or []]}  # fmt: skip
         finished = False
         try:
             async with self._client().post(self.url + "/generate", json=body) as r:
@@ -242,7 +275,12 @@ class RemoteEngine:
                     if "error" in line:
                         raise (ContextLengthError if line.get("context") else EngineError)(line["error"])
                     finished = line["finish"] is not None
-                    yield TokenDelta(line["ids"], line["logprobs"], int(line["version"]), line["finish"])
+                    prompt = None
+                    if "prompt" in line:
+                        got = line["prompt"]
+                        prompt = ExpandedPrompt([int(t) for t in got["ids"]],
+                                                [(int(o), int(n)) for o, n in got["placeholders"]], got.get("processor"))  # fmt: skip
+                    yield TokenDelta(line["ids"], line["logprobs"], int(line["version"]), line["finish"], prompt)
         except (aiohttp.ClientError, ValueError) as e:
             raise EngineError(f"engine replica at {self.url} failed a generation: {e!r}") from e
         if not finished:

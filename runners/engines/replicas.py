@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import Engine, PublishKind, SamplingParams, TokenDelta
+from hrl.runners.engines.base import Engine, ImageInput, PublishKind, SamplingParams, TokenDelta
 from hrl.runners.engines.routing import Router, RoutingConfig, hrw_rank
 from hrl.runners.errors import ContextLengthError, EngineError
 
@@ -173,6 +173,15 @@ class ReplicaSet:
     def continues_in_place(self) -> bool:
         return all(getattr(r.engine, "continues_in_place", False) for r in self.replicas.values())
 
+    @property
+    def takes_images(self) -> bool:
+        """Every replica takes images (a call with images may land on, or fail over to, any of them)."""
+        return all(getattr(r.engine, "takes_images", False) for r in self.replicas.values())
+
+    @property
+    def images_refused(self) -> str | None:
+        return next((why for r in self.replicas.values() if (why := getattr(r.engine, "images_refused", None))), None)
+
     def loaded_versions(self) -> list[int]:
         sets = [set(r.engine.loaded_versions()) if hasattr(r.engine, "loaded_versions") else {r.version}
                 for r in self.usable()]  # fmt: skip
@@ -275,8 +284,11 @@ class ReplicaSet:
         *,
         version: int | None = None,
         call: Routed | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[TokenDelta]:
-        """Generate on the call's replica; if that replica dies mid-way, go on from the sampled tokens on the next."""
+        """Generate on the call's replica; if that replica dies mid-way, go on from the sampled tokens on the next
+        (with images, that replica expands them again: its first delta's prompt holds the tokens sampled so far)."""
+        with_images: dict[str, Any] = {"images": images} if images else {}
         key = call.sticky_key if call is not None else request_id
         sampled: list[int] = []
         lost: tuple[str, str] | None = None  # (replica, error) of a failover under way
@@ -290,7 +302,8 @@ class ReplicaSet:
             left = params.max_tokens - len(sampled)
             try:
                 async for delta in replica.engine.generate(request_id, prompt_ids + sampled,
-                                                           replace(params, max_tokens=left), version=version):  # fmt: skip
+                                                           replace(params, max_tokens=left), version=version,
+                                                           **with_images):  # fmt: skip
                     if delta.finish_reason == "abort" and request_id not in self._aborted:
                         raise EngineError(f"replica {replica.name} aborted the generation")
                     sampled += delta.token_ids

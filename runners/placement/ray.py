@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
+import logging
+import re
 import secrets
 import threading
 import time
@@ -40,6 +43,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.episodes import Episode, failed_trace
 from hrl.runners.errors import PrerequisiteError, UsageError
 from hrl.runners.placement.config import PlacementConfig, RunConfig
@@ -48,6 +52,8 @@ from hrl.runners.trace import write_trace
 __all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
 
 Event = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger(__name__)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _ray() -> Any:
@@ -144,6 +150,7 @@ class NodeAgent:
         self.stack = here.stack
         self.rollouts = await here.prepare(rollout=roll)
         self.trace_file = scratch_dir("node") / "traces.jsonl"  # the node's own copy; the driver writes the run's
+        self.stack.proxy.keep_media(self.trace_file.parent / "media")  # the driver fetches them (`media`)
         return str(_ray().get_runtime_context().get_node_id())
 
     async def episode(self, ep: Episode) -> dict[str, Any]:
@@ -153,6 +160,13 @@ class NodeAgent:
         assert self.trace_file is not None
         async with self.sem:
             return await guarded_episode(self.rollouts, ep, self.trace_file)
+
+    def media(self, shas: list[str]) -> dict[str, bytes]:
+        """The bytes of these images as this node's proxy kept them (those it has): the driver keeps them beside the
+        run's traces, where training reads them."""
+        folder = self.trace_file.parent / "media" if self.trace_file is not None else None
+        found = [s for s in shas if folder is not None and _SHA256.fullmatch(s) and (folder / s).is_file()]
+        return {s: (folder / s).read_bytes() for s in found if folder is not None}
 
     def describe(self) -> list[dict[str, Any]]:
         """This shard's view of the replicas: health, version, generations in flight (runners.engines.replicas)."""
@@ -208,6 +222,7 @@ class RayRollouts:
 
     def __init__(self, nodes: list[_Node], run_id: str, on_event: Event) -> None:
         self.nodes, self.run_id, self.on_event = nodes, run_id, on_event
+        self.media_dir: Path | None = None  # where the run keeps its images (`ShardedPublisher.keep_media`)
         self._free = asyncio.Condition()
         self.lost_nodes: dict[int, str] = {}
 
@@ -254,9 +269,34 @@ class RayRollouts:
         finally:
             await self._give(node)
         trace.setdefault("metadata", {})["node"] = node.index
+        await self._fetch_media(node, trace)
         self._write(trace_file, trace)
         self.on_event("episode_end", {"episode": ep.key, "reward": trace["reward"], "failure": trace["failure_reason"]})
         return trace
+
+    async def _fetch_media(self, node: _Node, trace: dict[str, Any]) -> None:
+        """The images of a trace, from the node whose proxy shard kept them into `media_dir` (set by `keep_media`, as
+        a local run's proxy keeps them), each checked against its sha256. One that cannot be had is logged; the
+        step then leaves the trace out and counts it (`train/image_traces`), as for any image missing there."""
+        if self.media_dir is None:
+            return
+        shas = {m["sha256"] for c in trace.get("calls") or [] for m in c.get("media") or [] if "sha256" in m}
+        want = sorted(s for s in shas if not (self.media_dir / s).is_file())
+        if not want:
+            return
+        try:
+            got: dict[str, bytes] = await node.actor.media.remote(want)
+        except Exception as e:  # a node gone after its episode: the trace is still written, its images missing
+            log.warning("images of trace %s not fetched from node %d: %s", trace.get("trace_id"), node.index, e)
+            return
+        self.media_dir.mkdir(parents=True, exist_ok=True)
+        for sha in want:
+            data = got.get(sha)
+            if data is None or hashlib.sha256(data).hexdigest() != sha:
+                log.warning("image %s of trace %s: node %d %s", sha[:12], trace.get("trace_id"), node.index,
+                            "does not have it" if data is None else "sent other bytes")  # fmt: skip
+                continue
+            write_atomically(self.media_dir / sha, data)
 
     def _write(self, trace_file: Path, trace: dict[str, Any]) -> dict[str, Any]:
         write_trace(trace_file, trace)
@@ -287,14 +327,18 @@ class ShardedPublisher:
     does not answer is reported in `last_fanout["shards"]` (its node's episodes fail on their own); other
     attributes are the `ReplicaSet`'s."""
 
-    def __init__(self, control: Any, agents: list[Any], sync_timeout_s: float = 60.0) -> None:
-        self.control, self.agents, self.sync_timeout_s = control, agents, sync_timeout_s
+    def __init__(self, control: Any, agents: list[Any], rollouts: RayRollouts, sync_timeout_s: float = 60.0) -> None:
+        self.control, self.agents, self.rollouts, self.sync_timeout_s = control, agents, rollouts, sync_timeout_s
         self.engine = control  # what the loop reads of an engine: the ReplicaSet's last publish tier
         self.stats: dict[str, float] = {}  # no proxy runs in the driver: its queue and pause figures are the shards'
 
     def take_cpu_per_token(self) -> float | None:
         """None: no proxy runs in the driver; each shard measures its own CPU per token."""
         return None
+
+    def keep_media(self, folder: str | Path) -> None:
+        """Keep the run's images in `folder`, as a local proxy does: each episode's are fetched from its node."""
+        self.rollouts.media_dir = Path(folder)
 
     def __getattr__(self, name: str) -> Any:  # pause, resume, last_fanout, …: the ReplicaSet's
         return getattr(self.control, name)
@@ -402,7 +446,7 @@ async def ray_placement(
         await control.start()
         rollouts = RayRollouts(nodes, run.rollout.run_id, on_event)
         try:
-            yield RayPlacement(rollouts, ShardedPublisher(control, agents), replicas, urls, agents, started)
+            yield RayPlacement(rollouts, ShardedPublisher(control, agents, rollouts), replicas, urls, agents, started)
         finally:
             await control.close()
     finally:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from hrl.runners.durable import write_atomically
 from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, ImageInput, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call, PromptPlan
@@ -418,11 +419,8 @@ class Proxy:
         folder = self.media_dir
         folder.mkdir(parents=True, exist_ok=True)
         for sha, m in images.items():
-            path = folder / sha
-            if not path.exists():
-                tmp = folder / f".{sha}.{secrets.token_hex(4)}"
-                tmp.write_bytes(m.data or b"")
-                tmp.replace(path)
+            if not (folder / sha).exists():
+                write_atomically(folder / sha, m.data or b"")
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """The prompt tokens of a request as it stands (nothing recorded); off the loop, checked like `begin`."""

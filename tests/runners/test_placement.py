@@ -82,6 +82,69 @@ def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_clu
     assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
 
 
+IMAGE_AGENT = """
+import base64
+
+
+async def run(task, session):
+    client = session.openai()
+    png = base64.b64decode(task.problem_statement)  # each task's own image
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+    reply = await client.chat.completions.create(model=session.model, max_tokens=4, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}])
+    return 1.0
+
+
+def score(task, answer):
+    return 1.0
+"""
+
+
+def test_images_of_episodes_on_other_nodes_are_kept_beside_the_drivers_traces(ray_cluster, tmp_path):
+    """A vision model behind two replicas: the images each node's proxy shard took are fetched by the driver into
+    media/ beside the traces (`keep_media`, as `hrl rollout` and `hrl train` ask), checked by sha256, so training can
+    use them; without keep_media nothing is fetched."""
+    import base64
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    from hrl.train.media import unusable_images
+    from hrl.train.tiny import build_tiny_vision_model
+
+    model = str(build_tiny_vision_model(tmp_path / "vl", seed=0))
+    (tmp_path / "agent.py").write_text(IMAGE_AGENT)
+    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
+    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
+    pngs = []
+    for i in range(5):
+        out = io.BytesIO()
+        Image.new("RGB", (20 + 8 * i, 30), (40 * i, 90, 200)).save(out, "PNG")
+        pngs.append(out.getvalue())
+    tasks = [mini_task("local", instance_id=f"t{i}", problem_statement=base64.b64encode(b).decode()).model_dump()
+             for i, b in enumerate(pngs)]  # fmt: skip
+    out, media = tmp_path / "traces.jsonl", tmp_path / "media"
+
+    async def main() -> None:
+        async with ray_placement(RunConfig.model_validate(cfg), model, "scripted", 4) as placed:
+            await run_episodes(placed.rollouts, [Episode(tasks[4], 0, 0)], tmp_path / "before.jsonl", 1)
+            placed.publisher.keep_media(media)
+            await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks[:4]], out, 4)
+
+    asyncio.run(main())
+    written = list(read_traces(out))
+    assert len(written) == 4, [t["failure_reason"] for t in written]
+    assert {t["metadata"]["node"] for t in written} == {0, 1}
+    assert sorted(p.name for p in media.iterdir()) == sorted(
+        hashlib.sha256(b).hexdigest() for b in pngs[:4]
+    )  # not the 5th
+    for t in written:
+        (m,) = t["calls"][0]["media"]
+        assert (media / m["sha256"]).read_bytes() in pngs
+        assert unusable_images(t, True, media) is None  # what the step checks before training on it
+
+
 # The outsider: a plain Python process (no hrl, none of the run's secrets: its environment is PATH alone) that
 # tries every route of every replica's engine_app with no credential, a guessed token and an agent's session key.
 ATTACKER = r"""

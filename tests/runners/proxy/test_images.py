@@ -334,15 +334,25 @@ def test_the_scripted_engine_plays_turns_for_a_vision_model_expanding_its_images
         assert call["prompt_ids"][offset : offset + length] == _expanded_run(vision_model, SHA[m["sha256"]])
 
 
-def test_a_vision_model_on_an_engine_without_images_is_a_400_naming_the_part(vision_model):
-    options = {"replicas": [{"engine": "scripted"}]}  # a replica set does not carry images (yet)
+def test_a_replica_set_carries_images_and_one_replica_without_them_makes_a_400_naming_the_part(vision_model):
+    """Replicas behind one proxy (`engine: replicas`, as `--placement ray` runs them): the image goes to the replica
+    with the prompt and is recorded as from any engine. A set in which one replica cannot take images refuses
+    them, with a 400 naming the part, since a call may land on or fail over to any replica."""
+    options = {"replicas": [{"engine": "scripted"}, {"engine": "scripted"}]}
     with running_proxy(vision_model, engine="replicas", engine_options=options) as proxy:
         client = anthropic.Anthropic(base_url=f"{proxy.url}/s/x", api_key="unused", max_retries=0)
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(ASKED)}}
+        messages: Any = [{"role": "user", "content": [{"type": "text", "text": ASK}, image]}]
+        client.messages.create(model="m", max_tokens=4, messages=messages)
+        (call,) = proxy.end("x")["calls"]
+        (media,) = call["media"]
+        assert media["sha256"] == hashlib.sha256(ASKED).hexdigest() and media["placeholder"][1] > 1
+        assert call["image_processor"] is not None
+        next(iter(proxy.proxy.engine.replicas.values())).engine.takes_images = False
+        client = anthropic.Anthropic(base_url=f"{proxy.url}/s/y", api_key="unused", max_retries=0)
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[1\]: an image part; the "
                                                            r"replicas engine cannot take images"):  # fmt: skip
-            client.messages.create(model="m", max_tokens=4,
-                                   messages=[{"role": "user", "content": [{"type": "text", "text": ASK}, image]}])  # fmt: skip
+            client.messages.create(model="m", max_tokens=4, messages=messages)
 
 
 def test_the_same_request_to_a_text_model_is_a_400_naming_the_part(tiny_model):
