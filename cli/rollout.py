@@ -209,6 +209,8 @@ async def _run(
         markup=False,
     )
     say = lambda line: err.print(line, markup=False)  # noqa: E731
+    if run.rollout.warm_sandboxes > len(episodes):  # a recipe's pool sized for training: no more than this run uses
+        run.rollout.warm_sandboxes = len(episodes)
     async with placed(run, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         if callable(keep := getattr(getattr(here, "publisher", None), "keep_media", None)):
             keep(out.parent / "media")  # images' bytes beside the traces, where report, inspect and training read them

@@ -348,6 +348,9 @@ async def _train(
     loop_cfg, async_cfg = _training(cfg)
     cfg.setdefault("proxy", {})["sampling"] = "honest"  # every call at the policy's own distribution
     settings = run_config(cfg)
+    batch = loop_cfg.tasks_per_iteration * loop_cfg.group_size * max(1, len(settings.rollout.harnesses))
+    if settings.rollout.warm_sandboxes > batch:  # more than an iteration's episodes would never be leased in time
+        settings.rollout.warm_sandboxes = batch
 
     on_event = step_printer()
     say = lambda line: err.print(line, markup=False)  # noqa: E731
