@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hrl.train.tiny.chatml import CHATML_TOOLS_TEMPLATE
 from hrl.train.tiny.families import family_spec
@@ -94,10 +95,7 @@ def build_tiny_vision_model(out_dir: str | Path, seed: int = 0, cfg: TinyVisionC
         return _build_qwen2_vl(Path(out_dir), seed, cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = family_spec("hermes")
-    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size, spec.name)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
-    tokenizer.chat_template = VISION_TEMPLATE
+    spec, tokenizer = _tokenizer(seed, cfg, VISION_TOKENS, VISION_TEMPLATE)
     ids = tokenizer.convert_tokens_to_ids
     config = Idefics3Config(
         text_config=_text_config(cfg, len(tokenizer), ids(spec.pad), ids(spec.eos)),
@@ -115,6 +113,16 @@ def build_tiny_vision_model(out_dir: str | Path, seed: int = 0, cfg: TinyVisionC
     model.save_pretrained(out, safe_serialization=True)
     _processor(tokenizer, cfg).save_pretrained(out)
     return out
+
+
+def _tokenizer(seed: int, cfg: TinyVisionConfig, tokens: tuple[str, ...], template: str) -> tuple[Any, Any]:
+    """(the Hermes family spec, the tiny chat model's tokenizer with a layout's image tokens appended in order and its
+    chat template)."""
+    spec = family_spec("hermes")
+    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size, spec.name)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)})
+    tokenizer.chat_template = template
+    return spec, tokenizer
 
 
 def _text_config(cfg: TinyVisionConfig, vocab_size: int, pad_id: int, eos_id: int) -> dict[str, object]:
@@ -191,10 +199,7 @@ def _build_qwen2_vl(out: Path, seed: int, cfg: TinyVisionConfig) -> Path:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out.mkdir(parents=True, exist_ok=True)
-    spec = family_spec("hermes")
-    tokenizer = build_tiny_tokenizer(seed, cfg.vocab_size, spec.name)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(MROPE_TOKENS)})
-    tokenizer.chat_template = MROPE_TEMPLATE
+    spec, tokenizer = _tokenizer(seed, cfg, MROPE_TOKENS, MROPE_TEMPLATE)
     ids = tokenizer.convert_tokens_to_ids
     text = _text_config(cfg, len(tokenizer), ids(spec.pad), ids(spec.eos))
     head = cfg.hidden_size // cfg.num_heads
