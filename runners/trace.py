@@ -103,7 +103,9 @@ class TraceCall(TypedDict):
     tool_parse_error: NotRequired[str]  # tool-call markup the parser could not read (it reached the agent as text)
     sampling: NotRequired[dict[str, dict[str, float]]]  # {asked, used}: the agent's sampling knobs, and those used
     dropped_media: NotRequired[dict[str, int]]  # media parts left out of the request, by kind (proxy.media: drop)
-    media: NotRequired[list[dict[str, Any]]]  # the prompt's images: {sha256, mime, bytes, width, height, placeholder}
+    media: NotRequired[
+        list[dict[str, Any]]
+    ]  # the prompt's images: {sha256, mime, bytes, width, height, placeholder[, grid]}
     image_processor: NotRequired[dict[str, Any]]  # the settings the engine's image processor made their pixels with
 
 

@@ -96,6 +96,11 @@ class Pixels:
                 )
             images.append(image)
         pixels = dict(proc.image_processor(images=[images], return_tensors="pt"))
+        grids = pixels.get("image_grid_thw")
+        for m, row in zip(sample.media, grids.tolist() if grids is not None else [], strict=False):
+            if "grid" in m and [int(x) for x in row] != list(m["grid"]):
+                raise MediaError(f"image {m['sha256'][:12]} of trace {sample.trace_id}: the processor makes a patch grid "
+                                 f"{row} where the engine recorded {m['grid']} (its positions would differ)")  # fmt: skip
         if getattr(proc, "return_mm_token_type_ids", False):  # mRoPE: positions from the grid and these ranges
             pixels["mm_token_type_ids"] = image_token_types(
                 len(sample.input_ids), [m["placeholder"] for m in sample.media]

@@ -81,11 +81,13 @@ class ExpandedPrompt:
     """The prompt as an engine that took images ran it: each image placeholder expanded into the model's image
     tokens. `placeholders`: per image, in order, (offset, length) of its expanded run in `prompt_ids`. `processor`:
     the settings of the image processor that made its pixels (`engines.images.processor_settings`), which training
-    uses to make the same pixels again; None where the engine does not say."""
+    uses to make the same pixels again; None where the engine does not say. `grids`: per image, the patch grid
+    (t, h, w) that places an mRoPE model's image tokens, where the engine made one."""
 
     prompt_ids: list[int]
     placeholders: list[tuple[int, int]]
     processor: dict[str, Any] | None = None
+    grids: list[list[int]] | None = None  # per image, its patch grid (t, h, w) where the model has one (mRoPE)
 
 
 @dataclass

@@ -164,4 +164,6 @@ def expand_images(
     pixels = dict(processor.image_processor(images=[pil], return_tensors="pt"))
     if getattr(processor, "return_mm_token_type_ids", False):  # an mRoPE model places images by these
         pixels["mm_token_type_ids"] = image_token_types(len(ids), ranges)
-    return ExpandedPrompt(ids, ranges, processor_settings(processor)), pixels
+    grid = pixels.get("image_grid_thw")
+    grids = [[int(x) for x in row] for row in grid.tolist()] if grid is not None else None
+    return ExpandedPrompt(ids, ranges, processor_settings(processor), grids), pixels

@@ -90,7 +90,7 @@ def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
                                         "finish": d.finish_reason}  # fmt: skip
                 if d.prompt is not None:  # the first delta of a call with images: what its prompt became
                     line["prompt"] = {"ids": d.prompt.prompt_ids, "placeholders": d.prompt.placeholders,
-                                      "processor": d.prompt.processor}  # fmt: skip
+                                      "processor": d.prompt.processor, "grids": d.prompt.grids}  # fmt: skip
                 await resp.write(json.dumps(line).encode() + b"\n")
         except EngineError as e:
             err = {"error": str(e), "context": isinstance(e, ContextLengthError)}
@@ -279,7 +279,8 @@ class RemoteEngine:
                     if "prompt" in line:
                         got = line["prompt"]
                         prompt = ExpandedPrompt([int(t) for t in got["ids"]],
-                                                [(int(o), int(n)) for o, n in got["placeholders"]], got.get("processor"))  # fmt: skip
+                                                [(int(o), int(n)) for o, n in got["placeholders"]], got.get("processor"),
+                                                got.get("grids"))  # fmt: skip
                     yield TokenDelta(line["ids"], line["logprobs"], int(line["version"]), line["finish"], prompt)
         except (aiohttp.ClientError, ValueError) as e:
             raise EngineError(f"engine replica at {self.url} failed a generation: {e!r}") from e

@@ -140,8 +140,10 @@ class Call:
         if rec.sent_ids is None:
             rec.sent_ids = rec.prompt_ids
         rec.prompt_ids = list(prompt.prompt_ids)
-        for m, (offset, length) in zip(media, prompt.placeholders, strict=True):
+        for i, (m, (offset, length)) in enumerate(zip(media, prompt.placeholders, strict=True)):
             m["placeholder"] = [offset, length]
+            if prompt.grids is not None and i < len(prompt.grids):
+                m["grid"] = list(prompt.grids[i])
         rec.image_processor = prompt.processor
         parent = self.plan.parent
         if parent is not None and rec.prompt_ids[: len(parent.full_ids)] != parent.full_ids:

@@ -62,6 +62,7 @@ def test_the_engine_serves_mrope_images_with_the_processors_expansion(recorded, 
     assert grids.tolist() == [[1, 2, 8], [1, 6, 2]]
     assert [m["sha256"] for m in last["media"]] == [hashlib.sha256(b).hexdigest() for b in (WIDE, TALL)]
     assert [m["placeholder"][1] for m in last["media"]] == [4, 3]  # 16 / 4 and 12 / 4
+    assert [m["grid"] for m in last["media"]] == grids.tolist()  # recorded by the engine
     (sample,) = build_samples(traces[0], media_dir=media)
     for m in sample.media:
         offset, length = m["placeholder"]
@@ -107,6 +108,20 @@ def test_trainer_logprobs_match_the_engines_at_the_grids_positions_and_not_at_on
           f"without pixels {no_pixels:.2e}")  # fmt: skip
     assert delta <= bound
     assert one_d > 100 * bound and no_pixels > 100 * bound
+
+
+def test_an_image_whose_grid_is_not_the_recorded_one_is_refused(recorded, mrope_model):
+    """The grid places the image's tokens: pixels whose grid differs from the one the engine recorded (rows and
+    columns swapped here, the same number of tokens) are an error naming the image, never trained at other
+    positions."""
+    from hrl.train.media import MediaError
+
+    traces, media = recorded
+    trainer = Trainer(TrainerConfig(model=mrope_model, mode="lora", device="cpu", dtype="float32"))
+    (sample,) = build_samples(traces[0], media_dir=media)
+    swapped = [{**m, "grid": [m["grid"][0], m["grid"][2], m["grid"][1]]} for m in sample.media]
+    with pytest.raises(MediaError, match=r"patch grid \[1, 2, 8\] where the engine recorded \[1, 8, 2\]"):
+        trainer._pixels.of(sample.__class__(**{**sample.__dict__, "media": swapped}))
 
 
 def test_one_grpo_step_on_mrope_image_traces_reaches_the_tower_and_the_lm(recorded, mrope_model):
