@@ -26,8 +26,9 @@ def append_durably(path: str | Path, data: bytes) -> None:
 
 def write_atomically(path: str | Path, text: str | bytes, mode: int = 0o644) -> None:
     """Replace the file at `path` with `text` (UTF-8; bytes as they are; permissions `mode`): readers see the old
-    content or the new one, never a mix. The temporary file is this writer's own, so threads or processes writing the same path at once each
-    replace it whole (the last one wins) instead of renaming each other's half-written file."""
+    content or the new one, never a mix. The temporary file is this writer's own, so threads or processes writing
+    the same path at once each replace it whole (the last one wins) instead of renaming each other's half-written
+    file."""
     path = Path(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

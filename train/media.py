@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hrl.runners.engines.images import image_token_types, load_processor
+from hrl.runners.engines.images import image_run, load_processor, pixel_inputs
 from hrl.runners.errors import HrlError
 
 if TYPE_CHECKING:
@@ -86,23 +86,16 @@ class Pixels:
                 image = Image.open(io.BytesIO(path.read_bytes())).convert("RGB")
             except OSError as e:
                 raise MediaError(f"image {m['sha256'][:12]} of trace {sample.trace_id}: {e}") from None
-            run = [
-                int(t) for t in proc(text=proc.image_token, images=[[image]], add_special_tokens=False)["input_ids"][0]
-            ]
+            run = image_run(proc, image)
             if run != sample.input_ids[offset : offset + length]:
                 raise MediaError(
                     f"image {m['sha256'][:12]} of trace {sample.trace_id}: the processor expands it into {len(run)} "
                     f"tokens that are not the {length} the engine ran at {offset} (another processor or settings)"
                 )
             images.append(image)
-        pixels = dict(proc.image_processor(images=[images], return_tensors="pt"))
-        grids = pixels.get("image_grid_thw")
-        for m, row in zip(sample.media, grids.tolist() if grids is not None else [], strict=False):
-            if "grid" in m and [int(x) for x in row] != list(m["grid"]):
+        pixels, grids = pixel_inputs(proc, images, len(sample.input_ids), [m["placeholder"] for m in sample.media])
+        for m, grid in zip(sample.media, grids or [], strict=False):  # mRoPE: the grid places the image's tokens
+            if "grid" in m and grid != list(m["grid"]):
                 raise MediaError(f"image {m['sha256'][:12]} of trace {sample.trace_id}: the processor makes a patch grid "
-                                 f"{row} where the engine recorded {m['grid']} (its positions would differ)")  # fmt: skip
-        if getattr(proc, "return_mm_token_type_ids", False):  # mRoPE: positions from the grid and these ranges
-            pixels["mm_token_type_ids"] = image_token_types(
-                len(sample.input_ids), [m["placeholder"] for m in sample.media]
-            )
+                                 f"{grid} where the engine recorded {m['grid']} (its positions would differ)")  # fmt: skip
         return pixels

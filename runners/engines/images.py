@@ -15,8 +15,8 @@ from typing import Any
 from hrl.runners.engines.base import ExpandedPrompt, ImageInput
 from hrl.runners.errors import EngineError, EngineStartError
 
-__all__ = ["expand_images", "image_token_types", "load_processor", "model_has_vision", "positions_refusal",
-           "processor_settings", "rope_positions"]  # fmt: skip
+__all__ = ["expand_images", "image_run", "image_token_types", "load_processor", "model_has_vision", "pixel_inputs",
+           "positions_refusal", "processor_settings", "rope_positions"]  # fmt: skip
 
 
 def model_has_vision(path: str) -> bool:
@@ -154,16 +154,31 @@ def expand_images(
     ranges: list[tuple[int, int]] = []
     last = 0
     for pos, img in zip(at, pil, strict=True):
-        run = processor(text=processor.image_token, images=[[img]], add_special_tokens=False)
-        run_ids = [int(t) for t in run["input_ids"][0]]
+        run_ids = image_run(processor, img)
         ids += prompt_ids[last:pos]
         ranges.append((len(ids), len(run_ids)))
         ids += run_ids
         last = pos + 1
     ids += prompt_ids[last:]
-    pixels = dict(processor.image_processor(images=[pil], return_tensors="pt"))
-    if getattr(processor, "return_mm_token_type_ids", False):  # an mRoPE model places images by these
-        pixels["mm_token_type_ids"] = image_token_types(len(ids), ranges)
-    grid = pixels.get("image_grid_thw")
-    grids = [[int(x) for x in row] for row in grid.tolist()] if grid is not None else None
+    pixels, grids = pixel_inputs(processor, pil, len(ids), ranges)
     return ExpandedPrompt(ids, ranges, processor_settings(processor), grids), pixels
+
+
+def image_run(processor: Any, image: Any) -> list[int]:
+    """The ids the processor expands one image's placeholder into (a PIL image)."""
+    run = processor(text=processor.image_token, images=[[image]], add_special_tokens=False)
+    return [int(t) for t in run["input_ids"][0]]
+
+
+def pixel_inputs(
+    processor: Any, images: list[Any], length: int, placeholders: list[tuple[int, int]] | list[list[int]]
+) -> tuple[dict[str, Any], list[list[int]] | None]:
+    """One batch row's pixel inputs for the PIL `images` of a prompt of `length` ids whose images stand at
+    `placeholders` (in prompt order): the image processor's tensors, with `mm_token_type_ids` where the model places
+    images by them (mRoPE); and each image's patch grid (t, h, w), where the model has one. The engines and training
+    make them here alike."""
+    pixels = dict(processor.image_processor(images=[images], return_tensors="pt"))
+    if getattr(processor, "return_mm_token_type_ids", False):
+        pixels["mm_token_type_ids"] = image_token_types(length, placeholders)
+    grid = pixels.get("image_grid_thw")
+    return pixels, ([[int(x) for x in row] for row in grid.tolist()] if grid is not None else None)

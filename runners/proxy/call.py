@@ -140,10 +140,11 @@ class Call:
         if rec.sent_ids is None:
             rec.sent_ids = rec.prompt_ids
         rec.prompt_ids = list(prompt.prompt_ids)
-        for i, (m, (offset, length)) in enumerate(zip(media, prompt.placeholders, strict=True)):
+        grids = prompt.grids or [None] * len(media)  # per image where the engine made grids (mRoPE)
+        for m, (offset, length), grid in zip(media, prompt.placeholders, grids, strict=True):
             m["placeholder"] = [offset, length]
-            if prompt.grids is not None and i < len(prompt.grids):
-                m["grid"] = list(prompt.grids[i])
+            if grid is not None:
+                m["grid"] = list(grid)
         rec.image_processor = prompt.processor
         parent = self.plan.parent
         if parent is not None and rec.prompt_ids[: len(parent.full_ids)] != parent.full_ids:

@@ -45,14 +45,14 @@ def _url(raw: bytes) -> str:
     return f"data:image/png;base64,{base64.b64encode(raw).decode()}"
 
 
-def _conversation(url: str, token: str, seed: int, asked: bytes = ASKED) -> None:
+def _conversation(url: str, token: str, seed: int, asked: bytes = ASKED, in_tool: bytes = TOOL) -> None:
     """Three turns: the user's text and image; a follow-up; a tool's result holding the second image. Each turn
     re-sends the conversation with the model's own replies, so each call extends the one before."""
     client = openai.OpenAI(base_url=f"{url}/s/{token}/v1", api_key="unused", max_retries=0)
     image: Any = {"type": "image_url", "image_url": {"url": _url(asked)}}
     messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "what is in it?"}, image]}]
     tool: Any = {"role": "tool", "tool_call_id": "c1",
-                 "content": [{"type": "text", "text": "the file:"}, {"type": "image_url", "image_url": {"url": _url(TOOL)}}]}  # fmt: skip
+                 "content": [{"type": "text", "text": "the file:"}, {"type": "image_url", "image_url": {"url": _url(in_tool)}}]}  # fmt: skip
     for nxt in ({"role": "user", "content": "and now?"}, tool, None):
         reply = client.chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=1.0, seed=seed)
         if nxt is not None:

@@ -34,21 +34,14 @@ def mrope_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def recorded(mrope_model, tmp_path_factory) -> tuple[list[dict], object]:
     """Two traces of the three-turn conversation (the user's wide image, a tool result's tall one; rewards 1, 0)."""
-    import tests.train.test_images as conv
-
     media = tmp_path_factory.mktemp("run") / "traces" / "media"
     traces = []
-    saved = conv.TOOL
-    conv.TOOL = TALL  # the tool result's image in `_conversation`
-    try:
-        with running_proxy(mrope_model, engine="embedded", engine_options={"dtype": "float32"}) as p:
-            p.proxy.keep_media(media)
-            for i in range(2):
-                p.call(p.proxy.open_session, f"q{i}", {"group_id": "g", "task_id": "t"})
-                _conversation(p.url, f"q{i}", seed=i, asked=WIDE)
-                traces.append(p.end(f"q{i}", reward=float(i == 0)))
-    finally:
-        conv.TOOL = saved
+    with running_proxy(mrope_model, engine="embedded", engine_options={"dtype": "float32"}) as p:
+        p.proxy.keep_media(media)
+        for i in range(2):
+            p.call(p.proxy.open_session, f"q{i}", {"group_id": "g", "task_id": "t"})
+            _conversation(p.url, f"q{i}", seed=i, asked=WIDE, in_tool=TALL)
+            traces.append(p.end(f"q{i}", reward=float(i == 0)))
     return traces, media
 
 
