@@ -54,7 +54,7 @@ from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError
 from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
 
-__all__ = ["build_app", "check_port_free", "run_server"]
+__all__ = ["build_app", "check_port_free", "listening_socket", "run_server"]
 
 _SESSION_HEADERS = ("x-session-id", "session-id", "x-claude-code-session-id")
 
@@ -69,6 +69,22 @@ def check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as e:
             raise PortInUseError(f"port {port} on {host} is in use ({e.strerror})") from e
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound and listening on host:port (port 0: a free one), made before anything slow starts: a port that
+    is only picked, then closed, is free for whoever asks next, such as the engine's own server picking its port
+    during the minutes the engine takes to start."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(128)
+        s.setblocking(False)
+    except OSError as e:
+        s.close()
+        raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror})") from e
+    return s
 
 
 def _route(path: str) -> tuple[str | None, str]:
@@ -438,20 +454,23 @@ async def run_server(
     port: int,
     ready: asyncio.Event | None = None,
     unix_socket: str | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve until cancelled on host:port (and on a unix socket too, for sandboxes that reach only the proxy);
-    `ready` is set once the sockets are bound."""
+    """Serve until cancelled on host:port, or on `sock` (from `listening_socket`) where given, and on a unix socket
+    too, for sandboxes that reach only the proxy; `ready` is set once the sockets are bound."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        sites: list[web.BaseSite] = [web.TCPSite(runner, host, port)]
+        sites: list[web.BaseSite] = [
+            web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
+        ]
         if unix_socket:
             sites.append(web.UnixSite(runner, unix_socket))
         for site in sites:
             try:
                 await site.start()
             except OSError as e:
-                where = f"{host}:{port}" if isinstance(site, web.TCPSite) else unix_socket
+                where = unix_socket if isinstance(site, web.UnixSite) else f"{host}:{port}"
                 raise PortInUseError(f"cannot listen on {where} ({e.strerror})") from e
         if unix_socket:
             # Owner only. Docker agents run as the image's user, root (hrl's images set none), and root in a

@@ -13,7 +13,7 @@ from typing import Any
 from hrl.runners.engines import Engine, make_engine
 from hrl.runners.models import split_adapter
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, check_port_free, run_server
+from hrl.runners.proxy.server import build_app, listening_socket, run_server
 from hrl.runners.proxy.template import ChatTemplate
 from hrl.runners.scratch import scratch_dir, sweep_scratch
 from hrl.runners.trace import TraceWriter
@@ -29,14 +29,6 @@ class Stack:
     socket: str  # unix socket path, for docker sandboxes (mount its directory)
     control_token: str | None = None  # opens the HTTP control routes (white-box agents register sub-agents there)
     clients: Any = None  # an online run's OnlineSessions: client keys open sessions on the HTTP routes
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -61,35 +53,41 @@ async def serving(
     stay closed (rollouts drive the proxy in process). `clients(proxy)`: an online run's client sessions
     (`hrl.runners.online.OnlineSessions`), whose client keys open sessions over HTTP. `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
     path, adapter = split_adapter(model)
-    port = port or _free_port(host)
-    check_port_free(host, port)
-    eng = make_engine(engine, path, **(engine_options or {}))
-    await asyncio.to_thread(sweep_scratch)  # what killed runs left in TMPDIR
-    sock_dir = scratch_dir("proxy")
-    await asyncio.to_thread(sock_dir.chmod, 0o755)
-    sock = str(sock_dir / "proxy.sock")
-    proxy = Proxy(eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})), traces)
-    server: asyncio.Task[None] | None = None
-    try:
-        lora = f" with the LoRA adapter {adapter} as policy 1" if adapter else ""
-        say(f"starting the {eng.name} engine for {path}{lora} …")
-        await eng.start()
-        if adapter:
-            await eng.publish(adapter, "lora")
-        ready = asyncio.Event()
-        online = clients(proxy) if clients is not None else None
-        app = build_app(proxy, control_token, online)
-        server = asyncio.create_task(run_server(app, host, port, ready, unix_socket=sock))
-        done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if server in done:
-            server.result()  # raises why it could not listen
-        proxy.start_reaper()
-        yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token, online)
-    finally:
-        proxy.close()
-        if server is not None:
-            server.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await server
-        await eng.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    # Held from now on, so nothing started meanwhile (the engine's own server, other runs) can take the port.
+    listener = listening_socket(host, port)
+    port = int(listener.getsockname()[1])
+    with contextlib.closing(listener):
+        eng = make_engine(engine, path, **(engine_options or {}))
+        await asyncio.to_thread(sweep_scratch)  # what killed runs left in TMPDIR
+        sock_dir = scratch_dir("proxy")
+        await asyncio.to_thread(sock_dir.chmod, 0o755)
+        sock = str(sock_dir / "proxy.sock")
+        proxy = Proxy(
+            eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})), traces
+        )
+        server: asyncio.Task[None] | None = None
+        try:
+            lora = f" with the LoRA adapter {adapter} as policy 1" if adapter else ""
+            say(f"starting the {eng.name} engine for {path}{lora} …")
+            await eng.start()
+            if adapter:
+                await eng.publish(adapter, "lora")
+            ready = asyncio.Event()
+            online = clients(proxy) if clients is not None else None
+            app = build_app(proxy, control_token, online)
+            server = asyncio.create_task(run_server(app, host, port, ready, unix_socket=sock, sock=listener))
+            done, _ = await asyncio.wait(
+                [server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            if server in done:
+                server.result()  # raises why it could not listen
+            proxy.start_reaper()
+            yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token, online)
+        finally:
+            proxy.close()
+            if server is not None:
+                server.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await server
+            await eng.close()
+            shutil.rmtree(sock_dir, ignore_errors=True)
