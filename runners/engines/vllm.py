@@ -46,16 +46,15 @@ from hrl.runners.engines.vllm_contract import (
 from hrl.runners.engines.vllm_server import (
     EXTENSION_CLS,
     ServerProcess,
-    check_port_free,
     checkpoint_dtype,
     completion_body,
-    find_free_port,
     find_vllm_python,
     generate_body,
     gpu_flags,
     http_error,
     logprobs_mode,
     new_session,
+    reserve_port,
     score_body,
     scored_logprobs,
     server_address,
@@ -285,19 +284,24 @@ class VLLMEngine:
         cfg = self.config
         path = resolve_model(cfg.model)
         python = find_vllm_python(cfg.python)
+        reserved = None
         if cfg.listen == "unix":  # 0700: this user only; under the temp folder, which local sandboxes do not see
             self._sock_dir = scratch_dir("vllm")
             self.unix, self.base_url = str(self._sock_dir / "vllm.sock"), "http://localhost"
             where = ["--uds", self.unix]
         else:
-            port = cfg.port or find_free_port(cfg.host)
-            check_port_free(cfg.host, port)
+            reserved = reserve_port(cfg.host, cfg.port)  # held until the server listens on it
+            port = reserved.getsockname()[1]
             self.base_url = f"http://{cfg.host}:{port}"
             where = ["--host", cfg.host, "--port", str(port)]
         env = server_env(cfg.kv_cache_gib, cfg.gpus, ipc=cfg.weight_sync == "ipc")
         self.server = ServerProcess(self._command(python, path, where), env, cfg.log_file)
-        self.server.spawn()
-        await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s, self.unix)
+        try:
+            self.server.spawn()
+            await self.server.wait_healthy(self.base_url, cfg.startup_timeout_s, self.unix)
+        finally:
+            if reserved is not None:
+                reserved.close()
 
     @property
     def address(self) -> str:

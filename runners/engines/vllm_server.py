@@ -38,15 +38,14 @@ from hrl.runners.scratch import scratch_dir
 __all__ = [
     "EXTENSION_CLS",
     "ServerProcess",
-    "check_port_free",
     "checkpoint_dtype",
     "completion_body",
-    "find_free_port",
     "find_vllm_python",
     "gpu_flags",
     "http_error",
     "logprobs_mode",
     "new_session",
+    "reserve_port",
     "score_body",
     "scored_logprobs",
     "server_address",
@@ -128,24 +127,22 @@ def gpu_flags(cfg: Any) -> list[str]:
     return flags
 
 
-def find_free_port(host: str) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise PortInUseError if `port` on `host` cannot be bound (as uvicorn would, with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise PortInUseError(
-                f"port {port} on {host} is already in use ({e.strerror})",
-                hint="stop whatever listens there, pick another port, or use port 0 for a free one",
-            ) from e
+def reserve_port(host: str, port: int = 0) -> socket.socket:
+    """Hold `port` on `host` (0: a free one) for a server that starts later: a socket bound with SO_REUSEADDR and not
+    listening. The vLLM server binds the same way, so it may take the port; nothing else can meanwhile (a port only
+    picked and closed is free for whoever binds next, such as another run's proxy). Close it once the server
+    listens. Raises PortInUseError."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise PortInUseError(
+            f"port {port} on {host} is already in use ({e.strerror})",
+            hint="stop whatever listens there, pick another port, or use port 0 for a free one",
+        ) from e
+    return s
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -353,6 +353,27 @@ def test_port_in_use_fails_before_spawning(tiny_model):
     assert eng.server is None
 
 
+def test_a_tcp_server_takes_the_port_held_for_it(tiny_model):
+    """listen: tcp holds its port (bound, not listening) from before the spawn until the server listens: the server
+    takes it anyway, and nothing else picking a free port meanwhile can."""
+    import httpx
+
+    eng = make_engine("vllm", tiny_model, listen="tcp", max_model_len=512, enable_lora=False)
+
+    async def main() -> tuple[str, int]:
+        await eng.start()
+        try:
+            async with httpx.AsyncClient() as http:
+                return eng.address, (await http.get(f"{eng.address}/health")).status_code
+        finally:
+            await eng.close()
+
+    address, status = asyncio.run(main())
+    assert address.startswith("http://127.0.0.1:") and status == 200
+    with socket.socket() as s:  # let go with the server
+        s.bind(("127.0.0.1", int(address.rsplit(":", 1)[1])))
+
+
 def test_missing_python_is_a_prerequisite_error(tiny_model, tmp_path):
     eng = make_engine("vllm", tiny_model, python=str(tmp_path / "no-python"))
     with pytest.raises(PrerequisiteError, match="does not exist"):
