@@ -133,7 +133,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)
     roll = cfg["rollout"]
-    check_browser_reach(cfg, names)
+    check_browser_reach(cfg, names, task_file)
     for agent in names:
         if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
             load_function(agent, cfg.get("recipe_dir"))
@@ -167,26 +167,36 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
 
 def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
     """A folder of Harbor tasks is graded by the `harbor` verifier when the recipe names the pytest one (or none):
-    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply. `miniwob:` pages are
-    graded by the `miniwob` verifier the same way."""
-    from hrl.runners.tasks import verifier_for
+    the section's pytest settings (its `timeout_s`, say) do not carry over; task.toml's apply. Keys only the
+    Harbor verifier has (`carry`, `keep_final`, …) do. `miniwob:` pages are graded by the `miniwob` verifier the
+    same way."""
+    from hrl.registry import load
+    from hrl.runners.tasks import VERIFIERS, verifier_for
 
     section = cfg.get("verifier") or {}
     by_source = verifier_for(task_file)
     if by_source in ("harbor", "miniwob") and section.get("name") in (None, "tests"):  # miniwob: graded from the page
-        keep = ("hide_paths", "run_id") if by_source == "harbor" else ()
+        # kept: what only the source's verifier knows (`-c verifier.keep_final=false`), and the CLI's own keys
+        own = set(load(VERIFIERS[by_source] + "Config").model_fields) - set(
+            load(VERIFIERS["tests"] + "Config").model_fields
+        )
+        keep = {*own, *(("hide_paths", "run_id") if by_source == "harbor" else ())}
         cfg["verifier"] = {"name": by_source, **{k: v for k, v in section.items() if k in keep}}
 
 
-def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
+def check_browser_reach(cfg: dict[str, Any], agents: list[str], task_file: str = "") -> None:
     """The `miniwob` verifier's browser runs beside hrl: a CLI agent reaches it through its sandbox's own network
     (the endpoint forwarded in, the CLI's MCP browser server connected to it), a white-box agent in hrl's process
     directly. An agent that could not (a CLI with no MCP client, a local sandbox without bubblewrap, a python agent
-    in a closed subprocess) is refused before anything starts rather than scored 0."""
+    in a closed subprocess) is refused before anything starts rather than scored 0. So is any but an MCP-capable
+    CLI on Harbor tasks that serve a web app ([browser])."""
     from hrl.runners.agents import get_agent
     from hrl.runners.whitebox.harness import is_python_agent
 
-    if (cfg.get("verifier") or {}).get("name") != "miniwob":
+    name = (cfg.get("verifier") or {}).get("name")
+    if name == "harbor" and task_file:
+        _check_web_harbor(agents, task_file)
+    if name != "miniwob":
         return
     roll = cfg.get("rollout") or {}
     in_subprocess = roll.get("mode", "auto") == "subprocess"
@@ -213,6 +223,28 @@ def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
                 "browser's endpoint is forwarded into a sandbox's own network namespace",
                 hint="use --sandbox docker (or install bubblewrap)",
             )
+
+
+def _check_web_harbor(agents: list[str], task_file: str) -> None:
+    from hrl.runners.agents import get_agent
+    from hrl.runners.tasks.harbor_verifier import browser_of
+    from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    web = [t.instance_id for t in load_tasks(task_file) if browser_of(t) is not None]
+    if not web:
+        return
+
+    def reaches(agent: str) -> bool:  # a CLI with an MCP client, or one that speaks CDP itself (browser-use)
+        runner = get_agent(agent)
+        return bool(getattr(runner, "mcp_tool", None) or getattr(runner, "drives_browser", False))
+
+    if cannot := [a for a in agents if is_python_agent(a) or not reaches(a)]:
+        raise UsageError(
+            f"Harbor tasks that serve a web app ({', '.join(web[:3])}{'…' if len(web) > 3 else ''}) cannot run with "
+            f"{', '.join(cannot)}: the agent drives the episode's browser through a browser MCP server",
+            hint="use claude-code, codex, opencode, gemini-cli, qwen-code or browser-use",
+        )
 
 
 def say_context(agent: str, model: str, cfg: dict[str, Any]) -> None:

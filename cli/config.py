@@ -31,10 +31,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: dict[str, Any], overrides: list[str], *, engine: str = "") -> dict[str, Any]:
+def apply_overrides(
+    cfg: dict[str, Any], overrides: list[str], *, engine: str = "", tasks: str | None = None
+) -> dict[str, Any]:
     """Each override is `key.path=value` (value parsed as YAML) or a YAML file merged on top. Every key and value
     is checked against the config models (`hrl.cli.keys`) once all are merged: UsageError naming the nearest key.
-    `engine` is an --engine flag that will win over the config: engine_options are that engine's."""
+    `engine` and `tasks` are --engine and --tasks flags that will win over the config: engine_options are that
+    engine's, and verifier keys those of the verifier that grades those tasks (a folder of Harbor tasks: harbor's)."""
     from hrl.cli.keys import check_overrides
 
     out = copy.deepcopy(cfg)
@@ -60,7 +63,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str], *, engine: str = 
             given += list(extra.items())
         else:
             raise UsageError(f"bad -c {item!r}: expected key=value or a YAML file", hint="e.g. -c trainer.lr=1e-5")
-    check_overrides(given, {**out, "engine": engine} if engine else out)
+    check_overrides(given, {**out, **({"engine": engine} if engine else {}), **({"tasks": tasks} if tasks else {})})
     return out
 
 

@@ -83,7 +83,7 @@ def eval_(
     names = _agents(agents)
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl eval --agents mini-swe-agent --recipe demo`")
-    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine, tasks=tasks)
     if otlp:
         cfg.setdefault("telemetry", {})["otlp_endpoint"] = otlp
     model, engine, task_file = run_settings(cfg, sandbox, time_budget, model, engine, tasks, "hrl:tiny-agent")

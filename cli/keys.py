@@ -34,6 +34,10 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
         from hrl.runners.tasks import VERIFIERS
 
         name = str((cfg.get("verifier") or {}).get("name") or "tests")
+        if name == "tests" and cfg.get("tasks"):  # a folder of Harbor tasks, miniwob: pages: graded by their own
+            from hrl.runners.tasks import verifier_for
+
+            name = verifier_for(str(cfg["tasks"]))
         if name == "python":  # a white-box agent's scoring function: no verifier class, only its options
             return load("hrl.runners.tasks.verifier:PythonVerifierConfig")  # type: ignore[no-any-return]
         return load(require(VERIFIERS, "verifier", name) + "Config")  # type: ignore[no-any-return]

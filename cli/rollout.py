@@ -118,7 +118,7 @@ def rollout(
 
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl rollout --agent mini-swe-agent --recipe demo`")
-    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine)
+    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine, tasks=tasks)
     roll = cfg.setdefault("rollout", {})
     if placement:
         cfg.setdefault("placement", {})["kind"] = placement

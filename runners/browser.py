@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from hrl.runners.errors import HrlError, PrerequisiteError
+from hrl.sandboxes.forward import TUNNEL_START
 
 __all__ = [
     "CDP",
@@ -41,7 +42,9 @@ __all__ = [
     "browser_episode",
     "find_chromium",
     "live_in_group",
+    "open_tab",
     "refusal",
+    "tunnel_endpoint",
 ]
 
 # Without the networking flags Chromium's background connections are refused here and slow every start.
@@ -244,6 +247,66 @@ async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+IDLE_TUNNELS = 16  # the sandbox keeps six open; more are refused (something else in it connecting)
+TUNNEL_WAIT_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def tunnel_endpoint(unix_socket: str) -> AsyncIterator[str]:
+    """The host's end of a sandbox's exposed port (`SandboxSpec.exposes`): listens on `unix_socket`, where the
+    sandbox keeps connections open, and on 127.0.0.1:PORT, whose every connection is carried over one of them to the
+    port inside (hrl's first byte on it tells the sandbox to connect). Yields http://127.0.0.1:PORT."""
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    writers: set[asyncio.StreamWriter] = set()
+
+    async def arrived(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if idle.qsize() >= IDLE_TUNNELS:
+            writer.close()
+            return
+        writers.add(writer)
+        idle.put_nowait((reader, writer))
+
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
+        while True:
+            try:
+                far_reader, far_writer = await asyncio.wait_for(idle.get(), TUNNEL_WAIT_S)
+            except TimeoutError:  # nothing in the sandbox holds the tunnel: the app is unreachable
+                writer.close()
+                return
+            if not (far_reader.at_eof() or far_writer.is_closing()):
+                break
+            far_writer.close()  # one the sandbox closed while it waited
+        try:
+            far_writer.write(TUNNEL_START)
+            await asyncio.gather(_pipe(reader, far_writer), _pipe(far_reader, writer))
+        finally:
+            far_writer.close()
+            writer.close()
+            writers.discard(far_writer)
+            writers.discard(writer)
+
+    unix = await asyncio.start_unix_server(arrived, path=unix_socket)
+    tcp = await asyncio.start_server(client, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{tcp.sockets[0].getsockname()[1]}"
+    finally:
+        for server in (tcp, unix):
+            server.close()
+        for w in list(writers):
+            w.close()
+        await asyncio.to_thread(Path(unix_socket).unlink, missing_ok=True)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+
 async def _start_chromium(profile: Path) -> tuple[asyncio.subprocess.Process, str]:
     # Chromium keeps its singleton socket in $TMPDIR (org.chromium.Chromium.*), which a killed browser never removes:
     # inside the profile, it goes with the profile.
@@ -325,20 +388,25 @@ async def _guard(cdp: CDP, browser: Browser) -> None:
 
 
 @contextlib.asynccontextmanager
-async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = (),
+async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (),
                           unix_socket: str | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
-    """Serve `site_dir`, start Chromium, and yield (the browser, hrl's own CDP connection to it). `also_allow`:
-    URL prefixes besides the site that the browser may reach (the proxy's base URL). `unix_socket`: the agent's
-    relay listens there too (a sandbox's forwarded endpoint). Raises BrowserError."""
+    """Serve the folder `site` (or take `site` as the origin that serves the task, `http://127.0.0.1:PORT`), start
+    Chromium, and yield (the browser, hrl's own CDP connection to it). `also_allow`: URL prefixes besides the site
+    that the browser may reach (the proxy's base URL). `unix_socket`: the agent's relay listens there too (a
+    sandbox's forwarded endpoint). Raises BrowserError."""
     profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
-    runner, site = await _serve(Path(site_dir))
+    runner: web.AppRunner | None = None
+    if (origin := str(site)).startswith("http://"):
+        origin = origin.rstrip("/")
+    else:
+        runner, origin = await _serve(Path(site))
     proc: asyncio.subprocess.Process | None = None
     cdp: CDP | None = None
     relay: web.AppRunner | None = None
     try:
         proc, direct_url = await _start_chromium(profile)
         cdp = await CDP.connect(direct_url)
-        browser = Browser(direct_url, site, proc.pid, allowed=(site + "/", *also_allow))
+        browser = Browser(direct_url, origin, proc.pid, allowed=(origin + "/", *also_allow))
         await _guard(cdp, browser)
         relay, browser.cdp_url = await _relay(browser, unix_socket)
         yield browser, cdp
@@ -351,5 +419,16 @@ async def browser_episode(site_dir: str | Path, also_allow: tuple[str, ...] = ()
             if proc is not None:
                 await _reap(proc)
         finally:
-            await runner.cleanup()
+            if runner is not None:
+                await runner.cleanup()
             shutil.rmtree(profile, ignore_errors=True)
+
+
+async def open_tab(cdp: CDP) -> str:
+    """A fresh tab, the browser's only one (Chromium's first is closed, so an agent's tools act on this one from
+    their first call), with hrl's CDP session attached; the session id."""
+    created = await cdp.call("Target.createTarget", url="about:blank")
+    for other in (await cdp.call("Target.getTargets"))["targetInfos"]:
+        if other["type"] == "page" and other["targetId"] != created["targetId"]:
+            await cdp.call("Target.closeTarget", targetId=other["targetId"])
+    return str((await cdp.call("Target.attachToTarget", targetId=created["targetId"], flatten=True))["sessionId"])

@@ -158,6 +158,7 @@ class AgentRollouts:
                                 on_event=on_event, on_made=self._start_harness if warm_harness else None)  # fmt: skip
         self._install: AgentInstall | None = None
         self._mcp: dict[str, list[str]] = {}  # MCP servers the CLI is given (browser tasks), argv in the sandbox
+        self._web: tuple[AgentInstall, dict[str, list[str]]] | None = None  # the same for Harbor [browser] tasks
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
     async def _start_harness(self, sandbox: Any) -> None:
@@ -173,6 +174,20 @@ class AgentRollouts:
                 inst = self._with_browser_mcp(inst, target)
             self._install = inst
         return self._install
+
+    def _install_for(self, task: Task) -> tuple[AgentInstall, dict[str, list[str]]]:
+        """The CLI's install and the MCP servers it is given for `task`: browser tasks', and a Harbor task's that
+        serves a web app ([browser]), are the install with the browser MCP server."""
+        inst = self.prepare()
+        if self.verifier.name == "miniwob":
+            return inst, self._mcp
+        needs = getattr(self.verifier, "needs_browser", None)
+        if needs is None or not needs(task) or getattr(self.runner, "drives_browser", False):
+            return inst, {}
+        if self._web is None:
+            target: Literal["docker", "local"] = "docker" if self.config.sandbox == "docker" else "local"
+            self._web = (self._with_browser_mcp(inst, target), self._mcp)
+        return self._web
 
     def _with_browser_mcp(self, inst: AgentInstall, target: Literal["docker", "local"]) -> AgentInstall:
         """The browser MCP server installed beside the CLI (its mounts added), started by the CLI with the episode's
@@ -205,13 +220,13 @@ class AgentRollouts:
 
     async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
-        inst = self.prepare()
+        inst, mcp = self._install_for(task)
         session = self.stack.proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         outcome: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         try:
-            outcome, extra = await self._run(ep, task, inst, session)
+            outcome, extra = await self._run(ep, task, inst, session, mcp)
         except asyncio.CancelledError:
             self._end(session.token, trace_file, {"failure_reason": "cancelled"}, {})
             raise
@@ -224,7 +239,7 @@ class AgentRollouts:
         return trace
 
     async def _run(
-        self, ep: Any, task: Task, inst: AgentInstall, proxy_session: Session
+        self, ep: Any, task: Task, inst: AgentInstall, proxy_session: Session, mcp: dict[str, list[str]]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg, token = self.config, proxy_session.token
         phase("sandbox")
@@ -243,7 +258,7 @@ class AgentRollouts:
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options, pool=self.pool, prepare=prepare,
-                                 group=getattr(ep, "group_id", None), mcp=self._mcp) as session:  # fmt: skip
+                                 group=getattr(ep, "group_id", None), mcp=mcp) as session:  # fmt: skip
             try:
                 env = proxy_session.meta["env"]
                 proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}

@@ -57,6 +57,13 @@ class SandboxSpec(BaseModel):
         "network 'none' or 'proxy'): an episode's own browser endpoint. Each socket's folder is made visible to the "
         "sandbox read-only, so it must be the episode's own.",
     )
+    exposes: dict[int, str] = Field(
+        default_factory=dict,
+        description="Ports inside the sandbox that hrl reaches from the host (port -> path of a unix socket hrl "
+        "listens on; docker only): the sandbox keeps connections open to that socket and carries each one hrl "
+        "starts to 127.0.0.1:PORT inside (a task's web app, for the episode's browser). The socket's folder is made "
+        "visible to the sandbox read-only, so it must be the episode's own.",
+    )
     cpus: float = Field(0.0, description="CPU limit; 0 = none.")
     memory_mb: int = Field(0, description="Memory limit in MiB; 0 = none.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels (run and episode ids are added).")

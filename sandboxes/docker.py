@@ -40,13 +40,14 @@ from docker.types import Mount as DockerMount
 from docker.utils.socket import frames_iter
 
 from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec, SandboxUnavailableError
-from hrl.sandboxes.forward import FORWARDER, FORWARDER_PATH, KILL_TREE
+from hrl.sandboxes.forward import FORWARDER, FORWARDER_PATH, KILL_TREE, TUNNEL, TUNNEL_PATH
 
 __all__ = ["DockerBackend", "DockerSandbox"]
 
 T = TypeVar("T")
 PROXY_DIR = "/run/hrl"
 FORWARDS_DIR = "/run/hrl-forwards"  # spec.forwards: each socket's folder at FORWARDS_DIR/<port>
+EXPOSES_DIR = "/run/hrl-exposes"  # spec.exposes: each socket's folder at EXPOSES_DIR/<port>
 EXEC_MARK = "HRL_EXEC"  # set on every exec; KILL_TREE finds a command's whole tree by it
 KILL_GRACE_S = 10.0  # after a timeout kill, how long to wait for the output stream to close
 BUILD_HINT = "build the base image with `hrl sandbox build` (or .ci/setup.sh); there is no registry to pull from"
@@ -131,6 +132,8 @@ class DockerBackend:
             if spec.network != "host":
                 for port, path in spec.forwards.items():
                     await sandbox.start_forwarder(f"{FORWARDS_DIR}/{port}/{Path(path).name}", port)
+                for port, path in spec.exposes.items():
+                    await sandbox.start_forwarder(f"{EXPOSES_DIR}/{port}/{Path(path).name}", port, tunnel=True)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await sandbox.close()
@@ -205,11 +208,12 @@ class DockerBackend:
             if not socket_dir.is_dir():
                 raise SandboxError(f"the proxy socket's directory {socket_dir} does not exist")
             mounts.append(DockerMount(PROXY_DIR, str(socket_dir), type="bind", read_only=True))
-        for port, path in spec.forwards.items():
-            if not Path(path).absolute().parent.is_dir():
-                raise SandboxError(f"the folder of forwarded socket {path} (port {port}) does not exist")
-            mounts.append(DockerMount(f"{FORWARDS_DIR}/{port}", str(Path(path).absolute().parent), type="bind",
-                                      read_only=True))  # fmt: skip
+        for where, pairs in ((FORWARDS_DIR, spec.forwards), (EXPOSES_DIR, spec.exposes)):
+            for port, path in pairs.items():
+                if not Path(path).absolute().parent.is_dir():
+                    raise SandboxError(f"the folder of socket {path} (port {port}) does not exist")
+                mounts.append(DockerMount(f"{where}/{port}", str(Path(path).absolute().parent), type="bind",
+                                          read_only=True))  # fmt: skip
         host_config = self.api.create_host_config(
             init=True,
             mounts=mounts,
@@ -419,20 +423,22 @@ class DockerSandbox:
             raise SandboxError(f"cannot commit container {self.id[:12]}: {_explain(exc)}") from exc
         return str(made["Id"])
 
-    async def start_forwarder(self, inside: str = "", port: int = 0) -> None:
-        """Relay 127.0.0.1:`port` in the container to the unix socket `inside` (default: the proxy's)."""
+    async def start_forwarder(self, inside: str = "", port: int = 0, tunnel: bool = False) -> None:
+        """Relay 127.0.0.1:`port` in the container to the unix socket `inside` (default: the proxy's); `tunnel`: the
+        other way, connections hrl starts on `inside` to 127.0.0.1:`port` (spec.exposes)."""
         if not inside:
             assert self.spec.proxy_socket
             inside, port = f"{PROXY_DIR}/{Path(self.spec.proxy_socket).name}", self.spec.proxy_port
-        await self.write_file(FORWARDER_PATH, FORWARDER.encode())
+        path, script = (TUNNEL_PATH, TUNNEL) if tunnel else (FORWARDER_PATH, FORWARDER)
+        await self.write_file(path, script.encode())
         # as root: the proxy's socket is its owner's only (0600), and root in the container may open it whatever
         # user the image's agent runs as
-        result = await self.exec(["python3", FORWARDER_PATH, inside, str(port)], timeout_s=30, user="0")
+        result = await self.exec(["python3", path, inside, str(port)], timeout_s=30, user="0")
         if result.exit_code != 0:
             raise SandboxError(
-                f"the forwarder to {inside} did not start in container {self.id[:12]} (exit {result.exit_code}): "
-                f"{(result.stderr or result.stdout).strip()[-500:]}",
-                hint="network='proxy' and spec.forwards need python3 in the image and a free port",
+                f"the {'tunnel' if tunnel else 'forwarder'} to {inside} did not start in container {self.id[:12]} "
+                f"(exit {result.exit_code}): {(result.stderr or result.stdout).strip()[-500:]}",
+                hint="network='proxy', spec.forwards and spec.exposes need python3 in the image and a free port",
             )
 
     async def close(self) -> None:

@@ -7,6 +7,12 @@ parent exits 0, so the port accepts connections as soon as the starting exec ret
 with the reason on stderr. Unix sockets carry no packets out of the container: the container still has no
 network interface besides `lo`.
 
+`TUNNEL` is the other direction, a port inside that hrl reaches (`SandboxSpec.exposes`: a task's web app, for the
+episode's browser on the host): it keeps a few connections open to a unix socket hrl listens on, bind-mounted into
+the container, and when hrl sends the first byte on one, connects to 127.0.0.1:PORT inside and relays the two.
+The container connects out, as with the forwarder: hrl never connects to a socket the container could have made (a
+symlink placed there could lead hrl's connection anywhere on the host).
+
 `KILL_TREE` kills every process whose environment carries `<MARK>=<token>` (the docker backend sets it on each
 exec), which catches children that left the process group (setsid, daemonising) as long as they kept their
 environment.
@@ -14,9 +20,11 @@ environment.
 
 from __future__ import annotations
 
-__all__ = ["FORWARDER", "FORWARDER_PATH", "KILL_TREE"]
+__all__ = ["FORWARDER", "FORWARDER_PATH", "KILL_TREE", "TUNNEL", "TUNNEL_PATH", "TUNNEL_START"]
 
 FORWARDER_PATH = "/usr/local/lib/hrl/forward.py"
+TUNNEL_PATH = "/usr/local/lib/hrl/tunnel.py"
+TUNNEL_START = b"\x01"  # hrl's first byte on an idle tunnel: connect to the port and relay
 
 FORWARDER = r'''"""hrl proxy forwarder: 127.0.0.1:PORT -> unix socket SOCKET. Usage: forward.py SOCKET PORT"""
 import os, socket, sys  # asyncio is imported after the fork: the starting exec returns sooner
@@ -79,6 +87,73 @@ for fd in (0, 1, 2):
 import asyncio
 
 asyncio.run(serve(listeners))
+'''
+
+TUNNEL = r'''"""hrl app tunnel: each connection hrl starts on unix socket SOCKET -> 127.0.0.1:PORT inside.
+Usage: tunnel.py SOCKET PORT"""
+import os, sys
+
+SOCKET, PORT = sys.argv[1], int(sys.argv[2])
+IDLE = 6  # connections kept open to hrl, waiting for its first byte (a browser opens up to six per origin)
+
+
+async def pipe(reader, writer, other):
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except Exception:
+        writer.close()
+        other.close()
+
+
+async def tunnel(slots):
+    try:
+        hrl_reader, hrl_writer = await asyncio.open_unix_connection(SOCKET)
+    except OSError:
+        await asyncio.sleep(0.5)
+        slots.release()
+        return
+    try:
+        start = await hrl_reader.readexactly(1)
+    except Exception:
+        start = b""
+    slots.release()  # used or gone: another waits in its place
+    if start != b"\x01":
+        hrl_writer.close()
+        await asyncio.sleep(0.1)
+        return
+    try:
+        app_reader, app_writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", PORT), 10)
+    except Exception:
+        hrl_writer.close()
+        return
+    await asyncio.gather(pipe(hrl_reader, app_writer, hrl_writer), pipe(app_reader, hrl_writer, app_writer))
+    hrl_writer.close()
+    app_writer.close()
+
+
+async def serve():
+    slots = asyncio.Semaphore(IDLE)
+    while True:
+        await slots.acquire()
+        asyncio.ensure_future(tunnel(slots))
+
+
+if os.fork():  # hrl may listen on SOCKET only later: the tunnel connects as soon as it does
+    os._exit(0)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+import asyncio
+
+asyncio.run(serve())
 '''
 
 # sh -c KILL_TREE _ MARK TOKEN: SIGKILL every process whose environment has MARK=TOKEN, until none is left.

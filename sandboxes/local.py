@@ -111,6 +111,11 @@ class LocalBackend:
         self.env_allow = (*HOST_ENV, *(p for p in env_passthrough if p))
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> LocalSandbox:
+        if spec.exposes:
+            raise SandboxError(
+                f"a local sandbox cannot expose ports to hrl (spec.exposes {sorted(spec.exposes)})",
+                hint="use --sandbox docker",
+            )
         # The thread makes the folder even if this task is cancelled meanwhile (a run ending with episodes still
         # starting): then it is removed here, since no sandbox object will ever close it.
         making = asyncio.ensure_future(asyncio.to_thread(_make_root, Path(self.root), run_id, episode_id))

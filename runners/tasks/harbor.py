@@ -9,6 +9,11 @@ dataset.
       tests/test.sh        run after the agent, in a fresh container; writes /logs/verifier/reward.txt or reward.json
       solution/solve.sh    the gold (`hrl tasks validate`)
 
+hrl reads one table Harbor does not (Harbor ignores it): `[browser]`, a task whose environment serves a web app that
+the agent uses through a browser. `start` runs in the agent's container before the agent (in the background), the
+app listens on 127.0.0.1:`port` in it, and the episode's browser, beside hrl, opens `path` there
+(docs/browser.md, "Harbor tasks that serve a web app").
+
 A task loads as a `HarborTask`, a `Task` whose extra fields say where its folder is and what its task.toml sets; the
 tests and the solution stay in the folder (the agent's container never holds them). Its image is built from
 `environment/` and tagged by the hash of that folder's contents, so an unchanged environment is built once.
@@ -23,17 +28,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.tasks.task import Task, TaskFormatError, files_digest
 from hrl.sandboxes import SandboxError
 
-__all__ = ["HarborTask", "build_image", "image_tag", "is_harbor_source", "load_harbor_tasks", "task_version"]
+__all__ = [
+    "HarborBrowser",
+    "HarborTask",
+    "build_image",
+    "image_tag",
+    "is_harbor_source",
+    "load_harbor_tasks",
+    "task_version",
+]
 
 TASK_TOML = "task.toml"
 REQUIRED = ("instruction.md", "tests/test.sh")
 LABEL = "hrl.harbor.env"
+
+
+class HarborBrowser(BaseModel):
+    """`[browser]`: the web app the task's environment serves, opened in the episode's browser."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not ignored
+
+    start: str = Field(min_length=1, description="Shell command that starts the app, run in the background in the "
+                       "agent's container (as the image's user, at its workdir) before the agent starts.")  # fmt: skip
+    port: int = Field(gt=0, lt=65536, description="The app's port inside the container (it listens on 127.0.0.1).")
+    path: str = Field("/", pattern=r"^/", description="The page the browser opens.")
+    ready_timeout_sec: float = Field(60.0, gt=0, description="How long the app may take to answer its first request.")
 
 
 class HarborTask(Task):
@@ -51,6 +76,7 @@ class HarborTask(Task):
     cpus: float = Field(0.0, description="[environment] cpus, for the agent's and the tests' containers; 0 = none.")
     memory_mb: int = Field(0, description="[environment] memory_mb (or memory = '2G'); 0 = none.")
     docker_image: str | None = Field(None, description="[environment] docker_image: a prebuilt image, no Dockerfile.")
+    browser: HarborBrowser | None = Field(None, description="[browser]: the web app the agent uses in a browser.")
 
     @property
     def folder(self) -> Path:
@@ -98,6 +124,7 @@ def _load_one(folder: Path) -> HarborTask:
         "cpus": env.get("cpus", 0.0),
         "memory_mb": env["memory_mb"] if "memory_mb" in env else _megabytes(env.get("memory"), folder),
         "docker_image": env.get("docker_image"),
+        "browser": _section(config, "browser", folder) or None,
         "metadata": config.get("metadata") or {},
     }
     try:

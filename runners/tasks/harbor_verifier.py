@@ -16,6 +16,12 @@ Per episode:
    Success (the trace's `success`) is a reward of 1, for a reward of 0 or 1 (Harbor's tests pass or fail); a
    fractional reward says nothing of it (null), unless reward.json says `"success": true|false` beside it.
 
+A task with `[browser]` (a web app the agent uses through a browser) gets per episode, in `prepare`: its app started
+in the agent's container, reached from the host through the container's tunnel (`SandboxSpec.exposes`), and one
+headless Chromium beside hrl on the app's page, whose DevTools endpoint the container sees as 127.0.0.1:cdp_port
+(`SandboxSpec.forwards`) and whose requests reach only the app; `browser.json` ({cdp_url, page_url}) in the workdir
+says where. The browser stops before the tests run, and the tests grade as for any Harbor task.
+
 A test.sh past its limit scores 0 with the reason in `reward_info["timeout"]` (the agent's state hangs the tests:
 its episode), and so does one that exits non-zero without a reward file (`reward_info["failed"]`: `set -e` tests
 that stop at the first failure). A test.sh that exits 0 with no reward file, a reward that is no number, or an
@@ -25,24 +31,30 @@ environment that cannot be built are grading failures: `verifier_error` (never t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import math
+import posixpath
+import shutil
 import tarfile
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hrl.runners.browser import Browser, BrowserError, browser_episode, open_tab, tunnel_endpoint
 from hrl.runners.errors import UsageError
-from hrl.runners.tasks.harbor import HarborTask, build_image, image_tag
+from hrl.runners.tasks.harbor import HarborBrowser, HarborTask, build_image, image_tag
 from hrl.runners.tasks.task import Task
 from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.trace import binary_success
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
-__all__ = ["HarborVerifier", "HarborVerifierConfig", "as_harbor"]
+__all__ = ["HarborVerifier", "HarborVerifierConfig", "as_harbor", "browser_of"]
 
 REWARD_DIR = "/logs/verifier"
 # As root: no reward file may outlive the agent, and the tests' user may write the new one.
@@ -51,6 +63,8 @@ REWARD_FILES = ("reward.txt", "reward.json")
 FINAL_REPO = "hrl/harbor-final"  # the kept final images, one tag per episode (`hrl regrade`)
 FINAL_LABEL = "hrl.final"  # on each, with hrl.run: `hrl sandbox prune --run RUN --final-images` removes them
 REWARD_BYTES = 65536  # a reward file is a number or a small JSON object: what lies past this is no reward
+BROWSER_FILE = "browser.json"  # [browser] tasks: where the agent finds the browser's endpoint and the app's page
+APP_LOG = "/tmp/hrl-app.log"  # [browser] start's output, in the agent's container
 
 
 class HarborVerifierConfig(BaseModel):
@@ -81,6 +95,9 @@ class HarborVerifierConfig(BaseModel):
     log_chars: int = Field(3000, ge=0, description="How much of test.sh's output tail goes into reward_info['log'].")
     hide_paths: list[str] = Field(default_factory=list, description="Host paths no sandbox may see (docker: none).")
     run_id: str = Field("hrl-grade", description="Label of grading sandboxes (hrl.run), for `hrl sandbox prune`.")
+    cdp_port: int = Field(
+        9222, gt=0, lt=65536, description="Where the agent's container sees the browser of a [browser] task."
+    )
 
 
 def as_harbor(task: Task) -> HarborTask:
@@ -93,6 +110,14 @@ def as_harbor(task: Task) -> HarborTask:
             hint="the harbor verifier grades task folders: give --tasks DIR, or set -c verifier.name=tests",
         )
     return HarborTask.model_validate(task.model_dump())
+
+
+def browser_of(task: Task) -> HarborBrowser | None:
+    """A Harbor task's `[browser]` (None for a task without one, or no Harbor task)."""
+    if isinstance(task, HarborTask):
+        return task.browser
+    found = (task.model_extra or {}).get("browser")
+    return HarborBrowser.model_validate(found) if found else None
 
 
 class HarborVerifier:
@@ -109,6 +134,12 @@ class HarborVerifier:
         self.config = config or HarborVerifierConfig(**options)
         self._images: dict[str, tuple[str, str]] = {}  # instance id -> (image, workdir)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._browsers: dict[str, tuple[contextlib.AsyncExitStack, Browser]] = {}  # sandbox id -> its episode's
+        self._root: Path | None = None  # the [browser] episodes' socket folders, removed by close()
+
+    def needs_browser(self, task: Task) -> bool:
+        """The task serves a web app the agent uses through a browser (its CLI is given a browser MCP server)."""
+        return browser_of(task) is not None
 
     async def provision(self, task: Task) -> None:
         h = as_harbor(task)
@@ -124,12 +155,78 @@ class HarborVerifier:
             labels={"hrl.task": h.instance_id[:60]}, hidden_paths=list(self.config.hide_paths),
         )  # fmt: skip
 
+    def episode_spec(self, task: Task) -> SandboxSpec:
+        """One episode's sandbox. A [browser] task's gets, in a folder made for this episode alone, the browser's
+        endpoint forwarded in (cdp_port) and its app's port exposed to hrl (`verify` or `release` removes it)."""
+        spec, browser = self.sandbox_spec(task), browser_of(task)
+        if browser is None:
+            return spec
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="hrl-web-"))
+        folder = Path(tempfile.mkdtemp(dir=self._root))  # 0700: only hrl, and root in a container, opens it
+        return spec.model_copy(update={"forwards": {self.config.cdp_port: str(folder / "cdp.sock")},
+                                       "exposes": {browser.port: str(folder / "app.sock")}})  # fmt: skip
+
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
-        """Nothing to lay out: the image is the task's starting state."""
+        """The image is the task's starting state. A [browser] task's app is started in the container, and the
+        episode's browser on its page; raises SandboxError when either does not come up (never the agent's 0)."""
+        browser = browser_of(task)
+        if browser is None:
+            return
+        spec: SandboxSpec | None = getattr(sandbox, "spec", None)
+        cdp_socket = spec.forwards.get(self.config.cdp_port) if spec else None
+        app_socket = spec.exposes.get(browser.port) if spec else None
+        if not (cdp_socket and app_socket):
+            raise SandboxError(f"the sandbox of {task.instance_id} has no browser endpoint or app tunnel: it was not "
+                               "made from this verifier's episode_spec (rollout.warm_sandboxes and rollout.reuse do "
+                               "not apply to [browser] tasks)")  # fmt: skip
+        started = await sandbox.exec(["sh", "-c", f"({browser.start}) > {APP_LOG} 2>&1 < /dev/null &"], timeout_s=30)
+        if started.exit_code != 0:
+            raise SandboxError(f"[browser] start of {task.instance_id} failed: {started.stderr.strip()[-500:]}")
+        stack = contextlib.AsyncExitStack()
+        try:
+            origin = await stack.enter_async_context(tunnel_endpoint(app_socket))
+            page_url = origin + browser.path
+            await _wait_app(sandbox, page_url, browser.ready_timeout_sec)
+            opened, cdp = await stack.enter_async_context(browser_episode(origin, unix_socket=cdp_socket))
+            tab = await open_tab(cdp)
+            await cdp.call("Page.enable", tab)
+            await cdp.call("Page.navigate", tab, url=page_url)
+        except BaseException as exc:
+            await stack.aclose()
+            if isinstance(exc, BrowserError | OSError):
+                raise SandboxError(f"the browser for {task.instance_id} did not start: {exc}") from exc
+            raise
+        self._browsers[sandbox.id] = (stack, opened)
+        cdp_url = f"ws://127.0.0.1:{self.config.cdp_port}/devtools/{opened.cdp_url.split('/devtools/', 1)[1]}"
+        info = {"cdp_url": cdp_url, "page_url": page_url}
+        await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Stop the browser of `sandbox`'s episode if `verify` did not (the agent failed, the episode was cancelled),
+        and remove its socket folder."""
+        if (held := self._browsers.pop(sandbox.id, None)) is not None:
+            await held[0].aclose()
+        spec = getattr(sandbox, "spec", None)
+        path = spec.forwards.get(self.config.cdp_port) if spec is not None else None
+        if self._root is not None and path and Path(path).parent.parent == self._root:
+            shutil.rmtree(Path(path).parent, ignore_errors=True)
+
+    async def close(self) -> None:
+        """Stop every browser an episode left open, and remove the socket folders."""
+        while self._browsers:
+            await self._browsers.popitem()[1][0].aclose()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
 
     async def verify(self, sandbox: Sandbox, task: Task, keep: bool = True) -> Verdict:
         h, cfg, started = as_harbor(task), self.config, time.monotonic()
         committed: str | None = None
+        seen: dict[str, Any] = {}
+        if (held := self._browsers.pop(sandbox.id, None)) is not None:  # the browser stops before the tests run
+            await held[0].aclose()
+            seen = {"blocked_requests": held[1].blocked[:50], "refused_commands": held[1].refused[:50]}
         try:
             if cfg.carry == "container":
                 commit = getattr(sandbox, "commit", None)
@@ -149,6 +246,8 @@ class HarborVerifier:
             if committed is not None:
                 await _quietly(self.backend, committed)
         verdict.reward_info["grading_s"] = round(time.monotonic() - started, 3)
+        if held is not None:
+            verdict.reward_info["browser"] = seen
         return verdict
 
     async def _keep(self, image: str) -> str:
@@ -265,6 +364,25 @@ class HarborVerifier:
         wd = sandbox.workdir
         script = f"find {wd} -mindepth 1 -delete && tar -C {wd} -xpf {path} --no-overwrite-dir && rm -f {path}"
         await _root(sandbox, script, self.config.setup_timeout_s)
+
+
+async def _wait_app(sandbox: Sandbox, url: str, timeout_s: float) -> None:
+    """Until the app answers `url` with any HTTP status (through the tunnel); SandboxError with the app's log past
+    `timeout_s`."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(url, allow_redirects=False) as response:
+                    await response.read()
+                    return
+            if time.monotonic() > deadline:
+                log = await sandbox.exec(["sh", "-c", f"tail -c 1500 {APP_LOG}"], timeout_s=30)
+                raise SandboxError(f"the app did not answer {url} within {timeout_s:g} s; its log: "
+                                   f"{log.stdout.strip() or '(empty)'}")  # fmt: skip
+            await asyncio.sleep(0.2)
 
 
 async def _read_reward(sandbox: Sandbox) -> tuple[str, bytes] | None:

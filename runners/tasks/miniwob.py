@@ -41,7 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hrl.runners.browser import CDP, Browser, BrowserError, browser_episode
+from hrl.runners.browser import CDP, Browser, BrowserError, browser_episode, open_tab
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.tasks.task import Task, TaskFormatError
 from hrl.runners.tasks.verifier import Verdict
@@ -243,12 +243,7 @@ async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | 
     try:
         browser, cdp = await stack.enter_async_context(browser_episode(miniwob_html(), unix_socket=unix_socket))
         page_url = f"{browser.site}/miniwob/{task.miniwob}.html"
-        created = await cdp.call("Target.createTarget", url="about:blank")
-        for other in (await cdp.call("Target.getTargets"))["targetInfos"]:  # Chromium's first tab: the task's alone
-            if other["type"] == "page" and other["targetId"] != created["targetId"]:
-                await cdp.call("Target.closeTarget", targetId=other["targetId"])
-        attached = await cdp.call("Target.attachToTarget", targetId=created["targetId"], flatten=True)
-        episode = _Episode(stack, browser, cdp, attached["sessionId"], page_url)
+        episode = _Episode(stack, browser, cdp, await open_tab(cdp), page_url)
         cdp.on("Runtime.consoleAPICalled", lambda p, s: _on_console(episode, p, s))
         await cdp.call("Runtime.enable", episode.target)
         await cdp.call("Page.enable", episode.target)
