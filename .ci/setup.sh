@@ -6,7 +6,7 @@
 #
 #   .ci/setup.sh                 # everything
 #   .ci/setup.sh venv            # only some steps: venv, vllm, docker (daemon + base image), and for the tests
-#                                #   agents (every agent CLI the tests run) and images (the grading image)
+#                                #   agents (every agent CLI the tests run) and images (the grading and browser images)
 #   . "$HRL_CACHE/env.sh"        # afterwards: HRL_CACHE, HRL_VLLM_PYTHON, HRL_BASE_IMAGE, PATH
 #
 # Each step's wall time goes to $HRL_CACHE/setup-phases.tsv (name, seconds), which the test run prints at its end.
@@ -299,10 +299,11 @@ setup_agents() {
     run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_LOCAL[@]}" --target local
 }
 
-# The grading image (base image + pytest venv), built once and cached by tag.
+# The grading image (base image + pytest venv) and the browser image (base image + Chromium), built once and cached
+# by tag.
 setup_images() {
-  log "images: the grading image (hrl sandbox build; log: $HRL_CACHE/images.log)"
-  run_logged "$HRL_CACHE/images.log" "$VENV/bin/hrl" sandbox build
+  log "images: the grading and browser images (hrl sandbox build --browser; log: $HRL_CACHE/images.log)"
+  run_logged "$HRL_CACHE/images.log" "$VENV/bin/hrl" sandbox build --browser
 }
 
 write_env() {
@@ -365,12 +366,12 @@ main() {
     timed dockerd start_dockerd
     timed base-image setup_base_image
   fi
-  # Agents download while the grading image builds (both need the main venv and the daemon).
+  # Agents download while the images build (both need the main venv and the daemon).
   if has_step agents; then
     timed agents setup_agents &
     agents_pid=$!
   fi
-  if has_step images; then timed images setup_images || die "images: the grading image did not build"; fi
+  if has_step images; then timed images setup_images || die "images: the grading or browser image did not build"; fi
   if [ -n "$agents_pid" ]; then
     wait "$agents_pid" || die "agents: an install failed (see above)"
   fi

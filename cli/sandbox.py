@@ -16,12 +16,18 @@ app = typer.Typer(help="Sandbox images and leftovers.", no_args_is_help=True)
 
 
 @app.command("build", epilog="Examples:\n\n  hrl sandbox build\n\n  hrl sandbox build --rebuild")
-def build(rebuild: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False) -> None:
-    """Build the grading/agent image (Python + pytest) on top of the base image."""
+def build(
+    rebuild: Annotated[bool, typer.Option(help="Build again even if the image exists.")] = False,
+    browser: Annotated[
+        bool, typer.Option(help="Also the browser image (hrl/browser:bookworm: Chromium, for browser tasks).")
+    ] = False,
+) -> None:
+    """Build the grading/agent image (Python + pytest) on top of the base image, and with --browser the image the
+    browser of a browser task's episode runs in (else built on first use)."""
     import docker
 
     from hrl.runners.errors import PrerequisiteError
-    from hrl.runners.tasks.image import ensure_image
+    from hrl.runners.tasks.image import ensure_browser_image, ensure_image
 
     base = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
     try:
@@ -34,6 +40,9 @@ def build(rebuild: Annotated[bool, typer.Option(help="Build again even if the im
         raise PrerequisiteError(f"no Docker daemon: {e}", hint="start dockerd (`make setup` does)") from e
     tag = ensure_image(rebuild=rebuild, on_event=lambda ev: err.print(f"  {ev}", markup=False))
     emit({"image": tag}, as_json=False, human=tag)
+    if browser:
+        tag = ensure_browser_image(rebuild=rebuild, on_event=lambda ev: err.print(f"  {ev}", markup=False))
+        emit({"image": tag}, as_json=False, human=tag)
 
 
 @app.command("ls", epilog="Examples:\n\n  hrl sandbox ls\n\n  hrl sandbox ls --json")

@@ -19,13 +19,15 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -37,12 +39,17 @@ __all__ = [
     "CDP",
     "CHROMIUM_FLAGS",
     "REFUSED_PREFIXES",
+    "WHERE_HELP",
     "Browser",
     "BrowserError",
+    "BrowserWhere",
+    "InContainer",
     "browser_episode",
+    "container_for",
     "find_chromium",
     "live_in_group",
     "open_tab",
+    "provision_browser",
     "refusal",
     "tunnel_endpoint",
 ]
@@ -286,8 +293,9 @@ async def tunnel_endpoint(unix_socket: str) -> AsyncIterator[str]:
             writers.discard(far_writer)
             writers.discard(writer)
 
+    handlers: set[asyncio.Task[None]] = set()
     unix = await asyncio.start_unix_server(arrived, path=unix_socket)
-    tcp = await asyncio.start_server(client, "127.0.0.1", 0)
+    tcp = await asyncio.start_server(_tracked(client, handlers), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{tcp.sockets[0].getsockname()[1]}"
     finally:
@@ -295,7 +303,34 @@ async def tunnel_endpoint(unix_socket: str) -> AsyncIterator[str]:
             server.close()
         for w in list(writers):
             w.close()
+        await _cancel(handlers)
         await asyncio.to_thread(Path(unix_socket).unlink, missing_ok=True)
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
+
+
+def _tracked(handler: Handler, tasks: set[asyncio.Task[None]]) -> Handler:
+    """`handler` with each connection's task kept in `tasks` while it runs (cancelled when its server ends)."""
+
+    async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await handler(reader, writer)
+        except asyncio.CancelledError:  # its server ended: asyncio would log a cancelled connection as an error
+            pass
+        finally:
+            tasks.discard(task)
+
+    return run
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -387,34 +422,84 @@ async def _guard(cdp: CDP, browser: Browser) -> None:
                    filter=[{"type": "page"}, {"type": "iframe"}, {"type": "worker"}])  # fmt: skip
 
 
+@dataclass
+class InContainer:
+    """Run the episode's Chromium in a container of hrl's browser image (`hrl/browser:bookworm`) instead of beside
+    hrl: no network; it sees the task's site as http://127.0.0.1:`site_port` (forwarded from a unix socket hrl
+    serves), and hrl reaches its DevTools endpoint through the container's tunnel (`SandboxSpec.exposes`). A page
+    that breaks out of the renderer (Chromium runs with --no-sandbox) is then in that container, not on the host."""
+
+    backend: Any  # the docker SandboxBackend
+    run_id: str
+    episode_id: str
+    site_port: int = 8000
+    image: str = ""  # default: hrl's browser image
+
+
+CONTAINER_CDP_PORT = 9223  # Chromium's DevTools port inside its own container
+BrowserWhere = Literal["auto", "host", "docker"]
+WHERE_HELP = (
+    "Where the episode's Chromium runs: docker = a container of hrl's browser image with no network (a page that "
+    "breaks out of the renderer stays in it), host = beside hrl; auto = docker when the agent's sandbox is docker."
+)
+
+
+def container_for(
+    where: BrowserWhere, backend: Any, run_id: str, name: str, site_port: int = 8000
+) -> InContainer | None:
+    """A verifier's `browser` setting for one episode: where its Chromium runs (None: beside hrl)."""
+    if where == "host" or getattr(backend, "name", "") != "docker":  # the verifiers refuse docker without it
+        return None
+    episode = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name)[:40] + f"-browser-{uuid.uuid4().hex[:6]}"
+    return InContainer(backend, run_id or "hrl-browser", episode, site_port)
+
+
+async def provision_browser(where: BrowserWhere, backend: Any) -> None:
+    """Build hrl's browser image if the episodes' browsers run in containers and it is not here (once, cached)."""
+    if container_for(where, backend, "", "") is not None:
+        from hrl.runners.tasks.image import ensure_browser_image
+
+        await asyncio.to_thread(ensure_browser_image)
+
+
 @contextlib.asynccontextmanager
-async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (),
-                          unix_socket: str | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
+async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (), unix_socket: str | None = None,
+                          container: InContainer | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
     """Serve the folder `site` (or take `site` as the origin that serves the task, `http://127.0.0.1:PORT`), start
-    Chromium, and yield (the browser, hrl's own CDP connection to it). `also_allow`: URL prefixes besides the site
-    that the browser may reach (the proxy's base URL). `unix_socket`: the agent's relay listens there too (a
-    sandbox's forwarded endpoint). Raises BrowserError."""
-    profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
-    runner: web.AppRunner | None = None
-    if (origin := str(site)).startswith("http://"):
-        origin = origin.rstrip("/")
-    else:
-        runner, origin = await _serve(Path(site))
-    proc: asyncio.subprocess.Process | None = None
+    Chromium (beside hrl, or in a container of its own: `container`), and yield (the browser, hrl's own CDP
+    connection to it). `also_allow`: URL prefixes besides the site that the browser may reach. `unix_socket`: the
+    agent's relay listens there too (a sandbox's forwarded endpoint). Raises BrowserError."""
     cdp: CDP | None = None
     relay: web.AppRunner | None = None
+    start = _in_container(site, container) if container is not None else _on_host(site)
+    async with start as (direct_url, origin, pid):
+        try:
+            cdp = await CDP.connect(direct_url)
+            browser = Browser(direct_url, origin, pid, allowed=(origin + "/", *also_allow))
+            await _guard(cdp, browser)
+            relay, browser.cdp_url = await _relay(browser, unix_socket)
+            yield browser, cdp
+        finally:
+            if relay is not None:
+                await relay.cleanup()
+            if cdp is not None:
+                await cdp.close()
+
+
+@contextlib.asynccontextmanager
+async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int]]:
+    """Chromium beside hrl: (its DevTools endpoint, the site's origin, its process group)."""
+    profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
+    runner: web.AppRunner | None = None
+    proc: asyncio.subprocess.Process | None = None
     try:
+        if (origin := str(site)).startswith("http://"):
+            origin = origin.rstrip("/")
+        else:
+            runner, origin = await _serve(Path(site))
         proc, direct_url = await _start_chromium(profile)
-        cdp = await CDP.connect(direct_url)
-        browser = Browser(direct_url, origin, proc.pid, allowed=(origin + "/", *also_allow))
-        await _guard(cdp, browser)
-        relay, browser.cdp_url = await _relay(browser, unix_socket)
-        yield browser, cdp
+        yield direct_url, origin, proc.pid
     finally:
-        if relay is not None:
-            await relay.cleanup()
-        if cdp is not None:
-            await cdp.close()
         try:
             if proc is not None:
                 await _reap(proc)
@@ -422,6 +507,94 @@ async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (),
             if runner is not None:
                 await runner.cleanup()
             shutil.rmtree(profile, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _in_container(site: str | Path, where: InContainer) -> AsyncIterator[tuple[str, str, int]]:
+    """Chromium in a container of the browser image: (its DevTools endpoint through the tunnel, the site's origin as
+    the container sees it, 0: its processes go with the container)."""
+    from hrl.runners.tasks.image import BROWSER_IMAGE
+    from hrl.sandboxes import SandboxError, SandboxSpec
+
+    folder = Path(tempfile.mkdtemp(prefix="hrl-browser-"))  # 0700: only hrl, and root in the container, opens it
+    stack = contextlib.AsyncExitStack()
+    try:
+        site_socket = str(folder / "site.sock")
+        if str(site).startswith("http://"):  # an origin hrl reaches (a Harbor app's tunnel): relayed
+            await stack.enter_async_context(_unix_relay(site_socket, str(site)))
+        else:
+            await stack.enter_async_context(_serve_unix(Path(site), site_socket))
+        spec = SandboxSpec(image=where.image or BROWSER_IMAGE, workdir="/tmp", network="none",
+                           forwards={where.site_port: site_socket},
+                           exposes={CONTAINER_CDP_PORT: str(folder / "cdp.sock")},
+                           labels={"hrl.browser": "1"})  # fmt: skip
+        try:
+            box = await stack.enter_async_context(await where.backend.create(spec, where.run_id, where.episode_id))
+        except SandboxError as e:
+            raise BrowserError(f"the browser's container did not start: {e}") from e
+        endpoint = await stack.enter_async_context(tunnel_endpoint(str(folder / "cdp.sock")))
+        flags = " ".join(CHROMIUM_FLAGS)
+        command = (f"chromium {flags} --user-data-dir=/tmp/profile --remote-debugging-address=127.0.0.1 "
+                   f"--remote-debugging-port={CONTAINER_CDP_PORT} about:blank > /tmp/chromium.log 2>&1 &")  # fmt: skip
+        await box.exec(["sh", "-c", command], timeout_s=30)
+        yield await _devtools_url(endpoint, box), f"http://127.0.0.1:{where.site_port}", 0
+    finally:
+        await stack.aclose()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _devtools_url(endpoint: str, box: Any) -> str:
+    """The browser's own DevTools websocket, as hrl reaches it (`endpoint`: the tunnel's origin)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_TIMEOUT_S
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        while loop.time() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                async with http.get(f"{endpoint}/json/version") as r:
+                    path = (await r.json())["webSocketDebuggerUrl"].split("/devtools/", 1)[1]
+                    return f"ws://{endpoint.removeprefix('http://')}/devtools/{path}"
+            await asyncio.sleep(0.1)
+    log = await box.exec(["sh", "-c", "tail -c 1500 /tmp/chromium.log"], timeout_s=30)
+    raise BrowserError(f"Chromium did not open its DevTools endpoint within {START_TIMEOUT_S:.0f} s: {log.stdout}")
+
+
+@contextlib.asynccontextmanager
+async def _serve_unix(site_dir: Path, path: str) -> AsyncIterator[None]:
+    app = web.Application()
+    app.router.add_static("/", site_dir, show_index=False, follow_symlinks=False)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.UnixSite(runner, path).start()
+        yield
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _unix_relay(path: str, origin: str) -> AsyncIterator[None]:
+    """Each connection on unix socket `path` relayed to `origin` (http://HOST:PORT)."""
+    host, port = origin.removeprefix("http://").rstrip("/").rsplit(":", 1)
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            far_reader, far_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.close()
+            return
+        try:
+            await asyncio.gather(_pipe(reader, far_writer), _pipe(far_reader, writer))
+        finally:
+            far_writer.close()
+            writer.close()
+
+    handlers: set[asyncio.Task[None]] = set()
+    server = await asyncio.start_unix_server(_tracked(relay, handlers), path=path)
+    try:
+        yield
+    finally:
+        server.close()
+        await _cancel(handlers)
 
 
 async def open_tab(cdp: CDP) -> str:

@@ -139,10 +139,12 @@ async def tunnel(slots):
 
 
 async def serve():
-    slots = asyncio.Semaphore(IDLE)
+    slots, running = asyncio.Semaphore(IDLE), set()
     while True:
         await slots.acquire()
-        asyncio.ensure_future(tunnel(slots))
+        task = asyncio.ensure_future(tunnel(slots))
+        running.add(task)  # held: a task only asyncio knows of is collected with the idle connection it waits on
+        task.add_done_callback(running.discard)
 
 
 if os.fork():  # hrl may listen on SOCKET only later: the tunnel connects as soon as it does

@@ -46,7 +46,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.browser import Browser, BrowserError, browser_episode, open_tab, tunnel_endpoint
+from hrl.runners.browser import (
+    WHERE_HELP,
+    Browser,
+    BrowserError,
+    BrowserWhere,
+    browser_episode,
+    container_for,
+    open_tab,
+    provision_browser,
+    tunnel_endpoint,
+)
 from hrl.runners.errors import UsageError
 from hrl.runners.tasks.harbor import HarborBrowser, HarborTask, build_image, image_tag
 from hrl.runners.tasks.task import Task
@@ -98,6 +108,7 @@ class HarborVerifierConfig(BaseModel):
     cdp_port: int = Field(
         9222, gt=0, lt=65536, description="Where the agent's container sees the browser of a [browser] task."
     )
+    browser: BrowserWhere = Field("auto", description=WHERE_HELP)
 
 
 def as_harbor(task: Task) -> HarborTask:
@@ -146,6 +157,8 @@ class HarborVerifier:
         async with self._locks.setdefault(h.instance_id, asyncio.Lock()):
             if h.instance_id not in self._images:
                 self._images[h.instance_id] = await asyncio.to_thread(build_image, h)
+        if h.browser is not None:
+            await provision_browser(self.config.browser, self.backend)
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         h = as_harbor(task)
@@ -186,12 +199,18 @@ class HarborVerifier:
         stack = contextlib.AsyncExitStack()
         try:
             origin = await stack.enter_async_context(tunnel_endpoint(app_socket))
-            page_url = origin + browser.path
-            await _wait_app(sandbox, page_url, browser.ready_timeout_sec)
-            opened, cdp = await stack.enter_async_context(browser_episode(origin, unix_socket=cdp_socket))
+            await _wait_app(sandbox, origin + browser.path, browser.ready_timeout_sec)
+            where = container_for(
+                self.config.browser, self.backend, self.config.run_id, task.instance_id, site_port=browser.port
+            )  # the browser's page is at the app's own port
+            opened, cdp = await stack.enter_async_context(
+                browser_episode(origin, unix_socket=cdp_socket, container=where)
+            )
+            page_url = opened.site + browser.path  # as the browser sees the app
             tab = await open_tab(cdp)
             await cdp.call("Page.enable", tab)
             await cdp.call("Page.navigate", tab, url=page_url)
+            await _wait_loaded(cdp, tab, page_url)
         except BaseException as exc:
             await stack.aclose()
             if isinstance(exc, BrowserError | OSError):
@@ -364,6 +383,18 @@ class HarborVerifier:
         wd = sandbox.workdir
         script = f"find {wd} -mindepth 1 -delete && tar -C {wd} -xpf {path} --no-overwrite-dir && rm -f {path}"
         await _root(sandbox, script, self.config.setup_timeout_s)
+
+
+async def _wait_loaded(cdp: Any, tab: str, url: str, timeout_s: float = 30.0) -> None:
+    """Until the tab has loaded `url` (the agent's first look at the page sees the app's page, not a blank one)."""
+    deadline = time.monotonic() + timeout_s
+    check = f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url)})"
+    while time.monotonic() < deadline:
+        reply = await cdp.call("Runtime.evaluate", tab, expression=check, returnByValue=True)
+        if reply.get("result", {}).get("value") is True:
+            return
+        await asyncio.sleep(0.05)
+    raise BrowserError(f"the app's page {url} did not load within {timeout_s:.0f} s")
 
 
 async def _wait_app(sandbox: Sandbox, url: str, timeout_s: float) -> None:

@@ -41,8 +41,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hrl.runners.browser import CDP, Browser, BrowserError, browser_episode, open_tab
-from hrl.runners.errors import PrerequisiteError
+from hrl.runners.browser import (
+    CDP,
+    WHERE_HELP,
+    Browser,
+    BrowserError,
+    BrowserWhere,
+    InContainer,
+    browser_episode,
+    container_for,
+    open_tab,
+    provision_browser,
+)
+from hrl.runners.errors import PrerequisiteError, UsageError
 from hrl.runners.tasks.task import Task, TaskFormatError
 from hrl.runners.tasks.verifier import Verdict
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
@@ -138,6 +149,7 @@ class MiniWoBVerifierConfig(BaseModel):
         "as 127.0.0.1:cdp_port (its own unix socket, the sandbox's alone); else the agent is in hrl's process.",
     )
     cdp_port: int = Field(9222, gt=0, lt=65536, description="Where the sandbox sees the browser (agent_in_sandbox).")
+    browser: BrowserWhere = Field("auto", description=WHERE_HELP)
 
 
 @dataclass
@@ -163,11 +175,15 @@ class MiniWoBVerifier:
                  run_id: str = "", **options: Any) -> None:  # fmt: skip
         self.backend, self.run_id = backend, run_id
         self.config = config or MiniWoBVerifierConfig(**options)
+        if self.config.browser == "docker" and getattr(backend, "name", "") != "docker":
+            raise UsageError("verifier.browser: docker runs each episode's browser in a container: it needs the "
+                             "docker sandbox", hint="use --sandbox docker, or verifier.browser: auto")  # fmt: skip
         self._episodes: dict[str, _Episode] = {}
         self._root: Path | None = None  # the episodes' socket folders (agent_in_sandbox), removed by close()
 
     async def provision(self, task: Task) -> None:
         miniwob_html()
+        await provision_browser(self.config.browser, self.backend)
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         return SandboxSpec(workdir=task.workdir, env=dict(task.env))
@@ -191,7 +207,8 @@ class MiniWoBVerifier:
             raise SandboxError(f"the sandbox of {task.instance_id} forwards no browser endpoint (port "
                                f"{self.config.cdp_port}): it was not made from this verifier's episode_spec")  # fmt: skip
         try:
-            episode = await start_page(_as_miniwob(task), self.config.time_limit_s, forwarded or None)
+            where = container_for(self.config.browser, self.backend, self.run_id, task.instance_id)
+            episode = await start_page(_as_miniwob(task), self.config.time_limit_s, forwarded or None, where)
         except BrowserError as e:
             raise SandboxError(f"the browser for {task.instance_id} did not start: {e}") from e
         self._episodes[sandbox.id] = episode
@@ -236,12 +253,14 @@ class MiniWoBVerifier:
             self._root = None
 
 
-async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | None = None) -> _Episode:
+async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | None = None,
+                     container: InContainer | None = None) -> _Episode:  # fmt: skip
     """Start a browser on the task's page, seeded, with the episode running; raises BrowserError. `unix_socket`: the
-    agent's relay listens there too (a sandbox's forwarded endpoint)."""
+    agent's relay listens there too (a sandbox's forwarded endpoint); `container`: the browser runs in one."""
     stack = contextlib.AsyncExitStack()
     try:
-        browser, cdp = await stack.enter_async_context(browser_episode(miniwob_html(), unix_socket=unix_socket))
+        opened = browser_episode(miniwob_html(), unix_socket=unix_socket, container=container)
+        browser, cdp = await stack.enter_async_context(opened)
         page_url = f"{browser.site}/miniwob/{task.miniwob}.html"
         episode = _Episode(stack, browser, cdp, await open_tab(cdp), page_url)
         cdp.on("Runtime.consoleAPICalled", lambda p, s: _on_console(episode, p, s))

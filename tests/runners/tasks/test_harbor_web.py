@@ -11,10 +11,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from hrl.runners.agents import get_agent
+from hrl.runners.browser import CDP
 from hrl.runners.errors import UsageError
 from hrl.runners.tasks.harbor import load_harbor_tasks
 from hrl.runners.tasks.harbor_verifier import HarborVerifier, browser_of
@@ -56,24 +56,36 @@ def test_an_agent_without_a_browser_is_refused_before_anything_starts(tmp_path: 
 
 @pytest.mark.docker
 @pytest.mark.browser
-def test_the_host_reaches_the_app_only_through_the_containers_tunnel(tmp_path: Path):
-    """A container with no network serves its app to hrl over the tunnel: GET and POST reach it, the app records
-    the POST in the container, and the page's every request goes through. The browser opens that page."""
-    task = load_harbor_tasks(write_web_task(tmp_path))[0]
-    verifier = HarborVerifier(get_backend("docker"), run_id="hrl-test-web", keep_final=False)
+@pytest.mark.parametrize("where", ["docker", "host"])
+def test_the_browser_reaches_the_app_only_through_the_containers_tunnel(tmp_path: Path, where: str):
+    """The agent's container has no network; its app reaches the episode's browser through the tunnel, the page's
+    GET and a POST from the page's own script both arrive, and the app records the POST in the container. The
+    browser runs in a container of its own (docker: the page is the app's own port there, as in the agent's
+    container) or beside hrl (host). The agent's container sees the browser's endpoint as 127.0.0.1:9222."""
+    import docker
 
-    async def main() -> tuple[dict, str, str, object]:
+    task = load_harbor_tasks(write_web_task(tmp_path))[0]
+    run_id = f"hrl-test-web-{where}"
+    verifier = HarborVerifier(get_backend("docker"), run_id=run_id, keep_final=False, browser=where)
+    mine = ["hrl.browser=1", f"hrl.run={run_id}"]
+
+    async def main() -> tuple[dict, list, str, object, list]:
         await verifier.provision(task)
         spec = verifier.episode_spec(task)
         assert spec.network == "none" and set(spec.exposes) == {8080} and set(spec.forwards) == {9222}
-        async with await verifier.backend.create(spec, "hrl-test-web", "web") as sandbox:
+        async with await verifier.backend.create(spec, run_id, "web") as sandbox:
             await verifier.prepare(sandbox, task)
             info = json.loads(await sandbox.read_file("/app/browser.json"))
-            async with aiohttp.ClientSession() as http:
-                async with http.get(info["page_url"]) as r:
-                    page = await r.text()
-                async with http.post(info["page_url"].rstrip("/") + "/confirm") as r:
-                    done = await r.text()
+            browsers = [c.name for c in docker.from_env().containers.list(filters={"label": mine})]
+            cdp = await CDP.connect(verifier._browsers[sandbox.id][1].direct_url)
+            (page,) = [t for t in (await cdp.call("Target.getTargets"))["targetInfos"] if t["type"] == "page"]
+            session = (await cdp.call("Target.attachToTarget", targetId=page["targetId"], flatten=True))["sessionId"]
+            seen = []
+            for script in ("document.body.innerText", "fetch('/confirm', {method: 'POST'}).then(r => r.text())"):
+                reply = await cdp.call("Runtime.evaluate", session, expression=script, awaitPromise=True,
+                                       returnByValue=True)  # fmt: skip
+                seen.append(reply["result"].get("value"))
+            await cdp.close()
             read = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9222/json/version').read().decode())"
             inside = await sandbox.exec(["python3", "-c", read])
             folder = Path(spec.forwards[9222]).parent
@@ -81,14 +93,19 @@ def test_the_host_reaches_the_app_only_through_the_containers_tunnel(tmp_path: P
             await verifier.release(sandbox)
             assert not folder.exists()  # the episode's socket folder
         await verifier.close()
-        return info, page, done + inside.stdout, verdict
+        left = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": mine})]
+        return info, seen, inside.stdout, verdict, [browsers, left]
 
-    info, page, done, verdict = asyncio.run(main())
-    assert info["cdp_url"].startswith("ws://127.0.0.1:9222/devtools/browser/") and info["page_url"].endswith("/")
-    assert "Confirm order" in page and "Order confirmed." in done and "webSocketDebuggerUrl" in done
+    info, seen, inside, verdict, (browsers, left) = asyncio.run(main())
+    assert info["cdp_url"].startswith("ws://127.0.0.1:9222/devtools/browser/") and "webSocketDebuggerUrl" in inside
+    if where == "docker":
+        assert info["page_url"] == "http://127.0.0.1:8080/" and len(browsers) == 1
+    else:
+        assert info["page_url"].startswith("http://127.0.0.1:") and browsers == []
+    assert "Confirm order" in seen[0] and "Order confirmed." in seen[1], seen
     assert verdict.reward == 1.0, verdict.reward_info  # the app's record, graded in a fresh container
     assert verdict.reward_info["browser"] == {"blocked_requests": [], "refused_commands": []}
-    assert verifier._root is None
+    assert verifier._root is None and left == []
 
 
 @pytest.mark.docker
