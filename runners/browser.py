@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import tempfile
@@ -32,7 +33,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from hrl.runners.errors import HrlError, PrerequisiteError
+from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
 from hrl.sandboxes.forward import TUNNEL_START
 
 __all__ = [
@@ -43,14 +44,16 @@ __all__ = [
     "Browser",
     "BrowserError",
     "BrowserWhere",
-    "InContainer",
+    "InSandbox",
     "browser_episode",
-    "container_for",
+    "check_where",
+    "closes_browser",
     "find_chromium",
     "live_in_group",
     "open_tab",
     "provision_browser",
     "refusal",
+    "sandbox_for",
     "tunnel_endpoint",
 ]
 
@@ -241,6 +244,7 @@ class Browser:
     blocked: list[str] = field(default_factory=list)  # requests hrl's interception failed (outside `allowed`)
     refused: list[str] = field(default_factory=list)  # the agent's CDP commands the relay refused
     cdp_url: str = ""  # ws://127.0.0.1:PORT/devtools/browser/ID: the relay, what the agent's browser tools connect to
+    sandbox_id: str = ""  # the sandbox it runs in (pid 0), else "" (beside hrl, its process group `pid`)
 
 
 async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
@@ -423,40 +427,57 @@ async def _guard(cdp: CDP, browser: Browser) -> None:
 
 
 @dataclass
-class InContainer:
-    """Run the episode's Chromium in a container of hrl's browser image (`hrl/browser:bookworm`) instead of beside
-    hrl: no network; it sees the task's site as http://127.0.0.1:`site_port` (forwarded from a unix socket hrl
-    serves), and hrl reaches its DevTools endpoint through the container's tunnel (`SandboxSpec.exposes`). A page
-    that breaks out of the renderer (Chromium runs with --no-sandbox) is then in that container, not on the host."""
+class InSandbox:
+    """Run the episode's Chromium in a sandbox of its own instead of beside hrl: a docker container of hrl's browser
+    image (`hrl/browser:bookworm`), or a local bubblewrap sandbox (the host's Chromium, the host's files read-only).
+    It has no network: it sees the task's site as http://127.0.0.1:`site_port` (forwarded from a unix socket hrl
+    serves), and hrl reaches its DevTools endpoint through the sandbox's tunnel (`SandboxSpec.exposes`). Chromium
+    runs with --no-sandbox, so a page that breaks out of its renderer is then in that sandbox, not in hrl's
+    process's reach."""
 
-    backend: Any  # the docker SandboxBackend
+    backend: Any  # a docker SandboxBackend, or a local one where bubblewrap runs
     run_id: str
     episode_id: str
     site_port: int = 8000
-    image: str = ""  # default: hrl's browser image
+    image: str = ""  # docker: default hrl's browser image
 
 
-CONTAINER_CDP_PORT = 9223  # Chromium's DevTools port inside its own container
-BrowserWhere = Literal["auto", "host", "docker"]
+SANDBOX_CDP_PORT = 9223  # Chromium's DevTools port inside its own sandbox
+PROFILE = "/tmp/hrl-chromium-profile"  # in the browser's sandbox (a local sandbox's /tmp is its own)
+BrowserWhere = Literal["auto", "sandbox", "host"]
 WHERE_HELP = (
-    "Where the episode's Chromium runs: docker = a container of hrl's browser image with no network (a page that "
-    "breaks out of the renderer stays in it), host = beside hrl; auto = docker when the agent's sandbox is docker."
+    "Where the episode's Chromium runs: sandbox = a sandbox of its own with no network (docker: a container of hrl's "
+    "browser image; local: bubblewrap), so a page that breaks out of the renderer stays in it; host = beside hrl; "
+    "auto = sandbox where the run's sandbox backend can close one (docker, or local with bubblewrap), else host."
 )
 
 
-def container_for(
-    where: BrowserWhere, backend: Any, run_id: str, name: str, site_port: int = 8000
-) -> InContainer | None:
+def closes_browser(backend: Any) -> bool:
+    """The backend can run a browser in a sandbox of its own (docker; local where bubblewrap runs)."""
+    return getattr(backend, "name", "") == "docker" or bool(getattr(backend, "isolate", False))
+
+
+def sandbox_for(where: BrowserWhere, backend: Any, run_id: str, name: str, site_port: int = 8000) -> InSandbox | None:
     """A verifier's `browser` setting for one episode: where its Chromium runs (None: beside hrl)."""
-    if where == "host" or getattr(backend, "name", "") != "docker":  # the verifiers refuse docker without it
+    if where == "host" or not closes_browser(backend):  # the verifiers refuse `sandbox` where it cannot be
         return None
     episode = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name)[:40] + f"-browser-{uuid.uuid4().hex[:6]}"
-    return InContainer(backend, run_id or "hrl-browser", episode, site_port)
+    return InSandbox(backend, run_id or "hrl-browser", episode, site_port)
+
+
+def check_where(where: BrowserWhere, backend: Any) -> None:
+    """UsageError for `browser: sandbox` on a backend that cannot close one."""
+    if where == "sandbox" and not closes_browser(backend):
+        raise UsageError(
+            "verifier.browser: sandbox runs each episode's browser in a sandbox of its own: it needs the docker "
+            "sandbox, or a local one where bubblewrap runs",
+            hint="use --sandbox docker (or install bubblewrap), or verifier.browser: auto",
+        )
 
 
 async def provision_browser(where: BrowserWhere, backend: Any) -> None:
-    """Build hrl's browser image if the episodes' browsers run in containers and it is not here (once, cached)."""
-    if container_for(where, backend, "", "") is not None:
+    """Build hrl's browser image if the episodes' browsers run in docker containers and it is not here (once)."""
+    if sandbox_for(where, backend, "", "") is not None and getattr(backend, "name", "") == "docker":
         from hrl.runners.tasks.image import ensure_browser_image
 
         await asyncio.to_thread(ensure_browser_image)
@@ -464,18 +485,19 @@ async def provision_browser(where: BrowserWhere, backend: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (), unix_socket: str | None = None,
-                          container: InContainer | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
+                          sandbox: InSandbox | None = None) -> AsyncIterator[tuple[Browser, CDP]]:  # fmt: skip
     """Serve the folder `site` (or take `site` as the origin that serves the task, `http://127.0.0.1:PORT`), start
-    Chromium (beside hrl, or in a container of its own: `container`), and yield (the browser, hrl's own CDP
+    Chromium (beside hrl, or in a sandbox of its own: `sandbox`), and yield (the browser, hrl's own CDP
     connection to it). `also_allow`: URL prefixes besides the site that the browser may reach. `unix_socket`: the
     agent's relay listens there too (a sandbox's forwarded endpoint). Raises BrowserError."""
     cdp: CDP | None = None
     relay: web.AppRunner | None = None
-    start = _in_container(site, container) if container is not None else _on_host(site)
-    async with start as (direct_url, origin, pid):
+    start = _in_sandbox(site, sandbox) if sandbox is not None else _on_host(site)
+    async with start as (direct_url, origin, where):
         try:
             cdp = await CDP.connect(direct_url)
-            browser = Browser(direct_url, origin, pid, allowed=(origin + "/", *also_allow))
+            pid, box = (where, "") if isinstance(where, int) else (0, where)
+            browser = Browser(direct_url, origin, pid, allowed=(origin + "/", *also_allow), sandbox_id=box)
             await _guard(cdp, browser)
             relay, browser.cdp_url = await _relay(browser, unix_socket)
             yield browser, cdp
@@ -510,13 +532,13 @@ async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int]]:
 
 
 @contextlib.asynccontextmanager
-async def _in_container(site: str | Path, where: InContainer) -> AsyncIterator[tuple[str, str, int]]:
-    """Chromium in a container of the browser image: (its DevTools endpoint through the tunnel, the site's origin as
-    the container sees it, 0: its processes go with the container)."""
+async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple[str, str, str]]:
+    """Chromium in a sandbox of its own: (its DevTools endpoint through the tunnel, the site's origin as the sandbox
+    sees it, the sandbox's id: its processes go with it)."""
     from hrl.runners.tasks.image import BROWSER_IMAGE
     from hrl.sandboxes import SandboxError, SandboxSpec
 
-    folder = Path(tempfile.mkdtemp(prefix="hrl-browser-"))  # 0700: only hrl, and root in the container, opens it
+    folder = Path(tempfile.mkdtemp(prefix="hrl-browser-"))  # 0700: only hrl, and root in a container, opens it
     stack = contextlib.AsyncExitStack()
     try:
         site_socket = str(folder / "site.sock")
@@ -524,38 +546,51 @@ async def _in_container(site: str | Path, where: InContainer) -> AsyncIterator[t
             await stack.enter_async_context(_unix_relay(site_socket, str(site)))
         else:
             await stack.enter_async_context(_serve_unix(Path(site), site_socket))
-        spec = SandboxSpec(image=where.image or BROWSER_IMAGE, workdir="/tmp", network="none",
+        docker = getattr(where.backend, "name", "") == "docker"
+        spec = SandboxSpec(image=where.image or BROWSER_IMAGE, workdir="/work", network="none",
                            forwards={where.site_port: site_socket},
-                           exposes={CONTAINER_CDP_PORT: str(folder / "cdp.sock")},
+                           exposes={SANDBOX_CDP_PORT: str(folder / "cdp.sock")},
                            labels={"hrl.browser": "1"})  # fmt: skip
         try:
             box = await stack.enter_async_context(await where.backend.create(spec, where.run_id, where.episode_id))
         except SandboxError as e:
-            raise BrowserError(f"the browser's container did not start: {e}") from e
+            raise BrowserError(f"the browser's sandbox did not start: {e}") from e
         endpoint = await stack.enter_async_context(tunnel_endpoint(str(folder / "cdp.sock")))
-        flags = " ".join(CHROMIUM_FLAGS)
-        command = (f"chromium {flags} --user-data-dir=/tmp/profile --remote-debugging-address=127.0.0.1 "
-                   f"--remote-debugging-port={CONTAINER_CDP_PORT} about:blank > /tmp/chromium.log 2>&1 &")  # fmt: skip
-        await box.exec(["sh", "-c", command], timeout_s=30)
-        yield await _devtools_url(endpoint, box), f"http://127.0.0.1:{where.site_port}", 0
+        # one long-running command: a local sandbox ends what a command leaves running, and its network namespace
+        # (where the tunnel listens) is that command's own
+        argv = [
+            "chromium" if docker else find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={PROFILE}",
+            "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={SANDBOX_CDP_PORT}", "about:blank",
+        ]  # fmt: skip
+        command = " ".join(shlex.quote(a) for a in argv)
+        running = asyncio.ensure_future(box.exec(["sh", "-c", f"exec {command} > /tmp/chromium.log 2>&1"]))
+        stack.push_async_callback(_stop, running)
+        yield await _devtools_url(endpoint, box, running), f"http://127.0.0.1:{where.site_port}", box.id
     finally:
         await stack.aclose()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def _devtools_url(endpoint: str, box: Any) -> str:
+async def _stop(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _devtools_url(endpoint: str, box: Any, running: asyncio.Future[Any]) -> str:
     """The browser's own DevTools websocket, as hrl reaches it (`endpoint`: the tunnel's origin)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + START_TIMEOUT_S
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        while loop.time() < deadline:
+        while loop.time() < deadline and not running.done():
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError):
                 async with http.get(f"{endpoint}/json/version") as r:
                     path = (await r.json())["webSocketDebuggerUrl"].split("/devtools/", 1)[1]
                     return f"ws://{endpoint.removeprefix('http://')}/devtools/{path}"
             await asyncio.sleep(0.1)
     log = await box.exec(["sh", "-c", "tail -c 1500 /tmp/chromium.log"], timeout_s=30)
-    raise BrowserError(f"Chromium did not open its DevTools endpoint within {START_TIMEOUT_S:.0f} s: {log.stdout}")
+    why = "exited" if running.done() else f"did not open its DevTools endpoint within {START_TIMEOUT_S:.0f} s"
+    raise BrowserError(f"Chromium {why}: {log.stdout}")
 
 
 @contextlib.asynccontextmanager

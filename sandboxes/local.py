@@ -26,7 +26,9 @@
   a loopback interface: no host port (the engine's, Ray's, any local service's), no abstract unix socket, no
   outside address. With `proxy` and a `proxy_socket`, the same relay the docker backend uses (forward.py) listens
   on 127.0.0.1:`proxy_port` inside that namespace and carries each connection to the proxy's unix socket: the
-  proxy's data plane is the one thing the command reaches. `host` keeps the host's network (installs). Without
+  proxy's data plane is the one thing the command reaches. `spec.exposes` runs the tunnel (forward.py) in that
+  namespace too: hrl reaches the port a long-running command listens on there (an episode's browser). `host` keeps
+  the host's network (installs). Without
   bubblewrap nothing is isolated and every mode is the host's network.
 - Control tokens: hrl's state folder ($HRL_STATE_DIR, default ~/.local/state/hrl, where `hrl serve` writes its
   control token) is emptied in the namespace.
@@ -54,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
-from hrl.sandboxes.forward import FORWARDER
+from hrl.sandboxes.forward import FORWARDER, TUNNEL
 
 __all__ = ["HOST_ENV", "PASSTHROUGH_VAR", "LocalBackend", "LocalSandbox", "host_env", "kill_marked", "pid_alive"]
 
@@ -111,10 +113,11 @@ class LocalBackend:
         self.env_allow = (*HOST_ENV, *(p for p in env_passthrough if p))
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> LocalSandbox:
-        if spec.exposes:
+        if spec.exposes and not (self.isolate and spec.network != "host"):
             raise SandboxError(
-                f"a local sandbox cannot expose ports to hrl (spec.exposes {sorted(spec.exposes)})",
-                hint="use --sandbox docker",
+                f"a local sandbox exposes ports to hrl (spec.exposes {sorted(spec.exposes)}) only in a network "
+                "namespace of its own, where bubblewrap runs",
+                hint="install bubblewrap, or use --sandbox docker",
             )
         # The thread makes the folder even if this task is cancelled meanwhile (a run ending with episodes still
         # starting): then it is removed here, since no sandbox object will ever close it.
@@ -307,7 +310,7 @@ class LocalSandbox:
         if self.spec.network == "proxy" and self.spec.proxy_socket:  # its folder may lie in a hidden temp folder
             folder = str(Path(self.spec.proxy_socket).absolute().parent)
             args += ["--ro-bind", folder, folder]
-        for path in self.spec.forwards.values():  # the episode's own sockets' folders (a browser endpoint)
+        for path in [*self.spec.forwards.values(), *self.spec.exposes.values()]:  # the episode's own sockets' folders
             folder = str(Path(path).absolute().parent)
             args += ["--ro-bind", folder, folder]
         if self.spec.network != "host":  # only a loopback interface (bwrap brings it up)
@@ -323,17 +326,20 @@ class LocalSandbox:
     def _relay(self) -> list[str]:
         """network=proxy: the prefix that starts the relay to the proxy's unix socket on 127.0.0.1:proxy_port in the
         command's network namespace (it binds, forks into the background and returns), then runs the command. The
-        relay ends with the namespace, when the command does."""
+        relay ends with the namespace, when the command does. So do spec.forwards' relays and spec.exposes' tunnels
+        (each command's namespace is its own: a port exposed is the one a long-running command listens on)."""
         spec = self.spec
         pairs = dict(spec.forwards) if spec.network != "host" else {}
         if spec.network == "proxy" and spec.proxy_socket:
             pairs[spec.proxy_port] = spec.proxy_socket
-        if not pairs:
+        exposed = dict(spec.exposes) if spec.network != "host" else {}
+        if not pairs and not exposed:
             return []
         import sys
 
-        relays = [[sys.executable, "-I", "-c", FORWARDER, str(Path(path).absolute()), str(port)]
-                  for port, path in pairs.items()]  # fmt: skip
+        relays = [[sys.executable, "-I", "-c", script, str(Path(path).absolute()), str(port)]
+                  for script, mapping in ((FORWARDER, pairs), (TUNNEL, exposed))
+                  for port, path in mapping.items()]  # fmt: skip
         started = " && ".join(" ".join(shlex.quote(a) for a in relay) for relay in relays)
         return ["sh", "-c", f'{started} && exec "$@"', "hrl-relay"]
 

@@ -52,9 +52,9 @@ from hrl.runners.browser import (
     BrowserError,
     BrowserWhere,
     browser_episode,
-    container_for,
     open_tab,
     provision_browser,
+    sandbox_for,
     tunnel_endpoint,
 )
 from hrl.runners.errors import UsageError
@@ -200,11 +200,11 @@ class HarborVerifier:
         try:
             origin = await stack.enter_async_context(tunnel_endpoint(app_socket))
             await _wait_app(sandbox, origin + browser.path, browser.ready_timeout_sec)
-            where = container_for(
+            where = sandbox_for(
                 self.config.browser, self.backend, self.config.run_id, task.instance_id, site_port=browser.port
             )  # the browser's page is at the app's own port
             opened, cdp = await stack.enter_async_context(
-                browser_episode(origin, unix_socket=cdp_socket, container=where)
+                browser_episode(origin, unix_socket=cdp_socket, sandbox=where)
             )
             page_url = opened.site + browser.path  # as the browser sees the app
             tab = await open_tab(cdp)

@@ -47,13 +47,14 @@ from hrl.runners.browser import (
     Browser,
     BrowserError,
     BrowserWhere,
-    InContainer,
+    InSandbox,
     browser_episode,
-    container_for,
+    check_where,
     open_tab,
     provision_browser,
+    sandbox_for,
 )
-from hrl.runners.errors import PrerequisiteError, UsageError
+from hrl.runners.errors import PrerequisiteError
 from hrl.runners.tasks.task import Task, TaskFormatError
 from hrl.runners.tasks.verifier import Verdict
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
@@ -175,9 +176,7 @@ class MiniWoBVerifier:
                  run_id: str = "", **options: Any) -> None:  # fmt: skip
         self.backend, self.run_id = backend, run_id
         self.config = config or MiniWoBVerifierConfig(**options)
-        if self.config.browser == "docker" and getattr(backend, "name", "") != "docker":
-            raise UsageError("verifier.browser: docker runs each episode's browser in a container: it needs the "
-                             "docker sandbox", hint="use --sandbox docker, or verifier.browser: auto")  # fmt: skip
+        check_where(self.config.browser, backend)
         self._episodes: dict[str, _Episode] = {}
         self._root: Path | None = None  # the episodes' socket folders (agent_in_sandbox), removed by close()
 
@@ -207,7 +206,7 @@ class MiniWoBVerifier:
             raise SandboxError(f"the sandbox of {task.instance_id} forwards no browser endpoint (port "
                                f"{self.config.cdp_port}): it was not made from this verifier's episode_spec")  # fmt: skip
         try:
-            where = container_for(self.config.browser, self.backend, self.run_id, task.instance_id)
+            where = sandbox_for(self.config.browser, self.backend, self.run_id, task.instance_id)
             episode = await start_page(_as_miniwob(task), self.config.time_limit_s, forwarded or None, where)
         except BrowserError as e:
             raise SandboxError(f"the browser for {task.instance_id} did not start: {e}") from e
@@ -254,12 +253,12 @@ class MiniWoBVerifier:
 
 
 async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | None = None,
-                     container: InContainer | None = None) -> _Episode:  # fmt: skip
+                     sandbox: InSandbox | None = None) -> _Episode:  # fmt: skip
     """Start a browser on the task's page, seeded, with the episode running; raises BrowserError. `unix_socket`: the
-    agent's relay listens there too (a sandbox's forwarded endpoint); `container`: the browser runs in one."""
+    agent's relay listens there too (a sandbox's forwarded endpoint); `sandbox`: the browser runs in one."""
     stack = contextlib.AsyncExitStack()
     try:
-        opened = browser_episode(miniwob_html(), unix_socket=unix_socket, container=container)
+        opened = browser_episode(miniwob_html(), unix_socket=unix_socket, sandbox=sandbox)
         browser, cdp = await stack.enter_async_context(opened)
         page_url = f"{browser.site}/miniwob/{task.miniwob}.html"
         episode = _Episode(stack, browser, cdp, await open_tab(cdp), page_url)

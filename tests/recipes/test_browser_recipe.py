@@ -16,8 +16,21 @@ from hrl.runners.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
 from hrl.runners.tasks.task import load_tasks
 from hrl.runners.trace import read_traces
+from hrl.sandboxes.local import SANDBOX_MARK, bwrap_works
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+
+def marked(name: str, value: str) -> list[int]:
+    """The processes whose environment holds name=value."""
+    found, mark = [], f"{name}={value}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _episode(model: str, turns: list, tmp_path: Path) -> dict:
@@ -34,16 +47,19 @@ def _episode(model: str, turns: list, tmp_path: Path) -> dict:
             rollouts.prepare()  # loads the agent and makes the verifier
             prepare = rollouts.verifier.prepare
 
-            async def spy(sandbox, task):  # the browser's process group, to check that it is gone afterwards
+            async def spy(sandbox, task):  # the browser's sandbox (or process group), to check it is gone afterwards
                 await prepare(sandbox, task)
-                started.append(rollouts.verifier._episodes[sandbox.id].browser.pid)
+                browser = rollouts.verifier._episodes[sandbox.id].browser
+                started.append(browser.sandbox_id or browser.pid)
 
             rollouts.verifier.prepare = spy
             return await rollouts.episode(Episode(task, 0, 0), out)
 
     trace = asyncio.run(main())
     assert [t["trace_id"] for t in read_traces(out)] == [trace["trace_id"]]
-    assert len(started) == 1 and not live_in_group(started[0])  # no browser left behind
+    (where,) = started  # local with bubblewrap: the browser runs in a sandbox of its own, else beside hrl
+    assert isinstance(where, str) == bwrap_works(), where
+    assert not (marked(SANDBOX_MARK, where) if isinstance(where, str) else live_in_group(where))  # none left
     return trace
 
 

@@ -35,12 +35,13 @@ def test_the_browser_table_is_read_and_checked(tmp_path: Path):
         load_harbor_tasks(tmp_path / "web-order")
 
 
-def test_a_local_sandbox_refuses_to_expose_a_port(tmp_path: Path):
+def test_a_local_sandbox_without_bubblewrap_refuses_to_expose_a_port(tmp_path: Path):
     from hrl.sandboxes import SandboxError
+    from hrl.sandboxes.local import LocalBackend
 
     spec = SandboxSpec(workdir=str(tmp_path), network="none", exposes={8080: str(tmp_path / "app.sock")})
-    with pytest.raises(SandboxError, match="cannot expose ports"):
-        asyncio.run(get_backend("local").create(spec, "hrl-test", "expose"))
+    with pytest.raises(SandboxError, match="only in a network namespace of its own"):
+        asyncio.run(LocalBackend(root=str(tmp_path / "boxes"), isolate=False).create(spec, "hrl-test", "expose"))
 
 
 def test_an_agent_without_a_browser_is_refused_before_anything_starts(tmp_path: Path):
@@ -56,7 +57,7 @@ def test_an_agent_without_a_browser_is_refused_before_anything_starts(tmp_path: 
 
 @pytest.mark.docker
 @pytest.mark.browser
-@pytest.mark.parametrize("where", ["docker", "host"])
+@pytest.mark.parametrize("where", ["sandbox", "host"])
 def test_the_browser_reaches_the_app_only_through_the_containers_tunnel(tmp_path: Path, where: str):
     """The agent's container has no network; its app reaches the episode's browser through the tunnel, the page's
     GET and a POST from the page's own script both arrive, and the app records the POST in the container. The
@@ -98,7 +99,7 @@ def test_the_browser_reaches_the_app_only_through_the_containers_tunnel(tmp_path
 
     info, seen, inside, verdict, (browsers, left) = asyncio.run(main())
     assert info["cdp_url"].startswith("ws://127.0.0.1:9222/devtools/browser/") and "webSocketDebuggerUrl" in inside
-    if where == "docker":
+    if where == "sandbox":
         assert info["page_url"] == "http://127.0.0.1:8080/" and len(browsers) == 1
     else:
         assert info["page_url"].startswith("http://127.0.0.1:") and browsers == []
