@@ -15,6 +15,8 @@ Phases, each in its own try/except (a failing phase reports its error and the ne
              copy of the model in place, compare the two copies' logprobs: seconds, bytes, the largest difference
   tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
              the largest logprob difference, one row per branch against one packed tree pass
+  lora_variants  the LoRA step three ways side by side: fp32 adapters on all projections (the trainer's), bf16
+             adapters, attention projections only (where LoRA's time goes; not in the default run's budget)
 
 MFU is the step's model FLOP/s over the device's peak: the data sheet's dense bf16 figure for a GPU it knows, else
 the probe's GEMM rate; with neither (the probe failed), or where the figure would exceed 1 (a peak measured while
@@ -53,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC_TFLOPS = {"H200 NVL": 835.6, "H200": 989.4, "H100 PCIe": 756.5, "H100 NVL": 835.6, "H100": 989.4,
                "A100": 312.0, "L40S": 362.05}  # fmt: skip
 GIB = 2**30
+ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def sig(x: float, digits: int = 3) -> float:
@@ -209,14 +212,16 @@ class Bench:
         torch.nn.utils.clip_grad_norm_([*params, *getattr(optimizer, "masters", [])], 1.0)
         optimizer.step()
 
-    def _step_phase(self, lora: bool) -> dict[str, Any]:
+    def _step_phase(
+        self, lora: bool, targets: tuple[str, ...] = ALL_PROJ, fp32_adapters: bool = True
+    ) -> dict[str, Any]:
         self.reset_peak()
         model = self.build()
         if lora:
             from peft import LoraConfig, get_peft_model
 
-            targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+            config = LoraConfig(r=16, lora_alpha=32, target_modules=list(targets))
+            model = get_peft_model(model, config, autocast_adapter_dtype=fp32_adapters)  # True: peft's default
         params = [p for p in model.parameters() if p.requires_grad]
         n_total = sum(p.numel() for p in model.parameters())
         n_matmul = n_total - model.get_input_embeddings().weight.numel()  # a lookup, not a matmul
@@ -245,6 +250,17 @@ class Bench:
 
     def full_step(self) -> dict[str, Any]:
         return self._step_phase(lora=False)
+
+    def lora_variants(self) -> dict[str, Any]:
+        """Where LoRA's step time goes, side by side on one model shape: as the trainer runs it (fp32 adapters on all
+        seven projections, peft's default), with the adapters in bf16, and on the attention projections only."""
+        out: dict[str, Any] = {}
+        for name, kwargs in (("fp32_all", {}), ("bf16_all", {"fp32_adapters": False}),
+                             ("fp32_attn", {"targets": ("q_proj", "k_proj", "v_proj", "o_proj")})):  # fmt: skip
+            row = self._step_phase(lora=True, **kwargs)
+            out |= {f"{name}_step_s": row["step_s"], f"{name}_trainable_m": row["trainable_m"]}
+            out |= {f"{name}_peak_gib": row["peak_gib"]} if "peak_gib" in row else {}
+        return out
 
     def colocate(self) -> dict[str, Any]:
         """One GPU, vLLM asleep during the update: a full step, then what the trainer does before vLLM wakes
@@ -567,11 +583,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# budgets add up to 610 s: with imports and CUDA start the whole run stays under 11 minutes
+# budgets add up to 610 s without lora_variants (run it with --only): with imports and CUDA start the whole run stays
+# under 11 minutes
 # in the order of what a short device lease should measure first: the weight-sync buckets, the LoRA step, then the
 # phases that need the most memory and time (the 7B full step is the one most likely not to fit)
 PHASES = [("probe", "probe", 25), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 45),
-          ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95)]  # fmt: skip
+          ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95),
+          ("lora_variants", "lora_variants", 120)]  # fmt: skip
+ON_REQUEST = {"lora_variants"}  # run only when named in --only
 VLLM_SHARE = 0.8  # of the GPU's memory: what vLLM takes back while the offloaded trainer holds next to nothing
 
 
@@ -589,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     bench, start = Bench(a.tiny), time.perf_counter()
     for name, method, budget in PHASES:
-        if a.only is None or name in a.only:
+        if (name in a.only) if a.only is not None else name not in ON_REQUEST:
             if a.deadline is not None:
                 budget = min(budget, a.deadline - (time.perf_counter() - start) - 10)
             run_phase(bench, name, getattr(bench, method), budget, a.out)

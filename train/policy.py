@@ -53,7 +53,8 @@ def build_policy(
 
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_targets)
         with peft_quietly(), torch.device("meta") if sharded else contextlib.nullcontext():
-            model = get_peft_model(model, lora)  # adapters in fp32 whatever the base dtype
+            # float32: the adapters in fp32 whatever the base dtype (peft's default); model: in the weights' dtype
+            model = get_peft_model(model, lora, autocast_adapter_dtype=cfg.lora_dtype == "float32")
         adapters = distributed.fresh_adapters(model, cfg.seed)  # the same start for any number of ranks
     forward = LogprobModel(model.train() if trainable else model, cfg.logprob_chunk)
     if sharded:

@@ -57,6 +57,19 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     assert "| colocate | yes |" in out.stdout  # the closing table
 
 
+def test_the_lora_variants_run_when_asked_for(tmp_path):
+    """`--only lora_variants` (not in the default run): the trainer's LoRA step, bf16 adapters and attention-only
+    adapters side by side; attention only trains fewer parameters."""
+    run = RUN.replace('"--tiny"]', '"--tiny", "--only", "lora_variants"]')
+    out = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
+    (row,) = rows
+    assert row["phase"] == "lora_variants" and row["ok"], row
+    assert all(row[f"{v}_step_s"] > 0 for v in ("fp32_all", "bf16_all", "fp32_attn"))
+    assert row["fp32_attn_trainable_m"] < row["fp32_all_trainable_m"] == row["bf16_all_trainable_m"]
+
+
 @pytest.fixture(scope="module")
 def bench():
     spec = importlib.util.spec_from_file_location("hrl_bench_gpu", ROOT / "bench" / "gpu.py")

@@ -82,6 +82,24 @@ def test_bf16_full_training_keeps_fp32_masters_and_moments(tiny_model, tmp_path)
     assert isinstance(lora.optimizer, torch.optim.AdamW)
 
 
+def test_lora_adapters_in_the_models_dtype_train_on_fp32_masters(tiny_model, tmp_path):
+    """trainer.lora_dtype: model: bf16 adapters on a bf16 base (the forward as vLLM runs it), their optimizer on fp32
+    master copies; a step moves them, and the saved adapter reloads to the same values."""
+    cfg = TrainerConfig(model=tiny_model, mode="lora", dtype="bfloat16", device="cpu", lr=1e-2, lora_dtype="model")
+    trainer = Trainer(cfg)
+    assert {q.dtype for q in trainer._trainable()} == {torch.bfloat16}
+    assert isinstance(trainer.optimizer, MasterWeights)
+    before = [q.detach().clone() for q in trainer._trainable()]
+    trainer.step(_batch([1.0, -1.0], distinct=True))
+    after = list(trainer._trainable())
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    assert all(torch.equal(q, m.to(torch.bfloat16)) for q, m in zip(after, trainer.optimizer.masters, strict=True))
+    trainer.save(tmp_path / "ckpt")
+    again = Trainer(cfg)
+    again.load(tmp_path / "ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(again._trainable(), after, strict=True))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_asking_for_cuda_without_it_is_a_prerequisite_error(tiny_model):
     from hrl.runners.errors import PrerequisiteError
