@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import dataclasses
 import hashlib
 import hmac
@@ -175,10 +176,14 @@ def _image_out(image: ImageInput) -> dict[str, str]:
 def _image_in(wire: dict[str, str]) -> ImageInput:
     """An image as the proxy shard sent it, its bytes checked against its sha256 (the engine keys nothing by a
     hash it has not checked)."""
-    data = base64.b64decode(wire["data"], validate=True)
-    if hashlib.sha256(data).hexdigest() != wire["sha256"]:
+    try:
+        data = base64.b64decode(wire["data"], validate=True)
+        digest, mime = str(wire["sha256"]), str(wire["mime"])
+    except (KeyError, TypeError, ValueError, binascii.Error) as e:  # a 400 naming it, never a 500
+        raise web.HTTPBadRequest(text=f"an image is not base64 data with its mime type and sha256: {e}") from e
+    if hashlib.sha256(data).hexdigest() != digest:
         raise web.HTTPBadRequest(text="an image's bytes do not match its sha256")
-    return ImageInput(data, wire["mime"], wire["sha256"])
+    return ImageInput(data, mime, digest)
 
 
 class RemoteEngine:

@@ -120,3 +120,34 @@ def test_an_engine_server_needs_a_token_that_is_a_secret(tiny_model, token):
     with pytest.raises(UsageError):
         asyncio.run(serve_engine(engine, token=token))
     assert engine.version == 0
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        {"data": "not base64!", "mime": "image/png", "sha256": "0" * 64},
+        {"data": "aGVsbG8=", "mime": "image/png"},  # no sha256
+        {"data": "aGVsbG8=", "mime": "image/png", "sha256": "0" * 64},  # bytes that are not the sha256's
+        "aGVsbG8=",  # not an object
+    ],
+    ids=["bad-base64", "no-sha256", "wrong-sha256", "not-an-object"],
+)
+def test_a_malformed_image_is_a_400_naming_it_not_a_500(tiny_model, image):
+    """Even the run's own token holder (a proxy shard with a bug) gets a 400 that says what is wrong with an image."""
+    token = secrets.token_urlsafe(32)
+    engine = ScriptedEngine(ScriptedEngineConfig(model=tiny_model, turns=["Done."]))
+    body = {"request_id": "img", "prompt_ids": [1, 2, 3], "params": {"max_tokens": 8}, "images": [image]}
+
+    async def main() -> tuple[int, str]:
+        runner, url = await serve_engine(engine, token=token)
+        try:
+            async with aiohttp.ClientSession() as http:
+                headers = {"Authorization": f"Bearer {token}"}
+                async with http.post(url + "/generate", json=body, headers=headers) as r:
+                    return r.status, await r.text()
+        finally:
+            await runner.cleanup()
+            await engine.close()
+
+    status, text = asyncio.run(main())
+    assert status == 400 and "image" in text, (status, text)
