@@ -10,7 +10,9 @@ and the task laid out, or reset and checked), reset p50 for the reused ones, how
 Each row also gives the harness's start-up p50 (launching the CLI to its first model call, `harness_start_s`).
 
     python bench/sandboxes.py [--model DIR] [--sandbox local|docker] [--tasks 2] [--group 4] [--concurrency 2]
-                              [--warm 2]
+                              [--warm 2] [--first-batch]
+
+--first-batch times a run's first batch instead: the pool has made nothing yet and learns the spec from it.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ async def one(a: argparse.Namespace, name: str, warm: int, reuse: str, tasks: li
         await asyncio.to_thread(rollouts.prepare)
         episodes = [Episode(t, k, 0) for t in tasks for k in range(a.group)]
         with tempfile.TemporaryDirectory() as tmp:
-            # one untimed episode of another group first, in every row: the agent's first start, and the pool
-            # learning the spec from it (as in a long run, where only the run's first episode misses)
-            await run_episodes(rollouts, [Episode(tasks[0], 0, -1)], Path(tmp) / "warmup.jsonl", 1)
-            await rollouts.pool.settle()
+            if not a.first_batch:
+                # one untimed episode of another group first, in every row: the agent's first start, and the pool
+                # learning the spec from it (as in a long run, where only the run's first episode misses)
+                await run_episodes(rollouts, [Episode(tasks[0], 0, -1)], Path(tmp) / "warmup.jsonl", 1)
+                await rollouts.pool.settle()
             created, warmed = rollouts.pool.counts["created"], rollouts.pool.counts["warmed"]
             started = time.monotonic()
             traces = await run_episodes(rollouts, episodes, Path(tmp) / "t.jsonl", a.concurrency)
@@ -104,4 +107,9 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--warm", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--first-batch",
+        action="store_true",
+        help="time a run's first batch: no untimed episode first, the pool learns the spec from the batch",
+    )
     sys.exit(main(p.parse_args()))

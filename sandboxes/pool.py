@@ -1,7 +1,9 @@
 """A per-run sandbox pool: sandboxes made before episodes ask for them, and (optionally) one group's sandboxes reused.
 
 - `warm` N > 0: the pool keeps up to N sandboxes created and ready for the spec most recently asked for, refilled in
-  the background; an episode whose spec (image, workdir, env, mounts, network, proxy socket, limits, hidden paths:
+  the background. An episode that finds none ready while some are being made for its spec (and not already awaited
+  by other episodes) waits for one of them instead of making its own beside them: the run's first batch makes N
+  sandboxes, not 2N at once. An episode whose spec (image, workdir, env, mounts, network, proxy socket, limits, hidden paths:
   everything but `labels`, which only name what a sandbox is for) equals a ready sandbox's takes it, any other makes
   its own. A pooled sandbox carries the run's labels like any other, so `hrl sandbox prune` removes what a crashed
   run left; `close()` removes every sandbox the pool still holds at the end of the run.
@@ -202,6 +204,8 @@ class SandboxPool:
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
     _closed: bool = False
     _made: int = 0
+    _waiting: Counter[str] = field(default_factory=Counter)  # leases waiting for a sandbox being made, by spec
+    _changed: asyncio.Condition | None = None  # a sandbox made ahead is ready, or its making ended
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -246,6 +250,7 @@ class SandboxPool:
         for task in making:
             task.cancel()
         await asyncio.gather(*making, *self._closing, return_exceptions=True)
+        await self._announce()  # leases still waiting for a sandbox made ahead: none will come
         held = [s for ready in self._ready.values() for s in ready]
         held += [p.sandbox for parked in self._parked.values() for p in parked]
         self._ready.clear()
@@ -275,16 +280,37 @@ class SandboxPool:
         if self.warm > 0:
             self._specs[key] = spec
             self._specs.move_to_end(key)
-            ready = self._ready.get(key)
-            if ready:
-                sandbox = ready.pop()
-                self.counts["pooled"] += 1
-                self._top_up()
-                return Lease(sandbox, time.monotonic() - started, source="pooled")
             self._top_up()
+            while True:
+                if ready := self._ready.get(key):
+                    sandbox = ready.pop()
+                    self.counts["pooled"] += 1
+                    self._top_up()
+                    return Lease(sandbox, time.monotonic() - started, source="pooled")
+                # sandboxes for this spec are being made that no other lease waits for: wait for one rather than
+                # make one more beside them (the first batch of a run would make twice as many at once)
+                if self._closed or len(self._making.get(key, ())) <= self._waiting[key]:
+                    break
+                await self._wait_for(key)
         sandbox = await self.backend.create(spec, self.run_id, episode_id)
         self.counts["created"] += 1
         return Lease(sandbox, time.monotonic() - started, source="created")
+
+    async def _wait_for(self, key: str) -> None:
+        """Until a sandbox made ahead is ready or one being made is done (made, failed or cancelled)."""
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        self._waiting[key] += 1
+        try:
+            async with self._changed:
+                await self._changed.wait()
+        finally:
+            self._waiting[key] -= 1
+
+    async def _announce(self) -> None:
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
 
     def _top_up(self) -> None:
         """Start making sandboxes for the latest spec until `warm` are ready or being made; room is taken from
@@ -300,6 +326,14 @@ class SandboxPool:
             task = asyncio.ensure_future(self._make(key, self._specs[key]))
             making.add(task)
             task.add_done_callback(making.discard)
+            task.add_done_callback(self._made_one)
+
+    def _made_one(self, task: asyncio.Task[None]) -> None:
+        """A making ended (its sandbox ready, failed or cancelled): the leases waiting look again."""
+        if self._changed is not None:
+            announce = asyncio.ensure_future(self._announce())
+            self._closing.add(announce)
+            announce.add_done_callback(self._closing.discard)
 
     def _evict_other(self, keep: str) -> bool:
         for key in self._specs:  # least recent first

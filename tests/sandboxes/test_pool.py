@@ -53,9 +53,11 @@ def test_warm_pool_hands_out_premade_sandboxes_and_removes_them_all_at_the_end(t
     async def main() -> None:
         pool = SandboxPool(_backend(tmp_path), f"test-{uuid.uuid4().hex[:8]}", warm=2)
         async with pool.lease(SPEC, "ep-0", prepare=_nothing) as first:
-            assert first.source == "created"  # the pool learns the spec from its first episode
+            # the pool learns the spec from its first episode, which waits for one of the two it then makes rather
+            # than making a third beside them
+            assert first.source == "pooled"
         await pool.settle()
-        assert pool.held == 2 and pool.counts["warmed"] == 2
+        assert pool.held == 2 and pool.counts["warmed"] == 3 == pool.counts["created"]  # the two, and one refill
         made = pool.counts["created"]
         ids = []
         for k in (1, 2):
@@ -63,7 +65,7 @@ def test_warm_pool_hands_out_premade_sandboxes_and_removes_them_all_at_the_end(t
                 assert lease.source == "pooled"
                 ids.append(lease.sandbox.id)
                 assert (await lease.sandbox.exec("echo ok")).stdout == "ok\n"
-        assert pool.counts["pooled"] == 2 and len(set(ids)) == 2
+        assert pool.counts["pooled"] == 3 and len(set(ids)) == 2  # the first episode's and these two
         assert pool.counts["created"] - made <= 2  # the refills, made in the background, not by the episodes
         await pool.settle()
         assert pool.held == 2 and len(_left(tmp_path)) == 2  # ready ones only: each episode's was closed
@@ -76,7 +78,7 @@ def test_warm_pool_hands_out_premade_sandboxes_and_removes_them_all_at_the_end(t
     asyncio.run(main())
 
 
-def test_a_spec_that_differs_never_gets_a_pooled_sandbox(tmp_path: Path) -> None:
+def test_a_spec_that_differs_never_gets_another_specs_sandbox(tmp_path: Path) -> None:
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     root = tmp_path / "sbx"
@@ -100,12 +102,42 @@ def test_a_spec_that_differs_never_gets_a_pooled_sandbox(tmp_path: Path) -> None
                 assert lease.source == "pooled" and lease.sandbox.spec == SPEC  # type: ignore[attr-defined]
             await pool.settle()
             pooled = {s.id for ready in pool._ready.values() for s in ready}
-            for k, spec in enumerate(other_specs):
-                async with pool.lease(spec, f"other-{k}", prepare=_nothing) as lease:
-                    assert lease.source == "created" and lease.sandbox.id not in pooled
+            for k, spec in enumerate(other_specs):  # made for its own spec (by the pool, while it waited), never
+                async with pool.lease(spec, f"other-{k}", prepare=_nothing) as lease:  # another spec's
+                    assert lease.sandbox.id not in pooled
                     assert lease.sandbox.spec == spec  # type: ignore[attr-defined]
-            assert pool.counts["pooled"] == 1
         assert _left(root) == []
+
+    asyncio.run(main())
+
+
+def test_a_first_batch_waits_for_the_sandboxes_being_made_instead_of_making_more(tmp_path: Path) -> None:
+    """Eight episodes at once on a warm pool of eight that has just learnt their spec: the pool makes eight (plus
+    the refills each take starts), not sixteen at once; every episode gets one of the eight."""
+
+    async def main() -> None:
+        backend = _backend(tmp_path)
+        create, at_once, peak = backend.create, [0], [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            at_once[0] += 1
+            peak[0] = max(peak[0], at_once[0])
+            try:
+                return await create(*args, **kwargs)
+            finally:
+                at_once[0] -= 1
+
+        backend.create = counted  # type: ignore[method-assign]
+        async with SandboxPool(backend, f"test-{uuid.uuid4().hex[:8]}", warm=8) as pool:
+
+            async def episode(k: int) -> str:
+                async with pool.lease(SPEC, f"ep-{k}", prepare=_nothing) as lease:
+                    return lease.source
+
+            sources = await asyncio.gather(*(episode(k) for k in range(8)))
+            assert sources == ["pooled"] * 8, sources
+            assert peak[0] <= 8 + 1, peak  # the first batch, and a refill that may begin as one is handed out
+        assert _left(tmp_path) == []
 
     asyncio.run(main())
 
