@@ -44,6 +44,7 @@ __all__ = [
     "Browser",
     "BrowserError",
     "BrowserWhere",
+    "EpisodeFolders",
     "InSandbox",
     "browser_episode",
     "check_where",
@@ -424,6 +425,31 @@ async def _guard(cdp: CDP, browser: Browser) -> None:
     cdp.on("Target.attachedToTarget", lambda p, s: asyncio.ensure_future(attached(p, s)))
     await cdp.call("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=True, flatten=True,
                    filter=[{"type": "page"}, {"type": "iframe"}, {"type": "worker"}])  # fmt: skip
+
+
+class EpisodeFolders:
+    """One folder per episode, 0700 under a temporary folder of the run's (only hrl, and root in a container, opens
+    it): where the sockets an episode's sandbox reaches live (its browser endpoint, its app's tunnel), so that no
+    other episode's sandbox sees them. `forget` removes one when its episode ends; `close` removes them all."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.root: Path | None = None
+
+    def make(self) -> Path:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix=self.prefix))
+        return Path(tempfile.mkdtemp(dir=self.root))
+
+    def forget(self, socket_path: str | None) -> None:
+        """Remove the folder of `socket_path` if it is one of these."""
+        if self.root is not None and socket_path and Path(socket_path).parent.parent == self.root:
+            shutil.rmtree(Path(socket_path).parent, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
 
 
 @dataclass

@@ -26,13 +26,7 @@ FORWARDER_PATH = "/usr/local/lib/hrl/forward.py"
 TUNNEL_PATH = "/usr/local/lib/hrl/tunnel.py"
 TUNNEL_START = b"\x01"  # hrl's first byte on an idle tunnel: connect to the port and relay
 
-FORWARDER = r'''"""hrl proxy forwarder: 127.0.0.1:PORT -> unix socket SOCKET. Usage: forward.py SOCKET PORT"""
-import os, socket, sys  # asyncio is imported after the fork: the starting exec returns sooner
-
-SOCKET, PORT = sys.argv[1], int(sys.argv[2])
-
-
-async def pipe(reader, writer, other):
+_PIPE = r"""async def pipe(reader, writer, other):
     try:
         while True:
             data = await reader.read(65536)
@@ -45,7 +39,15 @@ async def pipe(reader, writer, other):
     except Exception:
         writer.close()
         other.close()
+"""
 
+FORWARDER = r'''"""hrl proxy forwarder: 127.0.0.1:PORT -> unix socket SOCKET. Usage: forward.py SOCKET PORT"""
+import os, socket, sys  # asyncio is imported after the fork: the starting exec returns sooner
+
+SOCKET, PORT = sys.argv[1], int(sys.argv[2])
+
+
+@PIPE@
 
 async def relay(client_reader, client_writer):
     try:
@@ -89,6 +91,8 @@ import asyncio
 asyncio.run(serve(listeners))
 '''
 
+FORWARDER = FORWARDER.replace("@PIPE@", _PIPE)
+
 TUNNEL = r'''"""hrl app tunnel: each connection hrl starts on unix socket SOCKET -> 127.0.0.1:PORT inside.
 Usage: tunnel.py SOCKET PORT"""
 import os, sys
@@ -97,20 +101,7 @@ SOCKET, PORT = sys.argv[1], int(sys.argv[2])
 IDLE = 6  # connections kept open to hrl, waiting for its first byte (a browser opens up to six per origin)
 
 
-async def pipe(reader, writer, other):
-    try:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except Exception:
-        writer.close()
-        other.close()
-
+@PIPE@
 
 async def tunnel(slots):
     try:
@@ -157,6 +148,8 @@ import asyncio
 
 asyncio.run(serve())
 '''
+
+TUNNEL = TUNNEL.replace("@PIPE@", _PIPE)  # one relay loop, in both scripts
 
 # sh -c KILL_TREE _ MARK TOKEN: SIGKILL every process whose environment has MARK=TOKEN, until none is left.
 KILL_TREE = r"""

@@ -36,12 +36,9 @@ import io
 import json
 import math
 import posixpath
-import shutil
 import tarfile
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -51,6 +48,7 @@ from hrl.runners.browser import (
     Browser,
     BrowserError,
     BrowserWhere,
+    EpisodeFolders,
     browser_episode,
     open_tab,
     provision_browser,
@@ -146,7 +144,7 @@ class HarborVerifier:
         self._images: dict[str, tuple[str, str]] = {}  # instance id -> (image, workdir)
         self._locks: dict[str, asyncio.Lock] = {}
         self._browsers: dict[str, tuple[contextlib.AsyncExitStack, Browser]] = {}  # sandbox id -> its episode's
-        self._root: Path | None = None  # the [browser] episodes' socket folders, removed by close()
+        self._folders = EpisodeFolders("hrl-web-")  # the [browser] episodes' socket folders
 
     def needs_browser(self, task: Task) -> bool:
         """The task serves a web app the agent uses through a browser (its CLI is given a browser MCP server)."""
@@ -174,9 +172,7 @@ class HarborVerifier:
         spec, browser = self.sandbox_spec(task), browser_of(task)
         if browser is None:
             return spec
-        if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="hrl-web-"))
-        folder = Path(tempfile.mkdtemp(dir=self._root))  # 0700: only hrl, and root in a container, opens it
+        folder = self._folders.make()
         return spec.model_copy(update={"forwards": {self.config.cdp_port: str(folder / "cdp.sock")},
                                        "exposes": {browser.port: str(folder / "app.sock")}})  # fmt: skip
 
@@ -227,17 +223,13 @@ class HarborVerifier:
         if (held := self._browsers.pop(sandbox.id, None)) is not None:
             await held[0].aclose()
         spec = getattr(sandbox, "spec", None)
-        path = spec.forwards.get(self.config.cdp_port) if spec is not None else None
-        if self._root is not None and path and Path(path).parent.parent == self._root:
-            shutil.rmtree(Path(path).parent, ignore_errors=True)
+        self._folders.forget(spec.forwards.get(self.config.cdp_port) if spec is not None else None)
 
     async def close(self) -> None:
         """Stop every browser an episode left open, and remove the socket folders."""
         while self._browsers:
             await self._browsers.popitem()[1][0].aclose()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
+        self._folders.close()
 
     async def verify(self, sandbox: Sandbox, task: Task, keep: bool = True) -> Verdict:
         h, cfg, started = as_harbor(task), self.config, time.monotonic()

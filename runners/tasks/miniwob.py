@@ -32,8 +32,6 @@ import importlib.util
 import json
 import posixpath
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,7 @@ from hrl.runners.browser import (
     Browser,
     BrowserError,
     BrowserWhere,
+    EpisodeFolders,
     InSandbox,
     browser_episode,
     check_where,
@@ -178,7 +177,7 @@ class MiniWoBVerifier:
         self.config = config or MiniWoBVerifierConfig(**options)
         check_where(self.config.browser, backend)
         self._episodes: dict[str, _Episode] = {}
-        self._root: Path | None = None  # the episodes' socket folders (agent_in_sandbox), removed by close()
+        self._folders = EpisodeFolders("hrl-cdp-")  # the episodes' socket folders (agent_in_sandbox)
 
     async def provision(self, task: Task) -> None:
         miniwob_html()
@@ -194,9 +193,7 @@ class MiniWoBVerifier:
         spec = self.sandbox_spec(task)
         if not self.config.agent_in_sandbox:
             return spec
-        if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="hrl-cdp-"))
-        folder = Path(tempfile.mkdtemp(dir=self._root))  # 0700: only hrl, and root in a container, opens it
+        folder = self._folders.make()
         return spec.model_copy(update={"forwards": {self.config.cdp_port: str(folder / "cdp.sock")}})
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
@@ -239,17 +236,13 @@ class MiniWoBVerifier:
     def _forget(self, sandbox: Sandbox) -> None:
         """Remove the episode's socket folder (agent_in_sandbox), its browser stopped."""
         spec = getattr(sandbox, "spec", None)
-        path = spec.forwards.get(self.config.cdp_port) if spec is not None else None
-        if self._root is not None and path and Path(path).parent.parent == self._root:
-            shutil.rmtree(Path(path).parent, ignore_errors=True)
+        self._folders.forget(spec.forwards.get(self.config.cdp_port) if spec is not None else None)
 
     async def close(self) -> None:
         """Stop every browser an episode left open (an episode that failed before `verify`)."""
         while self._episodes:
             await self._episodes.popitem()[1].stack.aclose()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
+        self._folders.close()
 
 
 async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | None = None,

@@ -106,7 +106,7 @@ def test_the_browser_reaches_the_app_only_through_the_containers_tunnel(tmp_path
     assert "Confirm order" in seen[0] and "Order confirmed." in seen[1], seen
     assert verdict.reward == 1.0, verdict.reward_info  # the app's record, graded in a fresh container
     assert verdict.reward_info["browser"] == {"blocked_requests": [], "refused_commands": []}
-    assert verifier._root is None and left == []
+    assert verifier._folders.root is None and left == []
 
 
 @pytest.mark.docker
