@@ -37,6 +37,7 @@ its dialect's shape naming the problem, and is recorded in its session's trace (
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import socket
@@ -54,7 +55,7 @@ from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError
 from hrl.runners.proxy.session import ChildLimitError
 from hrl.runners.proxy.streaming import write_stream
 
-__all__ = ["build_app", "check_port_free", "listening_socket", "run_server"]
+__all__ = ["bound_socket", "build_app", "check_port_free", "run_server"]
 
 _SESSION_HEADERS = ("x-session-id", "session-id", "x-claude-code-session-id")
 
@@ -71,15 +72,22 @@ def check_port_free(host: str, port: int) -> None:
             raise PortInUseError(f"port {port} on {host} is in use ({e.strerror})") from e
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound and listening on host:port (port 0: a free one), made before anything slow starts: a port that
-    is only picked, then closed, is free for whoever asks next, such as the engine's own server picking its port
-    during the minutes the engine takes to start."""
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: a free one) and not yet listening, made before anything slow starts; the
+    server listens on it once it is ready (until then a connection is refused, as before the port was held). A port
+    only picked, then closed, is free for whoever binds next, such as the engine's own server picking its port
+    during the minutes the engine takes to start. Bound without SO_REUSEADDR, so that no server binding with it
+    (vLLM's does) can share the port meanwhile; a given port that a previous run left in TIME_WAIT is bound with it.
+    Raises PortInUseError."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(128)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or port == 0:
+                raise
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # fails too if anything listens there
+            s.bind((host, port))
         s.setblocking(False)
     except OSError as e:
         s.close()
@@ -456,7 +464,7 @@ async def run_server(
     unix_socket: str | None = None,
     sock: socket.socket | None = None,
 ) -> None:
-    """Serve until cancelled on host:port, or on `sock` (from `listening_socket`) where given, and on a unix socket
+    """Serve until cancelled on host:port, or on `sock` (from `bound_socket`) where given, and on a unix socket
     too, for sandboxes that reach only the proxy; `ready` is set once the sockets are bound."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

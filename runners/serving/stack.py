@@ -13,7 +13,7 @@ from typing import Any
 from hrl.runners.engines import Engine, make_engine
 from hrl.runners.models import split_adapter
 from hrl.runners.proxy.proxy import Proxy, ProxyConfig
-from hrl.runners.proxy.server import build_app, listening_socket, run_server
+from hrl.runners.proxy.server import bound_socket, build_app, run_server
 from hrl.runners.proxy.template import ChatTemplate
 from hrl.runners.scratch import scratch_dir, sweep_scratch
 from hrl.runners.trace import TraceWriter
@@ -53,8 +53,9 @@ async def serving(
     stay closed (rollouts drive the proxy in process). `clients(proxy)`: an online run's client sessions
     (`hrl.runners.online.OnlineSessions`), whose client keys open sessions over HTTP. `say` gets one line of progress once the model's files are read and the (slow) engine start begins."""
     path, adapter = split_adapter(model)
-    # Held from now on, so nothing started meanwhile (the engine's own server, other runs) can take the port.
-    listener = listening_socket(host, port)
+    # Held from now on (bound; listening once the server is up), so nothing started meanwhile (the engine's own
+    # server, other runs) can take the port.
+    listener = bound_socket(host, port)
     port = int(listener.getsockname()[1])
     with contextlib.closing(listener):
         eng = make_engine(engine, path, **(engine_options or {}))

@@ -1,5 +1,5 @@
-"""The proxy's port is held from before the engine starts: a port that was only picked (or checked), then closed, is
-free for whatever binds next during the engine's start. vLLM's own server, picking a free port for itself, took the
+"""The proxy's port is held from before the engine starts (bound; listening once the stack is up): a port that was
+only picked (or checked), then closed, is free for whatever binds next during the engine's start. vLLM's own server, picking a free port for itself, took the
 proxy's that way, and the proxy then failed with address in use."""
 
 from __future__ import annotations
@@ -31,17 +31,29 @@ def _free() -> int:
         return int(s.getsockname()[1])
 
 
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return False
+    return True
+
+
 def test_nothing_started_with_the_engine_can_take_the_proxys_port(tiny_model: str):
+    """While the engine starts the port is the proxy's and refuses connections (a client probing it for readiness
+    sees it closed, as before it was held); once the stack is up it accepts them; then it is let go."""
     port, seen = _free(), []
 
+    def starting(_: str) -> None:  # `say` runs as the engine's start begins
+        seen.append((_bind(port), _connects(port)))
+
     async def main() -> str:
-        # `say` runs as the engine's start begins: the port must be the proxy's already
-        async with serving(tiny_model, "scripted", port=port, say=lambda _: seen.append(_bind(port))) as stack:
-            seen.append(_bind(port))
+        async with serving(tiny_model, "scripted", port=port, say=starting) as stack:
+            seen.append((_bind(port), await asyncio.to_thread(_connects, port)))
             return stack.url
 
     assert asyncio.run(main()) == f"http://127.0.0.1:{port}"
-    assert seen == [errno.EADDRINUSE, errno.EADDRINUSE]
+    assert seen == [(errno.EADDRINUSE, False), (errno.EADDRINUSE, True)]
     assert _bind(port) == 0  # and let go when the stack ends
 
 
