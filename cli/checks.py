@@ -6,11 +6,15 @@ registries themselves stay the one place that knows the names.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hrl.cli.output import err
 from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
+
+if TYPE_CHECKING:
+    from hrl.runners.tasks.task import Task
 
 __all__ = [
     "check_agent",
@@ -22,6 +26,7 @@ __all__ = [
     "check_run",
     "check_sandbox",
     "check_tasks",
+    "check_web_apps",
     "grade_by_source",
     "harnesses",
     "say_context",
@@ -133,7 +138,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)
     roll = cfg["rollout"]
-    check_browser_reach(cfg, names, task_file)
+    check_browser_reach(cfg, names)
     for agent in names:
         if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
             load_function(agent, cfg.get("recipe_dir"))
@@ -162,7 +167,12 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
         )
     if not task_file:
         raise UsageError("no task file: the recipe names none", hint="give --tasks FILE (SWE-bench JSONL)")
-    return check_tasks(task_file)
+    from hrl.runners.tasks.task import load_tasks
+
+    tasks = load_tasks(task_file)  # read whole, once
+    if verifier == "harbor":
+        check_web_apps(names, tasks)
+    return len(tasks)
 
 
 def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
@@ -184,19 +194,15 @@ def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
         cfg["verifier"] = {"name": by_source, **{k: v for k, v in section.items() if k in keep}}
 
 
-def check_browser_reach(cfg: dict[str, Any], agents: list[str], task_file: str = "") -> None:
+def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
     """The `miniwob` verifier's browser runs beside hrl: a CLI agent reaches it through its sandbox's own network
     (the endpoint forwarded in, the CLI's MCP browser server connected to it), a white-box agent in hrl's process
     directly. An agent that could not (a CLI with no MCP client, a local sandbox without bubblewrap, a python agent
-    in a closed subprocess) is refused before anything starts rather than scored 0. So is any but an MCP-capable
-    CLI on Harbor tasks that serve a web app ([browser])."""
+    in a closed subprocess) is refused before anything starts rather than scored 0."""
     from hrl.runners.agents import get_agent
     from hrl.runners.whitebox.harness import is_python_agent
 
-    name = (cfg.get("verifier") or {}).get("name")
-    if name == "harbor" and task_file:
-        _check_web_harbor(agents, task_file)
-    if name != "miniwob":
+    if (cfg.get("verifier") or {}).get("name") != "miniwob":
         return
     roll = cfg.get("rollout") or {}
     in_subprocess = roll.get("mode", "auto") == "subprocess"
@@ -225,13 +231,14 @@ def check_browser_reach(cfg: dict[str, Any], agents: list[str], task_file: str =
             )
 
 
-def _check_web_harbor(agents: list[str], task_file: str) -> None:
+def check_web_apps(agents: list[str], tasks: Sequence[Task]) -> None:
+    """Harbor tasks that serve a web app ([browser]) run only with an agent that drives a browser: a CLI with an
+    MCP client (given the browser MCP server), or browser-use; any other is refused before anything starts."""
     from hrl.runners.agents import get_agent
     from hrl.runners.tasks.harbor_verifier import browser_of
-    from hrl.runners.tasks.task import load_tasks
     from hrl.runners.whitebox.harness import is_python_agent
 
-    web = [t.instance_id for t in load_tasks(task_file) if browser_of(t) is not None]
+    web = [t.instance_id for t in tasks if browser_of(t) is not None]
     if not web:
         return
 

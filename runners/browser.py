@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -37,6 +38,7 @@ from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
 from hrl.sandboxes.forward import TUNNEL_START
 
 __all__ = [
+    "BROWSER_FILE",
     "CDP",
     "CHROMIUM_FLAGS",
     "REFUSED_PREFIXES",
@@ -55,7 +57,9 @@ __all__ = [
     "provision_browser",
     "refusal",
     "sandbox_for",
+    "tell_agent",
     "tunnel_endpoint",
+    "wait_until",
 ]
 
 # Without the networking flags Chromium's background connections are refused here and slow every start.
@@ -248,11 +252,16 @@ class Browser:
     sandbox_id: str = ""  # the sandbox it runs in (pid 0), else "" (beside hrl, its process group `pid`)
 
 
-async def _serve(site_dir: Path) -> tuple[web.AppRunner, str]:
+async def _serve(site_dir: Path, unix_socket: str | None = None) -> tuple[web.AppRunner, str]:
+    """The task's pages, static, on a fresh loopback port (its origin returned), or on `unix_socket` (no origin: a
+    sandbox reaches it through a forward)."""
     app = web.Application()
     app.router.add_static("/", site_dir, show_index=False, follow_symlinks=False)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
+    if unix_socket is not None:
+        await web.UnixSite(runner, unix_socket).start()
+        return runner, ""
     tcp = web.TCPSite(runner, "127.0.0.1", 0)
     await tcp.start()
     port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -503,7 +512,7 @@ def check_where(where: BrowserWhere, backend: Any) -> None:
 
 async def provision_browser(where: BrowserWhere, backend: Any) -> None:
     """Build hrl's browser image if the episodes' browsers run in docker containers and it is not here (once)."""
-    if sandbox_for(where, backend, "", "") is not None and getattr(backend, "name", "") == "docker":
+    if where != "host" and getattr(backend, "name", "") == "docker":
         from hrl.runners.tasks.image import ensure_browser_image
 
         await asyncio.to_thread(ensure_browser_image)
@@ -519,10 +528,9 @@ async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (), un
     cdp: CDP | None = None
     relay: web.AppRunner | None = None
     start = _in_sandbox(site, sandbox) if sandbox is not None else _on_host(site)
-    async with start as (direct_url, origin, where):
+    async with start as (direct_url, origin, pid, box):
         try:
             cdp = await CDP.connect(direct_url)
-            pid, box = (where, "") if isinstance(where, int) else (0, where)
             browser = Browser(direct_url, origin, pid, allowed=(origin + "/", *also_allow), sandbox_id=box)
             await _guard(cdp, browser)
             relay, browser.cdp_url = await _relay(browser, unix_socket)
@@ -535,8 +543,8 @@ async def browser_episode(site: str | Path, also_allow: tuple[str, ...] = (), un
 
 
 @contextlib.asynccontextmanager
-async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int]]:
-    """Chromium beside hrl: (its DevTools endpoint, the site's origin, its process group)."""
+async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int, str]]:
+    """Chromium beside hrl: (its DevTools endpoint, the site's origin, its process group, no sandbox)."""
     profile = Path(tempfile.mkdtemp(prefix="hrl-chromium-"))
     runner: web.AppRunner | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -546,7 +554,7 @@ async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int]]:
         else:
             runner, origin = await _serve(Path(site))
         proc, direct_url = await _start_chromium(profile)
-        yield direct_url, origin, proc.pid
+        yield direct_url, origin, proc.pid, ""
     finally:
         try:
             if proc is not None:
@@ -558,9 +566,9 @@ async def _on_host(site: str | Path) -> AsyncIterator[tuple[str, str, int]]:
 
 
 @contextlib.asynccontextmanager
-async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple[str, str, str]]:
+async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple[str, str, int, str]]:
     """Chromium in a sandbox of its own: (its DevTools endpoint through the tunnel, the site's origin as the sandbox
-    sees it, the sandbox's id: its processes go with it)."""
+    sees it, no process group of hrl's, the sandbox's id: its processes go with it)."""
     from hrl.runners.tasks.image import BROWSER_IMAGE
     from hrl.sandboxes import SandboxError, SandboxSpec
 
@@ -571,7 +579,8 @@ async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple
         if str(site).startswith("http://"):  # an origin hrl reaches (a Harbor app's tunnel): relayed
             await stack.enter_async_context(_unix_relay(site_socket, str(site)))
         else:
-            await stack.enter_async_context(_serve_unix(Path(site), site_socket))
+            runner, _ = await _serve(Path(site), site_socket)
+            stack.push_async_callback(runner.cleanup)
         docker = getattr(where.backend, "name", "") == "docker"
         spec = SandboxSpec(image=where.image or BROWSER_IMAGE, workdir="/work", network="none",
                            forwards={where.site_port: site_socket},
@@ -591,7 +600,7 @@ async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple
         command = " ".join(shlex.quote(a) for a in argv)
         running = asyncio.ensure_future(box.exec(["sh", "-c", f"exec {command} > /tmp/chromium.log 2>&1"]))
         stack.push_async_callback(_stop, running)
-        yield await _devtools_url(endpoint, box, running), f"http://127.0.0.1:{where.site_port}", box.id
+        yield await _devtools_url(endpoint, box, running), f"http://127.0.0.1:{where.site_port}", 0, box.id
     finally:
         await stack.aclose()
         shutil.rmtree(folder, ignore_errors=True)
@@ -617,19 +626,6 @@ async def _devtools_url(endpoint: str, box: Any, running: asyncio.Future[Any]) -
     log = await box.exec(["sh", "-c", "tail -c 1500 /tmp/chromium.log"], timeout_s=30)
     why = "exited" if running.done() else f"did not open its DevTools endpoint within {START_TIMEOUT_S:.0f} s"
     raise BrowserError(f"Chromium {why}: {log.stdout}")
-
-
-@contextlib.asynccontextmanager
-async def _serve_unix(site_dir: Path, path: str) -> AsyncIterator[None]:
-    app = web.Application()
-    app.router.add_static("/", site_dir, show_index=False, follow_symlinks=False)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.UnixSite(runner, path).start()
-        yield
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
@@ -666,3 +662,29 @@ async def open_tab(cdp: CDP) -> str:
         if other["type"] == "page" and other["targetId"] != created["targetId"]:
             await cdp.call("Target.closeTarget", targetId=other["targetId"])
     return str((await cdp.call("Target.attachToTarget", targetId=created["targetId"], flatten=True))["sessionId"])
+
+
+async def wait_until(cdp: CDP, tab: str, expression: str, what: str, timeout_s: float = 30.0) -> None:
+    """Until `expression` is true in the tab's main world (a read, polled); BrowserError naming `what` past
+    `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        reply = await cdp.call("Runtime.evaluate", tab, expression=expression, returnByValue=True)
+        if reply.get("result", {}).get("value") is True:
+            return
+        await asyncio.sleep(0.05)
+    raise BrowserError(f"{what} did not load within {timeout_s:.0f} s")
+
+
+BROWSER_FILE = "browser.json"  # in the agent's workdir: where its browser tools connect, and the task's page
+
+
+async def tell_agent(sandbox: Any, browser: Browser, page_url: str, forwarded_port: int | None) -> None:
+    """Write `browser.json` ({cdp_url, page_url}) into the sandbox's workdir: the agent's relay as the agent reaches
+    it (127.0.0.1:`forwarded_port` inside a sandbox it is forwarded into, else the host's loopback)."""
+    cdp_url = browser.cdp_url
+    if forwarded_port is not None:
+        cdp_url = f"ws://127.0.0.1:{forwarded_port}/devtools/{cdp_url.split('/devtools/', 1)[1]}"
+    info = {"cdp_url": cdp_url, "page_url": page_url}
+    await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())

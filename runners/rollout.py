@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -157,8 +158,9 @@ class AgentRollouts:
         self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
                                 on_event=on_event, on_made=self._start_harness if warm_harness else None)  # fmt: skip
         self._install: AgentInstall | None = None
-        self._mcp: dict[str, list[str]] = {}  # MCP servers the CLI is given (browser tasks), argv in the sandbox
-        self._web: tuple[AgentInstall, dict[str, list[str]]] | None = None  # the same for Harbor [browser] tasks
+        # browser tasks: the install with the browser MCP server mounted, and the servers' argv in the sandbox
+        self._browser: tuple[AgentInstall, dict[str, list[str]]] | None = None
+        self._browser_lock = threading.Lock()
         self._versions: dict[str, str] = {}  # env.version of a task that is not an image's, by instance id
 
     async def _start_harness(self, sandbox: Any) -> None:
@@ -166,38 +168,38 @@ class AgentRollouts:
         await start_warm_harness(sandbox, self.runner, self.prepare())
 
     def prepare(self) -> AgentInstall:
-        """Install the agent CLI (cached) for the chosen sandbox; call before the first episode."""
+        """Install the agent CLI (cached) for the chosen sandbox, and the browser MCP server where every task is a
+        browser's (MiniWoB++); call before the first episode (blocking: `hrl rollout` calls it off the event loop)."""
         if self._install is None:
-            target = "docker" if self.config.sandbox == "docker" else "local"
-            inst = install(self.config.agent, target)
-            if self.verifier.name == "miniwob" and not getattr(self.runner, "drives_browser", False):
-                inst = self._with_browser_mcp(inst, target)
-            self._install = inst
+            self._install = install(self.config.agent, "docker" if self.config.sandbox == "docker" else "local")
+            if self.verifier.name == "miniwob":
+                self._install_for(None)
         return self._install
 
-    def _install_for(self, task: Task) -> tuple[AgentInstall, dict[str, list[str]]]:
-        """The CLI's install and the MCP servers it is given for `task`: browser tasks', and a Harbor task's that
-        serves a web app ([browser]), are the install with the browser MCP server."""
+    def _install_for(self, task: Task | None) -> tuple[AgentInstall, dict[str, list[str]]]:
+        """The CLI's install and the MCP servers it is given for `task` (None: a browser task): a browser task's
+        (MiniWoB++, a Harbor task that serves a web app) is the install with the browser MCP server, installed on
+        first need. Blocking: episodes call it off the event loop."""
         inst = self.prepare()
-        if self.verifier.name == "miniwob":
-            return inst, self._mcp
         needs = getattr(self.verifier, "needs_browser", None)
-        if needs is None or not needs(task) or getattr(self.runner, "drives_browser", False):
+        if needs is None or (task is not None and not needs(task)) or getattr(self.runner, "drives_browser", False):
             return inst, {}
-        if self._web is None:
-            target: Literal["docker", "local"] = "docker" if self.config.sandbox == "docker" else "local"
-            self._web = (self._with_browser_mcp(inst, target), self._mcp)
-        return self._web
+        with self._browser_lock:
+            if self._browser is None:
+                self._browser = self._with_browser_mcp(inst, "docker" if self.config.sandbox == "docker" else "local")
+        return self._browser
 
-    def _with_browser_mcp(self, inst: AgentInstall, target: Literal["docker", "local"]) -> AgentInstall:
+    def _with_browser_mcp(
+        self, inst: AgentInstall, target: Literal["docker", "local"]
+    ) -> tuple[AgentInstall, dict[str, list[str]]]:
         """The browser MCP server installed beside the CLI (its mounts added), started by the CLI with the episode's
         browser endpoint as the sandbox sees it; screenshots as images only where the model takes them."""
         mcp = install_mcp(self.config.browser_mcp, target)
         port = self.verifier.config.cdp_port
         images = "allow" if self.stack.proxy.takes_images else "omit"
-        self._mcp = {mcp.name: [*mcp.argv, "--cdp-endpoint", f"http://127.0.0.1:{port}", "--image-responses", images]}
+        argv = {mcp.name: [*mcp.argv, "--cdp-endpoint", f"http://127.0.0.1:{port}", "--image-responses", images]}
         have = {m.target for m in inst.mounts}
-        return dataclasses.replace(inst, mounts=(*inst.mounts, *(m for m in mcp.mounts if m.target not in have)))
+        return dataclasses.replace(inst, mounts=(*inst.mounts, *(m for m in mcp.mounts if m.target not in have))), argv
 
     async def close(self) -> None:
         """End the run's sandbox pool (every sandbox it still holds, ready or parked for a group, is closed), then
@@ -220,7 +222,7 @@ class AgentRollouts:
 
     async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
-        inst, mcp = self._install_for(task)
+        inst, mcp = await asyncio.to_thread(self._install_for, task)  # a first browser task installs its MCP server
         session = self.stack.proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         outcome: dict[str, Any] = {}

@@ -28,8 +28,7 @@
   on 127.0.0.1:`proxy_port` inside that namespace and carries each connection to the proxy's unix socket: the
   proxy's data plane is the one thing the command reaches. `spec.exposes` runs the tunnel (forward.py) in that
   namespace too: hrl reaches the port a long-running command listens on there (an episode's browser). `host` keeps
-  the host's network (installs). Without
-  bubblewrap nothing is isolated and every mode is the host's network.
+  the host's network (installs). Without bubblewrap nothing is isolated and every mode is the host's network.
 - Control tokens: hrl's state folder ($HRL_STATE_DIR, default ~/.local/state/hrl, where `hrl serve` writes its
   control token) is emptied in the namespace.
 """

@@ -18,7 +18,7 @@ Per episode:
 
 A task with `[browser]` (a web app the agent uses through a browser) gets per episode, in `prepare`: its app started
 in the agent's container, reached from the host through the container's tunnel (`SandboxSpec.exposes`), and one
-headless Chromium beside hrl on the app's page, whose DevTools endpoint the container sees as 127.0.0.1:cdp_port
+headless Chromium (in a container of its own unless `browser: host`) on the app's page, whose DevTools endpoint the container sees as 127.0.0.1:cdp_port
 (`SandboxSpec.forwards`) and whose requests reach only the app; `browser.json` ({cdp_url, page_url}) in the workdir
 says where. The browser stops before the tests run, and the tests grade as for any Harbor task.
 
@@ -35,7 +35,6 @@ import contextlib
 import io
 import json
 import math
-import posixpath
 import tarfile
 import time
 import uuid
@@ -53,7 +52,9 @@ from hrl.runners.browser import (
     open_tab,
     provision_browser,
     sandbox_for,
+    tell_agent,
     tunnel_endpoint,
+    wait_until,
 )
 from hrl.runners.errors import UsageError
 from hrl.runners.tasks.harbor import HarborBrowser, HarborTask, build_image, image_tag
@@ -71,7 +72,6 @@ REWARD_FILES = ("reward.txt", "reward.json")
 FINAL_REPO = "hrl/harbor-final"  # the kept final images, one tag per episode (`hrl regrade`)
 FINAL_LABEL = "hrl.final"  # on each, with hrl.run: `hrl sandbox prune --run RUN --final-images` removes them
 REWARD_BYTES = 65536  # a reward file is a number or a small JSON object: what lies past this is no reward
-BROWSER_FILE = "browser.json"  # [browser] tasks: where the agent finds the browser's endpoint and the app's page
 APP_LOG = "/tmp/hrl-app.log"  # [browser] start's output, in the agent's container
 
 
@@ -206,16 +206,15 @@ class HarborVerifier:
             tab = await open_tab(cdp)
             await cdp.call("Page.enable", tab)
             await cdp.call("Page.navigate", tab, url=page_url)
-            await _wait_loaded(cdp, tab, page_url)
+            loaded = f"document.readyState === 'complete' && location.href.startsWith({json.dumps(page_url)})"
+            await wait_until(cdp, tab, loaded, f"the app's page {page_url}")  # the agent's first look sees it
         except BaseException as exc:
             await stack.aclose()
             if isinstance(exc, BrowserError | OSError):
                 raise SandboxError(f"the browser for {task.instance_id} did not start: {exc}") from exc
             raise
         self._browsers[sandbox.id] = (stack, opened)
-        cdp_url = f"ws://127.0.0.1:{self.config.cdp_port}/devtools/{opened.cdp_url.split('/devtools/', 1)[1]}"
-        info = {"cdp_url": cdp_url, "page_url": page_url}
-        await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())
+        await tell_agent(sandbox, opened, page_url, self.config.cdp_port)
 
     async def release(self, sandbox: Sandbox) -> None:
         """Stop the browser of `sandbox`'s episode if `verify` did not (the agent failed, the episode was cancelled),
@@ -375,18 +374,6 @@ class HarborVerifier:
         wd = sandbox.workdir
         script = f"find {wd} -mindepth 1 -delete && tar -C {wd} -xpf {path} --no-overwrite-dir && rm -f {path}"
         await _root(sandbox, script, self.config.setup_timeout_s)
-
-
-async def _wait_loaded(cdp: Any, tab: str, url: str, timeout_s: float = 30.0) -> None:
-    """Until the tab has loaded `url` (the agent's first look at the page sees the app's page, not a blank one)."""
-    deadline = time.monotonic() + timeout_s
-    check = f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url)})"
-    while time.monotonic() < deadline:
-        reply = await cdp.call("Runtime.evaluate", tab, expression=check, returnByValue=True)
-        if reply.get("result", {}).get("value") is True:
-            return
-        await asyncio.sleep(0.05)
-    raise BrowserError(f"the app's page {url} did not load within {timeout_s:.0f} s")
 
 
 async def _wait_app(sandbox: Sandbox, url: str, timeout_s: float) -> None:

@@ -26,11 +26,9 @@ the task grades against before a real click; see docs/browser.md.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import json
-import posixpath
 import re
 import time
 from dataclasses import dataclass, field
@@ -52,6 +50,8 @@ from hrl.runners.browser import (
     open_tab,
     provision_browser,
     sandbox_for,
+    tell_agent,
+    wait_until,
 )
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.tasks.task import Task, TaskFormatError
@@ -62,7 +62,6 @@ __all__ = ["PREFIX", "MiniWoBTask", "MiniWoBVerifier", "MiniWoBVerifierConfig", 
            "miniwob_html", "start_page"]  # fmt: skip
 
 PREFIX = "miniwob:"
-BROWSER_FILE = "browser.json"
 STATEMENT = (
     "Complete the web task shown in the browser (its instruction is at the top of the page, in the element with "
     "id 'query'). The browser's DevTools (CDP) endpoint and the page's address are in the file browser.json in "
@@ -179,6 +178,10 @@ class MiniWoBVerifier:
         self._episodes: dict[str, _Episode] = {}
         self._folders = EpisodeFolders("hrl-cdp-")  # the episodes' socket folders (agent_in_sandbox)
 
+    def needs_browser(self, task: Task) -> bool:
+        """Every page is a browser task (its CLI is given a browser MCP server)."""
+        return True
+
     async def provision(self, task: Task) -> None:
         miniwob_html()
         await provision_browser(self.config.browser, self.backend)
@@ -208,11 +211,7 @@ class MiniWoBVerifier:
         except BrowserError as e:
             raise SandboxError(f"the browser for {task.instance_id} did not start: {e}") from e
         self._episodes[sandbox.id] = episode
-        cdp_url = episode.browser.cdp_url
-        if forwarded:  # the sandbox's own address of the relay
-            cdp_url = f"ws://127.0.0.1:{self.config.cdp_port}/devtools/{cdp_url.split('/devtools/', 1)[1]}"
-        info = {"cdp_url": cdp_url, "page_url": episode.page_url}
-        await sandbox.write_file(posixpath.join(sandbox.workdir, BROWSER_FILE), json.dumps(info).encode())
+        await tell_agent(sandbox, episode.browser, episode.page_url, self.config.cdp_port if forwarded else None)
 
     async def verify(self, sandbox: Sandbox, task: Task) -> Verdict:
         episode = self._episodes.pop(sandbox.id, None)
@@ -259,7 +258,8 @@ async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | 
         await cdp.call("Runtime.enable", episode.target)
         await cdp.call("Page.enable", episode.target)
         await cdp.call("Page.navigate", episode.target, url=page_url)
-        await _wait_ready(cdp, episode.target)
+        ready_js = "document.readyState === 'complete' && typeof core === 'object'"
+        await wait_until(cdp, episode.target, ready_js, "the task's page")
         script = (f"core.EPISODE_MAX_TIME = {int(time_limit_s * 1000)}; Math.seedrandom({json.dumps(str(task.seed))}); "
                   "core.startEpisodeReal(); WOB_TASK_READY")  # fmt: skip
         ready = await _evaluate(cdp, episode.target, script)
@@ -269,15 +269,6 @@ async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | 
     except BaseException:
         await stack.aclose()
         raise
-
-
-async def _wait_ready(cdp: CDP, target: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await _evaluate(cdp, target, "document.readyState === 'complete' && typeof core === 'object'"):
-            return
-        await asyncio.sleep(0.05)
-    raise BrowserError(f"the task's page did not load within {timeout_s:.0f} s")
 
 
 async def _evaluate(cdp: CDP, target: str, expression: str) -> Any:

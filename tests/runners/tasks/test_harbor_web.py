@@ -45,14 +45,13 @@ def test_a_local_sandbox_without_bubblewrap_refuses_to_expose_a_port(tmp_path: P
 
 
 def test_an_agent_without_a_browser_is_refused_before_anything_starts(tmp_path: Path):
-    from cli.checks import check_browser_reach
+    from hrl.cli.checks import check_web_apps
 
-    write_web_task(tmp_path / "web")
-    cfg = {"verifier": {"name": "harbor"}, "rollout": {}}
+    tasks = load_harbor_tasks(write_web_task(tmp_path / "web"))
     for agent in ("aider", "mini-swe-agent", "python:agent.py:run"):
         with pytest.raises(UsageError, match="web app"):
-            check_browser_reach(cfg, [agent], str(tmp_path / "web"))
-    check_browser_reach(cfg, ["claude-code", "browser-use"], str(tmp_path / "web"))
+            check_web_apps([agent], tasks)
+    check_web_apps(["claude-code", "browser-use"], tasks)
 
 
 @pytest.mark.docker
