@@ -32,7 +32,7 @@ WAIT_FOR_OTHERS_S=${HRL_SETUP_WAIT_S:-3600} # how long to wait for another proce
 # The agent CLIs the tests run, installed here so that the first test of each does not pay for it, and alongside
 # the other steps: npm CLIs serve both sandboxes from one install; a Python CLI needs a venv per sandbox.
 TEST_AGENTS_DOCKER=(opencode codex claude-code qwen-code gemini-cli mini-swe-agent aider browser-use)
-TEST_AGENTS_LOCAL=(mini-swe-agent)
+TEST_AGENTS_LOCAL=(mini-swe-agent browser-use)  # browser-use: the white-box agent in its own venv (rollout.python)
 
 VENV=$HRL_CACHE/venv
 VLLM_VENV=$HRL_CACHE/vllm-venv

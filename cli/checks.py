@@ -133,15 +133,21 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
     from hrl.registry import require
     from hrl.runners.tasks import VERIFIERS
-    from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox
+    from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox, resolve_mode
+    from hrl.runners.whitebox.interpreter import agent_python, check_python
 
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)
     roll = cfg["rollout"]
     check_browser_reach(cfg, names)
     for agent in names:
-        if is_python_agent(agent):  # its module and function load now (AgentLoadError names what is wrong)
-            load_function(agent, cfg.get("recipe_dir"))
+        if is_python_agent(agent):  # its module and function load now, in its own Python where it has one
+            resolve_mode(str(roll.get("mode", "auto")), agent, cfg.get("verifier"), str(roll.get("python") or ""))
+            where = agent_python(str(roll.get("python") or ""), on_event=_installing)
+            if where.own:
+                load_function(agent, cfg.get("recipe_dir"))
+            else:
+                check_python(where, agent, cfg.get("recipe_dir"))
         else:
             check_agent(agent)
     sandboxed = any(needs_sandbox(agent, cfg.get("verifier")) for agent in names)
@@ -194,24 +200,22 @@ def grade_by_source(cfg: dict[str, Any], task_file: str) -> None:
         cfg["verifier"] = {"name": by_source, **{k: v for k, v in section.items() if k in keep}}
 
 
+def _installing(message: str) -> None:
+    err.print(f"  rollout.python: {message}", markup=False)
+
+
 def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
-    """The `miniwob` verifier's browser runs beside hrl: a CLI agent reaches it through its sandbox's own network
-    (the endpoint forwarded in, the CLI's MCP browser server connected to it), a white-box agent in hrl's process
-    directly. An agent that could not (a CLI with no MCP client, a local sandbox without bubblewrap, a python agent
-    in a closed subprocess) is refused before anything starts rather than scored 0."""
+    """The `miniwob` verifier's browser: a CLI agent reaches it through its sandbox's own network (the endpoint
+    forwarded in, the CLI's MCP browser server connected to it); a white-box agent in hrl's process on the host's
+    loopback, in a closed subprocess through the same forward (`session.browser` says where). An agent that could
+    not (a CLI with no MCP client, a local sandbox without bubblewrap) is refused before anything starts rather
+    than scored 0."""
     from hrl.runners.agents import get_agent
     from hrl.runners.whitebox.harness import is_python_agent
 
     if (cfg.get("verifier") or {}).get("name") != "miniwob":
         return
     roll = cfg.get("rollout") or {}
-    in_subprocess = roll.get("mode", "auto") == "subprocess"
-    if unreachable := [a for a in agents if is_python_agent(a) and in_subprocess]:
-        raise UsageError(
-            f"MiniWoB++ tasks cannot run with {', '.join(unreachable)} in a subprocess: the episode's browser "
-            "listens on the host's loopback, which a closed subprocess does not reach",
-            hint="run the python: agent in process (rollout.mode: inprocess or auto), or use an agent CLI",
-        )
     clis = [a for a in agents if not is_python_agent(a)]
     drives = [a for a in clis if getattr(get_agent(a), "drives_browser", False)]  # browser-use: over CDP itself
     if no_mcp := [a for a in clis if a not in drives and not getattr(get_agent(a), "mcp_tool", None)]:

@@ -225,11 +225,14 @@ async def _run(
 
 def _sandbox_of(run: Any) -> str:
     """Where episodes run: a white-box agent gets a sandbox only with a verifier that grades one."""
-    from hrl.runners.whitebox.harness import needs_sandbox, resolve_mode
+    from hrl.runners.whitebox.harness import is_python_agent, needs_sandbox, resolve_mode
 
-    if not needs_sandbox(run.rollout.agent, run.verifier or None):
-        mode, why = resolve_mode(run.rollout.mode, run.rollout.agent, run.verifier or None)
+    agent, verifier = run.rollout.agent, run.verifier or None
+    mode, why = resolve_mode(run.rollout.mode, agent, verifier, run.rollout.python)
+    if not needs_sandbox(agent, verifier):
         return f"none (agent {'in process' if mode == 'inprocess' else 'in a subprocess'}: {why})"
+    if is_python_agent(agent) and mode == "subprocess":
+        return f"{run.rollout.sandbox} (agent in a subprocess: {why})"
     return str(run.rollout.sandbox)
 
 

@@ -60,7 +60,9 @@ class RolloutConfig(BaseModel):
         0.0, ge=0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none."
     )
     memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
-    agent_options: dict[str, Any] = Field(default_factory=dict, description="Agent-specific knobs, e.g. step_limit.")
+    agent_options: dict[str, Any] = Field(
+        default_factory=dict, description="Agent-specific knobs, e.g. step_limit; a white-box agent's session.options."
+    )
     browser_mcp: str = Field(
         "playwright",
         description="Browser tasks (verifier miniwob) with an agent CLI: the MCP server the CLI is given, configured "
@@ -90,6 +92,13 @@ class RolloutConfig(BaseModel):
         "OPENAI_API_KEY set; in its own namespace where bubblewrap runs), `inprocess` (on hrl's event loop: "
         "trusted code only), or `auto`: subprocess where bubblewrap runs and the agent needs no "
         "session.sandbox, else in process.",
+    )
+    python: str = Field(
+        "",
+        description="White-box (python:) agents only: the Python the agent runs in. Empty: hrl's own. The name of a "
+        "Python agent hrl installs (browser-use, mini-swe-agent, aider): its pinned venv, installed on first use. "
+        "Or a path to a venv's bin/python. Another Python runs the agent in a subprocess, with hrl's package (not "
+        "its environment) importable there; it needs pydantic and aiohttp.",
     )
 
     @property

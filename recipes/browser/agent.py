@@ -1,8 +1,8 @@
 """A white-box browser agent: it reads the page's accessibility snapshot (text), asks the model for one action, and
 acts on the page over CDP (Playwright connected to the episode's own Chromium), a few steps at most.
 
-The episode's browser is hrl's (started by the `miniwob` verifier); its DevTools endpoint and the page's address are in
-browser.json in the episode's sandbox. The page, not this agent, says the reward: the verifier reads it at the end.
+The episode's browser is hrl's (started by the `miniwob` verifier); `session.browser` holds its DevTools endpoint and
+the page's address. The page, not this agent, says the reward: the verifier reads it at the end.
 
 Actions the model may answer with, one per reply:  click TEXT  |  type TEXT  |  done
 (`type` fills the focused or first text field, then the agent presses nothing else: the model clicks Submit itself.)
@@ -10,7 +10,6 @@ Actions the model may answer with, one per reply:  click TEXT  |  type TEXT  |  
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -24,7 +23,7 @@ SYSTEM = (
 
 
 async def run(task: Any, session: Any) -> float | None:
-    info = json.loads(await session.sandbox.read_file(f"{session.sandbox.workdir}/browser.json"))
+    info = session.browser  # the episode's browser: {cdp_url, page_url}
     client = session.openai(max_retries=0)
     async with async_playwright() as pw:
         browser = await pw.chromium.connect_over_cdp(info["cdp_url"])

@@ -1,10 +1,12 @@
 """browser-use (PyPI `browser-use`): a browser agent library, run as deployed: its own `Agent` loop, its own prompts
 and its OpenAI client (chat/completions, not streaming, a JSON-schema `response_format` per step) against the proxy.
 
-It is a library, not a CLI: hrl writes a short driver into the episode's HOME that builds `Agent(task, llm, browser)`
-with `ChatOpenAI(base_url=<proxy>)` and `Browser(cdp_url=…)` on the episode's browser (`browser.json`, forwarded into
-the sandbox), and runs it. It lives in a venv of its own (it pins exact versions of pydantic, anthropic, protobuf and
-others that hrl's own environment cannot take), so it runs in a sandbox like the Python CLIs. Browser tasks only.
+It is a library, not a CLI: hrl writes a short driver (`browser_use_agent.py`) into the episode's HOME that builds
+`Agent(task, llm, browser)` with `ChatOpenAI(base_url=<proxy>)` and `Browser(cdp_url=…)` on the episode's browser
+(`browser.json`, forwarded into the sandbox), and runs it. The same file is the white-box form
+(`--agent python:hrl.runners.agents.browser_use_agent:run` with `rollout.python: browser-use`). It lives in a venv of its own (it
+pins exact versions of pydantic, anthropic, protobuf and others that hrl's own environment cannot take), so it runs
+in a sandbox like the Python CLIs. Browser tasks only.
 Telemetry, cloud sync and the LLM judge are off; `rollout.agent_options.max_steps` (default 10) bounds its steps (no
 extra "final response" call past them).
 """
@@ -12,34 +14,13 @@ extra "final response" call past them).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from hrl.runners.agents.base import AgentContext, ScriptedTurn
 
 __all__ = ["BrowserUseRunner"]
 
-DRIVER = ".hrl-browser-use.py"
-_DRIVER = '''"""hrl's driver for browser-use: the episode's task on the episode's browser. Usage: DRIVER BASE MODEL STEPS VISION TASK"""
-import asyncio, json, os, sys
-
-from browser_use import Agent, Browser
-from browser_use.llm.openai.chat import ChatOpenAI
-
-
-async def main(base, model, steps, vision, task):
-    with open("browser.json") as f:
-        cdp = json.load(f)["cdp_url"]
-    endpoint = "http://" + cdp.split("://", 1)[1].split("/", 1)[0]  # it reads /json/version there
-    llm = ChatOpenAI(model=model, base_url=base, api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
-    browser = Browser(cdp_url=endpoint, keep_alive=True)  # hrl's browser: the episode's own, stopped by hrl
-    agent = Agent(task=task, llm=llm, browser=browser, use_vision=vision == "1", use_judge=False,
-                  directly_open_url=False, enable_planning=False, calculate_cost=False, max_failures=2,
-                  final_response_after_failure=False, enable_signal_handler=False)
-    history = await agent.run(max_steps=int(steps))
-    print(json.dumps({"done": history.is_done(), "steps": history.number_of_steps(), "result": history.final_result()}))
-
-
-asyncio.run(main(*sys.argv[1:6]))
-'''
+DRIVER = ".hrl-browser-use.py"  # in HOME: browser_use_agent.py, run by the library's venv in the sandbox
 
 
 class BrowserUseRunner:
@@ -57,7 +38,7 @@ class BrowserUseRunner:
     drives_browser = True  # browser tasks: it connects to the episode's browser itself, given no MCP server
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
-        return {DRIVER: _DRIVER}
+        return {DRIVER: (Path(__file__).parent / "browser_use_agent.py").read_text()}
 
     def env(self, ctx: AgentContext) -> dict[str, str]:
         return {

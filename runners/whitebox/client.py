@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -93,6 +94,10 @@ class WhiteboxSession:
         self.reward_value: float | None = None
         self.reward_info: dict[str, Any] = {}
         self.result: dict[str, Any] = {}  # what the proxy answered the end with (trace_id, calls, status)
+        # a browser task's browser, where the episode has one: {"cdp_url": the DevTools endpoint (hrl's relay) as
+        # this process reaches it, "page_url": the task's page}
+        self.browser: dict[str, str] | None = None
+        self.options: dict[str, Any] = {}  # in a rollout: rollout.agent_options, the agent's own knobs
         self._client_key: str | None = None  # an online run's client key (session(key=…)): for send_reward
         self._clients: list[Any] = []
 
@@ -119,6 +124,10 @@ class WhiteboxSession:
                "HRL_MODEL": self.model}  # fmt: skip
         if self.agent_key:
             out["HRL_AGENT_KEY"] = self.agent_key
+        if self.browser is not None:
+            out["HRL_BROWSER"] = json.dumps(self.browser)
+        if self.options:
+            out["HRL_AGENT_OPTIONS"] = json.dumps(self.options)
         return out
 
     def openai(self, **options: Any) -> Any:

@@ -31,7 +31,6 @@ import importlib.util
 import inspect
 import json
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task
 from hrl.runners.trace import binary_success, write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
+from hrl.runners.whitebox.interpreter import AgentPython, agent_python, check_python
 
 __all__ = [
     "AgentLoadError",
@@ -70,10 +70,16 @@ def is_python_agent(agent: str) -> bool:
     return agent.startswith("python:") or agent.partition(":")[0].endswith(".py")
 
 
-def resolve_mode(mode: str, agent: str, verifier: dict[str, Any] | None) -> tuple[str, str]:
-    """(`inprocess` | `subprocess`, why) for `rollout.mode`. `auto`: a subprocess in its own namespace where
-    bubblewrap runs (closed like a local sandbox), unless the episode hands the agent a sandbox to run its tools in
-    (`session.sandbox` lives in hrl's process); else in process."""
+def resolve_mode(mode: str, agent: str, verifier: dict[str, Any] | None, python: str = "") -> tuple[str, str]:
+    """(`inprocess` | `subprocess`, why) for `rollout.mode`. An agent in a Python of its own (`python`,
+    `rollout.python`) runs in a subprocess. `auto`: a subprocess in its own namespace where bubblewrap runs (closed
+    like a local sandbox), unless the episode hands the agent a sandbox to run its tools in (`session.sandbox` lives
+    in hrl's process); else in process."""
+    if python.strip():
+        if mode == "inprocess":
+            raise UsageError(f"rollout.python {python!r} runs the agent in an interpreter of its own, which "
+                             "rollout.mode: inprocess cannot", hint="set rollout.mode: subprocess (or auto)")  # fmt: skip
+        return "subprocess", f"in its own Python (rollout.python: {python})"
     if mode != "auto":
         return mode, f"rollout.mode: {mode}"
     if needs_sandbox(agent, verifier):
@@ -131,6 +137,22 @@ def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[...
     return fn  # type: ignore[no-any-return]
 
 
+def _namespaced() -> bool:
+    """Whether a subprocess agent runs in a namespace of its own here (bubblewrap), not on the host's network."""
+    from hrl.sandboxes.local import LocalBackend
+
+    return bool(LocalBackend().isolate)
+
+
+async def _browser_of(sandbox: Any) -> dict[str, str]:
+    """The episode's browser as the verifier told the agent (`browser.json` in the sandbox's workdir): its DevTools
+    endpoint (hrl's relay: on the host's loopback, or forwarded into the agent's namespace) and the task's page."""
+    from hrl.runners.browser import BROWSER_FILE
+
+    raw = await sandbox.read_file(f"{sandbox.workdir.rstrip('/')}/{BROWSER_FILE}")
+    return {k: str(v) for k, v in json.loads(raw).items()}
+
+
 def _absolute(path: str) -> str:
     return str(Path(path).absolute())
 
@@ -179,12 +201,17 @@ class PythonRollouts:
         self.verifier_options = options
         self.score: Callable[..., Any] | None = None
         self.verifier: Any = None
-        self.mode, self.mode_reason = resolve_mode(config.mode, self.spec, verifier or {"name": "python"})
+        self.mode, self.mode_reason = resolve_mode(config.mode, self.spec, verifier or {"name": "python"},
+                                                   config.python)  # fmt: skip
+        self.python: AgentPython | None = None  # the subprocess's interpreter, found by `prepare`
 
     def prepare(self) -> None:
         """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
         if self.mode == "subprocess":
             split_spec(self.spec, self.base_dir)  # a wrong spec fails here, not in every episode's process
+            if self.python is None:
+                self.python = agent_python(self.config.python)
+                check_python(self.python, self.spec, self.base_dir)
         elif self.fn is None:
             self.fn = load_function(self.spec, self.base_dir)
         if self.verifier_name == "python" and self.score is None and self.verifier_options.get("function"):
@@ -194,8 +221,16 @@ class PythonRollouts:
             from hrl.sandboxes import get_backend
 
             backend = get_backend(self.config.sandbox)
+            options = dict(self.verifier_options)
+            if self.verifier_name == "miniwob" and self.mode == "subprocess" and _namespaced():
+                options["agent_in_sandbox"] = True  # the browser's endpoint forwarded into the agent's namespace
             self.verifier = make_verifier(self.verifier_name, backend, run_id=self.config.run_id or "hrl-python",
-                                          **self.verifier_options)  # fmt: skip
+                                          **options)  # fmt: skip
+
+    async def close(self) -> None:
+        """What the verifier holds for the run: browsers an episode left, their socket folders."""
+        if (close := getattr(self.verifier, "close", None)) is not None:
+            await close()
 
     def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
         return {
@@ -214,6 +249,7 @@ class PythonRollouts:
         opened = proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
         token = opened.token  # the agent gets this session's agent key; hrl ends the episode in process
         ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, opened.issue_agent_key(), task=task)
+        ws.options = dict(self.config.agent_options)
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         t0 = time.monotonic()
         try:
@@ -235,7 +271,7 @@ class PythonRollouts:
             return await self._attempt(task, ws)
         from hrl.sandboxes import SandboxError, get_backend
 
-        spec = self.verifier.sandbox_spec(task)
+        spec = getattr(self.verifier, "episode_spec", self.verifier.sandbox_spec)(task)
         phase("sandbox")
         try:
             backend = get_backend(self.config.sandbox)
@@ -243,6 +279,8 @@ class PythonRollouts:
                 try:
                     await self.verifier.prepare(sandbox, task)
                     ws.sandbox = sandbox  # type: ignore[attr-defined]
+                    if getattr(self.verifier, "needs_browser", lambda _task: False)(task):
+                        ws.browser = await _browser_of(sandbox)
                     phase("agent")
                     outcome, extra = await self._attempt(task, ws)
                     if outcome.get("failure_reason") is None:  # the hidden tests decide, whatever the agent said
@@ -294,8 +332,9 @@ class PythonRollouts:
             await ws._close_clients()
 
     async def _subprocess(self, task: Task, ws: WhiteboxSession) -> Any:
-        paths = [p for p in sys.path if p]  # the same hrl and agent modules as here
-        cmd = [sys.executable, "-m", "hrl.runners.whitebox.worker", self.spec, _absolute(self.base_dir or ".")]
+        assert self.python is not None
+        paths = list(self.python.paths)  # hrl's own path, or hrl's package alone beside the agent's interpreter
+        cmd = [self.python.python, "-m", "hrl.runners.whitebox.worker", self.spec, _absolute(self.base_dir or ".")]
         from hrl.sandboxes.local import LocalBackend
 
         backend = LocalBackend()
@@ -332,8 +371,10 @@ class PythonRollouts:
         where, _ = await asyncio.to_thread(split_spec, self.spec, self.base_dir)
         agent_dir = [str(Path(where).parent)] if isinstance(where, Path) else []  # a FILE.py agent's own folder
         mounts = await asyncio.to_thread(_code_mounts, [cmd[-1], *agent_dir, *paths])
+        episode = getattr(ws, "sandbox", None)  # a browser task's: its endpoint is forwarded in here too
+        forwards = dict(episode.spec.forwards) if episode is not None and hasattr(episode, "spec") else {}
         spec = SandboxSpec(workdir="/work", network="proxy", proxy_socket=self.stack.socket, proxy_port=RELAY_PORT,
-                           mounts=mounts)  # fmt: skip
+                           mounts=mounts, forwards=forwards)  # fmt: skip
         async with await backend.create(spec, self.config.run_id or "hrl-python", f"agent-{ws.token[:8]}") as box:
             await box.write_file("/work/task.json", task.model_dump_json().encode())
             env = {**ws.env(url=f"http://127.0.0.1:{RELAY_PORT}"), "PYTHONPATH": os.pathsep.join(paths),

@@ -1,9 +1,10 @@
 """The subprocess side of `rollout.mode: subprocess`: `python -m hrl.runners.whitebox.worker SPEC [BASE_DIR]`.
 
-Reads the task (JSON) on stdin or from $HRL_TASK_FILE, builds the session from the environment the harness set (OPENAI_BASE_URL,
-OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_AGENT_KEY, beside an allowlist of the host's
-variables: no control token reaches this process), calls `SPEC(task, session)` (a plain or an async function) and
-prints `HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
+Reads the task (JSON) on stdin or from $HRL_TASK_FILE, builds the session from the environment the harness set
+(OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL, HRL_URL, HRL_SESSION_TOKEN, HRL_AGENT_KEY, HRL_AGENT_OPTIONS, and
+HRL_BROWSER on a browser task, beside an allowlist of the host's variables: no control token reaches this process),
+calls `SPEC(task, session)` (a plain or an async function) and prints
+`HRL_RESULT {"returned": …, "reward": …, "reward_info": …}` as its last line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from hrl.runners.whitebox.harness import RESULT_MARK, call_maybe_async, load_fun
 
 def session_from_env() -> WhiteboxSession:
     env = os.environ
-    return WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_AGENT_KEY"))
+    ws = WhiteboxSession(env["HRL_URL"], env["HRL_SESSION_TOKEN"], env["HRL_MODEL"], env.get("HRL_AGENT_KEY"))
+    if env.get("HRL_BROWSER"):  # a browser task's browser, as this process reaches it
+        ws.browser = json.loads(env["HRL_BROWSER"])
+    ws.options = json.loads(env.get("HRL_AGENT_OPTIONS") or "{}")
+    return ws
 
 
 def read_task() -> Task:

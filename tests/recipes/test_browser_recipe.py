@@ -33,7 +33,7 @@ def marked(name: str, value: str) -> list[int]:
     return found
 
 
-def _episode(model: str, turns: list, tmp_path: Path) -> dict:
+def _episode(model: str, turns: list, tmp_path: Path, mode: str = "auto") -> dict:
     cfg = load_recipe("browser")
     task = load_tasks(cfg["tasks"])[0]  # miniwob.click-test.s0: one "Click Me!" button
     out = tmp_path / "traces.jsonl"
@@ -42,7 +42,7 @@ def _episode(model: str, turns: list, tmp_path: Path) -> dict:
     async def main() -> dict:
         async with serving(model, "scripted", engine_options={"turns": turns},
                            control_token=secrets.token_urlsafe(32)) as stack:  # fmt: skip
-            config = RolloutConfig(**{**cfg["rollout"], "sandbox": "local"})
+            config = RolloutConfig(**{**cfg["rollout"], "sandbox": "local", "mode": mode})
             rollouts = make_rollouts(stack, config, verifier=cfg["verifier"], base_dir=cfg["recipe_dir"])
             rollouts.prepare()  # loads the agent and makes the verifier
             prepare = rollouts.verifier.prepare
@@ -75,3 +75,12 @@ def test_an_agent_that_does_nothing_scores_zero(tiny_model, tmp_path):
     trace = _episode(tiny_model, ["done"], tmp_path)
     assert trace["failure_reason"] is None, trace.get("metadata")
     assert trace["reward"] == 0.0 and trace["success"] is False and trace["reward_info"]["ended"] is False
+
+
+def test_the_agent_in_a_closed_subprocess_reaches_the_browser_through_its_forward(tiny_model, tmp_path):
+    """rollout.mode: subprocess: the agent's process is closed in a namespace of its own where bubblewrap runs, and
+    session.browser is the episode's browser as that process reaches it (forwarded in); the click still scores 1."""
+    trace = _episode(tiny_model, ["click Click Me!", "done"], tmp_path, mode="subprocess")
+    assert trace["failure_reason"] is None, trace.get("metadata")
+    assert trace["agent"]["version"] == "subprocess"
+    assert trace["reward"] == 1.0 and trace["success"] is True

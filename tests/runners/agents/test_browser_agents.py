@@ -169,3 +169,38 @@ def test_browser_use_drives_the_episodes_browser_with_its_own_agent_loop(tmp_pat
                           text=True, check=True)  # fmt: skip
     assert left.stdout.strip() == "" and running_under(tmp) == [] and list(tmp.iterdir()) == []
     tmp.rmdir()
+
+
+@pytest.mark.agents
+@pytest.mark.browser
+@pytest.mark.timeout(900)
+def test_browser_use_runs_as_a_white_box_agent_in_its_own_venv(tmp_path: Path):
+    """`--agent python:…browser_use_agent:run` with `rollout.python: browser-use`: hrl's worker runs in the library's
+    own venv (hrl's package importable there, not hrl's environment), closed in a namespace where bubblewrap runs,
+    with the episode's browser (`session.browser`) forwarded in. browser-use's own loop clicks the page's button by its
+    number; each episode is one trace with the page's reward, and nothing is left behind."""
+    install_agent("browser-use", "local")
+    tmp = Path(tempfile.mkdtemp(prefix="hrl-t-", dir="/tmp"))
+    agent = "python:hrl.runners.agents.browser_use_agent:run"
+    click = _step({"click": {"index": 0}})
+    turns = [click.replace('"index": 0', '"index": {{match:\\[(\\d+)\\]<button id=subbtn||1}}')]
+    run = hrl("rollout", "--recipe", "browser", "--agent", agent, "--sandbox", "local",
+              "--limit", "2", "--engine", "scripted", "-c", f"engine_options.turns={json.dumps(turns)}",
+              "-c", "engine_options.max_model_len=1048576", "-c", "proxy.default_max_tokens=512",
+              "-c", "rollout.python=browser-use", "-c", "rollout.agent_options.max_steps=2", "--out", "traces.jsonl",
+              cwd=tmp_path, tmp=tmp)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "agent in a subprocess: in its own Python (rollout.python: browser-use)" in run.stderr
+    traces = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for t in traces:
+        assert (t["reward"], t["success"], t["failure_reason"]) == (1.0, True, None), t["metadata"]
+        assert not t["reward_info"]["tampered"] and t["reward_info"]["refused_commands"] == []
+        assert t["agent"] == {"name": agent, "version": "subprocess"}
+        assert len(t["calls"]) == 2  # max_steps (session.options): the click, then its last step (done only)
+    shown = hrl("inspect", "traces.jsonl", "--full", "--trace", traces[0]["trace_id"], cwd=tmp_path).stdout
+    index = re.search(r"\[(\d+)\]<button id=subbtn />", shown).group(1)  # type: ignore[union-attr]
+    flat = re.sub(r"\s*\n[│ ]*", " ", shown)
+    assert f'"action": [{{"click": {{"index": {index}}}}}]' in flat
+    assert running_under(tmp) == [] and list(tmp.iterdir()) == []
+    tmp.rmdir()
