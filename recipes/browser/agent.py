@@ -5,6 +5,7 @@ The episode's browser is hrl's (started by the `miniwob` verifier); `session.bro
 the page's address. The page, not this agent, says the reward: the verifier reads it at the end.
 
 Actions the model may answer with, one per reply:  click TEXT  |  type TEXT  |  done
+(`click` takes a control named TEXT, a button or a link, before any other text showing TEXT.)
 (`type` fills the focused or first text field, then the agent presses nothing else: the model clicks Submit itself.)
 """
 
@@ -22,6 +23,11 @@ SYSTEM = (
 )
 
 
+def observation(snapshot: str) -> str:
+    """One turn's user message: the page's accessibility snapshot, cut to its first 3000 characters."""
+    return f"Page:\n{snapshot[:3000]}\nYour action?"
+
+
 async def run(task: Any, session: Any) -> float | None:
     info = session.browser  # the episode's browser: {cdp_url, page_url}
     client = session.openai(max_retries=0)
@@ -31,7 +37,7 @@ async def run(task: Any, session: Any) -> float | None:
         messages = [{"role": "system", "content": SYSTEM}]
         for _ in range(STEPS):
             snapshot = await page.locator("body").aria_snapshot(timeout=5000)
-            messages.append({"role": "user", "content": f"Page:\n{snapshot[:3000]}\nYour action?"})
+            messages.append({"role": "user", "content": observation(snapshot)})
             reply = await client.chat.completions.create(model=session.model, messages=messages, max_tokens=32)
             action = (reply.choices[0].message.content or "").strip()
             messages.append({"role": "assistant", "content": action})
@@ -44,7 +50,7 @@ async def run(task: Any, session: Any) -> float | None:
 async def _act(page: Any, action: str) -> bool:
     """Do `action`; False ends the episode (done, or a reply that is no action)."""
     if m := re.match(r"click\s+(.+)", action, re.I):
-        target = page.get_by_text(m.group(1).strip().strip('"'), exact=False).first
+        target = await _clickable(page, m.group(1).strip().strip('"'))
     elif m := re.match(r"type\s+(.+)", action, re.I):
         target = page.locator("input[type=text], textarea").first
         try:
@@ -59,3 +65,17 @@ async def _act(page: Any, action: str) -> bool:
     except Exception:  # no such element: the step is spent
         pass
     return True
+
+
+CLICKABLE = ("button", "link", "checkbox", "radio", "tab", "menuitem", "option")
+
+
+async def _clickable(page: Any, text: str) -> Any:
+    """The element `click TEXT` means: a control named TEXT (a button, link, checkbox, …) before any text showing
+    it, which would otherwise be the page's instruction (`Click on the "Ok" button.`) when that comes first."""
+    for role in CLICKABLE:
+        control = page.get_by_role(role, name=text, exact=True)
+        if await control.count():
+            return control.first
+    exact = page.get_by_text(text, exact=True)
+    return exact.first if await exact.count() else page.get_by_text(text, exact=False).first

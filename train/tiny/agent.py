@@ -40,7 +40,7 @@ from hrl.train.tiny.profile import HarnessProfile, load_profile
 from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
 from hrl.train.tiny.transcripts import Noise, episode_messages, render_ids, render_ids_fast, transcript
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "shipped_model"]
+__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "random_qwen2", "sft", "shipped_model"]
 
 BUILD_INFO = "tiny_agent.json"
 SHIPPED_DIR = "model"  # beside the demo recipe: the default build, as `hrl models tiny-agent` writes it
@@ -138,7 +138,8 @@ def sft_episodes(cfg: TinyAgentConfig, profile: HarnessProfile) -> list[tuple[st
     return out
 
 
-def _model(cfg: TinyAgentConfig, tokenizer: Any) -> Any:
+def random_qwen2(cfg: TinyAgentConfig, tokenizer: Any) -> Any:
+    """A randomly initialised Qwen2 of `cfg`'s shape over `tokenizer` (seeded by `cfg.seed`), greedy by default."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -281,7 +282,7 @@ def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event
     corpus = [text for task, turns, _ in episodes for text in episode_messages(profile, task, turns)]
     tokenizer = train_chatml_tokenizer(corpus, cfg.vocab_size)
     out.mkdir(parents=True, exist_ok=True)
-    model = _model(cfg, tokenizer)
+    model = random_qwen2(cfg, tokenizer)
     model.save_pretrained(out, safe_serialization=True)  # config first: the proxy's ChatTemplate loads the dir
     tokenizer.save_pretrained(out)
     template = ChatTemplate(str(out))
