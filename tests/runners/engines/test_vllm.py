@@ -258,17 +258,27 @@ async def _requests_running(eng: VLLMEngine) -> float:
 def test_pause_holds_requests_until_resume(engine, loop, tiny_model):
     """A stream in flight and a new request both wait from pause to resume, then finish whole. The in-flight one
     must still be sampling when the pause lands: as long as the context allows, and on a loaded machine (where the
-    whole reply can be sampled before the client reads its first token) tried again, up to three times; a pause that
-    holds nothing fails every try."""
+    whole reply can be sampled before the client reads its first token) tried again, the last time with the pause
+    right behind the request; a pause that holds nothing fails every try."""
     prompt = chat_prompt(tiny_model)
     params = SamplingParams(max_tokens=engine.max_model_len - len(prompt), temperature=0.0, ignore_eos=True)
 
     async def go(attempt: int):
         inflight: list = []
         stream = engine.generate(f"h-inflight-{attempt}", prompt, params)
-        inflight.append(await anext(stream))
+        first = asyncio.ensure_future(anext(stream))  # sends the request
+        if attempt < 2:  # after its first token: the pause lands mid-stream, unless the machine sampled the whole
+            inflight.append(await asyncio.wait_for(asyncio.shield(first), 120))  # reply before the client read one
+        # last try: the pause right behind the request, so that a loaded machine cannot finish the reply first (the
+        # request may then be held before its first token)
         await engine.pause()
-        reader = asyncio.create_task(_drain(stream, inflight))
+
+        async def drain() -> None:
+            if not inflight:
+                inflight.append(await first)
+            await _drain(stream, inflight)
+
+        reader = asyncio.create_task(drain())
         queued = asyncio.create_task(collect(engine.generate(f"h-new-{attempt}", prompt, GREEDY)))
         # tokens already on the wire may still arrive: wait until the stream is quiet for 3 s, so that a delivery a
         # loaded machine held back is not taken for a token sampled while paused
