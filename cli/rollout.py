@@ -228,12 +228,13 @@ def _sandbox_of(run: Any) -> str:
     from hrl.runners.whitebox.harness import is_python_agent, needs_sandbox, resolve_mode
 
     agent, verifier = run.rollout.agent, run.verifier or None
+    if not is_python_agent(agent):
+        return str(run.rollout.sandbox)
     mode, why = resolve_mode(run.rollout.mode, agent, verifier, run.rollout.python)
-    if not needs_sandbox(agent, verifier):
-        return f"none (agent {'in process' if mode == 'inprocess' else 'in a subprocess'}: {why})"
-    if is_python_agent(agent) and mode == "subprocess":
-        return f"{run.rollout.sandbox} (agent in a subprocess: {why})"
-    return str(run.rollout.sandbox)
+    where = str(run.rollout.sandbox) if needs_sandbox(agent, verifier) else "none"
+    if where != "none" and mode == "inprocess":
+        return where
+    return f"{where} (agent {'in process' if mode == 'inprocess' else 'in a subprocess'}: {why})"
 
 
 def _summary(traces: list[dict[str, Any]], out: Path, max_error_rate: float) -> int:

@@ -13,6 +13,7 @@ extra "final response" call past them).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -21,6 +22,11 @@ from hrl.runners.agents.base import AgentContext, ScriptedTurn
 __all__ = ["BrowserUseRunner"]
 
 DRIVER = ".hrl-browser-use.py"  # in HOME: browser_use_agent.py, run by the library's venv in the sandbox
+
+
+@functools.cache
+def _driver() -> str:
+    return (Path(__file__).parent / "browser_use_agent.py").read_text()
 
 
 class BrowserUseRunner:
@@ -38,7 +44,7 @@ class BrowserUseRunner:
     drives_browser = True  # browser tasks: it connects to the episode's browser itself, given no MCP server
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
-        return {DRIVER: (Path(__file__).parent / "browser_use_agent.py").read_text()}
+        return {DRIVER: _driver()}
 
     def env(self, ctx: AgentContext) -> dict[str, str]:
         return {

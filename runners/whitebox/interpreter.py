@@ -16,10 +16,12 @@ that interpreter sees hrl and none of hrl's environment. The worker needs `pydan
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,12 +40,8 @@ class AgentPython:
     paths: tuple[str, ...]
     own: bool  # hrl's own interpreter (hrl's sys.path), else one of the agent's
 
-    @property
-    def label(self) -> str:
-        return "hrl's" if self.own else self.python
 
-
-def agent_python(value: str = "", on_event: object = None) -> AgentPython:
+def agent_python(value: str = "", on_event: Callable[[str], None] | None = None) -> AgentPython:
     """The interpreter `rollout.python` names (see the module docstring); installs a named agent's venv on first
     use. Raises UsageError for a path that is not an executable, PrerequisiteError for a failed install."""
     value = value.strip()
@@ -62,7 +60,7 @@ def agent_python(value: str = "", on_event: object = None) -> AgentPython:
     return AgentPython(absolute, (str(client_root()), str(Path.cwd())), own=False)
 
 
-def _installed_python(name: str, on_event: object) -> Path:
+def _installed_python(name: str, on_event: Callable[[str], None] | None) -> Path:
     from hrl.runners.agents import get_agent
     from hrl.runners.agents.install import install
 
@@ -70,7 +68,7 @@ def _installed_python(name: str, on_event: object) -> Path:
     if getattr(runner, "package_kind", "") != "pypi":
         raise UsageError(f"rollout.python {name!r} is an agent CLI, not a Python agent hrl installs a venv for",
                          hint="name browser-use, mini-swe-agent or aider, or give a path to a Python")  # fmt: skip
-    done = install(name, "local", on_event=on_event if callable(on_event) else None)  # a no-op once installed
+    done = install(name, "local", on_event=on_event)  # a no-op once installed
     return Path(done.host_dir) / "venv" / "bin" / "python"
 
 
@@ -94,9 +92,11 @@ def client_root() -> Path:
     return root
 
 
+@functools.cache
 def check_python(where: AgentPython, spec: str, base_dir: str | None) -> None:
     """Load the agent's function in its own interpreter, as its worker will: raises PrerequisiteError naming what
-    is missing there (hrl's worker needs pydantic and aiohttp; the agent, its own imports)."""
+    is missing there (hrl's worker needs pydantic and aiohttp; the agent, its own imports). Once per process for
+    an interpreter and agent that loaded (`hrl rollout` checks before the engine starts, the rollouts again)."""
     if where.own:
         return
     probe = ("import sys; from hrl.runners.whitebox.harness import load_function; "
