@@ -78,14 +78,21 @@ def state_dir() -> Path:
 
 @functools.cache
 def bwrap_works() -> bool:
-    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per process.)"""
+    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per process.) A failed
+    probe is tried again twice: the answer is kept for the process, and a loaded machine failing one probe must not
+    leave every later sandbox of the process unisolated."""
     if shutil.which("bwrap") is None:
         return False
     probe = ["bwrap", "--bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--die-with-parent", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    for attempt in range(3):
+        if attempt:
+            time.sleep(0.5)
+        try:
+            if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
+                return True
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return False
 
 
 class LocalBackend:
