@@ -14,7 +14,7 @@ import typer
 from hrl.cli import __version__
 from hrl.cli.errors import EXIT_INTERRUPTED, report
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "run"]
 
 
 def _click_classes(name: str) -> tuple[type[BaseException], ...]:
@@ -123,7 +123,24 @@ _register()
 
 
 def main() -> None:
-    """Console entry point: run the app and map every exception to one error line and an exit code."""
+    """Console entry point: `run`, then an exit with its code and nothing after it. The exit handlers run (Ray's
+    shutdown, logging's flush) and the output is flushed, but not the interpreter's teardown: a native thread still
+    inside torch at that point (an engine's last step) made a finished run exit 134 ('terminate called without an
+    active exception') after its traces were written. A finished run exits with the code it chose."""
+    code = run()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`hrl … | head`): nothing more to say there
+            pass
+    os._exit(code)
+
+
+def run() -> int:
+    """Run the app (argv from sys.argv) and map every exception to one error line and an exit code, returned."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress goes to stderr via rich
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # `kill PID` (a scheduler, `timeout`, a supervisor) stops a command the way Ctrl-C does: episodes end as
@@ -142,4 +159,4 @@ def main() -> None:
         rc = EXIT_INTERRUPTED
     except Exception as e:
         rc = report(e)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    return rc if isinstance(rc, int) else 0

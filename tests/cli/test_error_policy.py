@@ -3,8 +3,8 @@ on stderr, no traceback, and exits with the policy's code (2 usage, 1 data or ru
 prerequisite). Every `hrl …` command a hint names, and every option it names, is run with --help and must parse.
 
 The table is checked against the command tree itself: a command with no row fails `test_every_command_has_a_row`.
-The rows run the real entry point (`hrl.cli.main.main`) in this process; none of them may start any work, which
-is the point: names and paths are checked first. With HRL_POLICY_TABLE=FILE each row appends itself to FILE as
+The rows run the real entry point (`hrl.cli.main.run`, whose code `main` exits with) in this process; none of
+them may start any work, which is the point: names and paths are checked first. With HRL_POLICY_TABLE=FILE each row appends itself to FILE as
 a markdown table row (input | command | exit | error | hint).
 """
 
@@ -25,7 +25,7 @@ import pytest
 import typer
 
 import hrl.recipes
-from hrl.cli.main import app, main
+from hrl.cli.main import app, run
 from tests.harbor_tasks import write_task
 
 USAGE, FAILURE, PREREQ = 2, 1, 4
@@ -343,10 +343,7 @@ def run_hrl(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatc
         for k, v in {"NO_COLOR": "1", **env}.items():
             m.setenv(k, v)
         try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
+            code = run()
         finally:
             signal.signal(signal.SIGINT, handlers[0])
             signal.signal(signal.SIGTERM, handlers[1])
