@@ -10,9 +10,12 @@ share their task's seed, so they face the same problem). Per episode the verifie
    it; writes `browser.json` ({cdp_url, page_url}) into the sandbox's workdir for the agent's browser tools;
 2. `verify`: reads the reward the page produced and stops the browser (its process group killed, its profile gone).
 
-Reward: the task's own raw reward (MiniWoB scores -1..1; 1 = solved, a wrong answer is negative), taken from the
-page's `core.endEpisode` the first time it ran for the episode; an episode the page never ended (no answer, or the
-agent's time ran out) scores 0. A browser that cannot be started or reached is `verifier_error`, never a 0.
+Reward: 1 when the page says the task is solved (its raw score is 1), else 0, from the page's `core.endEpisode` the
+first time it ran for the episode; an episode the page never ended (no answer, or the agent's time ran out) scores
+0. The page's raw score is kept in `reward_info` (`raw_reward`): MiniWoB scores -1..1, but not every page scores a
+wrong answer below 0 (`find-greatest` ends one with +0.1), so paying it would pay a wrong answer over none.
+`verifier.reward: raw` pays the raw score instead. A browser that cannot be started or reached is
+`verifier_error`, never a 0.
 
 Who sets the reward: the agent holds a CDP endpoint, which can run any script in the page, so the page's reward
 globals (`WOB_REWARD_GLOBAL`, …) are not trusted. hrl's own CDP session records the console line `core.endEpisode`
@@ -33,7 +36,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -149,6 +152,11 @@ class MiniWoBVerifierConfig(BaseModel):
     )
     cdp_port: int = Field(9222, gt=0, lt=65536, description="Where the sandbox sees the browser (agent_in_sandbox).")
     browser: BrowserWhere = Field("auto", description=WHERE_HELP)
+    reward: Literal["binary", "raw"] = Field(
+        "binary",
+        description="binary: 1 for a solved page, 0 otherwise (the page's raw score kept in reward_info.raw_reward). "
+        "raw: the page's own score, -1..1 (some pages score a wrong answer above 0: find-greatest +0.1).",
+    )
 
 
 @dataclass
@@ -218,7 +226,7 @@ class MiniWoBVerifier:
         if episode is None:
             return Verdict.error(f"no browser was started for {task.instance_id} in sandbox {sandbox.id}")
         try:
-            return await read_reward(episode)
+            return await read_reward(episode, raw=self.config.reward == "raw")
         finally:
             await episode.stack.aclose()
             self._forget(sandbox)
@@ -297,8 +305,9 @@ def _on_console(episode: _Episode, params: dict[str, Any], session: str | None) 
     })  # fmt: skip
 
 
-async def read_reward(episode: _Episode) -> Verdict:
-    """The episode's verdict from the first accepted `core.endEpisode` of the page (see the module's docstring)."""
+async def read_reward(episode: _Episode, raw: bool = False) -> Verdict:
+    """The episode's verdict from the first accepted `core.endEpisode` of the page (see the module's docstring):
+    1 solved, else 0; `raw`: the page's own score."""
     try:
         page = await _evaluate(episode.cdp, episode.target, "({done: WOB_DONE_GLOBAL, reward: WOB_REWARD_GLOBAL, "
                                "raw: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON, url: location.href})")  # fmt: skip
@@ -317,7 +326,8 @@ async def read_reward(episode: _Episode) -> Verdict:
     first = accepted[0]
     info.update(ended=True, raw_reward=first["raw"], time_scaled_reward=first["reward"])
     info["tampered"] = bool(refused) or (len(accepted) > 1 and page is not None and page.get("raw") != first["raw"])
-    return Verdict(first["raw"], info, success=first["raw"] >= 1.0)
+    solved = first["raw"] >= 1.0
+    return Verdict(first["raw"] if raw else float(solved), info, success=solved)
 
 
 async def check_miniwob_task(task: Task, time_limit_s: float = 60.0) -> Any:

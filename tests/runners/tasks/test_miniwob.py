@@ -8,6 +8,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -227,3 +228,31 @@ def test_the_agents_endpoint_refuses_what_could_rewrite_the_task(method: str, pa
     error, title, refused = asyncio.run(main())
     assert "refused by hrl" in error or "isolated world" in error
     assert refused == [method] and isinstance(title, str)
+
+
+def test_a_wrong_answer_the_page_scores_above_zero_is_paid_zero_unless_raw_is_asked() -> None:
+    """find-greatest ends a wrong answer with +0.1 (Farama-Foundation/MiniWoB-plusplus#108): paid as it is, RL would
+    be paid for answering wrong over not answering. The reward is 1 solved, else 0; the raw score is kept, and
+    `verifier.reward: raw` pays it."""
+
+    async def main() -> tuple[Any, Any]:
+        ep = await start_page(load_miniwob("miniwob:find-greatest")[0], 60)
+        try:
+            page = await Page.open(ep.browser.cdp_url, ep.page_url)
+            values = await page.read("[...document.querySelectorAll('.card')].map(c => Number(c.innerText))")
+            wrong = min(range(len(values)), key=values.__getitem__)  # the smallest card: a wrong answer
+            await page.click(f".card[data-index='{wrong}']")
+            await page.click("#submit")
+            await page.close()
+            await asyncio.sleep(0.2)
+            return await read_reward(ep), await read_reward(ep, raw=True)
+        finally:
+            await ep.stack.aclose()
+
+    binary, raw = asyncio.run(main())
+    assert (binary.reward, binary.success) == (0.0, False)
+    assert binary.reward_info["raw_reward"] == pytest.approx(0.1)
+    assert (raw.reward, raw.success) == (pytest.approx(0.1), False)
+    assert MiniWoBVerifier(reward="raw").config.reward == "raw"
+    with pytest.raises(ValueError, match="reward"):
+        MiniWoBVerifier(reward="shaped")
