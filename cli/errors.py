@@ -2,7 +2,7 @@
 
 The policy: 0 ok; 1 a data or run failure; 2 usage (an unknown name of agent, recipe, engine, sandbox, family,
 dialect; a bad path; a bad `-c` key or value; a bad flag); 3 a rollout whose infrastructure failures passed
-`max_error_rate`; 4 a missing prerequisite (docker, an agent CLI that cannot install, vLLM); 130 interrupted.
+`max_error_rate`, or a training batch whose every episode failed in the infrastructure; 4 a missing prerequisite (docker, an agent CLI that cannot install, vLLM); 130 interrupted.
 Every error gets exactly one hint: the exception's own, else its row's, else the fallback. A hint that names an
 `hrl` command or option names one that exists (tests/cli/test_error_policy.py runs each with --help).
 """
@@ -31,6 +31,7 @@ def _table() -> list[tuple[type[BaseException], int, str]]:
     """The table, built on first use: its exception types live in modules `hrl --help` need not import."""
     from hrl.recipes.loader import RecipeError
     from hrl.runners.errors import (
+        BatchFailedError,
         EngineError,
         EngineStartError,
         HrlError,
@@ -50,6 +51,7 @@ def _table() -> list[tuple[type[BaseException], int, str]]:
         (UnknownNameError, EXIT_USAGE, "use one of the valid names listed"),
         (ModelNotFoundError, EXIT_USAGE, "pass an HF model id or a local model dir; `hrl models tiny DIR` builds one"),
         (UsageError, EXIT_USAGE, "check the argument against the command's --help"),
+        (BatchFailedError, EXIT_INFRA, "`hrl inspect RUN_DIR --json` shows each episode's metadata"),
         (PortInUseError, EXIT_FAILURE, "choose another --port, or stop the process holding it"),
         (PrerequisiteError, EXIT_PREREQ, "run `hrl doctor` to see what is missing"),
         (EngineStartError, EXIT_FAILURE, "re-run with HRL_DEBUG=1 to see the engine's log"),
@@ -118,10 +120,13 @@ def infra_exit(traces: list[dict[str, Any]], max_error_rate: float, where: str) 
     infra.pop("cancelled", None)
     if sum(infra.values()) <= len(traces) * max_error_rate:
         return 0
+    from hrl.runners.summary import failure_cause
+
     which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
+    first = next(t for t in traces if t.get("failure_reason") in infra)
     say_error(
         f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
-        f"max_error_rate {max_error_rate:g} allows",
+        f"max_error_rate {max_error_rate:g} allows; the first: {failure_cause(first)}",
         f"the traces' metadata say why: `hrl inspect {where} --json`; `hrl doctor` checks docker and the engine",
     )
     return EXIT_INFRA

@@ -10,6 +10,8 @@ from __future__ import annotations
 from hrl.errors import HrlError, UnknownNameError, UsageError
 
 __all__ = [
+    "BatchFailedError",
+    "ChecksumError",
     "ContextLengthError",
     "EngineError",
     "EngineStartError",
@@ -44,3 +46,13 @@ class EngineError(HrlError):
 
 class ContextLengthError(EngineError):
     """A prompt (plus the tokens asked for) does not fit the model's context window."""
+
+
+class BatchFailedError(HrlError):
+    """Every episode of a training batch failed in the machinery (no agent reached the model, every sandbox
+    failed): there is nothing to train on, and a run that stepped on nothing would only look as if it worked."""
+
+
+class ChecksumError(HrlError):
+    """A downloaded or cached file does not match the sha256 hrl pins for it (a tampered or corrupt file, or another
+    release than the pinned one): nothing is built from it."""

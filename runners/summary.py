@@ -20,6 +20,7 @@ __all__ = [
     "TraceSelectionError",
     "describe_branches",
     "describe_calls",
+    "failure_cause",
     "media_text",
     "percentile",
     "select_trace",
@@ -137,6 +138,19 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
         "dialects": sorted({c["dialect"] for c in calls}),
         "tools": dict(sorted(Counter(t.get("name", "?") for t in tools).items())),
     }
+
+
+def failure_cause(trace: Trace, lines: int = 5) -> str:
+    """Why an episode failed, in a few lines for an error message: its failure reason (and the agent's own, for an
+    agent that ended before its first call), then the last lines the agent or the harness said (its stderr tail, or
+    the error the harness recorded)."""
+    meta = trace.get("metadata") or {}
+    reason = str(trace.get("failure_reason"))
+    if meta.get("agent_failure"):
+        reason += f" ({meta['agent_failure']}, exit {meta.get('agent_exit_code', '?')})"
+    said = str(meta.get("agent_stderr_tail") or meta.get("error") or meta.get("agent_stdout_tail") or "").strip()
+    tail = [ln for ln in said.splitlines() if ln.strip()][-lines:]
+    return reason + (":\n  " + "\n  ".join(tail) if tail else " (the agent said nothing)")
 
 
 def media_text(counts: dict[str, int]) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "sampled_versions",
     "trace_success",
     "validate_trace",
+    "without_calls",
     "write_trace",
 ]
 
@@ -67,10 +68,14 @@ FAILURE_REASONS = (
     "cancelled",
     "internal_error",
 )
-# Failures of the machinery, not of the policy: never trained on, counted per step and per rollout. Every other
-# reason (timeout, crash, exit, context overflow, no LLM calls) is the policy's doing: it keeps reward 0 and is
-# trained on, since dropping a timeout would teach the policy to time out.
-INFRA_FAILURES = frozenset({"sandbox_error", "engine_error", "verifier_error", "internal_error", "cancelled"})
+# Failures of the machinery, not of the policy: never trained on, counted per step and per rollout. `no_llm_calls`
+# is one: an agent that ended before its first model call (a crash at start, a harness that never reached the
+# proxy) did nothing the policy chose. Every other reason (timeout, crash, exit, context overflow, after a call)
+# is the policy's doing: it keeps reward 0 and is trained on, since dropping a timeout would teach the policy to
+# time out.
+INFRA_FAILURES = frozenset(
+    {"sandbox_error", "engine_error", "verifier_error", "internal_error", "cancelled", "no_llm_calls"}
+)
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
 
@@ -197,6 +202,19 @@ def validate_trace(obj: Any) -> None:
         else:
             raise ValueError(f"call {call['call_id']}: neither prompt_ids nor prompt_ref")
         full_len[call["call_id"]] = prompt_len + len(call["response_ids"])
+
+
+def without_calls(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The outcome of an episode whose agent ended before its first model call: `no_llm_calls`, a harness failure
+    with no reward (the policy chose nothing); the agent's own failure (`agent_failure`: a crash at start) and a
+    verifier's reward (`reward_without_calls`) are kept in the metadata, beside the agent's last output."""
+    extra = dict(outcome.get("extra") or {})
+    if outcome.get("failure_reason") is not None:
+        extra["agent_failure"] = outcome["failure_reason"]
+    if outcome.get("reward") is not None:
+        extra["reward_without_calls"] = outcome["reward"]
+    return {**outcome, "status": "failed", "failure_reason": "no_llm_calls", "reward": None, "success": None,
+            "extra": extra}  # fmt: skip
 
 
 def is_infra_failure(trace: dict[str, Any]) -> bool:

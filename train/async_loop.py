@@ -50,6 +50,7 @@ from hrl.train.sinks import MetricsSink
 from hrl.train.step import (
     Event,
     Publisher,
+    check_batch,
     commit,
     off_policy,
     publish_checkpoint,
@@ -321,6 +322,7 @@ async def train_async(
     except BaseException:
         sink.close()
         raise
+    own_episodes = producer is None
     producer = producer or _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
     t_start = time.monotonic()
@@ -331,6 +333,8 @@ async def train_async(
             if evals.due(step):  # pinned to `version`: the publish below never reaches its episodes
                 held = asyncio.create_task(evals.at(step, version, sink, on_event))
             batch = await producer.take(acfg.batch_traces)
+            if own_episodes:  # an online run's clients come and go: one client's failures do not stop the run
+                check_batch(batch, str(run.path))
             t1 = time.monotonic()
             fresh, stale_before = select_fresh(batch, version, acfg)
             dropped_total += len(batch) - len(fresh)

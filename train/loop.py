@@ -27,6 +27,7 @@ from hrl.train.sinks import MetricsSink
 from hrl.train.step import (
     Event,
     Publisher,
+    check_batch,
     commit,
     publish_checkpoint,
     restore_dropped_weights,
@@ -215,6 +216,7 @@ async def _iteration(
     await run_episodes(rollouts, todo, run.trace_file(it), cfg.concurrency)
     keys = {e.key for e in episodes}
     traces = [t for t in run.iteration_traces(it) if t.get("metadata", {}).get("episode") in keys]
+    check_batch(traces, str(run.path))  # nothing the policy did: the run stops, naming why
     t1, mem = time.monotonic(), peaks.end("rollout")
     await sleep(publisher, trainer)  # colocated: vLLM frees the GPU, the trainer takes back what it offloaded
     metrics = await update(trainer, traces, cfg, version)

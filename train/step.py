@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import BatchFailedError, HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.models import resolve_model
 from hrl.runners.rundir import RunDir
@@ -33,6 +33,7 @@ __all__ = [
     "Event",
     "Publisher",
     "attach_ipc_weights",
+    "check_batch",
     "commit",
     "off_policy",
     "offload_plan",
@@ -147,6 +148,25 @@ async def wake(publisher: Publisher, trainer: Trainer) -> dict[str, float]:
     if callable(fn := getattr(publisher.engine, "wake_up", None)):
         await fn()
     return moved
+
+
+def check_batch(traces: list[dict[str, Any]], where: str) -> None:
+    """Raise BatchFailedError when every episode of a batch failed in the infrastructure (`no_llm_calls`: the agent
+    ended before its first model call; a sandbox, engine or verifier error), naming the reasons and the first
+    episode's cause (the agent's last stderr lines). Cancelled episodes (Ctrl-C) are no such failure."""
+    from collections import Counter
+
+    from hrl.runners.summary import failure_cause
+
+    failed = [t for t in traces if is_infra_failure(t) and t.get("failure_reason") != "cancelled"]
+    if not traces or len(failed) < len(traces):
+        return
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(Counter(str(t["failure_reason"]) for t in failed).items()))
+    raise BatchFailedError(
+        f"all {len(traces)} episodes of the batch failed before the policy could be trained ({counts}); the first: "
+        f"{failure_cause(failed[0])}",
+        hint=f"`hrl inspect {where} --json` shows each episode's metadata; one episode alone: `hrl rollout --limit 1`",
+    )
 
 
 def trainable(trace: dict[str, Any], keep_dropped_media: bool = False) -> bool:

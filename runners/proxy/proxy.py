@@ -42,7 +42,7 @@ from hrl.runners.proxy.template import IMAGE_MARK, ChatTemplate, IncrementalDeco
 from hrl.runners.proxy.tokens import owned_token, owner
 from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
 from hrl.runners.redact import default_redactor
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import INFRA_FAILURES, TraceWriter, without_calls
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -286,8 +286,8 @@ class Proxy:
             return {"agent": session.agent, "calls": sum(c.agent == session.agent for c in session.calls)}
         for child in session.children:  # the tree ends with its root: no token of it is served any more
             self.sessions.pop(child, None)
-        if not session.calls and outcome.get("failure_reason") is None:
-            outcome["failure_reason"] = "no_llm_calls"
+        if not session.calls and outcome.get("failure_reason") not in INFRA_FAILURES:
+            outcome = without_calls(outcome)
         trace = session.to_trace(**outcome)
         if self.traces is not None:
             self.traces.write(trace)

@@ -189,6 +189,7 @@ def test_an_agent_cannot_reach_anything_but_the_proxy_data_plane(tiny_model, bac
     assert alive == tokens  # nobody registered, listed into or ended anything
     assert not held and version == 0  # no pause, no publish
     mine, victim = (traces[t] for t in sorted(traces, key=lambda t: traces[t]["task_id"] != "attacker"))
-    assert mine["reward"] == victim["reward"] == 0.0  # the rewards are the owner's, not the agent's
+    assert mine["reward"] == 0.0  # the rewards are the owner's, not the agent's
+    assert victim["metadata"]["reward_without_calls"] == 0.0  # (a session without a call is no policy's to reward)
     assert len(mine["calls"]) == 1 and mine["metadata"]["rejected_requests"] == 2
     assert victim["calls"] == [] and "rejected" not in victim
