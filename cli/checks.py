@@ -134,7 +134,8 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     from hrl.registry import require
     from hrl.runners.tasks import VERIFIERS
     from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox, resolve_mode
-    from hrl.runners.whitebox.interpreter import agent_python, check_python
+    from hrl.runners.whitebox.interpreter import agent_python, check_python, closed_mounts
+    from hrl.sandboxes.local import LocalBackend
 
     grade_by_source(cfg, task_file)
     names = harnesses(cfg)
@@ -142,12 +143,15 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     check_browser_reach(cfg, names)
     for agent in names:
         if is_python_agent(agent):  # its module and function load now, in its own Python where it has one
-            resolve_mode(str(roll.get("mode", "auto")), agent, cfg.get("verifier"), str(roll.get("python") or ""))
+            mode, _ = resolve_mode(str(roll.get("mode", "auto")), agent, cfg.get("verifier"),
+                                   str(roll.get("python") or ""))  # fmt: skip
             where = agent_python(str(roll.get("python") or ""), on_event=_installing)
             if where.own:
                 load_function(agent, cfg.get("recipe_dir"))
             else:
                 check_python(where, agent, cfg.get("recipe_dir"))
+            if mode == "subprocess":  # what its namespace would hide is bound in, or refused now, naming the path
+                closed_mounts(where, agent, cfg.get("recipe_dir"), LocalBackend().private_roots())
         else:
             check_agent(agent)
     sandboxed = any(needs_sandbox(agent, cfg.get("verifier")) for agent in names)
@@ -225,9 +229,9 @@ def check_browser_reach(cfg: dict[str, Any], agents: list[str]) -> None:
             "browser-use",
         )
     if clis and roll.get("sandbox", "docker") == "local":
-        from hrl.sandboxes.local import bwrap_works
+        from hrl.sandboxes.local import isolation
 
-        if not bwrap_works():
+        if not isolation():
             raise UsageError(
                 f"MiniWoB++ tasks cannot run with {', '.join(clis)} in a local sandbox without bubblewrap: the "
                 "browser's endpoint is forwarded into a sandbox's own network namespace",

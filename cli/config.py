@@ -87,15 +87,21 @@ def load_recipe_config(name_or_path: str) -> dict[str, Any]:
 
 def materialize_model(name: str) -> str:
     """`hrl:tiny` / `hrl:tiny-agent` name hrl's own local models: built once (deterministically) into the cache; the
-    demo recipe ships its tiny-agent build, which is copied instead.
+    demo recipe ships its tiny-agent build, which is copied instead. `hrl:NAME` of a pretrained model in `hrl models
+    ls` (`hrl:smollm2-135m`) is fetched and converted into the cache on first use (`hrl models get NAME`).
     Anything else is returned as given (an HF id or a path)."""
     if not name.startswith("hrl:"):
         return name
     import os
 
     from hrl.cli.output import err
+    from hrl.train.pretrained import CATALOGUE
 
     kind = name.removeprefix("hrl:")
+    if kind in CATALOGUE:  # a build of any dtype in the default folder will do
+        from hrl.cli.pretrained import get_showing_progress
+
+        return str(get_showing_progress(kind, dtype=None)["path"])
     out = Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser() / "models" / kind
     if kind == "tiny-agent":  # a no-op when `out` holds this exact build; rebuilt when the recipe's data changed
         from hrl.cli.models import build_tiny_agent_showing_progress
@@ -106,7 +112,8 @@ def materialize_model(name: str) -> str:
     if kind == "tiny":
         from hrl.train.tiny import build_tiny_model as build
     else:
-        raise UsageError(f"unknown hrl model {name!r}; valid: hrl:tiny, hrl:tiny-agent", hint="use --model hrl:tiny")
+        valid = ", ".join(f"hrl:{n}" for n in ["tiny", "tiny-agent", *CATALOGUE])
+        raise UsageError(f"unknown hrl model {name!r}; valid: {valid}", hint="`hrl models ls` lists them")
     err.print(f"building {name} into {out} (once) …", markup=False)
     tmp = out.with_name(out.name + ".partial")
     build(tmp)
@@ -116,14 +123,18 @@ def materialize_model(name: str) -> str:
 
 def hide_from_sandboxes(cfg: dict[str, Any], task_file: str, *outputs: Path) -> None:
     """Name in `verifier.hide_paths` what no agent or grading sandbox may read: the task file (hidden tests, gold
-    patches; a recipe's whole folder, with its other splits) and the run's outputs (traces)."""
+    patches; a recipe's whole folder, with its other splits) and the run's outputs (traces); the outputs are also
+    recorded among the paths no local sandbox of any run may read (`hrl.sandboxes.hidden`)."""
     import hrl.recipes
+    from hrl.sandboxes.hidden import hide as hide_everywhere
 
     tasks = Path(task_file).resolve()
     recipes = [Path(p).resolve() for p in hrl.recipes.__path__]
     inside = any(tasks.is_relative_to(r) for r in recipes)
     hide = [str(tasks.parent if inside else tasks)] if not str(task_file).startswith("miniwob:") else []  # no file
     hide += [str(Path(o).resolve()) for o in outputs]
+    for output in outputs:  # another run's sandboxes: its control token, keys and traces lie in its run directory
+        hide_everywhere(output)
     verifier = cfg.setdefault("verifier", {})
     verifier["hide_paths"] = [
         *verifier.get("hide_paths", []),

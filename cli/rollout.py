@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from collections import Counter
@@ -45,14 +46,18 @@ LOCAL_WARNING = (
 
 
 def local_warning() -> str:
-    """The one-line warning for --sandbox local, saying whether bubblewrap isolates it on this machine."""
-    from hrl.sandboxes.local import bwrap_works
+    """The one-line warning for --sandbox local, saying whether bubblewrap isolates it on this machine. Raises
+    SandboxUnavailableError where bubblewrap is installed but cannot set a sandbox up (`isolation`)."""
+    from hrl.sandboxes.local import ISOLATION_VAR, isolation
 
-    if bwrap_works():
+    if isolation():
         return LOCAL_WARNING.format(how=" in a bubblewrap namespace", hidden=", it reaches no network but the "
                                     "proxy, and the task file, the run's traces, other sandboxes and hrl's processes "
                                     "are hidden from it")  # fmt: skip
-    return LOCAL_WARNING.format(how=", unisolated (no bubblewrap: `apt-get install bubblewrap`)", hidden=", but it "
+    why = (
+        f"{ISOLATION_VAR}=0" if os.environ.get(ISOLATION_VAR) == "0" else "no bubblewrap: `apt-get install bubblewrap`"
+    )
+    return LOCAL_WARNING.format(how=f", unisolated ({why})", hidden=", but it "
                                 "shares the host's network and the task file (hidden tests, gold patch) is "
                                 "readable")  # fmt: skip
 

@@ -46,14 +46,18 @@ EPILOG = """Examples:
 def default_control_token_file() -> Path:
     """Where `hrl serve` writes its control token without --control-token-file: $HRL_STATE_DIR/control-token
     (default ~/.local/state/hrl/control-token)."""
-    from hrl.sandboxes.local import state_dir  # the folder local sandboxes empty: one definition of where it is
+    from hrl.sandboxes.hidden import state_dir  # the folder local sandboxes empty: one definition of where it is
 
     return state_dir() / "control-token"
 
 
 def write_control_token(path: Path, token: str) -> None:
-    """Write the control token to `path`, readable by this user alone (0600)."""
+    """Write the control token to `path`, readable by this user alone (0600), and record it among the paths no local
+    sandbox may read, wherever it lies (`hrl.sandboxes.hidden`)."""
+    from hrl.sandboxes.hidden import hide
+
     path.parent.mkdir(parents=True, exist_ok=True)
+    hide(path)  # first: a token that cannot be recorded is never written
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an existing file keeps its mode through open(): set it

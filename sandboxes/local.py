@@ -13,7 +13,8 @@
   then spec.env and the exec's env. So cloud keys and tokens in the host's environment never reach an agent.
 - Commands run in their own session (process group); a timeout kills the group and every process that still
   carries the sandbox's marks in its environment (Linux /proc).
-- Files out of sight: where bubblewrap runs (`bwrap`; $HRL_LOCAL_ISOLATION=0 turns it off), every command runs in
+- Files out of sight: where bubblewrap is installed (`bwrap`; $HRL_LOCAL_ISOLATION=0 turns it off; where it is
+  installed but cannot set a namespace up, a local sandbox is refused: `isolation`), every command runs in
   its own mount and pid namespace, without capabilities, with the host's files read-only (the sandbox root and
   non-read-only mounts excepted), a minimal /dev and an empty /run (no docker socket). `spec.hidden_paths` (the task files with hidden tests and gold patches, the
   run directory: `hrl rollout` / `hrl train` fill them in) are emptied, every other sandbox under the same root
@@ -38,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
-import functools
 import json
 import os
 import posixpath
@@ -54,10 +54,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec
+from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec, SandboxUnavailableError
 from hrl.sandboxes.forward import FORWARDER, TUNNEL
+from hrl.sandboxes.hidden import hidden_paths, state_dir
 
-__all__ = ["HOST_ENV", "PASSTHROUGH_VAR", "LocalBackend", "LocalSandbox", "host_env", "kill_marked", "pid_alive"]
+__all__ = [
+    "HOST_ENV",
+    "PASSTHROUGH_VAR",
+    "LocalBackend",
+    "LocalSandbox",
+    "bwrap_works",
+    "host_env",
+    "isolation",
+    "kill_marked",
+    "pid_alive",
+]
 
 PREFIX = "hrl-sbx-"
 MARKER = ".hrl-sandbox.json"
@@ -71,28 +82,57 @@ PASSTHROUGH_VAR = "HRL_SANDBOX_ENV_PASSTHROUGH"  # more host variables for local
 ISOLATION_VAR = "HRL_LOCAL_ISOLATION"  # "0": run local sandbox commands without bwrap (a trusted agent only)
 
 
-def state_dir() -> Path:
-    """hrl's state folder ($HRL_STATE_DIR, default ~/.local/state/hrl): `hrl serve` keeps its control token there."""
-    return Path(os.environ.get("HRL_STATE_DIR") or Path.home() / ".local" / "state" / "hrl")
+BWRAP_ABSENT = "bubblewrap is not installed (no `bwrap` on PATH)"
+_bwrap_ok = False  # set once a probe passed: a namespace this process could set up once it can always set up
 
 
-@functools.cache
-def bwrap_works() -> bool:
-    """Can this machine run commands in a bubblewrap mount and pid namespace? (Checked once per process.) A failed
-    probe is tried again twice: the answer is kept for the process, and a loaded machine failing one probe must not
-    leave every later sandbox of the process unisolated."""
+def bwrap_probe() -> str | None:
+    """None where bubblewrap sets up a mount and pid namespace here; else why not (`BWRAP_ABSENT`, or bwrap's own
+    error). A pass is kept for the process; a failure is not (three tries, half a second apart, each time): one
+    probe failing on a loaded machine must neither open nor close every later sandbox of the process."""
+    global _bwrap_ok
+    if _bwrap_ok:
+        return None
     if shutil.which("bwrap") is None:
-        return False
+        return BWRAP_ABSENT
     probe = ["bwrap", "--bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--die-with-parent", "true"]
+    why = "bwrap did not answer"
     for attempt in range(3):
         if attempt:
             time.sleep(0.5)
         try:
-            if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
-                return True
-        except (OSError, subprocess.SubprocessError):
+            out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"{type(e).__name__}: {e}"
             continue
-    return False
+        if out.returncode == 0:
+            _bwrap_ok = True
+            return None
+        why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+    return why
+
+
+def bwrap_works() -> bool:
+    """Can this machine run commands in a bubblewrap mount and pid namespace? (`bwrap_probe`.)"""
+    return bwrap_probe() is None
+
+
+def isolation() -> bool:
+    """Whether local sandboxes run their commands under bubblewrap: True where it sets up a namespace; False where
+    $HRL_LOCAL_ISOLATION=0 opts out, or where bubblewrap is not installed (the documented warning path). Fails
+    closed: where bubblewrap is installed but cannot set a namespace up (user namespaces off, a seccomp or
+    AppArmor policy), raises SandboxUnavailableError (exit 4) instead of running the agent unisolated."""
+    if os.environ.get(ISOLATION_VAR, "1") == "0":
+        return False
+    why = bwrap_probe()
+    if why is None or why == BWRAP_ABSENT:
+        return why is None
+    raise SandboxUnavailableError(
+        f"bubblewrap is installed but cannot set up a sandbox here ({why}): a local sandbox would not be isolated",
+        hint="allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu "
+        "kernel.apparmor_restrict_unprivileged_userns=0), or opt out for a trusted agent with "
+        f"{ISOLATION_VAR}=0, or use --sandbox docker",
+    )
 
 
 class LocalBackend:
@@ -110,8 +150,8 @@ class LocalBackend:
         isolate: bool | None = None,
     ) -> None:
         self.root = root or tempfile.gettempdir()
-        if isolate is None:  # default: isolate wherever bubblewrap runs, unless $HRL_LOCAL_ISOLATION=0
-            isolate = os.environ.get(ISOLATION_VAR, "1") != "0" and bwrap_works()
+        if isolate is None:  # default: isolate wherever bubblewrap is installed (refused where it cannot set up)
+            isolate = isolation()
         self.isolate = isolate
         self.max_output_bytes = max_output_bytes
         if env_passthrough is None:
@@ -141,6 +181,14 @@ class LocalBackend:
             await sandbox.close()
             raise
         return sandbox
+
+    def private_roots(self) -> list[Path]:
+        """The host folders a command under bubblewrap does not see as they are: the temp folders (/tmp and
+        $TMPDIR, each sandbox's own) and the sandboxes' parent folder (emptied). A host path under one reaches a
+        command only as a mount; none at all where the backend does not isolate."""
+        if not self.isolate:
+            return []
+        return sorted({Path(d) for d in _temp_dirs()} | {Path(self.root).absolute()}, key=lambda p: len(p.parts))
 
     async def image_digest(self, image: str) -> str | None:
         """None: a local sandbox runs on this machine, from no image."""
@@ -321,7 +369,18 @@ class LocalSandbox:
             args += ["--ro-bind", folder, folder]
         if self.spec.network != "host":  # only a loopback interface (bwrap brings it up)
             args.append("--unshare-net")
-        for hidden in [*self.spec.hidden_paths, str(state_dir())]:
+        state = state_dir()
+        with contextlib.suppress(OSError):  # made now: a token written there while this command runs is hidden too
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # every control-token file and run directory hrl wrote, but those hiding would hide the sandbox itself (a
+        # folder holding its root, a mount or a socket's folder) and those already out of sight (its own temp folder,
+        # the emptied sandboxes' and state folders stand in their place)
+        needed = [self.root, *(Path(m.source).absolute() for m in self.spec.mounts)]
+        sockets = [self.spec.proxy_socket or "", *self.spec.forwards.values(), *self.spec.exposes.values()]
+        needed += [Path(p).absolute().parent for p in sockets if p]
+        replaced = [*map(Path, _temp_dirs()), Path(self.backend.root).absolute(), state.absolute()]
+        registered = hidden_paths(needed=needed, replaced=replaced)
+        for hidden in [*self.spec.hidden_paths, str(state), *registered]:
             path = Path(hidden).absolute()
             if path.is_dir():
                 args += ["--tmpfs", str(path)]

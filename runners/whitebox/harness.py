@@ -45,7 +45,7 @@ from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task
 from hrl.runners.trace import binary_success, write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
-from hrl.runners.whitebox.interpreter import AgentPython, agent_python, check_python
+from hrl.runners.whitebox.interpreter import AgentPython, agent_python, check_python, closed_mounts
 
 __all__ = [
     "AgentLoadError",
@@ -137,6 +137,13 @@ def load_function(spec: str, base_dir: str | Path | None = None) -> Callable[...
     return fn  # type: ignore[no-any-return]
 
 
+def _private_roots() -> list[Path]:
+    """What a closed subprocess's namespace hides of the host (`LocalBackend.private_roots`)."""
+    from hrl.sandboxes.local import LocalBackend
+
+    return LocalBackend().private_roots()
+
+
 def _namespaced() -> bool:
     """Whether a subprocess agent runs in a namespace of its own here (bubblewrap), not on the host's network."""
     from hrl.sandboxes.local import LocalBackend
@@ -155,18 +162,6 @@ async def _browser_of(sandbox: Any) -> dict[str, str]:
 
 def _absolute(path: str) -> str:
     return str(Path(path).absolute())
-
-
-def _code_mounts(dirs: list[str]) -> list[Any]:
-    """Read-only mounts of the folders the agent's code comes from that lie in the temp folder, which a namespace
-    replaces with its own (the rest of the host's files it sees read-only anyway)."""
-    import tempfile
-
-    from hrl.sandboxes import Mount
-
-    temp = Path(tempfile.gettempdir()).absolute()
-    found = {str(Path(d).absolute()) for d in dirs if Path(d).is_dir()}
-    return [Mount(source=d, target=d) for d in sorted(found) if Path(d).is_relative_to(temp)]
 
 
 def agent_env() -> dict[str, str]:
@@ -204,14 +199,17 @@ class PythonRollouts:
         self.mode, self.mode_reason = resolve_mode(config.mode, self.spec, verifier or {"name": "python"},
                                                    config.python)  # fmt: skip
         self.python: AgentPython | None = None  # the subprocess's interpreter, found by `prepare`
+        self.mounts: list[str] = []  # what the subprocess's namespace binds in read-only (`closed_mounts`)
 
     def prepare(self) -> None:
         """Load the agent (in-process mode) and the verifier; raises AgentLoadError naming what is wrong."""
         if self.mode == "subprocess":
             split_spec(self.spec, self.base_dir)  # a wrong spec fails here, not in every episode's process
             if self.python is None:
-                self.python = agent_python(self.config.python)
-                check_python(self.python, self.spec, self.base_dir)
+                python = agent_python(self.config.python)
+                check_python(python, self.spec, self.base_dir)
+                self.mounts = closed_mounts(python, self.spec, self.base_dir, _private_roots())
+                self.python = python
         elif self.fn is None:
             self.fn = load_function(self.spec, self.base_dir)
         if self.verifier_name == "python" and self.score is None and self.verifier_options.get("function"):
@@ -366,11 +364,9 @@ class PythonRollouts:
         """Run the worker as a local sandbox runs a command: its own mount, pid and network namespaces (the host's
         files read-only, a private temp folder, hrl's state folder emptied, no host port, no engine socket), the
         proxy reached through the unix-socket relay on 127.0.0.1:RELAY_PORT, the task handed over in a file."""
-        from hrl.sandboxes import SandboxSpec
+        from hrl.sandboxes import Mount, SandboxSpec
 
-        where, _ = await asyncio.to_thread(split_spec, self.spec, self.base_dir)
-        agent_dir = [str(Path(where).parent)] if isinstance(where, Path) else []  # a FILE.py agent's own folder
-        mounts = await asyncio.to_thread(_code_mounts, [cmd[-1], *agent_dir, *paths])
+        mounts = [Mount(source=p, target=p) for p in self.mounts]
         episode = getattr(ws, "sandbox", None)  # a browser task's: its endpoint is forwarded in here too
         forwards = dict(episode.spec.forwards) if episode is not None and hasattr(episode, "spec") else {}
         spec = SandboxSpec(workdir="/work", network="proxy", proxy_socket=self.stack.socket, proxy_port=RELAY_PORT,

@@ -8,6 +8,10 @@ pydantic, anthropic, protobuf and some thirty more) runs in a venv of its own, a
   the local sandbox, installed on first use like the CLIs (`hrl agents install NAME --target local`);
 - a path to a Python (a venv's `bin/python`): the agent imports that environment's packages.
 
+A closed agent (a subprocess under bubblewrap) sees the host's files read-only but its own temp folder: what it needs
+from a temp folder (a checkout under /tmp, the agent's file, a venv there) is bound in read-only (`closed_mounts`),
+and what cannot be bound is refused before any episode, naming the path.
+
 In another interpreter the agent runs as `rollout.mode: subprocess` does, and hrl's worker and client come from this
 hrl's own source files: the `hrl` package is found through a folder holding one link to it (`client_root`), so
 that interpreter sees hrl and none of hrl's environment. The worker needs `pydantic` (2.x) and `aiohttp` there
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from hrl.runners.errors import PrerequisiteError, UsageError
 
-__all__ = ["AgentPython", "agent_python", "check_python", "client_root"]
+__all__ = ["AgentPython", "agent_python", "check_python", "client_root", "closed_mounts"]
 
 CHECK_TIMEOUT_S = 120.0  # importing an agent library (browser-use: ~2 s here) and its module
 
@@ -112,3 +116,56 @@ def check_python(where: AgentPython, spec: str, base_dir: str | None) -> None:
         raise PrerequisiteError(f"{spec} does not load in its Python {where.python}: {tail[0]}",
                                 hint="hrl's worker needs pydantic (2.x) and aiohttp there; the agent, its own "
                                 "imports (pip install them into that venv)")  # fmt: skip
+
+
+def closed_mounts(where: AgentPython, spec: str, base_dir: str | None, hidden: list[Path]) -> list[str]:
+    """The host folders a closed agent's process needs that its namespace would hide (`hidden`: the local backend's
+    `private_roots`, the temp folders among them), to bind in read-only at the same paths: hrl's source (a checkout
+    under /tmp), the interpreter's environment, its import path, the agent's file's folder or module, the base
+    folder. Raises UsageError naming a needed path that cannot be bound: one that is itself a hidden folder or
+    holds one (an agent file directly in /tmp: binding /tmp would show every other sandbox)."""
+    import hrl
+    from hrl.runners.whitebox.harness import split_spec
+
+    target, _ = split_spec(spec, base_dir)
+    needed = {*hrl.__path__, *_environment(where.python)}  # hrl's package (and a checkout's root), the interpreter's
+    needed.add(str(Path(target).parent) if isinstance(target, Path) else _module_home(target, where))
+    optional = {*where.paths, str(Path(base_dir or ".").absolute())}  # a folder on the import path: only if it can
+    mounts: set[Path] = set()
+    for path, must in [*((p, True) for p in needed if p), *((p, False) for p in optional if p and p not in needed)]:
+        for form in {Path(path).absolute(), Path(path).resolve()}:  # a link's own path, and what it points to
+            if not form.exists() or not any(form.is_relative_to(h) for h in hidden):
+                continue
+            if any(h.is_relative_to(form) for h in hidden):
+                if not must:
+                    continue
+                raise UsageError(f"the closed agent needs {form}, which holds the temp folder a sandbox has its own "
+                                 "of: it cannot be shown to the agent's namespace",
+                                 hint="move the agent (or hrl) into a folder of its own, or set rollout.mode: "
+                                 "inprocess for a trusted agent")  # fmt: skip
+            mounts.add(form)  # a folder, or a module's one file
+    top = sorted(mounts, key=lambda p: len(p.parts))
+    return [str(p) for i, p in enumerate(top) if not any(p.is_relative_to(q) for q in top[:i])]
+
+
+def _environment(python: str) -> list[str]:
+    """An interpreter's own folders: its venv (the link's folder's parent holding pyvenv.cfg) and where the
+    executable really lives (a base Python a venv links to)."""
+    path = Path(python).absolute()
+    out = [str(path.resolve().parent.parent)]
+    if (path.parent.parent / "pyvenv.cfg").is_file():
+        out.append(str(path.parent.parent))
+    return out
+
+
+def _module_home(module: str, where: AgentPython) -> str:
+    """The folder an agent's module (MODULE:FUNCTION) is imported from: its top-level package's folder, found on
+    the interpreter's import path as the worker will find it; "" where it is not found here (the worker says so)."""
+    import importlib.machinery
+
+    top = module.split(".")[0]
+    found = importlib.machinery.PathFinder.find_spec(top, [*where.paths, *sys.path] if where.own else list(where.paths))
+    if found is None or found.origin in (None, "built-in", "frozen"):
+        return ""
+    origin = Path(found.origin)
+    return str(origin.parent.parent if origin.name == "__init__.py" else origin)
