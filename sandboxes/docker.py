@@ -423,6 +423,36 @@ class DockerSandbox:
             raise SandboxError(f"cannot commit container {self.id[:12]}: {_explain(exc)}") from exc
         return str(made["Id"])
 
+    # What the daemon sees of the container, which no process in it can hide or forge (the reuse check's ground).
+
+    async def processes(self) -> list[str]:
+        """Every process of the container as `docker top` lists it: "host-pid start-time", sorted (the pid alone where
+        the daemon's host has no `ps -o lstart`: busybox)."""
+        try:
+            info = await self.backend.call(self._api().top, self.id, ps_args="-o pid,lstart")
+        except docker.errors.APIError:
+            info = await self._inspect(self._api().top, "list the processes of")
+            titles = list(info.get("Titles") or [])
+            pid = titles.index("PID") if "PID" in titles else 1
+            return sorted(str(row[pid]) for row in info.get("Processes") or [])
+        return sorted(" ".join(str(c) for c in row) for row in info.get("Processes") or [])
+
+    async def changes(self) -> list[str]:
+        """Every path of the container's filesystem added, changed or deleted since its image (`docker diff`), sorted.
+        Mounts are not in it: `writable_mounts`."""
+        return sorted(str(c["Path"]) for c in await self._inspect(self._api().diff, "diff") or [])
+
+    async def writable_mounts(self) -> list[str]:
+        """Where a writable mount lies in the container (a bind, a volume, the image's VOLUMEs): outside `changes`."""
+        info = await self._inspect(self._api().inspect_container, "inspect")
+        return sorted(str(m["Destination"]) for m in info.get("Mounts") or [] if m.get("RW"))
+
+    async def _inspect(self, call: Callable[..., Any], what: str, **kwargs: Any) -> Any:
+        try:
+            return await self.backend.call(call, self.id, **kwargs)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot {what} container {self.id[:12]}: {_explain(exc)}") from exc
+
     async def start_forwarder(self, inside: str = "", port: int = 0, tunnel: bool = False) -> None:
         """Relay 127.0.0.1:`port` in the container to the unix socket `inside` (default: the proxy's); `tunnel`: the
         other way, connections hrl starts on `inside` to 127.0.0.1:`port` (spec.exposes)."""

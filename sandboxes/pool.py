@@ -8,12 +8,13 @@
   its own. A pooled sandbox carries the run's labels like any other, so `hrl sandbox prune` removes what a crashed
   run left; `close()` removes every sandbox the pool still holds at the end of the run.
 - `reuse="group"`: an episode's sandbox is parked for the other episodes of its group (same task, same spec, never
-  another group's or run's). The next one takes it after a reset — every process the previous episode started
-  killed, HOME and the temp folder emptied (docker: /tmp, where the agent's HOME lies, back to its snapshot), the
-  workdir restored from the snapshot taken right after the first episode's `prepare` — and a check that the reset state hashes as the first episode's starting state did (the
-  workdir tree: paths, kinds, modes, contents, link targets; HOME and tmp empty; no process left). A mismatch closes
-  that sandbox, counts `reset_mismatch`, and the episode gets a fresh one. Episodes of a group that run at once each
-  get their own sandbox (none waits for another's); what the group parks is reused by the later ones.
+  another group's or run's). The next one takes it after a reset (`hrl.sandboxes.reset`: every process the previous
+  episode left killed, HOME and the temp folder back as they were, the workdir restored from the snapshot taken right
+  after the first episode's `prepare`) and a check that everything an episode could have written or left running
+  hashes as the first episode's starting state did (docker: whatever the daemon finds changed outside the workdir
+  and /tmp, and every process but the snapshot's, too). A mismatch closes that sandbox, counts `reset_mismatch`,
+  and the episode gets a fresh one. Episodes of a group that run at once each get their own sandbox (none waits for
+  another's); what the group parks is reused by the later ones.
 - `warm=0, reuse="none"` (the defaults): every episode creates its sandbox and closes it, as without a pool.
 
 Grading never runs in a pooled or reused sandbox: the test verifier grades in a fresh sandbox of its own (and
@@ -24,26 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import os
-import shutil
-import signal
-import stat
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from hrl.sandboxes.base import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from hrl.sandboxes.reset import ExecReset, LocalReset, Reset, reset_for
 
 __all__ = ["ExecReset", "Lease", "LocalReset", "Reset", "SandboxPool", "spec_key"]
 
 Prepare = Callable[[Sandbox], Awaitable[None]]
 PARKED_MAX = 16  # sandboxes parked for groups at once; the least recently used group's are closed beyond it
-SNAPSHOT = ".hrl-reset"  # local: <root>/.hrl-reset holds the workdir as prepared (outside work, home and tmp)
 
 
 def spec_key(spec: SandboxSpec) -> str:
@@ -70,112 +65,6 @@ class Lease:
         if self.mismatches:
             out["sandbox_reset_mismatch"] = self.mismatches
         return out
-
-
-class Reset:
-    """How a sandbox is brought back to its first episode's starting state (the backend's own way)."""
-
-    async def snapshot(self, sandbox: Sandbox) -> None:
-        """Keep the workdir as it is now (just prepared), to restore from."""
-        raise NotImplementedError
-
-    async def kill(self, sandbox: Sandbox) -> None:
-        """End every process an episode left running."""
-        raise NotImplementedError
-
-    async def restore(self, sandbox: Sandbox) -> None:
-        """Empty HOME and tmp; the workdir back to the snapshot."""
-        raise NotImplementedError
-
-    async def state(self, sandbox: Sandbox) -> str:
-        """A hash of the workdir tree, of HOME and tmp, and of the processes still running."""
-        raise NotImplementedError
-
-
-class LocalReset(Reset):
-    """Local sandboxes, done on the host: their files are `<root>/work`, `home`, `tmp`; their processes carry the
-    sandbox's mark in their environment."""
-
-    async def snapshot(self, sandbox: Sandbox) -> None:
-        root = _root(sandbox)
-        await asyncio.to_thread(_replace_tree, root / "work", root / SNAPSHOT)
-
-    async def kill(self, sandbox: Sandbox) -> None:
-        from hrl.sandboxes.local import SANDBOX_MARK, kill_marked
-
-        await asyncio.to_thread(kill_marked, SANDBOX_MARK, sandbox.id)
-        for group in list(getattr(sandbox, "_groups", ())):
-            with contextlib.suppress(OSError):
-                os.killpg(group, signal.SIGKILL)
-        getattr(sandbox, "_groups", set()).clear()
-
-    async def restore(self, sandbox: Sandbox) -> None:
-        root = _root(sandbox)
-        for folder in ("home", "tmp"):
-            await asyncio.to_thread(_replace_tree, None, root / folder)
-        await asyncio.to_thread(_replace_tree, root / SNAPSHOT, root / "work")
-
-    async def state(self, sandbox: Sandbox) -> str:
-        root = _root(sandbox)
-        return await asyncio.to_thread(_local_state, root, sandbox.id)
-
-
-class ExecReset(Reset):
-    """Any backend, through `exec` (docker): tars of the workdir and of /tmp (where the agent's HOME lies) kept in
-    the sandbox, restored with tar; processes found by the mark every exec carries (HRL_EXEC) and killed, but the
-    reset's own and those already running at the snapshot (hrl's relay to the proxy). The image user's own HOME is
-    left as the image has it (an environment may live there). Needs GNU find and tar."""
-
-    STORE = "/var/tmp/hrl-reset"
-
-    async def _run(self, sandbox: Sandbox, script: str) -> str:
-        result = await sandbox.exec(["sh", "-c", script, "_", sandbox.workdir, self.STORE], timeout_s=300)
-        if result.exit_code != 0:
-            raise SandboxError(f"sandbox reset failed (exit {result.exit_code}): {result.stderr[-500:]}")
-        return result.stdout
-
-    async def snapshot(self, sandbox: Sandbox) -> None:
-        script = (
-            'rm -rf "$2" && mkdir -p "$2" && tar -C "$1" -cpf "$2/work.tar" . && tar -C /tmp -cpf "$2/tmp.tar" . '
-            '&& others > "$2/keep.new" && mv "$2/keep.new" "$2/keep"'
-        )
-        await self._run(sandbox, _KILL_OTHERS + script)
-
-    async def kill(self, sandbox: Sandbox) -> None:
-        await self._run(sandbox, _KILL_OTHERS + 'others | while read -r p; do kill -9 "$p" 2>/dev/null; done; true')
-
-    async def restore(self, sandbox: Sandbox) -> None:
-        await self._run(
-            sandbox,
-            "rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* 2>/dev/null; "
-            'tar -C /tmp -xpf "$2/tmp.tar" && rm -rf "$1" && mkdir -p "$1" && tar -C "$1" -xpf "$2/work.tar"',
-        )
-
-    async def state(self, sandbox: Sandbox) -> str:
-        out = await self._run(
-            sandbox,
-            _KILL_OTHERS + 'cd "$1" && { find . -printf "%y %m %p %l\\n" | LC_ALL=C sort; '
-            "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum; "
-            'echo tmp; find /tmp -printf "%y %m %p %l\\n" | LC_ALL=C sort; echo procs; others; } | sha256sum',
-        )
-        return out.split()[0] if out.split() else ""
-
-
-# processes of other execs (HRL_EXEC set, not this one's value), but those running when the snapshot was taken
-# ($2/keep, read through $store: inside the function $2 would be the function's own, empty, argument): what an
-# episode left running
-_KILL_OTHERS = (
-    'store="$2"; '
-    "others() { for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
-    '[ "$p" = "$$" ] && continue; [ -f "$store/keep" ] && grep -qx "$p" "$store/keep" && continue; '
-    'v=$(tr "\\0" "\\n" < "$e" 2>/dev/null | sed -n "s/^HRL_EXEC=//p"); '
-    '[ -n "$v" ] && [ "$v" != "$HRL_EXEC" ] && echo "$p"; done; true; }; '  # its status: not the last test's
-)
-
-
-def reset_for(sandbox: Sandbox) -> Reset:
-    """A local sandbox resets on the host; any other through its exec."""
-    return LocalReset() if hasattr(sandbox, "root") and hasattr(sandbox, "host_path") else ExecReset()
 
 
 @dataclass
@@ -427,58 +316,3 @@ async def close_sandbox(sandbox: Sandbox, quietly: bool = False) -> None:
         return
     with contextlib.suppress(SandboxError, OSError):
         await sandbox.close()
-
-
-def _root(sandbox: Sandbox) -> Path:
-    return Path(sandbox.root)  # type: ignore[attr-defined]
-
-
-def _writable(path: Path) -> None:
-    """Make a tree removable whatever modes an episode left on it (a read-only folder cannot lose its files)."""
-    for folder, dirs, _ in os.walk(path):
-        for name in [".", *dirs]:
-            target = Path(folder, name)
-            with contextlib.suppress(OSError):
-                if not target.is_symlink():
-                    target.chmod(target.stat().st_mode | stat.S_IRWXU)
-
-
-def _replace_tree(source: Path | None, target: Path) -> None:
-    """`target` becomes a copy of `source` (links kept as links), or an empty folder when `source` is None."""
-    if target.exists() or target.is_symlink():
-        _writable(target)
-        shutil.rmtree(target)
-    if source is None:
-        target.mkdir()
-    else:
-        shutil.copytree(source, target, symlinks=True)
-
-
-def _local_state(root: Path, sandbox_id: str) -> str:
-    """The hash the reset check compares: the workdir tree (paths, kinds, modes, contents, link targets), what HOME
-    and tmp hold, and the processes still marked as this sandbox's."""
-    from hrl.sandboxes.local import SANDBOX_MARK
-
-    digest = hashlib.sha256()
-    work = root / "work"
-    for folder, dirs, files in os.walk(work):
-        dirs.sort()
-        for name in sorted([*dirs, *files]):
-            path = Path(folder, name)
-            info = path.lstat()
-            rel = path.relative_to(work).as_posix()
-            digest.update(f"{rel}\0{info.st_mode:o}\0".encode())
-            if stat.S_ISLNK(info.st_mode):
-                digest.update(str(path.readlink()).encode())
-            elif stat.S_ISREG(info.st_mode):
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
-            digest.update(b"\n")
-    for folder in ("home", "tmp"):
-        digest.update(f"{folder}:{sorted(p.name for p in (root / folder).iterdir())}\n".encode())
-    mark = f"{SANDBOX_MARK}={sandbox_id}".encode()
-    alive = 0
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        with contextlib.suppress(OSError):
-            alive += mark in environ.read_bytes().split(b"\0")
-    digest.update(f"procs:{alive}".encode())
-    return digest.hexdigest()

@@ -1,7 +1,8 @@
-"""A fleet that is not hrl: mini-swe-agent on the demo's tasks against an online hrl run, graded here, rewarded over
-HTTP, some rewards late. Only the standard library, the `mini` CLI and the run's two URLs are used: the client routes
-(`POST /sessions`, `/s/<token>/end`, `/s/<token>/reward`) and the OpenAI-compatible endpoint each session's
-`base_url` names. See docs/online.md.
+"""A fleet hrl does not run: mini-swe-agent on the demo's tasks against an online hrl run, graded here, rewarded over
+HTTP, some rewards late. The run is reached through its two URLs only: the client routes (`POST /sessions`,
+`/s/<token>/end`, `/s/<token>/reward`) and the OpenAI-compatible endpoint each session's `base_url` names. The agent
+and the tests it may have rewritten run in hrl's local sandboxes (`hrl.sandboxes`), not on this host as you: see
+docs/online.md and docs/security.md.
 
     hrl keys add fleet --run-dir runs/online > fleet.key
     hrl train --recipe demo --serve --port 8100 --run-dir runs/online &
@@ -9,26 +10,31 @@ HTTP, some rewards late. Only the standard library, the `mini` CLI and the run's
         --tasks recipes/demo/tasks.jsonl --mini "$(command -v mini)"
 
 Each round takes `--tasks-per-round` tasks and runs `--group-size` episodes of each as one group (all its sessions
-opened before any ends, so the run takes the group whole). An episode: the task's files in a fresh folder, `mini`
-pointed at the session, then the task's tests (its test patch, FAIL_TO_PASS and PASS_TO_PASS) run here; reward 1 when
-they all pass, else 0. A `--late-share` of the episodes end without a reward and post it `--late-s` seconds later.
+opened before any ends, so the run takes the group whole). An episode: the task's files in a fresh local sandbox,
+`mini` run there pointed at the session, then the task's tests (its test patch, FAIL_TO_PASS and PASS_TO_PASS) on
+what it left, in a second sandbox with no network; reward 1 when they all pass, else 0. A `--late-share` of the
+episodes end without a reward and post it `--late-s` seconds later. Where bubblewrap runs, each sandbox sees the
+host's files read-only, its own HOME and temp folder, no host variable but an allowlist (no cloud key, no client
+key), and none of hrl's control tokens or run directories; the agent's keeps the host's network, to reach the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from hrl.sandboxes import Sandbox, SandboxSpec
+from hrl.sandboxes.local import LocalBackend
 
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 
@@ -46,39 +52,35 @@ def served_model(url: str) -> str:
         return str(json.loads(resp.read())["data"][0]["id"])
 
 
-def run_mini(args: argparse.Namespace, task: dict[str, Any], session: dict[str, Any], model: str, work: Path) -> None:
-    """mini-swe-agent on the task in `work`, its model the session's endpoint (as hrl's own runner starts it)."""
-    home = work.parent / "home"
-    home.mkdir()
-    env = {**os.environ, "HOME": str(home), "OPENAI_API_KEY": f"hrl-{session['token']}", "MSWEA_CONFIGURED": "true",
-           "MSWEA_SILENT_STARTUP": "1", "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
-    cmd = [args.mini, "-m", f"openai/{model}", "-t", task["problem_statement"], "--yolo", "--exit-immediately",
-           "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={session['base_url']}",
-           "-o", str(home / "trajectory.json"), "-c", f"agent.step_limit={args.step_limit}"]  # fmt: skip
-    try:
-        subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=args.timeout_s)
-    except subprocess.TimeoutExpired:
-        pass  # graded as it stands
+async def run_mini(args: argparse.Namespace, task: dict[str, Any], session: dict[str, Any], model: str) -> float:
+    """mini-swe-agent on the task in a local sandbox, its model the session's endpoint (as hrl's own runner starts
+    it); then the task's tests on what it left, in a sandbox of their own with no network. The reward."""
+    backend = LocalBackend()
+    env = {"OPENAI_API_KEY": f"hrl-{session['token']}", "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
+           "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # fmt: skip
+    async with await backend.create(SandboxSpec(network="host", env=env), "fleet", session["token"]) as agent:
+        for name, text in task["repo_snapshot"].items():
+            await agent.write_file(name, text.encode())
+        cmd = [args.mini, "-m", f"openai/{model}", "-t", task["problem_statement"], "--yolo", "--exit-immediately",
+               "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={session['base_url']}",
+               "-c", f"agent.step_limit={args.step_limit}"]  # fmt: skip
+        await agent.exec(cmd, timeout_s=args.timeout_s)  # a timeout: graded as it stands
+        async with await backend.create(SandboxSpec(network="none"), "fleet", "grade") as grader:
+            await grader.copy_in(agent.host_path("."), ".")
+            return await grade(grader, task)
 
 
-def grade(task: dict[str, Any], work: Path) -> float:
+async def grade(sandbox: Sandbox, task: dict[str, Any]) -> float:
     """The task's tests on what the agent left: 1.0 when every FAIL_TO_PASS and PASS_TO_PASS test passes."""
-    patch = subprocess.run(["git", "apply", "-"], cwd=work, input=task["test_patch"].encode(), capture_output=True)
-    if patch.returncode != 0:
+    await sandbox.write_file(".fleet-test.patch", task["test_patch"].encode())
+    if (await sandbox.exec(["git", "apply", ".fleet-test.patch"], timeout_s=60)).exit_code != 0:
         return 0.0
-    tests = task["FAIL_TO_PASS"] + task["PASS_TO_PASS"]
-    result = subprocess.run([*PYTEST, *tests], cwd=work, capture_output=True, timeout=120)
-    return 1.0 if result.returncode == 0 else 0.0
+    result = await sandbox.exec([*PYTEST, *task["FAIL_TO_PASS"], *task["PASS_TO_PASS"]], timeout_s=120)
+    return 1.0 if result.exit_code == 0 else 0.0
 
 
 def episode(args: argparse.Namespace, task: dict[str, Any], session: dict[str, Any], model: str, late: bool) -> float:
-    with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        work = Path(tmp) / "repo"
-        for name, text in task["repo_snapshot"].items():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            (work / name).write_text(text)
-        run_mini(args, task, session, model, work)
-        reward = grade(task, work)
+    reward = asyncio.run(run_mini(args, task, session, model))
     path = f"/s/{session['token']}"
     if not late:
         call(args.url, path + "/end", args.key, {"reward": reward, "info": {"graded_by": "fleet"}})
