@@ -23,10 +23,14 @@ venv: ## only the main venv: enough for lint and the tests without markers
 lint: venv
 	$(ENV); $(LINT)
 
+# The slowest tests, each test file's time against its budget (tests/durations.json; this run's figures go to
+# $HRL_ARTIFACTS/durations.json) and the set-up phases close the output.
 test: ## lint, then the whole suite in parallel; prepares what the tests need first (cached), prints the slowest
 	.ci/setup.sh $(TEST_STEPS)
 	$(ENV); $(LINT)
-	$(ENV); HRL_SETUP_PHASES="$$HRL_CACHE/setup-phases.tsv" python -m pytest -v -n $(TEST_WORKERS) --dist loadfile \
+	$(ENV); [ -z "$${HRL_ARTIFACTS:-}" ] || mkdir -p "$$HRL_ARTIFACTS"; \
+	  HRL_SETUP_PHASES="$$HRL_CACHE/setup-phases.tsv" HRL_DURATIONS_OUT="$${HRL_ARTIFACTS:+$$HRL_ARTIFACTS/durations.json}" \
+	  python -m pytest -v -n $(TEST_WORKERS) --dist loadfile \
 	  --durations=30 $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; \
 	  echo "WARNING: pytest collected no tests (exit 5); treating that as success" >&2; }
 

@@ -31,8 +31,9 @@ WAIT_FOR_OTHERS_S=${HRL_SETUP_WAIT_S:-3600} # how long to wait for another proce
 
 # The agent CLIs the tests run, installed here so that the first test of each does not pay for it, and alongside
 # the other steps: npm CLIs serve both sandboxes from one install; a Python CLI needs a venv per sandbox.
-TEST_AGENTS_DOCKER=(opencode codex claude-code qwen-code gemini-cli mini-swe-agent aider browser-use)
-TEST_AGENTS_LOCAL=(mini-swe-agent browser-use)  # browser-use: the white-box agent in its own venv (rollout.python)
+TEST_AGENTS_NPM=(opencode codex claude-code qwen-code gemini-cli)            # one host install serves both sandboxes
+TEST_AGENTS_DOCKER_VENVS=(mini-swe-agent aider browser-use)                   # each a venv built in a base-image container
+TEST_AGENTS_LOCAL=(mini-swe-agent browser-use) # browser-use: the white-box agent in its own venv (rollout.python)
 
 VENV=$HRL_CACHE/venv
 VLLM_VENV=$HRL_CACHE/vllm-venv
@@ -291,12 +292,28 @@ setup_base_image() {
   [ "$out" = 1 ] || die "base image: python3 in $HRL_BASE_IMAGE printed '$out', expected '1'"
 }
 
-# The test agents, for both sandboxes (a no-op once installed; `hrl agents install` locks each install).
-setup_agents() {
-  local logfile=$HRL_CACHE/agents-install.log
-  log "agents: installing ${TEST_AGENTS_DOCKER[*]} (docker) and ${TEST_AGENTS_LOCAL[*]} (local) (log: $logfile)"
-  run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_DOCKER[@]}" --target docker &&
-    run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_LOCAL[@]}" --target local
+# The test agents, for both sandboxes (a no-op once installed; `hrl agents install` locks each install). They mostly
+# wait on downloads, so they run side by side: the npm CLIs and the local venvs as soon as the main venv stands
+# (`setup_host_agents`), each docker venv in a container of the base image once it exists (`setup_docker_agents`).
+setup_host_agents() {
+  local logfile=$HRL_CACHE/agents-install.log pid rc=0
+  log "agents: installing ${TEST_AGENTS_NPM[*]} (npm, both sandboxes) and ${TEST_AGENTS_LOCAL[*]} (local) (log: $logfile)"
+  run_logged "$logfile.local" "$VENV/bin/hrl" agents install "${TEST_AGENTS_LOCAL[@]}" --target local &
+  pid=$!
+  run_logged "$logfile" "$VENV/bin/hrl" agents install "${TEST_AGENTS_NPM[@]}" --target docker || rc=$?
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+setup_docker_agents() {
+  local logfile=$HRL_CACHE/agents-install.log name pids=() rc=0
+  log "agents: building the docker venvs of ${TEST_AGENTS_DOCKER_VENVS[*]}, side by side (log: $logfile.<name>)"
+  for name in "${TEST_AGENTS_DOCKER_VENVS[@]}"; do
+    run_logged "$logfile.$name" "$VENV/bin/hrl" agents install "$name" --target docker &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+  return "$rc"
 }
 
 # The grading image (base image + pytest venv) and the browser image (base image + Chromium), built once and cached
@@ -344,7 +361,7 @@ summary() {
 }
 
 main() {
-  local vllm_pid= agents_pid=
+  local vllm_pid= agents_pid= host_agents_pid= docker_pid=
   case "$HRL_CACHE/" in "$ROOT"/*) die "HRL_CACHE=$HRL_CACHE lies inside the checkout; put it elsewhere" ;; esac
   mkdir -p "$HRL_CACHE"
 
@@ -361,20 +378,28 @@ main() {
     timed vllm-venv setup_vllm_venv &
     vllm_pid=$!
   fi
-  if has_step venv; then timed main-venv setup_main_venv; fi
+  # The daemon and the base image (debootstrap: downloads) need nothing of the venvs: they build alongside.
   if has_step docker; then
-    timed dockerd start_dockerd
-    timed base-image setup_base_image
+    { timed dockerd start_dockerd && timed base-image setup_base_image; } &
+    docker_pid=$!
   fi
-  # Agents download while the images build (both need the main venv and the daemon).
+  if has_step venv; then timed main-venv setup_main_venv; fi
   if has_step agents; then
-    timed agents setup_agents &
+    timed host-agents setup_host_agents &
+    host_agents_pid=$!
+  fi
+  if [ -n "$docker_pid" ]; then
+    wait "$docker_pid" || die "docker: the daemon or the base image failed (see above)"
+  fi
+  # Agents' docker venvs download while the images build (both need the main venv, the daemon and the base image).
+  if has_step agents; then
+    timed docker-agents setup_docker_agents &
     agents_pid=$!
   fi
   if has_step images; then timed images setup_images || die "images: the grading or browser image did not build"; fi
-  if [ -n "$agents_pid" ]; then
-    wait "$agents_pid" || die "agents: an install failed (see above)"
-  fi
+  for pid in $agents_pid $host_agents_pid; do
+    wait "$pid" || die "agents: an install failed (see above)"
+  done
   if [ -n "$vllm_pid" ]; then
     wait "$vllm_pid" || die "vLLM venv: setup failed (see above)"
   fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -98,12 +99,31 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
     return bool(scopes & {"module", "class", "package"})
 
 
+# --------------------------------------------------------------------------------------------------------------
+# The time budget per test file: tests/durations.json holds each file's seconds in a fresh CI run on 2 cores. The
+# files are handed out longest first (so that none starts last and runs alone), and the run ends with the files that
+# took much longer than their budget: which file grew, said where the run's time is. Never a failure: a test's
+# verdict does not depend on the machine's speed. HRL_DURATIONS_OUT=FILE writes this run's figures in that form.
+# --------------------------------------------------------------------------------------------------------------
+
+BUDGET_FILE = Path(__file__).with_name("durations.json")
+GREW_FACTOR, GREW_MIN_S = 1.5, 20.0  # over budget: 1.5 × its seconds and 20 s more (load on 2 cores is noisy)
+_file_seconds: dict[str, float] = {}
+
+
+def _budget() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in json.loads(BUDGET_FILE.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests start first, so that none starts last and runs alone. `make test` runs the suite with
-    `pytest -n N --dist loadfile` (a file's tests in one worker, so its module fixtures start once, and the files
-    handed out in this order): the modules with a `slow` test first, the one whose slow test may take longest
-    first; within a module its `slow` tests that share no module fixture lead, by their timeout. A module's tests
-    stay together (a module fixture must not start twice); the rest keep their order."""
+    """The longest files start first. `make test` runs the suite with `pytest -n N --dist loadfile` (a file's tests
+    in one worker, so its module fixtures start once, and the files handed out in this order): by their budget
+    (tests/durations.json), then, for a file it does not know yet, by its longest `slow` test's timeout; within a
+    module its `slow` tests that share no module fixture lead, by their timeout. A module's tests stay together (a
+    module fixture must not start twice); the rest keep their order."""
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
@@ -112,10 +132,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         mark = item.get_closest_marker("timeout")
         return float(mark.args[0]) if mark and mark.args else 0.0
 
-    longest: dict[str, float] = {}
+    slow: dict[str, float] = {}
     for item in items:
         if item.get_closest_marker("slow"):
-            longest[module(item)] = max(longest.get(module(item), 0.0), timeout(item))
+            slow[module(item)] = max(slow.get(module(item), 0.0), timeout(item))
+    longest = slow | _budget()  # a measured time wins over a timeout
     order = {m: k for k, m in enumerate(dict.fromkeys(module(i) for i in items))}
 
     def key(item: pytest.Item) -> tuple[float, int, float]:
@@ -125,9 +146,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=key)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each file's time: its tests' set-up, call and tear-down (with xdist, the controller sees every worker's)."""
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + float(report.duration or 0.0)
+
+
+def _report_budget(terminalreporter: Any) -> None:
+    if not _file_seconds:
+        return
+    budget = _budget()
+    grew = [(f, s, budget[f]) for f, s in _file_seconds.items()
+            if f in budget and s > budget[f] * GREW_FACTOR and s > budget[f] + GREW_MIN_S]  # fmt: skip
+    new = [(f, s) for f, s in _file_seconds.items() if f not in budget and s > GREW_MIN_S]
+    terminalreporter.write_sep("=", f"time per test file (budget: {BUDGET_FILE.name}; slowest 15)")
+    for f, s in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{s:>7.1f}s  budget {budget.get(f, 0.0):>6.1f}s  {f}")
+    for f, s, b in sorted(grew, key=lambda row: row[2] - row[1]):
+        terminalreporter.write_line(f"GREW: {f} took {s:.0f} s, over its budget of {b:.0f} s")
+    for f, s in sorted(new, key=lambda row: -row[1]):
+        terminalreporter.write_line(f"NEW: {f} took {s:.0f} s and has no budget yet")
+    if out := os.environ.get("HRL_DURATIONS_OUT"):
+        figures = {f: round(s, 1) for f, s in sorted(_file_seconds.items())}
+        Path(out).write_text(json.dumps(figures, indent=0, sort_keys=True) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the set-up phases of this run (`.ci/setup.sh` writes them; `make test` names the file in
-    HRL_SETUP_PHASES) beside pytest's `--durations`, so that a run that grows shows where."""
+    """Print each test file's time against its budget, and the set-up phases of this run (`.ci/setup.sh` writes
+    them; `make test` names the file in HRL_SETUP_PHASES) beside pytest's `--durations`, so that a run that grows
+    shows where."""
+    _report_budget(terminalreporter)
     path = os.environ.get("HRL_SETUP_PHASES")
     if not path or not Path(path).is_file():
         return
