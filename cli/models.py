@@ -1,4 +1,4 @@
-"""`hrl models`: build local models that need no model hub."""
+"""`hrl models`: build local models that need no model hub; `get` and `ls` (pretrained ones) live in cli/pretrained.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.output import emit, err
+from hrl.cli.pretrained import GET_EPILOG, LS_EPILOG, get, ls
 
 __all__ = ["app"]
 
-app = typer.Typer(help="Build local models (no model hub needed).", no_args_is_help=True)
+app = typer.Typer(help="Build local models, or fetch pretrained ones (no model hub needed).", no_args_is_help=True)
+app.command("get", epilog=GET_EPILOG)(get)
+app.command("ls", epilog=LS_EPILOG)(ls)
+app.command("list", hidden=True)(ls)
 
 TINY_EPILOG = """Examples:
 

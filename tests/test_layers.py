@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["cli", "train", "runners", "sandboxes"]  # a layer may import those after it, never before
 BASE = {"errors", "registry"}  # hrl.errors, hrl.registry: below every layer, importing nothing of hrl
@@ -113,14 +115,16 @@ def test_every_package_is_listed_in_pyproject():
     assert found <= listed, f"add to pyproject packages: {sorted(found - listed)}"
 
 
-def test_the_rl_core_does_not_import_the_demo_model_wing():
-    """train/tiny/ (tiny models, the demo's SFT) may use the core; the rest of train never uses it (cli may)."""
+@pytest.mark.parametrize("wing", ["tiny", "pretrained"])
+def test_the_rl_core_does_not_import_the_model_wings(wing):
+    """train/tiny/ (tiny models, the demo's SFT) and train/pretrained/ (`hrl models get`) may use the core; the rest
+    of train never uses them (cli may)."""
     bad = [
         f"{f.relative_to(ROOT)} imports {mod}"
         for f in _files("train")
-        if ROOT / "train" / "tiny" not in f.parents
+        if ROOT / "train" / wing not in f.parents
         for mod, _ in _imports(f)
-        if mod == "hrl.train.tiny" or mod.startswith("hrl.train.tiny.")
+        if mod == f"hrl.train.{wing}" or mod.startswith(f"hrl.train.{wing}.")
     ]
     assert not bad, "\n".join(bad)
 
