@@ -119,17 +119,26 @@ def test_an_exception_in_the_agent_ends_the_session_as_a_crash(tiny_model):
     async def main():
         async with serving(tiny_model, "scripted", engine_options={"turns": ["ok"]}, control_token=CONTROL) as stack:
 
-            async def crashing_agent() -> None:
+            async def crashing_agent(calls: bool) -> None:
                 async with hrl.session(url=stack.url, control_token=CONTROL) as s:
+                    if calls:
+                        msgs = [{"role": "user", "content": "hi"}]
+                        await s.openai(max_retries=0).chat.completions.create(model=s.model, messages=msgs)
                     s.reward(1.0)
                     raise RuntimeError("boom")
 
-            with pytest.raises(RuntimeError, match="boom"):
-                await crashing_agent()
-            return stack.proxy.finished[-1]
+            traces = []
+            for calls in (True, False):
+                with pytest.raises(RuntimeError, match="boom"):
+                    await crashing_agent(calls)
+                traces.append(stack.proxy.finished[-1])
+            return traces
 
-    trace = asyncio.run(main())
-    assert trace["failure_reason"] == "agent_crash" and trace["reward"] == 1.0
+    after_a_call, before_any = asyncio.run(main())
+    assert after_a_call["failure_reason"] == "agent_crash" and after_a_call["reward"] == 1.0
+    # a crash before the first model call is the harness's, not the policy's: no reward, the crash kept
+    assert before_any["failure_reason"] == "no_llm_calls" and before_any["reward"] is None
+    assert before_any["metadata"]["agent_failure"] == "agent_crash"
 
 
 def test_current_session_outside_a_session_says_how_to_get_one():

@@ -60,12 +60,24 @@ def test_a_returned_reward_is_the_episodes(tiny_model, tmp_path):
     assert trace["reward"] == 0.75 and len(trace["calls"]) == 1 and trace["failure_reason"] is None
 
 
+CALL = ("    await session.openai().chat.completions.create(model=session.model,\n"
+        "        messages=[{'role': 'user', 'content': task.problem_statement}])\n")  # fmt: skip
+
+
 def test_a_crash_and_a_timeout_are_the_policys_failures(tiny_model, tmp_path):
-    crash = _run(tiny_model, _agent(tmp_path, "    raise ValueError('bad plan')\n"), ["4"], tmp_path)
+    crash = _run(tiny_model, _agent(tmp_path, CALL + "    raise ValueError('bad plan')\n"), ["4"], tmp_path)
     assert crash["failure_reason"] == "agent_crash" and "bad plan" in crash["metadata"]["error"]
     assert "ValueError" in crash["metadata"]["traceback"]
-    slow = _run(tiny_model, _agent(tmp_path, "    await asyncio.sleep(30)\n"), ["4"], tmp_path, time_budget_s=0.5)
+    slow = _run(tiny_model, _agent(tmp_path, CALL + "    await asyncio.sleep(30)\n"), ["4"], tmp_path, time_budget_s=5)
     assert slow["failure_reason"] == "agent_timeout" and slow["reward"] is None
+
+
+def test_a_crash_before_the_first_call_is_the_harnesss(tiny_model, tmp_path):
+    """Before its first model call an agent has done nothing the policy chose: no_llm_calls, a harness failure
+    (never trained on), the crash and its words kept."""
+    crash = _run(tiny_model, _agent(tmp_path, "    raise ValueError('bad plan')\n"), ["4"], tmp_path)
+    assert crash["failure_reason"] == "no_llm_calls" and crash["reward"] is None
+    assert crash["metadata"]["agent_failure"] == "agent_crash" and "bad plan" in crash["metadata"]["error"]
 
 
 @pytest.mark.parametrize("sandbox", ["local", pytest.param("docker", marks=pytest.mark.docker)])
