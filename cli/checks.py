@@ -27,6 +27,7 @@ __all__ = [
     "check_sandbox",
     "check_tasks",
     "check_web_apps",
+    "check_writable",
     "grade_by_source",
     "harnesses",
     "say_context",
@@ -81,6 +82,22 @@ def check_tasks(path: str | Path) -> int:
     from hrl.runners.tasks.task import load_tasks
 
     return len(load_tasks(path))
+
+
+def check_writable(path: str | Path, flag: str) -> None:
+    """What a command will write (`flag` names it: --out, --run-dir) can be written: the file or folder itself when it
+    exists, else the nearest folder above it that does. A usage error naming the path, said before any work."""
+    import os
+
+    path = Path(path)
+    where = next((p for p in (path, *path.parents) if p.exists()), path)
+    if not where.is_dir() and where != path:
+        raise UsageError(f"{flag} {path}: {where} is a file, not a folder", hint=f"give {flag} a path in a folder")
+    if not os.access(where, os.W_OK):
+        raise UsageError(
+            f"{flag} {path}: {where} is not writable (permission denied)",
+            hint=f"give {flag} a path in a folder you can write to, or change {where}'s permissions",
+        )
 
 
 def check_model(model: str) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from hrl.cli.output import emit
+from hrl.runners.errors import HrlError
+
+if TYPE_CHECKING:
+    from hrl.runners.doctor.probe import CheckTimeoutError
 
 __all__ = ["EPILOG", "doctor"]
 
@@ -56,13 +60,19 @@ def doctor(
     publish_kind: Annotated[
         PublishKinds, typer.Option(help="Which publishes --publish-check tries: lora, full, or both (all).")
     ] = "all",
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds each served check (the probe, each publish) may take; 0 = no limit. One that times out ends "
+            "the run: the checks done so far are shown with it, and the exit code is 1.",
+        ),
+    ] = 900,
 ) -> None:
     """Check the pieces hrl uses (torch, transformers, peft, Docker daemon, vLLM) and say what each enables; with
     --model, also which tool-call parser the proxy reads that model's tool calls with, and (unless --no-probe) what
     the served model does: tool calls its parser reads, raw logprobs. Exit 4 when a prerequisite is missing or the
-    logprobs are not raw; a model that calls no tool is shown with `!`."""
-    from dataclasses import asdict
-
+    logprobs are not raw; a model that calls no tool is shown with `!`; exit 1 when a check timed out."""
     from hrl.runners.doctor.checks import run_checks, tool_parser_check
     from hrl.runners.proxy.toolparsers import check_name
 
@@ -75,18 +85,41 @@ def doctor(
         checks.append(tool_parser_check(path, tool_parser))
         kinds = ("lora", "full") if publish_kind == "all" else (publish_kind,)
         if probe or publish_check:
-            checks += _served(path, engine, tool_parser, probe, kinds if publish_check else ())
-    mark = {True: "✓", False: "✗"}
-    human = "\n".join(f"{mark[c.ok] if c.ok or c.blocking else '!'} {c.name:<13} {c.detail}  ({c.required_for})"
-                      for c in checks)  # fmt: skip
-    emit([asdict(c) for c in checks], as_json=as_json, human=human)
+            from hrl.runners.doctor.probe import CheckTimeoutError
+
+            try:
+                checks += _served(path, engine, tool_parser, probe, kinds if publish_check else (), timeout)
+            except CheckTimeoutError as e:  # the checks done so far, the timed-out one last; then the error
+                _show([*checks, *e.checks], as_json)
+                raise _timed_out(e) from e
+    _show(checks, as_json)
     if not all(c.ok for c in checks if c.blocking):
         raise typer.Exit(4)
 
 
-def _served(model: str, engine: str, tool_parser: str, probe: bool, publish: tuple[str, ...]) -> list[Any]:
+def _show(checks: list[Any], as_json: bool) -> None:
+    from dataclasses import asdict
+
+    mark = {True: "✓", False: "✗"}
+    human = "\n".join(f"{mark[c.ok] if c.ok or c.blocking else '!'} {c.name:<13} {c.detail}  ({c.required_for})"
+                      for c in checks)  # fmt: skip
+    emit([asdict(c) for c in checks], as_json=as_json, human=human)
+
+
+def _timed_out(e: CheckTimeoutError) -> HrlError:
+    """The error of a check that timed out (exit 1): which, after how long, and what to try."""
+    if e.expired:
+        hint = f"a loaded machine is slower: re-run with --timeout {2 * e.limit_s:g}, or when the machine is idle"
+    else:
+        hint = "a loaded machine is slower: re-run when it is idle; HRL_DEBUG=1 shows the call that timed out"
+    return HrlError(str(e), hint=hint)
+
+
+def _served(
+    model: str, engine: str, tool_parser: str, probe: bool, publish: tuple[str, ...], limit_s: float
+) -> list[Any]:
     """The served-model probe and publish checks (runners/doctor/), on `engine` (checked first: a bad name is a
-    usage error)."""
+    usage error); each within `limit_s` seconds (CheckTimeoutError)."""
     import asyncio
 
     from hrl.cli.checks import check_engine, check_model
@@ -96,6 +129,7 @@ def _served(model: str, engine: str, tool_parser: str, probe: bool, publish: tup
     engine = engine or default_engine()
     check_engine(engine)
     check_model(model)
+    options = {"tool_parser": tool_parser}
     return asyncio.run(
-        served_checks(model, engine, probe=probe, publish=publish, proxy_options={"tool_parser": tool_parser})
+        served_checks(model, engine, probe=probe, publish=publish, proxy_options=options, limit_s=limit_s)
     )

@@ -1,8 +1,9 @@
 """Exceptions → `Error: … / Hint: …` lines and exit codes, in one table. Tracebacks only with HRL_DEBUG=1.
 
 The policy: 0 ok; 1 a data or run failure; 2 usage (an unknown name of agent, recipe, engine, sandbox, family,
-dialect; a bad path; a bad `-c` key or value; a bad flag); 3 a rollout whose infrastructure failures passed
-`max_error_rate`, or a training batch whose every episode failed in the infrastructure; 4 a missing prerequisite (docker, an agent CLI that cannot install, vLLM); 130 interrupted.
+dialect; a bad path, or one this user may not write; a bad `-c` key or value; a bad flag); 3 a rollout whose
+infrastructure failures passed `max_error_rate`, or a training batch whose every episode failed in the
+infrastructure; 4 a missing prerequisite (docker, an agent CLI that cannot install, vLLM); 130 interrupted.
 Every error gets exactly one hint: the exception's own, else its row's, else the fallback. A hint that names an
 `hrl` command or option names one that exists (tests/cli/test_error_policy.py runs each with --help).
 """
@@ -74,7 +75,13 @@ def _table() -> list[tuple[type[BaseException], int, str]]:
         (HrlError, EXIT_FAILURE, DEBUG_HINT),
         (FileNotFoundError, EXIT_USAGE, "check the path"),
         (IsADirectoryError, EXIT_USAGE, "give a file, not a directory"),
-        (PermissionError, EXIT_FAILURE, "check the file's permissions"),
+        (NotADirectoryError, EXIT_USAGE, "a folder on that path is a file: give another path"),
+        (PermissionError, EXIT_USAGE, "give a path this user can write to (and read), or change its permissions"),
+        (
+            TimeoutError,
+            EXIT_FAILURE,
+            "it took longer than its limit (a loaded machine?): re-run it; HRL_DEBUG=1 shows what waited",
+        ),
         (ValueError, EXIT_FAILURE, DEBUG_HINT),
     ]
 

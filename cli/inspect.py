@@ -134,10 +134,14 @@ def _json_result(traces: list[Trace], conv: dict[str, Any] | None, *, samples: b
     return out[0] if conv is not None else out
 
 
+PIPE_WIDTH = 200  # columns when piped and COLUMNS is unset: rows whole for `| less -S`, grep or a file
+
+
 def _stdout_console() -> Console:
-    """Rich on stdout: colour only on a TTY without NO_COLOR; 100 columns when piped (unless COLUMNS says)."""
+    """Rich on stdout: colour only on a TTY without NO_COLOR; PIPE_WIDTH columns when piped (unless COLUMNS says),
+    so that no row is cut at a terminal's width that is not there."""
     tty = sys.stdout.isatty()
-    width = None if tty or os.environ.get("COLUMNS") else 100
+    width = None if tty or os.environ.get("COLUMNS") else PIPE_WIDTH
     no_color = not tty or bool(os.environ.get("NO_COLOR"))
     return Console(file=sys.stdout, width=width, no_color=no_color, highlight=False, emoji=False)
 
@@ -147,7 +151,7 @@ def _render(console: Console, traces: list[Trace], conv: dict[str, Any] | None, 
     --samples."""
     from hrl.runners.summary import summarize_file, summarize_trace
 
-    console.print(_summary_table([summarize_trace(t) for t in traces]))
+    console.print(_summary_table([summarize_trace(t) for t in traces], wide=console.width >= 160))
     console.print()
     console.print(_trace_tree(traces[0], conv) if conv is not None else _totals(summarize_file(traces)))
     if samples:
@@ -195,12 +199,14 @@ def _table(padding: int = 1) -> Table:
                  padding=(0, padding))  # fmt: skip
 
 
-def _summary_table(sums: list[dict[str, Any]]) -> Table:
+def _summary_table(sums: list[dict[str, Any]], wide: bool = False) -> Table:
+    """One row per trace. In 100 columns the task, agent and status are cut to fit; `wide` (160 columns or more, as
+    when piped) shows task ids whole up to 60 characters (SWE-bench's and synthesized ones are 20 to 40)."""
     table = _table(padding=0)  # 11 columns in 100: one space between them
     table.add_column("trace", no_wrap=True, min_width=8)
-    table.add_column("task", max_width=16, overflow="ellipsis", no_wrap=True)
-    table.add_column("agent", max_width=14, overflow="ellipsis", no_wrap=True)
-    table.add_column("status", max_width=16, overflow="ellipsis", no_wrap=True)
+    table.add_column("task", max_width=60 if wide else 16, overflow="ellipsis", no_wrap=True)
+    table.add_column("agent", max_width=24 if wide else 14, overflow="ellipsis", no_wrap=True)
+    table.add_column("status", max_width=28 if wide else 16, overflow="ellipsis", no_wrap=True)
     columns = (("reward", 6), ("success", 7), ("calls", 5), ("turns", 5), ("prompt", 6), ("resp", 6), ("br", 2),
                ("time", 6))  # fmt: skip
     for name, width in columns:

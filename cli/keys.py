@@ -10,8 +10,10 @@ A field added to any of these models is a valid key at once; nothing here lists 
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Annotated, Any
 
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hrl.runners.errors import UsageError
@@ -100,7 +102,8 @@ def check_key(key: str, value: Any, cfg: dict[str, Any], source: str = "-c") -> 
             model = field.annotation
         elif not rest:  # the field's bounds (ge=1, …) too: a value the component would refuse is refused here
             bounded = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
-            _check_value(key, value, bounded, field.description or "", source)
+            finite = _finite(model, field)
+            _check_value(key, value, bounded, field.description or "", source, finite=finite)
         elif not _is_dict(field.annotation):
             raise UsageError(
                 f"{_said(source)} key {key!r}{_where(source)}: {prefix[:-1]} is a value, not a section",
@@ -114,15 +117,26 @@ def _is_dict(annotation: Any) -> bool:
     return annotation is dict or getattr(annotation, "__origin__", None) is dict
 
 
-def _check_value(key: str, value: Any, annotation: Any, description: str, source: str) -> None:
-    try:
-        TypeAdapter(annotation).validate_python(value)
-    except ValidationError as exc:
-        problem = exc.errors()[0]["msg"]
-        raise UsageError(
+def _finite(model: type[BaseModel], field: Any) -> bool:
+    """Whether the field takes finite numbers only: it has a bound (`gt=0` alone lets inf through), or its model
+    refuses inf and nan (`allow_inf_nan=False`)."""
+    bounded = any(isinstance(m, Gt | Ge | Lt | Le) for m in field.metadata)
+    return bounded or model.model_config.get("allow_inf_nan") is False
+
+
+def _check_value(key: str, value: Any, annotation: Any, description: str, source: str, *, finite: bool = False) -> None:
+    def bad(problem: str) -> UsageError:
+        return UsageError(
             f"bad {_said(source)} {key}={value!r}{_where(source)}: {problem}",
             hint=f"{key}: {description}" if description else f"{key} takes a {annotation}",
-        ) from None
+        )
+
+    try:
+        checked = TypeAdapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        raise bad(exc.errors()[0]["msg"]) from None
+    if finite and isinstance(checked, float) and not math.isfinite(checked):
+        raise bad("Input should be a finite number")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

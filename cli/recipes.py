@@ -19,7 +19,8 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.
     from hrl.recipes import list_recipes, load_recipe
 
     rows = [{"name": n, "description": load_recipe(n).get("description", "")} for n in list_recipes()]
-    emit(rows, as_json=as_json, human="\n".join(f"{r['name']:<8} {r['description']}" for r in rows))
+    width = max((len(r["name"]) for r in rows), default=0)  # the descriptions in one column, past the longest name
+    emit(rows, as_json=as_json, human="\n".join(f"{r['name']:<{width}}  {r['description']}" for r in rows))
 
 
 app.command("list", hidden=True)(ls)

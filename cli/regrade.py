@@ -11,7 +11,7 @@ import typer
 
 from hrl.cli.errors import EXIT_FAILURE, EXIT_INFRA
 from hrl.cli.output import emit, err
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import HrlError, UsageError
 
 __all__ = ["EPILOG", "regrade"]
 
@@ -51,6 +51,11 @@ def regrade(
         get_backend(sandbox)  # an unknown name fails here, listing the valid ones
     files = trace_files(source)
     episodes = collect(source)
+    if not episodes:  # an empty file: nothing disagrees, and nothing agrees either
+        raise UsageError(
+            f"{source} holds no trace: nothing to regrade",
+            hint="give a trace file with traces (the --out of `hrl rollout`) or a run directory that has run",
+        )
     todo = sum(not e.apart for e in episodes)
     if not todo:
         raise HrlError(f"no episode of {source} can be regraded ({_apart_line(episodes)})",

@@ -9,6 +9,7 @@ import typer
 
 from hrl.cli.options import DecodeModelOption
 from hrl.cli.output import emit, err
+from hrl.runners.errors import UsageError
 
 __all__ = ["EPILOG", "report", "warn_cut_lines"]
 
@@ -56,13 +57,21 @@ def report(
     latency and token distributions, staleness and versions over training steps (trace files have none), and a
     table of traces that opens each trace's conversation, calls and tool events (link one with
     `report.html#trace=ID`)."""
+    from hrl.cli.checks import check_writable
     from hrl.runners.report.builder import write_report
     from hrl.runners.report.evaluation import eval_rows, eval_table_text, read_plan
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
     from hrl.runners.trace import dropped_media
 
+    if out is not None:
+        check_writable(out, "--out")
     run = load_source(sources)
+    if not run.traces and not is_run_dir(run.path):  # a page of nothing says nothing: an empty file is a mistake
+        raise UsageError(
+            f"{', '.join(map(str, sources))} {'holds' if len(sources) == 1 else 'hold'} no trace: no report to write",
+            hint="give a trace file with traces (the --out of `hrl rollout`) or a run directory",
+        )
     warn_cut_lines(run)
     path = write_report(run, out, model)
     info: dict[str, Any] = {

@@ -109,7 +109,7 @@ def rollout(
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes. Tasks
     `hrl tasks check` found not ok are left out (and listed) unless --include-unchecked."""
-    from hrl.cli.checks import check_model, check_placement, check_run, harnesses, say_context
+    from hrl.cli.checks import check_model, check_placement, check_run, check_writable, harnesses, say_context
     from hrl.cli.config import (
         apply_overrides,
         hide_from_sandboxes,
@@ -139,6 +139,7 @@ def rollout(
     check_run(cfg, engine, task_file)  # names and paths first: nothing has started yet
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", hint="give a file for the traces, e.g. --out traces.jsonl")
+    check_writable(out, "--out")  # its folder also takes the archive (for `hrl regrade`) and the media
     if roll.get("sandbox", "docker") == "local" and not is_python_agent(roll["agent"]):
         err.print(local_warning(), markup=False)
     model = materialize_model(model)

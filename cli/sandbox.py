@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -47,22 +47,31 @@ def build(
 
 @app.command("ls", epilog="Examples:\n\n  hrl sandbox ls\n\n  hrl sandbox ls --json")
 def ls(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False) -> None:
-    """List hrl's docker sandboxes (containers labelled hrl=1) with their run and episode."""
+    """List hrl's sandboxes with their run and episode: local ones (temp folders with a marker; `orphaned` when the
+    process that made them is gone) and docker ones (containers labelled hrl=1). Without a Docker daemon the local
+    ones are listed, then the error (exit 4)."""
     import docker
 
     from hrl.runners.errors import PrerequisiteError
+    from hrl.sandboxes.local import list_sandboxes
 
+    rows = [{"backend": "local", **r} for r in list_sandboxes()]
     try:
         found = docker.from_env().containers.list(all=True, filters={"label": "hrl=1"})
     except docker.errors.DockerException as e:
+        if rows:  # what could be listed, as `ls` lists a path that exists before the error for one that does not
+            _show(rows, as_json)
         raise PrerequisiteError(
             f"no Docker daemon: {e}", hint="start dockerd (`make setup` does); `hrl doctor` checks"
         ) from e
-    rows = [
-        {"id": c.short_id, "status": c.status, "run": c.labels.get("hrl.run"), "episode": c.labels.get("hrl.episode")}
-        for c in found
-    ]
-    emit(rows, as_json=as_json, human="\n".join(f"{r['id']} {r['status']:<8} {r['run']} {r['episode']}" for r in rows))
+    rows += [{"backend": "docker", "id": c.short_id, "status": c.status, "run": c.labels.get("hrl.run"),
+              "episode": c.labels.get("hrl.episode")} for c in found]  # fmt: skip
+    _show(rows, as_json)
+
+
+def _show(rows: list[dict[str, Any]], as_json: bool) -> None:
+    human = "\n".join(f"{r['backend']:<6} {r['id']} {r['status']:<8} {r['run']} {r['episode']}" for r in rows)
+    emit(rows, as_json=as_json, human=human)
 
 
 PRUNE_EXAMPLES = (

@@ -37,6 +37,20 @@ def _progress(verbose: bool) -> Any:
     return say
 
 
+def _warn_weak(say: Any, said: list[str]) -> Any:
+    """`say`, plus a warning on stderr, whatever --verbose, for a suite too weak to guard its package (a synthesis
+    told to go on with --allow-weak-suite): the one thing a person must not miss. Each problem said joins `said`."""
+
+    def warn(event: dict[str, Any]) -> None:
+        say(event)
+        if event.get("event") == "synth_suite" and event["problems"]:
+            for problem in event["problems"]:
+                err.print(f"Warning: weak test suite: {problem}", markup=False, highlight=False)
+            said.extend(event["problems"])
+
+    return warn
+
+
 @app.command("ls", epilog="Examples:\n\n  hrl tasks ls recipes/swe/tasks.jsonl\n\n  hrl tasks ls my.jsonl --json")
 def ls(
     file: Annotated[Path, typer.Argument(help="Task file (JSONL, JSON array or Parquet).")],
@@ -106,8 +120,10 @@ def check(
 ) -> None:
     """Grade each task's gold solution K times and no change K times, each in a fresh sandbox, and class it: ok,
     gold_fails (the gold never scores 1), noop_passes (no change scores 1), flaky (a test's outcome changed between
-    runs of one patch; the tests are named) or infra (grading failed). Results are cached by the task's content hash
-    ($HRL_CACHE/task-checks); `hrl train` and `hrl eval` leave out the tasks checked and not ok."""
+    runs of one patch; the tests are named), infra (grading failed) or weak_suite (graded fine, but a synthesized task
+    whose tests cannot guard its package: too few tests, unusable test files, no PASS_TO_PASS, a problem statement
+    that opens as another's). Results are cached by the task's content hash ($HRL_CACHE/task-checks); `hrl train` and
+    `hrl eval` leave out the tasks checked and not ok."""
     import json
     import sys
 
@@ -140,7 +156,8 @@ def check(
     "synth",
     epilog="Examples:\n\n  hrl tasks synth --package inflection --n 10 --out tasks.jsonl\n\n"
     "  hrl tasks synth --package toolz --version 1.2.0 --n 5 --seed 1 --out toolz.jsonl\n\n"
-    "  hrl tasks synth --package semver --sdist semver-3.1.2.tar.gz --n 3 --out semver.jsonl   # offline",
+    "  hrl tasks synth --package semver --sdist semver-3.1.2.tar.gz --n 3 --out semver.jsonl   # offline\n\n"
+    "  hrl tasks synth --package tiny --sdist tiny-0.1.tar.gz --out t.jsonl -c suite.min_tests=5   # a small suite",
 )
 def synth(
     package: Annotated[str, typer.Option(help="A pure-Python PyPI package whose sdist carries its tests.")],
@@ -152,20 +169,73 @@ def synth(
     sandbox: Annotated[str, typer.Option(help="docker | local.")] = "docker",
     as_json: Annotated[bool, typer.Option("--json", help="Print the task summaries as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each mutant and check.")] = False,
+    allow_weak_suite: Annotated[
+        bool,
+        typer.Option(
+            "--allow-weak-suite",
+            help="Write the tasks even when the package's suite is too weak to guard it (each problem is a warning; "
+            "`hrl tasks check` flags the tasks).",
+        ),
+    ] = False,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-c",
+            "--config",
+            help="KEY=VALUE of the synthesis settings, e.g. suite.min_tests=5, "
+            "max_test_file_s=60 (SynthConfig, runners/tasks/synth.py).",
+        ),
+    ] = None,
 ) -> None:
     """Build tasks offline: run the package's tests, inject bugs by AST mutation, keep mutants that break some tests,
-    write problem statements from the failures, and validate each task with the real verifier."""
-    from hrl.cli.checks import check_sandbox
+    write problem statements from the failures, and validate each task with the real verifier. A suite too weak to
+    guard the package (few tests kept, most test files failing to import) is refused; so are tasks with no
+    PASS_TO_PASS test or a problem statement that opens as another's."""
+    from hrl.cli.checks import check_sandbox, check_writable
     from hrl.runners.tasks.image import ensure_image
-    from hrl.runners.tasks.synth import SynthConfig, synthesize
+    from hrl.runners.tasks.suite import task_problems
+    from hrl.runners.tasks.synth import synthesize
     from hrl.runners.tasks.task import task_summary
 
     check_sandbox(sandbox)
     if sdist is not None and not sdist.is_file():
         raise UsageError(f"sdist not found: {sdist}", hint="give the path of a .tar.gz sdist, or leave --sdist out")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory", hint="give a file for the tasks, e.g. --out tasks.jsonl")
+    check_writable(out, "--out")  # before the work: synthesis runs the package's tests for minutes
+    settings = _synth_config(config or [], sandbox=sandbox, weak_suite="warn" if allow_weak_suite else "refuse")
     say = _progress(verbose)
     if sandbox == "docker":
         ensure_image(on_event=say)
-    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=SynthConfig(sandbox=sandbox), on_event=say)
-    rows = [task_summary(t) for t in tasks]
-    emit(rows, as_json=as_json, human=f"{len(tasks)} tasks → {out}")
+    said: list[str] = []
+    warn = _warn_weak(say, said) if allow_weak_suite else say  # refused: the error says it, once
+    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=settings, on_event=warn)
+    weak = task_problems(tasks)
+    for instance_id, problems in weak.items():  # what the suite's warning did not say already
+        if rest := [p for p in problems if p not in said]:
+            err.print(f"Warning: {instance_id}: {'; '.join(rest)}", markup=False, highlight=False)
+    rows = [task_summary(t) | {"problems": weak.get(t.instance_id, [])} for t in tasks]
+    flagged = f" ({len(weak)} flagged weak: `hrl tasks check` classes them weak_suite)" if weak else ""
+    emit(rows, as_json=as_json, human=f"{len(tasks)} tasks → {out}{flagged}")
+
+
+def _synth_config(overrides: list[str], **values: Any) -> Any:
+    """`SynthConfig` from `-c KEY=VALUE` items (values read as YAML, dotted keys into sections) and `values`; an
+    unknown key or a bad value is a usage error naming it."""
+    import yaml
+
+    from hrl.cli.config import checked, set_dotted
+    from hrl.runners.tasks.synth import SynthConfig
+
+    given: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"bad -c {item!r}: expected KEY=VALUE", hint="e.g. -c suite.min_tests=5")
+        try:
+            set_dotted(given, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        except yaml.YAMLError as exc:
+            raise UsageError(
+                f"bad -c {item!r}: the value is not YAML ({exc})", hint="e.g. -c suite.min_tests=5"
+            ) from None
+    return checked(SynthConfig, **{**given, **values})

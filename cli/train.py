@@ -48,6 +48,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
         say_context,
     )
     from hrl.cli.config import apply_overrides, load_recipe_config, materialize_model, set_dotted
+    from hrl.cli.online import check_online_settings
 
     cfg = apply_overrides(load_recipe_config(recipe), overrides, engine=str(flags.get("engine") or ""))
     cfg["recipe"] = recipe
@@ -55,6 +56,7 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
         if value not in (None, "", False):
             set_dotted(cfg, key, value)
     _check_loop_settings(cfg)  # first: no model is built, no engine checked, for settings that cannot work
+    check_online_settings(cfg)  # and, with --serve, the settings an online run would ignore
     if not cfg.get("model"):
         raise UsageError("give --model (the recipe names none)", hint="e.g. --model hrl:tiny (a tiny local model)")
     check_honest_sampling(cfg)
@@ -165,11 +167,12 @@ def train(
     from hrl.runners.rundir import RunDir
 
     if resume:
-        if run_dir is None or not RunDir(run_dir).exists():
+        if run_dir is None:
             raise UsageError(
-                "--resume needs --run-dir of an existing run (with state.json)",
+                "--resume needs --run-dir of an existing run",
                 hint="`hrl train --run-dir DIR --resume` continues the run in DIR; without --resume a new run starts",
             )
+        RunDir(run_dir).check_resumable()  # a run stopped before its first step resumes too
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "--placement": placement,
                  "-c": config, "--include-unchecked": include_unchecked, "--serve": serve}  # fmt: skip
@@ -189,8 +192,8 @@ def train(
     else:
         if not recipe:
             raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
-        if run_dir is not None and RunDir(run_dir).exists():
-            raise UsageError(f"{run_dir} holds a run already", hint="add --resume, or choose another --run-dir")
+        if run_dir is not None:
+            RunDir(run_dir).check_new()  # before anything is written: its config.json stays the run's own
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,
@@ -217,8 +220,7 @@ def _start(
 ) -> None:
     """Create the run (or clean up after its interrupted process) and train; the caller holds the run's lock."""
     if not resume:
-        if run.exists():
-            raise UsageError(f"{run.path} holds a run already", hint="add --resume, or choose another --run-dir")
+        run.check_new()  # again under the lock: another process may have started a run there meanwhile
         rollout = cfg.setdefault("rollout", {})
         rollout["run_id"] = rollout.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"  # one label for all its sandboxes
         run.create(cfg)

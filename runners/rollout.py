@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.errors import UsageError
 from hrl.runners.agent_session import PROXY_PORT, agent_session
@@ -43,6 +43,8 @@ Event = Callable[[str, dict[str, Any]], None]
 
 
 class RolloutConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
     agents: list[str] = Field(
         default_factory=list,

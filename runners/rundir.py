@@ -2,7 +2,8 @@
 `hrl train --resume` read.
 
 run/
-  config.json                       the resolved configuration
+  config.json                       the resolved configuration, written when the run starts: the directory holds a
+                                    run from then on (`--resume` continues it, a new run there is refused)
   state.json                        {"iteration": next step, "version": live policy version, "checkpoint": path}
   traces/iter-0003.jsonl            one hrl.trace/1 line per finished episode, appended as episodes finish: the
                                     episodes of step 3 (sync loop), or those started while the trainer gathered
@@ -37,7 +38,15 @@ from hrl.runners.durable import write_atomically
 from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.trace import read_traces
 
-__all__ = ["EVAL_PREFIX", "NotARunDirError", "RunDir", "RunDirBusyError", "is_eval_row", "is_run_dir"]
+__all__ = [
+    "EVAL_PREFIX",
+    "NotARunDirError",
+    "RunDir",
+    "RunDirBusyError",
+    "RunDirTakenError",
+    "is_eval_row",
+    "is_run_dir",
+]
 
 Trace = dict[str, Any]
 _ITER = re.compile(r"iter-(\d+)\.jsonl$")
@@ -55,6 +64,10 @@ class RunDirBusyError(HrlError):
 
 class NotARunDirError(UsageError):
     """The path is not a run directory (no traces/, metrics.jsonl or state.json)."""
+
+
+class RunDirTakenError(UsageError):
+    """A new run was asked for in a directory that holds a run already (starting would overwrite its config)."""
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -91,8 +104,35 @@ class RunDir:
         write_atomically(self.path / "config.json", json.dumps(config, indent=2, default=str))
 
     def exists(self) -> bool:
-        """Has the run committed its state (so `--resume` can continue it)?"""
+        """Has the run committed a step (state.json)?"""
         return (self.path / "state.json").is_file()
+
+    def created(self) -> bool:
+        """Does the directory hold a run: its config.json, written when the run starts, so a run stopped before its
+        first step (in the step-0 evaluation, the first rollout) holds one too, and `--resume` continues it."""
+        return (self.path / "config.json").is_file() or self.exists()
+
+    def check_new(self) -> None:
+        """Refuse a new run here, before anything is written, when the directory holds a run already."""
+        if self.created():
+            recipe = self.config().get("recipe") or "unknown"
+            raise RunDirTakenError(
+                f"{self.path} holds a run already (recipe {recipe}): a new run there would overwrite it",
+                hint=f"`hrl train --run-dir {self.path} --resume` continues it; a new run needs another --run-dir",
+            )
+
+    def check_resumable(self) -> None:
+        """Refuse `--resume` of a directory that holds no training run (none started there, or an `hrl eval` run)."""
+        if not self.created():
+            raise UsageError(
+                f"--resume needs --run-dir of an existing run: {self.path} holds none (no config.json)",
+                hint=f"start one there: `hrl train --recipe demo --run-dir {self.path}`",
+            )
+        if (self.path / "eval.json").is_file():
+            raise UsageError(
+                f"{self.path} holds an `hrl eval` run, not a training run: it cannot be resumed with `hrl train`",
+                hint="give --run-dir of an `hrl train` run, or train in another --run-dir",
+            )
 
     def config(self) -> dict[str, Any]:
         return _json_file(self.path / "config.json")

@@ -350,9 +350,19 @@ def read_traces(path: str | Path, *, on_cut: Callable[[int], None] | None = None
 
     A last line cut short (no newline after it, and not JSON: its writer died mid-write) raises too, unless `on_cut`
     is given: then it is skipped and its line number handed to `on_cut` (readers that show a crashed run). A line
-    that is not JSON anywhere else is damage no crash leaves, and always raises."""
-    with Path(path).open() as f:
-        for lineno, line in enumerate(f, 1):
+    that is not JSON anywhere else is damage no crash leaves, and always raises. So does a line that is not UTF-8
+    text (a binary file given by mistake)."""
+    with Path(path).open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError as e:
+                if e.end == len(raw) and on_cut is not None:  # the last line, cut short inside a character
+                    on_cut(lineno)
+                    return
+                raise TraceFormatError(
+                    f"{path}:{lineno}: not a valid {SCHEMA} trace: not UTF-8 text ({e.reason} at byte {e.start})"
+                ) from e
             if not line.strip():
                 continue
             try:

@@ -67,6 +67,7 @@ __all__ = [
     "host_env",
     "isolation",
     "kill_marked",
+    "list_sandboxes",
     "pid_alive",
 ]
 
@@ -579,3 +580,16 @@ def _group_alive(group: int) -> bool:
 
 def _clean(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.")[:40] or "x"
+
+
+def list_sandboxes(root: str | None = None) -> list[dict[str, Any]]:
+    """The local sandboxes under `root` (default: the temp folder), oldest first, from their markers: id, path, run,
+    episode, the creating process (`pid`) and `status`: `live` while that process runs, else `orphaned` (left by a
+    process that is gone: `LocalBackend.prune` removes those)."""
+    rows = []
+    for path, info in _find_roots(Path(root or tempfile.gettempdir())):
+        pid = int(info.get("pid", 0))
+        rows.append({"id": path.name, "status": "live" if pid_alive(pid) else "orphaned", "run": info.get("run_id"),
+                     "episode": info.get("episode_id"), "pid": pid, "created": info.get("created"),
+                     "path": str(path)})  # fmt: skip
+    return sorted(rows, key=lambda r: (r["created"] or 0, r["id"]))

@@ -252,6 +252,9 @@ class SandboxPool:
             except (SandboxError, OSError) as exc:  # the sandbox still serves, without what on_made adds
                 self.counts["pool_error"] += 1
                 self.on_event("sandbox_pool_error", {"error": f"after making a sandbox: {exc}"[:500]})
+            except BaseException:  # cancelled (the pool closing): the sandbox is nobody's yet, so it is closed here
+                await _close_quietly(sandbox)
+                raise
         self._ready.setdefault(key, []).append(sandbox)
 
     # --- reuse per group ---
@@ -308,11 +311,16 @@ async def _close_quietly(sandbox: Sandbox) -> None:
 
 
 async def close_sandbox(sandbox: Sandbox, quietly: bool = False) -> None:
-    """Close a sandbox and stop what was started in it ahead (a warm harness's launcher)."""
-    if (warm := getattr(sandbox, "hrl_warm", None)) is not None:
-        warm.stop()
-    if not quietly:
-        await sandbox.close()
-        return
-    with contextlib.suppress(SandboxError, OSError):
-        await sandbox.close()
+    """Close a sandbox and stop what was started in it ahead (a warm harness's launcher), in that order: the close
+    kills the launcher off the event loop and its command then ends by itself, where stopping the command first
+    would kill it on the event loop (a local sandbox scans /proc), one warm sandbox after another at a run's stop."""
+    warm = getattr(sandbox, "hrl_warm", None)
+    try:
+        if not quietly:
+            await sandbox.close()
+            return
+        with contextlib.suppress(SandboxError, OSError):
+            await sandbox.close()
+    finally:
+        if warm is not None:
+            await warm.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["TrainerConfig"]
 
@@ -13,6 +13,8 @@ _ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 
 class TrainerConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     model: str = Field(description="HF model id or local dir to train.")
     mode: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or all weights.")
     lora_rank: int = Field(8, ge=1, description="LoRA rank r of every adapted projection.")

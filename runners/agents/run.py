@@ -7,6 +7,7 @@ only a broken sandbox raises (SandboxError).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import posixpath
@@ -105,6 +106,7 @@ async def run_agent(
     warm = getattr(sandbox, "hrl_warm", None)
     through = warm.claim(runner) if warm is not None else None
     started, started_at = time.monotonic(), time.time()
+    stopping = False
     try:
         res = await sandbox.exec(
             agent_argv(runner, ctx, through),
@@ -112,8 +114,11 @@ async def run_agent(
             env=agent_env(runner, ctx, install),
             workdir=ctx.workdir,
         )
+    except asyncio.CancelledError:
+        stopping = True  # the sandbox is closed whole next, HOME with it: one more command would only delay the stop
+        raise
     finally:
-        if not keep_home:
+        if not keep_home and not stopping:
             with contextlib.suppress(Exception):
                 await sandbox.exec(["rm", "-rf", home], timeout_s=60)
     return AgentOutcome(

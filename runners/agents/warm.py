@@ -30,13 +30,14 @@ from typing import Any
 
 from hrl.runners.agents.base import AgentRunner
 from hrl.runners.agents.install import AgentInstall
-from hrl.sandboxes.base import Sandbox
+from hrl.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["CLIENT", "LAUNCHER", "WarmHarness", "start_warm_harness"]
 
 log = logging.getLogger(__name__)
 
 WAIT_S = 60  # how long an episode's client waits for its launcher to finish importing before starting cold
+STOP_GRACE_S = 2.0  # how long `stop` waits for the command of a closed sandbox's launcher to end before cancelling it
 DIR = "/tmp/hrl-warm"
 
 LAUNCHER = r"""
@@ -147,8 +148,11 @@ class WarmHarness:
         self.claimed = True
         return [self.python, self.client, self.socket, str(WAIT_S)]
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """End the launcher's command once its sandbox is closed (the close killed it): a moment for the command to
+        see that, then a cancel for what is left (which kills on the event loop)."""
         if self.task is not None and not self.task.done():
+            await asyncio.wait({self.task}, timeout=STOP_GRACE_S)
             self.task.cancel()
 
 
@@ -170,7 +174,8 @@ async def start_warm_harness(sandbox: Sandbox, runner: AgentRunner, install: Age
             warm.socket, *modules]  # fmt: skip
 
     async def run() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
+        # the sandbox closed under the command (the pool's close ends a launcher so): nothing to say
+        with contextlib.suppress(asyncio.CancelledError, SandboxError, OSError):
             result = await sandbox.exec(argv, timeout_s=0, env=env)
             if result.exit_code not in (0, -9, 137) and not warm.claimed:
                 log.warning("the warm %s launcher ended (exit %s) before an episode took it", runner.name,

@@ -8,20 +8,41 @@
   compared with the logprobs recorded while sampling: the trainer needs the raw model logprobs. For vLLM the
   server's `--logprobs-mode` is said too.
 
-Nothing here raises for what it finds: each finding is a `Check`; an engine that cannot start raises as usual.
+Nothing here raises for what it finds: each finding is a `Check`; an engine that cannot start raises as usual, and
+a check that runs past its time limit (or waits on a call that times out) raises `CheckTimeoutError`, which names
+it and carries the checks done before it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import aiohttp
 
 from hrl.runners.doctor.checks import Check
+from hrl.runners.errors import HrlError
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import call_prompt_ids
 
-__all__ = ["PROBE_REQUEST", "logprobs_check", "probe_model", "served_checks", "tool_calls_check"]
+__all__ = [
+    "PROBE_REQUEST",
+    "CheckTimeoutError",
+    "logprobs_check",
+    "probe_model",
+    "served_checks",
+    "tool_calls_check",
+]
+
+T = TypeVar("T")
+_NEEDED = {  # what each served check's `required_for` says
+    "probe": "agentic training",
+    "publish lora": "training with hot weight swaps",
+    "publish full": "training with hot weight swaps",
+    "serve": "every served check",
+}
 
 PROBE_REQUEST: dict[str, Any] = {
     "messages": [
@@ -37,6 +58,32 @@ PROBE_REQUEST: dict[str, Any] = {
 RAW_MEAN_TOLERANCE = 0.02  # mean |Δ logprob| of a raw engine: float32 ~1e-6, bf16 on a GPU ~1e-2
 
 
+class CheckTimeoutError(HrlError):
+    """A served check timed out: past its own limit (`expired`), or on a call inside it. `checks` are the checks done
+    before it and, last, the failed one (timed_out_after_s and limit_s in its figures)."""
+
+    def __init__(self, name: str, seconds: float, limit_s: float, expired: bool, done: list[Check]) -> None:
+        why = f"its limit of {limit_s:g} s" if expired else "a call inside it timed out"
+        after = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.2g}"
+        figures = {"timed_out_after_s": round(seconds, 3), "limit_s": limit_s, "expired": expired}
+        failed = Check(name, False, f"timed out after {after} s ({why})", _NEEDED.get(name, ""), figures=figures)
+        super().__init__(f"the {name} check timed out after {after} s ({why})")
+        self.name, self.seconds, self.limit_s, self.expired = name, seconds, limit_s, expired
+        self.checks = [*done, failed]
+
+
+async def _timed(name: str, work: Awaitable[T], limit_s: float, done: list[Check]) -> T:
+    """`work` within `limit_s` seconds (0: no limit of its own); any TimeoutError is a CheckTimeoutError naming
+    `name`, after how long, and the checks `done` before it."""
+    t0 = time.monotonic()
+    limit = asyncio.timeout(limit_s or None)
+    try:
+        async with limit:
+            return await work
+    except TimeoutError as e:
+        raise CheckTimeoutError(name, time.monotonic() - t0, limit_s, limit.expired(), done) from e
+
+
 async def served_checks(
     model: str,
     engine: str = "embedded",
@@ -45,22 +92,29 @@ async def served_checks(
     publish: tuple[str, ...] = (),
     engine_options: dict[str, Any] | None = None,
     proxy_options: dict[str, Any] | None = None,
+    limit_s: float = 0,
 ) -> list[Check]:
     """Serve `model` once on `engine`; probe it (see the module docstring) and run the publish check of each kind
-    in `publish` ("lora", "full": runners/doctor/publish.py) on the same engine."""
+    in `publish` ("lora", "full": runners/doctor/publish.py) on the same engine. Each check (the probe, each
+    publish) gets `limit_s` seconds (0: no limit); one that times out raises CheckTimeoutError, the rest not run."""
     from hrl.runners.doctor.publish import publish_check
     from hrl.runners.engines.vllm_server import checkpoint_dtype
     from hrl.runners.models import resolve_model
 
     checks: list[Check] = []
-    async with serving(model, engine, engine_options=engine_options, proxy_options=proxy_options) as stack:
-        if probe:
-            checks += await _probe(stack, model, proxy_options)
-        path = resolve_model(model)
-        dtype = str(getattr(getattr(stack.engine, "config", None), "dtype", "auto"))
-        dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
-        for kind in publish:
-            checks.append(await publish_check(stack.engine, path, kind, dtype))
+    t0 = time.monotonic()
+    try:
+        async with serving(model, engine, engine_options=engine_options, proxy_options=proxy_options) as stack:
+            if probe:
+                checks += await _timed("probe", _probe(stack, model, proxy_options), limit_s, checks)
+            path = resolve_model(model)
+            dtype = str(getattr(getattr(stack.engine, "config", None), "dtype", "auto"))
+            dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
+            for kind in publish:
+                check = publish_check(stack.engine, path, kind, dtype)
+                checks.append(await _timed(f"publish {kind}", check, limit_s, checks))
+    except TimeoutError as e:  # serving the model (its start or its stop), outside any check's own limit
+        raise CheckTimeoutError("serve", time.monotonic() - t0, 0, False, checks) from e
     return checks
 
 

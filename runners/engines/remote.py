@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from hrl.runners.engines.base import Engine, ExpandedPrompt, ImageInput, PublishKind, SamplingParams, TokenDelta
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, UsageError
@@ -158,6 +158,8 @@ async def serve_engine(
 
 
 class RemoteEngineConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     model: str = Field("", description="The served model (informational: the server loaded it).")
     url: str = Field(description="http://host:port of an `engine_app` server.")
     token: SecretStr = Field(description="The server's bearer token (the Ray placement makes one per run).")

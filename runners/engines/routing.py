@@ -20,7 +20,7 @@ import math
 from collections import OrderedDict
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["Router", "RoutingConfig", "hrw_rank"]
 
@@ -37,6 +37,8 @@ def hrw_rank(key: str, names: list[str]) -> list[str]:
 
 
 class RoutingConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     policy: Literal["cache_aware", "hrw", "round_robin"] = Field(
         "cache_aware",
         description="cache_aware: a session stays on the replica it was first placed on (the least loaded) until "

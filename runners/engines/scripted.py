@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.engines.base import ImageInput, SamplingParams, TokenDelta
 from hrl.runners.engines.images import expand_images, load_processor, model_has_vision
@@ -71,6 +71,8 @@ def _filled(turn: Any, prompt: str) -> Any:
 
 
 class ScriptedEngineConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     model: str = Field(description="Model dir or id whose tokenizer renders the turns.")
     family: str = Field(
         "auto", description="Model family whose syntax the turns are written in (auto: detected from the model)."

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.engines.base import (
     NO_OP_SAMPLING,
@@ -96,6 +96,8 @@ def _expanded(payload: dict[str, Any], images: int, processor: dict[str, Any] | 
 
 
 class VLLMEngineConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     model: str = Field(description="HF model id or local model dir; also the served model name of the base weights.")
     url: str | None = Field(
         None,

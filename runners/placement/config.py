@@ -16,6 +16,8 @@ __all__ = ["PlacementConfig", "RunConfig"]
 class PlacementConfig(BaseModel):
     """The recipe's `placement:` section (`--placement` sets `kind`)."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     kind: Literal["local", "ray"] = Field("local", description="local: one process (today); ray: on a Ray cluster.")
     address: str = Field(
         "", description="Ray cluster to join (auto, ray://host:10001, host:6379); empty = start a local one."
@@ -45,7 +47,7 @@ class RunConfig(BaseModel):
     the engine and verifier they name, and train, trainer and async to hrl.train: those stay mappings, each naming
     its model ("module:Class", `hrl.cli.keys` checks a key against it; the component validates it when built)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", populate_by_name=True)
 
     name: str = Field("", description="The recipe's name (default: its folder's).")
     description: str = Field("", description="One line for `hrl recipes ls`.")
@@ -61,13 +63,15 @@ class RunConfig(BaseModel):
     engine_options: dict[str, Any] = _section("engine", "Options of the engine's config (EmbeddedEngineConfig, …).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent, sandbox, time budget.")
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="The recording proxy.")
-    train: dict[str, Any] = _section("hrl.train.loop:LoopConfig", "The outer loop: iterations, batch, advantage.")
-    trainer: dict[str, Any] = _section("hrl.train.trainer:TrainerConfig", "The update: LoRA/full, lr, clipping.")
+    train: dict[str, Any] = _section(
+        "hrl.train.loop_config:LoopConfig", "The outer loop: iterations, batch, advantage."
+    )
+    trainer: dict[str, Any] = _section("hrl.train.trainer_config:TrainerConfig", "The update: LoRA/full, lr, clipping.")
     async_: dict[str, Any] = Field(
         default_factory=dict,
         alias="async",
         description="The asynchronous loop (`enabled` turns it on).",
-        json_schema_extra={"model": "hrl.train.async_loop:AsyncConfig", "extra": {"enabled": "bool"}},
+        json_schema_extra={"model": "hrl.train.async_config:AsyncConfig", "extra": {"enabled": "bool"}},
     )
     online: dict[str, Any] = Field(
         default_factory=dict,

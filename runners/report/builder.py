@@ -118,7 +118,7 @@ def _step_plots(iters: list[dict[str, Any]], evals: dict[int, dict[str, Any]] | 
     charts = [
         _reward_plot(iters, evals),
         *_harness_plots(iters, xs),
-        stacked_bars("plot-failures", "Failures by reason per step", xs, failures),
+        stacked_bars("plot-failures", "Failures by reason per step", xs, failures, zero="no failures"),
         line_chart("plot-latency-steps", "Latency per step (s)", xs, latency),
         line_chart(
             "plot-staleness", "Staleness per step (versions)", xs, _stats(iters, "trace/staleness", "mean", "max")
@@ -219,7 +219,13 @@ def _flags(s: dict[str, Any]) -> str | None:
     return ", ".join(flags) or None
 
 
-def _cell(value: Any, cls: str = "") -> str:
+def short_id(trace_id: str) -> str:
+    """A trace id as the table shows it: whole up to 13 characters, else its first 8 and last 4 around an ellipsis
+    (a 32-character id would wrap into a tall, narrow column; the cell's title holds it whole)."""
+    return trace_id if len(trace_id) <= 13 else f"{trace_id[:8]}…{trace_id[-4:]}"
+
+
+def _cell(value: Any, cls: str = "", title: str | None = None) -> str:
     if value is None:
         text = "–"
     elif isinstance(value, float):
@@ -229,8 +235,10 @@ def _cell(value: Any, cls: str = "") -> str:
     else:
         text = str(value)
     sort = value if isinstance(value, int | float) else ""
-    title = f' title="{escape(text)}"' if isinstance(value, str) else ""  # a cell cut to fit shows it whole on hover
-    return f'<td class="{cls}" data-sort="{escape(str(sort))}"{title}>{escape(text)}</td>'
+    title = title or (text if isinstance(value, str) else None)  # a cell cut to fit shows it whole on hover
+    shown = short_id(text) if cls == "id" else text
+    hover = f' title="{escape(title)}"' if title else ""
+    return f'<td class="{cls}" data-sort="{escape(str(sort))}"{hover}>{escape(shown)}</td>'
 
 
 _COLUMNS = (
@@ -255,14 +263,21 @@ _COLUMNS = (
 )
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    head = "".join(f'<th data-col="{i}">{escape(name)}</th>' for i, (name, _) in enumerate(_COLUMNS))
+def _table(rows: list[dict[str, Any]], unit: str, files: dict[int, str]) -> str:
+    """The table of traces; its `iteration` column is headed by what an iteration is here (`unit`: step, file, cell),
+    and a trace file's name is its cell's title (`files`: by iteration)."""
+    head = "".join(
+        f'<th data-col="{i}">{escape(unit if key == "iteration" else name)}</th>'
+        for i, (name, key) in enumerate(_COLUMNS)
+    )
     body = []
     for n, r in enumerate(rows):
         outcome_cls = "ok" if r["outcome"] == "ok" else "bad"
         cells = "".join(
-            _cell(r[key], outcome_cls if key == "outcome" else "id" if key == "trace_id" else "") for _, key in _COLUMNS
-        )
+            _cell(r[key], outcome_cls if key == "outcome" else "id" if key == "trace_id" else "",
+                  files.get(r["iteration"]) if key == "iteration" else None)
+            for _, key in _COLUMNS
+        )  # fmt: skip
         body.append(
             f'<tr class="trace" tabindex="0" data-n="{n}" data-trace="{escape(r["trace_id"])}" '
             f'data-outcome="{escape(str(r["outcome"]))}" data-iter="{r["iteration"]}">{cells}</tr>'
@@ -270,8 +285,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return f'<table id="traces"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _options(values: list[Any]) -> str:
-    return "".join(f'<option value="{escape(str(v))}">{escape(str(v))}</option>' for v in values)
+def _options(values: list[Any], labels: dict[Any, str] | None = None) -> str:
+    """`<option>`s of `values`, each shown as itself, or as `value · label` where `labels` has one."""
+    labels = labels or {}
+    return "".join(
+        f'<option value="{escape(str(v))}">{escape(f"{v} · {labels[v]}" if v in labels else str(v))}</option>'
+        for v in values
+    )
+
+
+def _unit(run: Run, steps: bool) -> str:
+    """What one of the run's iterations is: a training step, a trace file given, or an evaluation's cell."""
+    if steps:
+        return "step"
+    return "cell" if eval_rows(run) is not None else "file"
 
 
 # ---- the page ----------------------------------------------------------------------------------------------
@@ -350,6 +377,8 @@ def render_report(run: Run, model: str | None = None) -> str:
     details = [{"id": r["trace_id"], **r["detail"]} for r in rows]
     data = json.dumps(details, separators=(",", ":"), default=str).replace("<", "\\u003c")
     outcomes = sorted({str(r["outcome"]) for r in rows}, key=lambda o: (o != "ok", o))
+    unit = _unit(run, steps)
+    files = {it.index: it.trace_file.name for it in run.iterations if it.trace_file} if unit == "file" else {}
     parts = {
         "TITLE": escape(f"hrl report · {run.path.name}"),
         "RUN": escape(str(run.path)),
@@ -364,8 +393,9 @@ def render_report(run: Run, model: str | None = None) -> str:
         "NOTE": _note(note),
         "CONVERSATIONS": conversation_templates([t for _, t in run.traces], template, note, thumbs=_images(run)),
         "OUTCOMES": _options(outcomes),
-        "ITERATIONS": _options(sorted({r["iteration"] for r in rows})),
-        "TABLE": _table(rows),
+        "UNIT": unit,
+        "ITERATIONS": _options(sorted({r["iteration"] for r in rows}), files),
+        "TABLE": _table(rows, unit, files),
         "DATA": data,
     }
     page = resources.files("hrl.runners.report").joinpath("template.html").read_text(encoding="utf-8")

@@ -87,8 +87,8 @@ def _svg(chart_id: str, title: str, body: str, legend: list[str]) -> str:
     )
 
 
-def _empty(chart_id: str, title: str) -> str:
-    body = f'<text class="label" x="{W / 2}" y="{H / 2}" text-anchor="middle">no data yet</text>'
+def _empty(chart_id: str, title: str, text: str = "no data yet") -> str:
+    body = f'<text class="label" x="{W / 2}" y="{H / 2}" text-anchor="middle">{escape(text)}</text>'
     return _svg(chart_id, title, body, [])
 
 
@@ -118,11 +118,14 @@ def line_chart(chart_id: str, title: str, xs: list[float], series: list[tuple[st
     return _svg(chart_id, title, "".join(body), [name for name, _ in series])
 
 
-def stacked_bars(chart_id: str, title: str, xs: list[float], series: list[tuple[str, list[float]]]) -> str:
-    """Bars per step, stacked by series (e.g. failures by reason); series that are all zero are left out."""
+def stacked_bars(
+    chart_id: str, title: str, xs: list[float], series: list[tuple[str, list[float]]], zero: str = "all zero"
+) -> str:
+    """Bars per step, stacked by series (e.g. failures by reason); series that are all zero are left out. Steps
+    whose every series is zero say `zero` ("no failures"); no steps at all, "no data yet"."""
     series = [(n, ys) for n, ys in series if any(ys)]
     if not xs or not series:
-        return _empty(chart_id, title)
+        return _empty(chart_id, title, zero if xs else "no data yet")
     totals = [sum(ys[j] for _, ys in series) for j in range(len(xs))]
     f = _Frame(min(xs) - 0.5, max(xs) + 0.5, 0.0, max(totals))
     bar = max(2.0, (f.x(1) - f.x(0)) * 0.7)

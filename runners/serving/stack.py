@@ -85,10 +85,12 @@ async def serving(
             proxy.start_reaper()
             yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token, online)
         finally:
-            proxy.close()
-            if server is not None:
-                server.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await server
-            await eng.close()
-            shutil.rmtree(sock_dir, ignore_errors=True)
+            try:
+                proxy.close()
+                if server is not None:
+                    server.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await server
+                await eng.close()
+            finally:  # the socket goes whatever the engine's stop does (fails, is cut short by a second stop)
+                shutil.rmtree(sock_dir, ignore_errors=True)

@@ -6,6 +6,9 @@ sandbox, graded by the real verifier (`validate.graders`), and the task classed:
   no tests (Harbor), its reward does;
 - `gold_fails`: the gold never scores 1;
 - `noop_passes`: no change scores 1;
+- `weak_suite`: graded as `ok` would be, but a task `hrl tasks synth` made whose tests cannot guard its package (too
+  few tests, most test files unusable, no PASS_TO_PASS, a problem statement that opens as another task's of the
+  file): `suite.task_problems` names each problem. Judged again at every check, on top of the grading (cached or not);
 - `ok`: none of these.
 
 The first that applies wins. One run per patch cannot see a flaky test: K >= 2 can, the more so the larger.
@@ -23,11 +26,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hrl.runners.durable import write_atomically
+from hrl.runners.tasks.suite import task_problems
 from hrl.runners.tasks.task import Task, files_digest
 from hrl.runners.tasks.validate import Grade, graders
 from hrl.runners.tasks.verifier import TestVerifierConfig, Verdict
@@ -43,12 +47,13 @@ __all__ = [
     "classify",
     "content_hash",
     "filter_checked",
+    "judged",
     "read_check",
     "select_for_run",
 ]
 
 SCHEMA = "hrl.task-check/1"
-STATUSES = ("ok", "gold_fails", "noop_passes", "flaky", "infra")
+STATUSES = ("ok", "gold_fails", "noop_passes", "flaky", "weak_suite", "infra")
 # What a person reads, not what grading runs: a task reworded (or renamed) keeps its check.
 _WORDING = ("instance_id", "problem_statement", "hints_text", "created_at", "task_dir")
 Events = Callable[[dict[str, Any]], None]
@@ -131,6 +136,15 @@ def classify(gold: Sequence[Verdict], noop: Sequence[Verdict]) -> tuple[str, Cha
     return "ok", {}, []
 
 
+def judged(result: TaskCheckResult, weak: list[str]) -> TaskCheckResult:
+    """`result` with its task's suite judged on top of its grading: graded ok (or weak_suite, by an earlier check)
+    becomes weak_suite naming `weak`, the problems of `suite.task_problems`, or ok when there are none; any other
+    status stays."""
+    if result.status not in ("ok", "weak_suite"):
+        return result
+    return replace(result, status="weak_suite" if weak else "ok", problems=list(weak))
+
+
 def changed_tests(runs: Sequence[Verdict]) -> dict[str, list[str]]:
     """{test: its outcome in each run} for the tests whose outcome is not the same in every run; a test a run did
     not report (its tests timed out, say) is NOT_RUN there. Verdicts that name no tests: the reward, if it changed."""
@@ -172,6 +186,7 @@ async def check_tasks_async(
     gold, noop = graders(tasks, sandbox, config, run_id="hrl-check")
     gate = asyncio.Semaphore(max(1, concurrency))
     emit = on_event or (lambda event: None)
+    weak = task_problems(tasks)  # across the tasks: a problem statement that opens as another's
 
     async def graded(grade: Grade, task: Task) -> Verdict:
         async with gate:
@@ -185,8 +200,11 @@ async def check_tasks_async(
         known = read_check(digest, folder)
         if known is not None and not recheck and known.reusable(runs, sandbox):
             known.instance_id, known.cached = task.instance_id, True
-            emit({"event": "task_checked", **known.to_dict()})
-            return known
+            now = judged(known, weak.get(task.instance_id, []))
+            if (now.status, now.problems) != (known.status, known.problems):
+                _write(folder, now)  # what train and eval read: the judgement of this check
+            emit({"event": "task_checked", **now.to_dict()})
+            return now
         started = time.monotonic()
         verdicts = await asyncio.gather(*(graded(g, task) for g in [gold] * runs + [noop] * runs))
         status, changed, problems = classify(verdicts[:runs], verdicts[runs:])
@@ -195,6 +213,7 @@ async def check_tasks_async(
             [v.reward for v in verdicts[runs:]], changed, problems, _version(), time.time(),
             round(time.monotonic() - started, 2),
         )  # fmt: skip
+        result = judged(result, weak.get(task.instance_id, []))
         _write(folder, result)
         emit({"event": "task_checked", **result.to_dict()})
         return result

@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.browser import (
     WHERE_HELP,
@@ -76,6 +76,8 @@ APP_LOG = "/tmp/hrl-app.log"  # [browser] start's output, in the agent's contain
 
 
 class HarborVerifierConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     carry: Literal["container", "workdir"] = Field(
         "container",
         description="What of the agent's container the tests see: container = its whole filesystem (committed as "

@@ -139,7 +139,7 @@ def load_miniwob(spec: str) -> list[Task]:
 class MiniWoBVerifierConfig(BaseModel):
     """`verifier: {name: miniwob}`."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is refused, not ignored
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")  # a misspelt setting is refused, not ignored
 
     time_limit_s: float = Field(
         3600.0, gt=0, description="The page's own episode clock (MiniWoB's default is 10 s, too short for a model)."

@@ -13,6 +13,11 @@
    test_cmd = pytest on the listed tests only (grading stays fast whatever the size of the suite).
 5. Validate each task through the real verifier (gold → 1, no patch → FAIL_TO_PASS fail) and keep the valid.
 
+A suite too weak to guard the package (`suite.SuiteConfig`: too few tests kept, most test files unusable at baseline)
+stops synthesis before step 3 with WeakSuiteError; a task with too few PASS_TO_PASS tests, or whose problem statement
+opens as a kept task's does, is skipped. With `weak_suite="warn"` nothing is refused or skipped: each problem is an
+event, and `hrl tasks check` flags the tasks (their `synth.suite` record keeps what was measured and the limits).
+
 Deterministic for a given sdist, seed and configuration (assuming the package's tests are).
 """
 
@@ -24,9 +29,9 @@ import shlex
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.scratch import scratch
 from hrl.runners.tasks.image import SWE_IMAGE
@@ -34,6 +39,7 @@ from hrl.runners.tasks.mutate import Mutation, apply_mutation, find_mutations
 from hrl.runners.tasks.patches import file_diff, join_patches
 from hrl.runners.tasks.results import PASSING, failure_sections, outcome, parse_summary
 from hrl.runners.tasks.sdist import SourceTree, download_sdist, read_sdist
+from hrl.runners.tasks.suite import SuiteConfig, SuiteStats, WeakSuiteError, opening
 from hrl.runners.tasks.task import PYTEST, Task, pack_snapshot, write_tasks
 from hrl.runners.tasks.validate import check_task
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig
@@ -46,6 +52,8 @@ WORKDIR = "/testbed"
 
 
 class SynthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     image: str = Field(SWE_IMAGE, description="Image the tests run in (baseline, mutants, validation).")
     sandbox: str = Field("docker", description="Sandbox backend name.")
     max_fail_to_pass: int = Field(10, description="Most FAIL_TO_PASS tests listed per task.")
@@ -56,6 +64,12 @@ class SynthConfig(BaseModel):
     tries_per_task: int = Field(10, description="Mutants tried per task asked for, at most.")
     max_problem_chars: int = Field(2500, description="Cap on the problem statement's length, in characters.")
     validate_tasks: bool = Field(True, description="Grade gold and empty patches; keep only valid tasks.")
+    suite: SuiteConfig = Field(default_factory=SuiteConfig, description="Below these the suite is too weak.")
+    weak_suite: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="refuse: a weak suite stops synthesis (WeakSuiteError) and weak tasks are skipped. warn: both "
+        "are kept and said (events; `hrl tasks check` flags the tasks).",
+    )
 
 
 def synthesize(
@@ -82,7 +96,8 @@ async def synthesize_async(
     on_event: Events | None = None,
 ) -> list[Task]:
     """Up to `n` validated tasks from `package` (`version`, or the latest); `sdist` skips the download. Written
-    to `out` as JSONL when given. Raises SdistError when the package does not qualify."""
+    to `out` as JSONL when given. Raises SdistError when the package does not qualify, WeakSuiteError when its suite
+    is too weak to guard it (unless `config.weak_suite` is warn)."""
     cfg, emit = config or SynthConfig(), on_event or (lambda event: None)
     with scratch("synth") as tmp:
         path = Path(sdist) if sdist else await asyncio.to_thread(download_sdist, package, version, Path(tmp))
@@ -96,8 +111,11 @@ async def synthesize_async(
         with scratch("synth-tree") as tmp:
             await asyncio.to_thread(_write_tree, tree.files, Path(tmp))
             await sandbox.copy_in(str(tmp), WORKDIR)
-        passing, durations = await _baseline(sandbox, tree, cfg)
+        passing, durations, unusable = await _baseline(sandbox, tree, cfg)
         emit({"event": "synth_baseline", "tests": len(passing), "files": sorted(durations)})
+        stats = SuiteStats(len(tree.test_modules), len(passing), unusable)
+        _judge_suite(tree, stats, cfg, emit)
+        record = {**stats.to_dict(), "limits": cfg.suite.model_dump()}
         used: set[tuple[str, str]] = set()
         for tried, m in enumerate(_candidates(tree, seed)):
             if len(tasks) >= n or tried >= n * cfg.tries_per_task:
@@ -106,6 +124,10 @@ async def synthesize_async(
                 continue
             task = await _try_mutant(sandbox, tree, m, passing, durations, seed, cfg, emit)
             if task is None:
+                continue
+            task.synth["suite"] = record  # type: ignore[attr-defined]  # what `hrl tasks check` judges it by
+            if cfg.weak_suite == "refuse" and (why := _weak_task(task, tasks, cfg.suite)):
+                emit({"event": "synth_skipped", "instance_id": task.instance_id, "why": why})
                 continue
             if cfg.validate_tasks:
                 check = await check_task(verifier, task)
@@ -138,19 +160,58 @@ async def _pytest(sandbox: Sandbox, files: list[str], timeout_s: float) -> tuple
     return parse_summary(run.stdout), run.stdout, run.duration_s, run.timed_out
 
 
-async def _baseline(sandbox: Sandbox, tree: SourceTree, cfg: SynthConfig) -> tuple[set[str], dict[str, float]]:
-    """Tests that pass twice (alone per file, then all usable files together), and each usable file's runtime."""
+async def _baseline(
+    sandbox: Sandbox, tree: SourceTree, cfg: SynthConfig
+) -> tuple[set[str], dict[str, float], dict[str, str]]:
+    """Tests that pass twice (alone per file, then all usable files together), each usable file's runtime, and why
+    each other test file is not used."""
     durations: dict[str, float] = {}
+    unusable: dict[str, str] = {}
     first: set[str] = set()
     for file in tree.test_modules:
-        results, _, seconds, timed_out = await _pytest(sandbox, [file], cfg.max_test_file_s)
+        results, stdout, seconds, timed_out = await _pytest(sandbox, [file], cfg.max_test_file_s)
         ok = {t for t, s in results.items() if s in PASSING and t.startswith(file + "::")}
         if ok and not timed_out:
             durations[file], first = seconds, first | ok
+        else:
+            unusable[file] = _unused_because(file, results, stdout, timed_out, cfg.max_test_file_s)
     if not durations:
-        return set(), {}
+        return set(), {}, unusable
     results, _, _, _ = await _pytest(sandbox, sorted(durations), cfg.max_test_file_s * len(durations))
-    return {t for t in first if results.get(t) in PASSING}, durations
+    return {t for t in first if results.get(t) in PASSING}, durations, unusable
+
+
+def _unused_because(file: str, results: dict[str, str], stdout: str, timed_out: bool, limit_s: float) -> str:
+    """Why a test file is left out of the suite, in a few words: too slow, or its first error line, or no pass."""
+    if timed_out:
+        return f"slower than max_test_file_s={limit_s:g}"
+    error = next((line[1:].strip() for line in stdout.splitlines() if line.startswith("E ")), "")
+    if results.get(file) == "ERROR" or not results:
+        return f"does not import: {error[:120]}" if error else "collects no test"
+    return "no test passes"
+
+
+def _judge_suite(tree: SourceTree, stats: SuiteStats, cfg: SynthConfig, emit: Events) -> None:
+    """Say the suite's measure (event `synth_suite`, with its problems); refuse a weak one unless told to warn."""
+    problems = stats.problems(cfg.suite)
+    emit({"event": "synth_suite", **stats.to_dict(), "problems": problems})
+    if problems and cfg.weak_suite == "refuse":
+        raise WeakSuiteError(
+            f"{tree.name} {tree.version}: its test suite is too weak to guard the package: {'; '.join(problems)}",
+            hint="pick a package whose sdist's tests run on their own (-v shows each file's baseline), lower the "
+            "limits (-c suite.min_tests=N), or write the tasks anyway with --allow-weak-suite (hrl tasks check "
+            "flags them)",
+        )
+
+
+def _weak_task(task: Task, kept: list[Task], limits: SuiteConfig) -> str:
+    """Why synthesis skips a task ('' to keep it): too few PASS_TO_PASS tests, or a statement that opens as a kept
+    task's does."""
+    if len(task.PASS_TO_PASS) < limits.min_pass_to_pass:
+        return f"{len(task.PASS_TO_PASS)} PASS_TO_PASS tests (min_pass_to_pass={limits.min_pass_to_pass})"
+    mine = opening(task, limits.opening_chars)
+    same = next((k.instance_id for k in kept if mine and opening(k, limits.opening_chars) == mine), None)
+    return f"its problem statement opens as {same}'s does" if same else ""
 
 
 def _candidates(tree: SourceTree, seed: int) -> list[Mutation]:

@@ -116,6 +116,17 @@ class Task(BaseModel):
             return json.loads(value) if value.strip() else []
         return value
 
+    @field_validator("repo_snapshot")
+    @classmethod
+    def _snapshot_has_content(cls, value: Any) -> Any:
+        """An empty string is no archive: said when the task is read, not when a sandbox unpacks it."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(
+                "is an empty string: give base64 of a tar.gz of the repository, a {path: text} mapping, or leave "
+                "the field out (the image holds the repository)"
+            )
+        return value
+
     def resolved_test_cmd(self) -> str:
         """The command that runs this task's tests: `test_cmd`, or pytest on the test patch's test files."""
         if self.test_cmd:
@@ -230,7 +241,7 @@ def _parquet_rows(path: Path) -> list[dict[str, Any]]:
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg']}"
+    return f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg'].removeprefix('Value error, ')}"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.tasks import r2egym as _r2egym
 from hrl.runners.tasks import swebench as _swebench
@@ -127,6 +127,8 @@ class PythonVerifierConfig(BaseModel):
 
 class TestVerifierConfig(BaseModel):
     __test__ = False  # not a pytest class
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     image: str = Field(DEFAULT_IMAGE, description="Grading (and agent) image for tasks that name none.")
     hide_paths: list[str] = Field(
         default_factory=list,

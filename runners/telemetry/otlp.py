@@ -40,7 +40,7 @@ RETRY_AFTER_S = 30.0  # after a failed export, batches are dropped (counted) thi
 class TelemetryConfig(BaseModel):
     """The recipe's `telemetry:` section (`--otlp URL` sets `otlp_endpoint`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     otlp_endpoint: str = Field(
         "",

@@ -59,6 +59,24 @@ def test_publish_check_on_the_embedded_engine(tiny_model):
     assert "✓ publish lora  tier lora-adapter" in human.stdout and "publish full" not in human.stdout, human.stdout
 
 
+def test_a_check_that_times_out_is_named_after_the_checks_done(tiny_model):
+    """A served check past --timeout ends the run with exit 1: --json prints the checks done so far and the failed
+    one, and the error names it, how long it ran and a longer --timeout, with no "bug" wording. Before, a publish
+    check that timed out printed `Error: TimeoutError`, "this is a bug in hrl", and no check at all."""
+    out = hrl_doctor("--model", tiny_model, "--engine", "embedded", "--no-probe", "--publish-check", "--timeout",
+                     "1e-06", "--json")  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    checks = json.loads(out.stdout)
+    assert [c["name"] for c in checks][-2:] == ["tool parser", "publish lora"], checks  # publish full never ran
+    failed = checks[-1]
+    assert not failed["ok"] and failed["figures"]["expired"] and failed["detail"].startswith("timed out after ")
+    errors = [line for line in out.stderr.splitlines() if line.startswith(("Error: ", "Hint: "))]
+    assert errors[0].startswith("Error: the publish lora check timed out after "), errors
+    assert errors[0].endswith("(its limit of 1e-06 s)"), errors
+    assert errors[1] == "Hint: a loaded machine is slower: re-run with --timeout 2e-06, or when the machine is idle"
+    assert "bug" not in out.stderr and len(errors) == 2, out.stderr
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_vllm_cpu_raw_logprobs_and_publish_check(tiny_model):

@@ -134,6 +134,27 @@ CASES = [
         "sdist not found",
     ),
     Case("--out a folder", ("rollout", "-a", "codex", "--recipe", "demo", "--out", "{tmp}/empty"), USAGE, "directory"),
+    Case(
+        "--out under a file",
+        ("rollout", "-a", "codex", "--recipe", "demo", "--out", "{tmp}/tasks.jsonl/t.jsonl"),
+        USAGE,
+        "tasks.jsonl/t.jsonl: ",
+    ),
+    Case(
+        "--out under a file",
+        ("report", "{tmp}/traces.jsonl", "--out", "{tmp}/tasks.jsonl/r.html"),
+        USAGE,
+        "tasks.jsonl is a file, not a folder",
+    ),
+    Case(
+        "--out under a file",
+        ("tasks", "synth", "--package", "x", "--out", "{tmp}/tasks.jsonl/o.jsonl", "--sandbox", "local"),
+        USAGE,
+        "tasks.jsonl is a file, not a folder",
+    ),
+    Case("--out a folder", ("tasks", "synth", "--package", "x", "--out", "{tmp}/empty"), USAGE, "is a directory"),
+    Case("empty trace file", ("report", "{tmp}/empty.jsonl"), USAGE, "empty.jsonl holds no trace"),
+    Case("empty trace file", ("regrade", "{tmp}/empty.jsonl"), USAGE, "empty.jsonl holds no trace"),
     Case("missing model", ("serve", "--model", "{tmp}/no-model"), USAGE, "model not found"),
     Case(
         "missing model",
@@ -164,6 +185,13 @@ CASES = [
         USAGE,
         "holds a run already",
     ),
+    Case(  # stopped before its first step: a config.json, no state.json
+        "new run in a run dir of another recipe",
+        ("train", "--recipe", "langgraph-react", "--run-dir", "{tmp}/started"),
+        USAGE,
+        "started holds a run already (recipe demo)",
+    ),
+    Case("--resume of an eval run", ("train", "--run-dir", "{tmp}/evaluated", "--resume"), USAGE, "`hrl eval` run"),
     # bad -c keys and values
     Case(
         "unknown -c key",
@@ -189,6 +217,15 @@ CASES = [
     # values past a field's or a flag's bound, and recipe files checked as -c is
     Case("bounded -c value", ("train", "--recipe", "demo", "-c", "train.group_size=0"), USAGE, "train.group_size=0"),
     Case("bounded -c value", ("train", "--recipe", "demo", "-c", "trainer.lr=-1"), USAGE, "trainer.lr=-1"),
+    Case("non-finite -c value", ("train", "--recipe", "demo", "-c", "trainer.lr=inf"), USAGE, "a finite number"),
+    Case("non-finite -c value", ("train", "--recipe", "demo", "-c", "trainer.lr=nan"), USAGE, "trainer.lr='nan'"),
+    Case("non-finite -c value", ("train", "--recipe", "demo", "-c", "trainer.lr=-inf"), USAGE, "trainer.lr='-inf'"),
+    Case(
+        "non-finite -c value",
+        ("rollout", "-a", "codex", "--recipe", "demo", "-c", "rollout.time_budget_s=.inf"),
+        USAGE,
+        "rollout.time_budget_s=inf: Input should be a finite number",
+    ),
     Case(
         "bounded -c value",
         ("eval", "-a", "codex", "--recipe", "demo", "-c", "train.eval_episodes=0"),
@@ -258,6 +295,10 @@ CASES = [
         USAGE,
         "the default config's only",
     ),
+    Case("unknown pretrained model", ("models", "get", "gpt-5"), USAGE, "unknown pretrained model 'gpt-5'"),
+    Case("bad option value", ("models", "get", "smollm2-135m", "{tmp}/m", "--dtype", "int4"), USAGE, "dtype 'int4'"),
+    Case("a folder of other files", ("models", "get", "smollm2-135m", "{tmp}"), USAGE, "holds no build"),
+    Case("unknown flag", ("models", "ls", "--long"), USAGE, "No such option: --long"),
     Case("missing argument", ("tasks", "ls"), USAGE, "Missing argument"),
     Case("missing option", ("tasks", "synth", "--out", "o.jsonl"), USAGE, "--package"),
     Case("no prune target", ("sandbox", "prune"), USAGE, "give --run RUN_ID or --all"),
@@ -281,6 +322,15 @@ CASES = [
     Case("non-trace file", ("inspect", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
     Case("non-trace file", ("report", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
     Case("non-trace file", ("export", "{tmp}/tasks.jsonl"), FAILURE, "not a valid hrl.trace/1 trace"),
+    Case("binary file", ("inspect", "{tmp}/binary.jsonl"), FAILURE, "binary.jsonl:1: not a valid hrl.trace/1 trace"),
+    Case("binary file", ("report", "{tmp}/binary.jsonl"), FAILURE, "binary.jsonl:1: not a valid hrl.trace/1 trace"),
+    Case("empty repo_snapshot", ("tasks", "ls", "{tmp}/nosnap.jsonl"), FAILURE, "repo_snapshot: is an empty string"),
+    Case(
+        "empty repo_snapshot",
+        ("rollout", "-a", "codex", "--recipe", "demo", "--tasks", "{tmp}/nosnap.jsonl"),
+        FAILURE,
+        "task 't1' is not valid: repo_snapshot",
+    ),
     Case("port in use", ("serve", "--model", "hrl:tiny", "--port", "{port}"), FAILURE, "port"),
     # missing prerequisites
     Case(
@@ -320,6 +370,9 @@ def _files(tmp: Path) -> None:
     (tmp / "bad.jsonl").write_text("{not json\n")
     (tmp / "nofield.jsonl").write_text(json.dumps({"instance_id": "t2"}) + "\n")
     (tmp / "traces.jsonl").write_text(json.dumps(TRACE) + "\n")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (tmp / "nosnap.jsonl").write_text(json.dumps({**TASK, "repo_snapshot": ""}) + "\n")
     (tmp / "empty").mkdir()
     (tmp / "text-model").mkdir()
     (tmp / "text-model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -332,6 +385,10 @@ def _files(tmp: Path) -> None:
         (tmp / name / "recipe.yaml").write_text(text)
     (tmp / "run" / "config.json").write_text(json.dumps({"recipe": "demo", "model": "m", "tasks": "t"}))
     (tmp / "run" / "state.json").write_text(json.dumps({"iteration": 1, "version": 1, "checkpoint": None}))
+    for name in ("started", "evaluated"):  # a train run stopped before its first step; an `hrl eval` run
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(json.dumps({"recipe": "demo", "model": "m", "tasks": "t"}))
+    (tmp / "evaluated" / "eval.json").write_text("{}")
 
 
 def run_hrl(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys) -> tuple[int, str, str]:
@@ -450,13 +507,15 @@ def _check_hint(hint: str, argv: list[str], monkeypatch, capsys) -> None:
 
 
 def test_a_refused_config_starts_nothing(tmp_path: Path, monkeypatch, capsys):
-    """A bounded value, a bounded flag, fields that disagree and a misspelt recipe key are refused before the run
-    directory is made."""
+    """A bounded value, a non-finite one (inf, -inf, nan), a bounded flag, fields that disagree and a misspelt recipe
+    key are refused before the run directory is made."""
     _files(tmp_path)
     monkeypatch.chdir(tmp_path)
     for argv in (["train", "--recipe", "demo", "-c", "train.group_size=0"],
                  ["train", "--recipe", "demo", "-c", "train.task_sampler=balanced"], ["train", "--recipe", "demo",
-                 "--iterations", "-1"], ["train", "--recipe", str(tmp_path / "typo-nested"), "--run-dir", "r"]):  # fmt: skip
+                 "--iterations", "-1"], ["train", "--recipe", str(tmp_path / "typo-nested"), "--run-dir", "r"],
+                 *(["train", "--recipe", "demo", "-c", f"trainer.lr={v}", "--run-dir", "r"] for v in ("inf", "-inf",
+                 "nan"))):  # fmt: skip
         code, _out, err = run_hrl(argv, {}, monkeypatch, capsys)
         assert code == USAGE, err
         assert not (tmp_path / "runs").exists() and not (tmp_path / "r").exists(), argv

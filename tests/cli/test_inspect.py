@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hrl.cli.inspect import PIPE_WIDTH
 from hrl.runners.summary import (
     TraceSelectionError,
     describe_branches,
@@ -207,14 +208,31 @@ def test_human_output(trace_file):
     assert all(s in out.stdout for s in ("a1b2c3d4", "a1ffee00", "c0ffee00", "agent_timeout", "3 traces"))
     assert "\x1b[" not in out.stdout
     assert out.stderr == ""
-    assert max(len(line) for line in out.stdout.splitlines()) <= 100
+    assert max(len(line) for line in out.stdout.splitlines()) <= PIPE_WIDTH  # a pipe without COLUMNS
+
+
+def test_a_pipe_shows_each_row_whole(tmp_path: Path):
+    """Piped (no terminal, no COLUMNS), a task id of 30 characters is shown whole, not cut at 100 columns to
+    `pypi__jmespath-…` like all its neighbours; COLUMNS still sets the width."""
+    tasks = [f"pypi__jmespath-1.1.0-{i:08x}" for i in (0x66DC5986, 0x577C6E2D)]
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        "".join(json.dumps({**FAILED, "trace_id": f"f{i}", "task_id": t}) + "\n" for i, t in enumerate(tasks))
+    )
+    out = hrl_inspect(str(path))
+    assert out.returncode == 0, out.stderr
+    assert all(t in out.stdout for t in tasks) and "…" not in out.stdout, out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= PIPE_WIDTH
+    narrow = subprocess.run([sys.executable, "-m", "hrl.cli", "inspect", str(path)], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "100"})  # fmt: skip
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 100 and "pypi__jmespath-…" in narrow.stdout
 
 
 def test_human_tree_of_one_trace(trace_file):
     out = hrl_inspect(str(trace_file), "-t", "a1b2", "--samples")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 100
+    assert max(len(line) for line in lines) <= PIPE_WIDTH
     order = [next(i for i, line in enumerate(lines) if needle in line) for needle in ("c1  @", "tool bash", "c2  @")]
     assert order == sorted(order)  # the tool event sits between the calls
     assert "new root" in out.stdout

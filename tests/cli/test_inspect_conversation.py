@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hrl.cli.inspect import PIPE_WIDTH
 from hrl.runners.conversation import MORE, conversation, cut
 from hrl.runners.trace import read_traces
 
@@ -40,7 +41,7 @@ def test_the_conversation_shows_tool_calls_their_results_and_the_reward(tiny_mod
     assert first < call < fork < result
     assert "says\n" in text and "Looking." in text[first:call]
     assert text.index("reward 0 · success no") > result
-    assert max(len(line) for line in text.splitlines()) <= 100
+    assert max(len(line) for line in text.splitlines()) <= PIPE_WIDTH  # a pipe without COLUMNS
 
 
 def test_json_has_the_calls_in_order_with_parsed_tool_calls(tiny_model: str):

@@ -38,15 +38,15 @@ def test_the_training_sections_come_from_the_loop_and_trainer_models():
 
 def test_a_field_added_to_a_model_is_a_key_at_once(monkeypatch):
     """A section is read from its component's model when a key is checked: a field added there is a key."""
-    import hrl.train.loop
-    from hrl.train.loop import LoopConfig
+    import hrl.train.loop_config
+    from hrl.train.loop_config import LoopConfig
 
     class Wider(LoopConfig):
         device: str = Field("cpu", description="A field another change adds.")
 
     with pytest.raises(UsageError):
         check_key("train.device", "cuda", {})
-    monkeypatch.setattr(hrl.train.loop, "LoopConfig", Wider)
+    monkeypatch.setattr(hrl.train.loop_config, "LoopConfig", Wider)
     check_key("train.device", "cuda", {})
 
 
@@ -154,3 +154,81 @@ def test_a_recipe_file_is_checked_as_c_is(tmp_path):
         (tmp_path / "recipe.yaml").write_text(wrong)
         with pytest.raises(UsageError, match=message):
             load_recipe_config(str(tmp_path))
+
+
+def _section_models():
+    """(section, model, cfg naming its engine or verifier) for every section a recipe can hold."""
+    from hrl.runners.engines.embedded import EmbeddedEngineConfig
+    from hrl.runners.engines.remote import RemoteEngineConfig
+    from hrl.runners.engines.scripted import ScriptedEngineConfig
+    from hrl.runners.engines.vllm import VLLMEngineConfig
+    from hrl.runners.online.sessions import OnlineConfig
+    from hrl.runners.placement import PlacementConfig
+    from hrl.runners.tasks.harbor_verifier import HarborVerifierConfig
+    from hrl.runners.tasks.miniwob import MiniWoBVerifierConfig
+    from hrl.runners.telemetry.otlp import TelemetryConfig
+    from hrl.train.async_config import AsyncConfig
+    from hrl.train.loop_config import LoopConfig
+    from hrl.train.trainer_config import TrainerConfig
+
+    return [
+        ("train", LoopConfig, {}), ("trainer", TrainerConfig, {}), ("async", AsyncConfig, {}),
+        ("rollout", RolloutConfig, {}), ("proxy", ProxyConfig, {}), ("placement", PlacementConfig, {}),
+        ("online", OnlineConfig, {}), ("telemetry", TelemetryConfig, {}), ("verifier", TestVerifierConfig, {}),
+        ("verifier", HarborVerifierConfig, {"verifier": {"name": "harbor"}}),
+        ("verifier", MiniWoBVerifierConfig, {"verifier": {"name": "miniwob"}}),
+        ("engine_options", EmbeddedEngineConfig, {}), ("engine_options", VLLMEngineConfig, {"engine": "vllm"}),
+        ("engine_options", ScriptedEngineConfig, {"engine": "scripted"}),
+        ("engine_options", RemoteEngineConfig, {"engine": "http://127.0.0.1:1"}),
+    ]  # fmt: skip
+
+
+def test_a_bounded_number_refuses_inf_and_nan():
+    """`gt=0` lets inf through, and nan compares false with every bound: each bounded float field of every section
+    refuses them (as YAML spells them, and as text), naming the key. Before, `-c trainer.lr=inf` started a run."""
+    from annotated_types import Ge, Gt, Le, Lt
+
+    tried = 0
+    for section, model, cfg in _section_models():
+        for name, field in model.model_fields.items():
+            if field.annotation is float and any(isinstance(m, Gt | Ge | Lt | Le) for m in field.metadata):
+                for value in (float("inf"), float("-inf"), float("nan"), "inf", "nan"):
+                    with pytest.raises(UsageError, match=rf"bad -c {section}\.{name}="):
+                        check_key(f"{section}.{name}", value, cfg)
+                tried += 1
+    assert tried >= 30, tried  # lr, clip_low, time_budget_s, timeouts, …: a field that lost its bound shows here
+
+
+def test_the_section_models_refuse_inf_and_nan_themselves():
+    """A config built in Python (not through `-c`) refuses a non-finite number in any float field too."""
+    from pydantic import ValidationError
+
+    from hrl.runners.placement import RunConfig
+    from hrl.train.trainer_config import TrainerConfig
+
+    required = {"TrainerConfig": {"model": "m"}, "LoopConfig": {"trainer": TrainerConfig(model="m")}}
+    mine = [(model, cfg) for section, model, cfg in _section_models() if section not in ("proxy", "online")]
+    for model, _ in [*mine, (RunConfig, {})]:
+        for name, field in model.model_fields.items():
+            if field.annotation is float:
+                with pytest.raises(ValidationError, match="finite number"):
+                    model(**required.get(model.__name__, {}), **{name: float("inf")})
+
+
+def test_a_refused_value_imports_no_torch(tmp_path):
+    """`hrl train -c trainer.lr=inf` is refused (exit 2) before any run directory, and saying so imports no torch:
+    the training sections' models live apart from the loops (train/loop_config.py, train/async_config.py)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom hrl.cli.main import run\n"
+        "sys.argv = ['hrl', 'train', '--recipe', 'demo', '-c', sys.argv[1], '--run-dir', 'r']\ncode = run()\n"
+        "print('CODE', code, 'TORCH', 'torch' in sys.modules)"
+    )
+    for value in ("inf", "-inf", "nan"):
+        out = subprocess.run([sys.executable, "-c", probe, f"trainer.lr={value}"], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)  # fmt: skip
+        assert "CODE 2 TORCH False" in out.stdout, (value, out.stdout, out.stderr)
+        assert f"bad -c trainer.lr='{value}'" in out.stderr, out.stderr
+        assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())

@@ -65,6 +65,7 @@ def test_train_serve_trains_on_a_clients_sessions(tiny_model: str, tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
     out = Path(log.name).read_text()
+    assert "each step waits for 2 final traces (async.batch_traces)" in out, out  # said at start
     assert re.search(r"step   0  v1 .* online open 0 pending 0", out), out
     rd = RunDir(run)
     assert rd.state()["iteration"] == 1 and rd.config()["online"]["enabled"] is True

@@ -70,3 +70,27 @@ def test_logprobs_after_temperature_are_not_raw(tiny_model):
 
 
 # vLLM's raw logprobs are checked through the CLI, with the publish check on the same server: tests/cli/test_doctor.py
+
+
+def test_a_check_that_times_out_names_itself_and_keeps_the_checks_before_it():
+    """A TimeoutError inside a served check (a call that waited too long) or the check's own limit becomes a
+    CheckTimeoutError naming the check and the seconds it ran, with the checks done before it and the failed one:
+    before, `hrl doctor --publish-check` ended with a bare `TimeoutError` and printed no check."""
+    from hrl.runners.doctor.checks import Check
+    from hrl.runners.doctor.probe import CheckTimeoutError, _timed
+
+    done = [Check("probe", True, "fine", "agentic training")]
+
+    async def waits_on_a_call() -> None:
+        raise TimeoutError
+
+    with pytest.raises(CheckTimeoutError, match=r"the publish full check timed out after .* s \(a call inside") as e:
+        asyncio.run(_timed("publish full", waits_on_a_call(), 900, done))
+    assert not e.value.expired and e.value.checks[0] is done[0]
+    failed = e.value.checks[-1]
+    assert failed.name == "publish full" and not failed.ok and failed.figures["limit_s"] == 900
+
+    with pytest.raises(CheckTimeoutError, match=r"the publish lora check timed out .* \(its limit of 0\.05 s\)") as e:
+        asyncio.run(_timed("publish lora", asyncio.sleep(60), 0.05, done))
+    assert e.value.expired and e.value.checks[-1].figures["timed_out_after_s"] >= 0.05
+    assert asyncio.run(_timed("probe", asyncio.sleep(0, result=[1]), 0, done)) == [1]  # 0: no limit of its own

@@ -305,3 +305,71 @@ def test_docker_reuse_resets_through_exec_and_a_broken_reset_is_caught(swe_image
     asyncio.run(main())
     left = docker.from_env().containers.list(all=True, filters={"label": f"hrl.run={rid}"}, ignore_removed=True)
     assert left == []
+
+
+def test_a_pool_closed_while_a_sandbox_made_ahead_is_set_up_removes_that_sandbox(tmp_path: Path) -> None:
+    """A run's stop closes the pool while a sandbox made ahead is still being set up (its warm harness written in):
+    that sandbox is nobody's yet, so the pool closes it rather than leave it behind."""
+
+    async def main() -> None:
+        setting_up = asyncio.Event()
+
+        async def slow_setup(sandbox: Any) -> None:
+            setting_up.set()
+            await asyncio.sleep(3600)
+
+        pool = SandboxPool(_backend(tmp_path, isolate=False), f"test-{uuid.uuid4().hex[:8]}", warm=1,
+                           on_made=slow_setup)  # fmt: skip
+
+        async def episode() -> None:
+            async with pool.lease(SPEC, "ep-0", prepare=_nothing):
+                pass
+
+        waiting = asyncio.create_task(episode())  # waits for the sandbox being made ahead
+        await asyncio.wait_for(setting_up.wait(), 60)
+        waiting.cancel()  # the stop: episodes first, then the pool
+        await asyncio.gather(waiting, return_exceptions=True)
+        await pool.close()
+
+    asyncio.run(main())
+    assert _left(tmp_path) == []
+
+
+def test_closing_a_warm_sandbox_ends_its_launcher_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
+    """A warm harness's launcher ends with its sandbox's close, which kills off the event loop. Cancelling the
+    launcher's command first killed it on the event loop (a local sandbox scans /proc), one warm sandbox after
+    another when a run stops: seconds of a stop on a loaded machine."""
+    import sys
+    import threading
+    from types import SimpleNamespace
+
+    import hrl.sandboxes.local as local
+    from hrl.runners.agents.install import AgentInstall
+    from hrl.runners.agents.warm import start_warm_harness
+    from hrl.sandboxes.pool import close_sandbox
+
+    on_loop: list[str] = []
+    real = local.kill_marked
+
+    def spy(name: str, value: str) -> int:
+        if threading.current_thread() is threading.main_thread():
+            on_loop.append(name)
+        return real(name, value)
+
+    monkeypatch.setattr(local, "kill_marked", spy)
+    runner = SimpleNamespace(name="fake", warm_imports=("json",), package_kind="pypi", needs_tty=False)
+    install = AgentInstall("fake", "0", "local", "", (str(Path(sys.executable).parent),), (), "")
+
+    async def main() -> None:
+        sandbox = await _backend(tmp_path, isolate=False).create(SPEC, "test-warm-close", "ep")
+        warm = await start_warm_harness(sandbox, runner, install)  # type: ignore[arg-type]
+        assert warm is not None and warm.task is not None
+        for _ in range(600):  # the launcher is up once its socket appears
+            if await asyncio.to_thread(Path(sandbox.host_path(warm.socket)).exists):
+                break
+            await asyncio.sleep(0.05)
+        await close_sandbox(sandbox)
+        assert warm.task.done()
+
+    asyncio.run(main())
+    assert on_loop == [] and _left(tmp_path) == []

@@ -220,6 +220,34 @@ def test_lifecycle_classifies_how_the_cli_ended(tmp_path, script, budget, reason
         assert outcome.stderr_tail == "bye\n"
 
 
+def test_a_cancelled_agent_runs_no_more_commands_in_its_sandbox(tmp_path):
+    """A stop cancels the running agents: each sandbox is closed whole next, HOME with it, so no command runs after
+    the cancel (tidying HOME in every sandbox first only delayed the stop)."""
+    ctx = AgentContext("http://x/s/t", "hrl-t", "m", "p", "/tmp/hrl-home-cancel", "/work", "/nonexistent")
+
+    async def main() -> list[Any]:
+        async with await LocalBackend(root=str(tmp_path)).create(SandboxSpec(), "test-agents", "fake") as box:
+            ran, real, started = [], box.exec, asyncio.Event()
+
+            async def spy(cmd: Any, **kw: Any) -> Any:
+                ran.append(cmd)
+                if len(ran) == 2:  # HOME made, the agent started
+                    started.set()
+                return await real(cmd, **kw)
+
+            box.exec = spy  # type: ignore[method-assign]
+            agent = asyncio.create_task(run_agent(box, ShellRunner("sleep 60"), ctx, LOCAL, time_budget_s=120))
+            await asyncio.wait_for(started.wait(), 60)
+            await asyncio.sleep(0.3)
+            agent.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await agent
+            return ran
+
+    ran = asyncio.run(main())
+    assert len(ran) == 2 and ran[1][-1] == "sleep 60", ran
+
+
 def test_classify_reads_shell_signal_codes_as_crashes():
     assert classify(0, False) is None
     assert classify(137, False) == classify(-11, False) == "agent_crash"

@@ -63,6 +63,18 @@ def test_bad_task_files_name_file_line_and_instance(tmp_path: Path) -> None:
         load_tasks(tmp_path / "missing.jsonl")
 
 
+def test_an_empty_repo_snapshot_is_a_task_format_error(tmp_path: Path) -> None:
+    """`repo_snapshot: ""` is no archive: refused naming the file, line, task and field when the file is read (before,
+    a sandbox failed to unpack it mid-run and the CLI called it a bug in hrl)."""
+    bad = tmp_path / "bad.jsonl"
+    for empty in ("", "  "):
+        bad.write_text(json.dumps(minimal(repo_snapshot=empty)) + "\n")
+        with pytest.raises(TaskFormatError, match=r"bad\.jsonl:1: task 'x-1' is not valid: repo_snapshot: is an empty"):
+            load_tasks(bad)
+    bad.write_text(json.dumps(minimal(repo_snapshot=pack_snapshot({"a.py": b"x = 1\n"}))) + "\n")
+    assert load_tasks(bad)[0].repo_snapshot  # a real one loads
+
+
 def test_parquet_without_pyarrow_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed: the import fails
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)

@@ -299,13 +299,15 @@ def make_sdist(path: Path) -> Path:
 
 @pytest.mark.docker
 def test_synthesis_from_a_local_sdist_is_valid_and_deterministic(swe_image: str, tmp_path: Path) -> None:
+    from hrl.runners.tasks.suite import SuiteConfig
     from hrl.runners.tasks.synth import SynthConfig, synthesize
 
     sdist = make_sdist(tmp_path / "tiny-0.1.tar.gz")
     # The time budgets pick test files by their measured wall time (under a second each here when idle); on a
     # loaded machine the default 8 s a task dropped every file and synthesis found nothing. Determinism is claimed
-    # for a given seed and timing, so the budgets are set far above any load.
-    config = SynthConfig(max_test_file_s=600, max_task_test_s=600)
+    # for a given seed and timing, so the budgets are set far above any load. Its 4 tests are far fewer than a suite
+    # that guards a package needs (SuiteConfig.min_tests): allowed here, where the mechanics are under test.
+    config = SynthConfig(max_test_file_s=600, max_task_test_s=600, suite=SuiteConfig(min_tests=1))
     tasks = synthesize("tiny", n=3, seed=1, out=tmp_path / "a.jsonl", sdist=sdist, config=config)
     assert len(tasks) == 3
     assert load_tasks(tmp_path / "a.jsonl") == tasks
