@@ -105,6 +105,7 @@ class OnlineSessions:
         self.expired: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.counts: Counter[str] = Counter()
         self.reaped: OrderedDict[str, str] = OrderedDict()  # token -> client, for a 410 to a late end
+        self.settled: OrderedDict[str, str] = OrderedDict()  # token -> client, for a 409 to a second reward or end
         self._writer = TraceWriter(self.dir / "pending.jsonl")
         self._reaped = TraceWriter(self.dir / "reaped.jsonl")
         self._task: asyncio.Task[None] | None = None
@@ -114,6 +115,9 @@ class OnlineSessions:
 
     # ---- the routes -------------------------------------------------------------------------------------------
     def open(self, client: str, body: dict[str, Any]) -> dict[str, Any]:
+        if unknown := sorted(set(body) - {"task_id", "group", "metadata"}):  # `parent`, `token`: control-plane fields
+            raise ClientError(400, f"POST /sessions with a client key takes task_id, group and metadata; not "
+                              f"{', '.join(unknown)} (sub-agents and chosen tokens are for hrl's own control plane)")  # fmt: skip
         task_id, group, metadata = body.get("task_id"), body.get("group"), body.get("metadata") or {}
         if not isinstance(task_id, str | None) or not isinstance(group, str | None) or not isinstance(metadata, dict):
             raise ClientError(400, "POST /sessions takes {task_id?: str, group?: str, metadata?: object}")
@@ -133,6 +137,8 @@ class OnlineSessions:
         """Refuse a token this client does not own with the answer an unknown one gets: no key learns of others."""
         if self.reaped.get(token) == client:
             raise ClientError(410, f"session {token} was reaped: no request for online.session_timeout_s")
+        if self.settled.get(token) == client and token not in self.owners:
+            raise ClientError(409, f"session {token} has its reward already")
         if self.owners.get(token) != client:
             raise ClientError(404, f"no session {token} of this client key")
 
@@ -183,7 +189,7 @@ class OnlineSessions:
                 raise ClientError(409, f"session {token} is open: end it first (its end may carry the reward)")
             raise ClientError(409, f"session {token} has its reward already, or was reaped")
         trace = self.expired.pop(token)
-        self.owners.pop(token, None)
+        self._forget(token)
         self.counts["online/late_rewards"] += 1
         self._event("settled", token)
         if self.cfg.late_reward == "drop":
@@ -200,9 +206,17 @@ class OnlineSessions:
         return oldest is not None and oldest < self.proxy.engine.version - self.max_staleness
 
     def _final(self, token: str, trace: dict[str, Any]) -> None:
-        self.owners.pop(token, None)
+        self._forget(token)
         self.finals.setdefault(str(trace["group_id"]), []).append(trace)
         self._settle(token, str(trace["group_id"]))
+
+    def _forget(self, token: str) -> None:
+        """`token` has its reward: its owner is told so (409) by its next end or reward, while it is among the last
+        _KEEP_EXPIRED remembered."""
+        if (client := self.owners.pop(token, None)) is not None:
+            self.settled[token] = client
+            while len(self.settled) > _KEEP_EXPIRED:
+                self.settled.popitem(last=False)
 
     def _settle(self, token: str, group_id: str) -> None:
         """`token` is final (or left out): its group is handed over once none of it is open or pending."""

@@ -13,7 +13,7 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -71,13 +71,15 @@ class ProxyConfig(BaseModel):
     default_max_tokens: int = Field(1024, ge=1, description="max_tokens when the agent sends none.")
     max_context: int = Field(0, ge=0, description="Context window in tokens; 0 = the engine's / model's.")
     max_prompt_bytes: int = Field(
-        0,
+        4 << 20,
         ge=0,
         le=1 << 40,
-        description="A prompt whose text (messages, tool calls, tool schemas) is over this many UTF-8 bytes is "
-        "refused before it is tokenized: a 400 in the dialect's shape, recorded as a failed call without prompt ids. "
-        f"0 = the context window × {BYTES_PER_TOKEN} bytes per token (32768 tokens: 1 MiB), which no prompt that "
-        "fits the window reaches.",
+        description="A prompt whose text (messages, tool calls, tool schemas) is over this many UTF-8 bytes, or over "
+        f"the context window × {BYTES_PER_TOKEN} bytes per token (32768 tokens: 1 MiB), which no prompt that fits "
+        "the window reaches, is refused before it is tokenized: a 400 in the dialect's shape, recorded as a failed "
+        "call without prompt ids. Default 4 MiB: text runs about 4 bytes a token, so 4 MiB is about a million "
+        "tokens, as long as the longest windows served, and it bounds the seconds one request holds a tokenizer "
+        "thread whatever the window (256k tokens alone allow 8 MiB). 0 = no absolute cap, the window's only.",
     )
     max_children: int = Field(
         64,
@@ -160,7 +162,7 @@ class ProxyConfig(BaseModel):
         return check_reasoning_name(name)
 
 
-_HASH_INLINE_BYTES = 1 << 16  # bodies up to this size are hashed on the loop (tens of microseconds)
+_INLINE_BYTES = 1 << 16  # bodies up to this size are read and hashed on the loop (tens of microseconds)
 
 
 def _hash(raw: bytes) -> str:
@@ -221,8 +223,10 @@ class Proxy:
 
     @property
     def max_prompt_bytes(self) -> int:
-        """The most prompt text a request may carry: the configured cap, else the context window × 32 bytes."""
-        return self.config.max_prompt_bytes or self.max_context * BYTES_PER_TOKEN
+        """The most prompt text a request may carry: the context window × 32 bytes, or the configured absolute cap
+        where that is lower (0: none)."""
+        by_context = self.max_context * BYTES_PER_TOKEN
+        return min(self.config.max_prompt_bytes, by_context) if self.config.max_prompt_bytes else by_context
 
     # ---- sessions ------------------------------------------------------------------------------------------
     def open_session(
@@ -356,24 +360,23 @@ class Proxy:
         """Build the prompt (reusing sampled ids) and open the call. Raises ContextLengthError for a prompt that
         cannot fit: the call is recorded as failed, with why and without its prompt ids.
 
-        The text is redacted, rendered and tokenized in a worker thread (the tokenizer lets go of the GIL), so the
-        loop serves everyone else meanwhile; a prompt over `max_prompt_bytes` is refused before any of that, and
-        one holding media by `proxy.media: refuse` (a MediaRefusedError, before anything is recorded)."""
+        The text is measured, redacted, rendered and tokenized in a worker thread (the tokenizer lets go of the
+        GIL), so the loop serves everyone else meanwhile, under the session tree's lock, so one session's prompts
+        take one thread at a time (`count_tokens` too). A prompt over `max_prompt_bytes` is refused before it is
+        redacted or tokenized, and one holding media by `proxy.media: refuse` (a MediaRefusedError, before anything
+        is recorded)."""
         admit_media(req.media, self.config.media)
         images = self._admit_images(req.media)
-        size = self._check_size(req)
-        if size > self.max_prompt_bytes:
-            raise self._refuse(session, dialect, req, body_hash, f"prompt of {size} bytes of text is over the "
-                               f"limit of {self.max_prompt_bytes} (proxy.max_prompt_bytes): it cannot fit the "
-                               f"context window of {self.max_context} tokens")  # fmt: skip
-        async with session.root.planning:  # one prompt of a session at a time: it cannot take every thread
-            req, plan = await self._off_loop(self._plan, session, req)
+        async with session.root.planning:
+            size, req, plan = await self._off_loop(self._plan, session, req)
         if self.sessions.get(session.root.token) is not session.root:
             raise SessionEndedError(f"session {session.root.token} ended while the request was being read")
+        if plan is None:
+            raise self._refuse(session, dialect, req, body_hash, self._over_cap(size))
         if len(plan.prompt_ids) + 1 > self.max_context:
             n = len(plan.prompt_ids)
             msg = f"prompt of {n} tokens exceeds the context window of {self.max_context} tokens"
-            raise self._refuse(session, dialect, req, body_hash, msg, plan.message_keys)
+            raise self._refuse(session, dialect, req, body_hash, msg)
         if images:
             placeholders = plan.prompt_ids.count(self.template.image_token_id)  # type: ignore[arg-type]
             if placeholders != len(plan.images):  # the text spells the image token itself: never guess which is which
@@ -422,17 +425,18 @@ class Proxy:
             if not (folder / sha).exists():
                 write_atomically(folder / sha, m.data or b"")
 
-    async def count_tokens(self, req: ChatRequest) -> int:
-        """The prompt tokens of a request as it stands (nothing recorded); off the loop, checked like `begin`."""
+    async def count_tokens(self, session: Session, req: ChatRequest) -> int:
+        """The prompt tokens of a request as it stands (nothing recorded), checked and tokenized as `begin` does:
+        off the loop, under the session tree's lock (200 parallel counts from one session had taken every tokenizer
+        thread: another session's chats waited 24 s at the median). Raises ContextLengthError over the byte cap."""
         admit_media(req.media, self.config.media)
         images = self._admit_images(req.media)
-        size = self._check_size(req)
-        if size > self.max_prompt_bytes:
-            raise ContextLengthError(f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} "
-                                     "(proxy.max_prompt_bytes)")  # fmt: skip
         template, expand = self.template, getattr(self.engine, "expand", None)
 
         def count() -> int:
+            size = self._check_size(req)
+            if size > self.max_prompt_bytes:
+                raise ContextLengthError(self._over_cap(size))
             text = template.render(req.messages, req.tools)
             ids = template.encode(text)
             if images and expand is not None:  # an engine that expands images in process: the run it would run
@@ -440,17 +444,25 @@ class Proxy:
                 ids = expand(ids, sent)[0].prompt_ids
             return len(ids)
 
-        return await self._off_loop(count)  # type: ignore[no-any-return]
+        async with session.root.planning:
+            return await self._off_loop(count)  # type: ignore[no-any-return]
 
     @staticmethod
     def _check_size(req: ChatRequest) -> int:
         return text_bytes(req.messages) + text_bytes(req.tools)
 
-    def _plan(self, session: Session, req: ChatRequest) -> tuple[ChatRequest, PromptPlan]:
-        """In a worker thread: the redacted request and its prompt plan."""
+    def _over_cap(self, size: int) -> str:
+        return (f"prompt of {size} bytes of text is over the limit of {self.max_prompt_bytes} (proxy.max_prompt_bytes, "
+                f"and {BYTES_PER_TOKEN} bytes a token of the context window of {self.max_context} tokens)")  # fmt: skip
+
+    def _plan(self, session: Session, req: ChatRequest) -> tuple[int, ChatRequest, PromptPlan | None]:
+        """In a worker thread: the request's text size, then, under the cap, the redacted request and its plan."""
+        size = self._check_size(req)
+        if size > self.max_prompt_bytes:
+            return size, req, None
         if self.config.redact:
             req = replace(req, messages=default_redactor().obj(req.messages))
-        return req, session.plan(req, self.template)
+        return size, req, session.plan(req, self.template)
 
     async def _off_loop(self, fn: Any, *args: Any, prompt: bool = True) -> Any:
         """Run `fn(*args)` in the tokenizer threads; `tokenizing` counts the prompts in them."""
@@ -463,21 +475,27 @@ class Proxy:
         finally:
             self.tokenizing -= prompt
 
-    async def body_hash(self, raw: bytes) -> str:
-        """A request body's hash (an identical retry is recorded once). A large body is hashed in a worker thread,
-        where hashlib lets go of the GIL: 5 MB held the loop for 5 to 15 ms."""
-        if len(raw) < _HASH_INLINE_BYTES:
-            return _hash(raw)
-        return await self._off_loop(_hash, raw, prompt=False)  # type: ignore[no-any-return]
+    async def read(
+        self, session: Session, raw: bytes, parse: Callable[[bytes], ChatRequest]
+    ) -> tuple[ChatRequest, str]:
+        """The request a body holds (`parse(raw)`: JSON, the dialect's form, checked) and the body's hash (an
+        identical retry is recorded once). A large body is read in a worker thread under the session tree's lock,
+        as its prompt is tokenized: one session's flood of them is read one body at a time, beside the others'
+        requests, not all at once on the loop (a 5 MB body of 100,000 short messages is ~0.5 s of Python), and
+        hashlib lets go of the GIL (5 MB held the loop for 5 to 15 ms)."""
+        if len(raw) < _INLINE_BYTES:
+            return parse(raw), _hash(raw)
+        async with session.root.planning:
+            return await self._off_loop(lambda: (parse(raw), _hash(raw)), prompt=False)  # type: ignore[no-any-return]
 
     @staticmethod
-    def _refuse(
-        session: Session, dialect: str, req: ChatRequest, body_hash: str, why: str, keys: list[str] | None = None
-    ) -> ContextLengthError:
-        """Record a prompt that cannot fit as a failed call holding why, not its ids (a trace line of bounded
-        size whatever was sent), and return the error to raise."""
-        call = session.open_call(dialect, req, PromptPlan([], None, keys or [], ""), body_hash)
+    def _refuse(session: Session, dialect: str, req: ChatRequest, body_hash: str, why: str) -> ContextLengthError:
+        """Record a prompt that cannot fit as a failed call holding why, not its ids nor its messages' keys (a
+        refused call is no later call's parent), and let go of its rendering: what a refusal leaves, in the trace
+        and in memory, is of bounded size whatever was sent. Returns the error to raise."""
+        call = session.open_call(dialect, req, PromptPlan([], None, [], ""), body_hash)
         call.fail(why)
+        session.forget_rendering()
         return ContextLengthError(why, hint="shorten the conversation (compact it) or serve a longer context")
 
     def params(self, req: ChatRequest) -> SamplingParams:

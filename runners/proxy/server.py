@@ -40,6 +40,7 @@ import asyncio
 import errno
 import hmac
 import json
+import math
 import socket
 import uuid
 from pathlib import Path
@@ -48,7 +49,7 @@ from typing import Any
 from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
-from hrl.runners.proxy.dialects import BadRequestError, MediaRefusedError, check_request, get_dialect
+from hrl.runners.proxy.dialects import BadRequestError, ChatRequest, MediaRefusedError, check_request, get_dialect
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, read
 from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError, UnknownSessionError
@@ -179,11 +180,19 @@ class _Handler:
     def _control_denied(self, request: web.Request) -> web.Response | None:
         """None when the request carries the control token; else the 401/403 that refuses it."""
         auth = request.headers.get("Authorization", "")
-        if not auth.startswith("Bearer ") or auth.removeprefix("Bearer ").startswith("hrl-"):
+        if self.clients is not None:  # an online run: who knocks here is a client, told of client keys
+            if not auth.startswith("Bearer "):
+                return _error(401, "send Authorization: Bearer <client key> (`hrl keys add NAME` makes one)")
+            from hrl.runners.online.keys import KEY_PREFIX
+
+            if auth.removeprefix("Bearer ").startswith(("hrl-", KEY_PREFIX)):
+                return _error(401, "unknown client key (`hrl keys ls` lists this run's; `hrl keys add NAME`)")
+        elif not auth.startswith("Bearer ") or auth.removeprefix("Bearer ").startswith("hrl-"):
             return _error(401, "control route: send Authorization: Bearer <control token> (see `hrl serve --help`)")
         given = auth.removeprefix("Bearer ").strip().encode()
         if self.control_token is None or not hmac.compare_digest(given, self.control_token.encode()):
-            return _error(403, "control route: wrong control token")
+            return _error(403, "unknown client key, or wrong control token" if self.clients is not None
+                          else "control route: wrong control token")  # fmt: skip
         return None
 
     def _token(self, request: web.Request, path_token: str | None) -> str:
@@ -198,6 +207,12 @@ class _Handler:
         return "default"
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._dispatch(request)
+        except BadBodyError as e:  # a control, client or agent route's body: nothing was changed
+            return _error(400, str(e))
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         token, path = _route(request.path)
         p = path.rstrip("/")
         if request.method == "HEAD":
@@ -239,7 +254,12 @@ class _Handler:
             body = await _json_or_empty(request)
             if not isinstance(body.get("path"), str) or body.get("kind") not in ("lora", "full"):
                 return _error(400, 'publish needs {"path": "<weights dir>", "kind": "lora" | "full"}')
-            return web.json_response({"version": await self.proxy.publish(body["path"], body["kind"])})
+            if not await asyncio.to_thread(Path(body["path"]).is_dir):  # said before anything pauses or aborts
+                return _error(400, f"publish: no weights folder at {body['path']} (on the proxy's machine)")
+            try:
+                return web.json_response({"version": await self.proxy.publish(body["path"], body["kind"])})
+            except EngineError as e:  # the engine could not load them: the agents keep the weights they had
+                return _error(502, f"publish of {body['path']} failed in the engine: {e}")
         self.proxy.pause() if p == "/pause" else self.proxy.resume()
         return web.json_response({"paused": p == "/pause"})
 
@@ -347,15 +367,11 @@ class _Handler:
 
     async def _end(self, request: web.Request, token: str) -> web.Response:
         body = await _json_or_empty(request)
-        outcome = {k: body[k] for k in ("status", "failure_reason", "reward", "reward_info", "success") if k in body}
-        if outcome.get("success") is not None and not isinstance(outcome["success"], bool):
-            return _error(400, "'success' must be true, false or null (the task's own pass/fail, apart from reward)")
+        outcome = end_outcome(body)  # every field checked before the session ends
         try:
             trace = self.proxy.end_session(token, **outcome, extra=body.get("metadata") or {})
         except UnknownSessionError:
             return _error(404, f"unknown session {token}")
-        except _BAD_INPUT as e:  # e.g. a failure_reason the trace format does not know
-            return _error(400, str(e))
         if "trace_id" not in trace:  # a sub-agent: its calls stay in its root's trace
             return web.json_response(trace)
         return web.json_response(
@@ -381,7 +397,8 @@ class _Handler:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
-        try:
+
+        def parse(raw: bytes) -> ChatRequest:  # on the loop, or in a worker thread for a large body (Proxy.read)
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise BadRequestError("the request body must be a JSON object")
@@ -389,11 +406,15 @@ class _Handler:
                 body["stream"] = True
             req = dialect.parse(body, route.get("model") or self.proxy.config.model_name, self.proxy.takes_images)
             check_request(req)
+            return req
+
+        try:  # every route of a session's tree reads, counts and tokenizes under its lock (Proxy.read, begin)
+            req, body_hash = await self.proxy.read(session, raw, parse)
             if route.get("count_tokens"):
-                n = await self.proxy.count_tokens(req)
+                n = await self.proxy.count_tokens(session, req)
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
             session = self.proxy.recognise(session, request.headers, req)  # a CLI's own sub-agent: a child
-            call = await self.proxy.begin(session, name, req, await self.proxy.body_hash(raw))
+            call = await self.proxy.begin(session, name, req, body_hash)
         except ContextLengthError as e:
             return fail(400, str(e))
         except ChildLimitError as e:  # a sub-agent past proxy.max_children: refused, counted
@@ -437,15 +458,46 @@ class _EventStream(web.StreamResponse):
     _send_headers_immediately = False
 
 
+class BadBodyError(ValueError):
+    """A control or client route's body that is not one JSON object (a 400, said before anything changes)."""
+
+
 async def _json_or_empty(request: web.Request) -> dict[str, Any]:
+    """A route's JSON object body; an empty body is `{}`. Raises BadBodyError for anything else: text that is not
+    JSON, JSON that is not an object, one nested past the parser's depth (a RecursionError: it was a 500)."""
     raw = await request.read()
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+    except (ValueError, RecursionError) as e:
+        raise BadBodyError(f"the body is not JSON ({type(e).__name__}: {str(e)[:120]})") from e
+    if not isinstance(body, dict):
+        raise BadBodyError(f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def end_outcome(body: dict[str, Any]) -> dict[str, Any]:
+    """The outcome a control `end` gives a session, checked before the session is touched: `reward` a finite
+    number or null, `reward_info` and `metadata` objects, `failure_reason` one of the trace format's, `status`
+    ok or failed, `success` a bool or null. Raises BadBodyError naming the field (what it wrote was unreadable)."""
+    from hrl.runners.trace import FAILURE_REASONS
+
+    reward = body.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)
+                               or not math.isfinite(reward)):  # fmt: skip
+        raise BadBodyError(f"'reward' must be a finite number or null, not {json.dumps(reward)[:40]}")
+    for name in ("reward_info", "metadata"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise BadBodyError(f"'{name}' must be an object")
+    if body.get("failure_reason") is not None and body["failure_reason"] not in FAILURE_REASONS:
+        raise BadBodyError(f"'failure_reason' is one of {', '.join(FAILURE_REASONS)}, or null")
+    if body.get("status") not in (None, "ok", "failed"):
+        raise BadBodyError("'status' is 'ok' or 'failed', or absent")
+    if body.get("success") is not None and not isinstance(body["success"], bool):
+        raise BadBodyError("'success' must be true, false or null (the task's own pass/fail, apart from reward)")
+    outcome = {k: body[k] for k in ("status", "failure_reason", "reward_info", "success") if body.get(k) is not None}
+    return outcome | ({"reward": float(reward)} if reward is not None else {})
 
 
 def build_app(proxy: Proxy, control_token: str | None = None, clients: Any = None) -> web.Application:

@@ -165,6 +165,11 @@ class Session:
                     return PromptPlan(ids, parent, keys, tools_key, IMAGE_MARK.findall(text))
         return PromptPlan(template.encode(text), None, keys, tools_key, IMAGE_MARK.findall(text))
 
+    def forget_rendering(self) -> None:
+        """Let go of the last planned request's messages and text, kept to render the next request once less: after a
+        refused prompt (up to `proxy.max_prompt_bytes` of it), which no later call extends."""
+        self._rendered = None
+
     @staticmethod
     def _suffix(
         req: ChatRequest, template: ChatTemplate, parent: CallRecord, text: str, rendered: _Rendered | None
@@ -232,9 +237,11 @@ class Session:
             call.tool_calls = reply.tool_calls
             for tc in reply.tool_calls:
                 self._pending_tools[tc["id"]] = (tc["function"]["name"], call.ended_at)
-        # an identical request retried right away replaces the earlier record instead of adding a second one
-        if self.calls and self.calls[-1].body_hash == call.body_hash:
-            self.calls.pop()
+        # a retry (the same agent resending the identical request right after) replaces that agent's last record;
+        # another agent's identical request is a call of its own (voters and best-of-n sub-agents send exactly that)
+        mine = next((i for i in range(len(self.calls) - 1, -1, -1) if self.calls[i].agent == call.agent), None)
+        if mine is not None and self.calls[mine].body_hash == call.body_hash:
+            del self.calls[mine]
         self.calls.append(call)
 
     # ---- the trace -----------------------------------------------------------------------------------------

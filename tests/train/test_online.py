@@ -111,10 +111,12 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
         assert (await a.post(f"/s/{other['token']}/end", {"reward": 1.0}))[0] == 404
         assert (await a.post(f"/s/{other['token']}/reward", {"reward": 1.0}))[0] == 404
         assert (await a.post(f"/s/{other['token']}/children", {"name": "x", "trainable": True}))[0] == 403
-        assert (await Client(http, stack.url, "hrlc-not-a-key").post("/sessions"))[0] == 403
+        status, said = await Client(http, stack.url, "hrlc-not-a-key").post("/sessions")
+        assert status == 401 and "unknown client key" in str(said) and "control" not in str(said)  # a client's words
         assert not stack.proxy._held  # nothing paused
         for s in (on_time, late, forgotten, other):
             await a.chat(s)
+        assert (await a.post("/sessions", {"parent": other["token"], "token": "x" * 20}))[0] == 400  # not ignored
         await a.chat(on_time, [{"role": "user", "content": "a title for this"}], call="side")  # recorded, not trained
         await a.hang_up(cut)
         # on time: ended without a reward, rewarded 0.3 s later
@@ -122,6 +124,7 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
         assert (await a.post(f"/s/{late['token']}/end"))[1]["status"] == "waiting for reward"
         await asyncio.sleep(0.3)
         assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 1.0, "info": {"tests": "pass"}}))[1]["trained"]
+        assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 0.0}))[0] == 409  # its reward is in already
         assert (await a.post(f"/s/{cut['token']}/end", {"reward": 0.0}))[1]["status"] == "final"
         async with hrl.session({"task_id": "t5"}, url=stack.url, key=key_a) as s:  # the Python wrapper
             await s.openai().chat.completions.create(model=s.model, messages=MSG, max_tokens=4)

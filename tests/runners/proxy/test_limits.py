@@ -42,8 +42,8 @@ def _tokenizing_a_big_prompt(tiny_model: str) -> Iterator[tuple[Any, str, httpx.
     """A proxy, a session and a prompt under the byte cap but over the context window, posted from a thread and
     being tokenized now: (proxy, token, an HTTP client, the request's future)."""
     text = "def f(x):\n    return x + 1  # a line of code\n" * 16_000  # 720 KB: ~0.2 s to tokenize at ~4 MB/s
-    opts = {"turns": ["ok"], "max_model_len": CONTEXT}
-    with running_proxy(tiny_model, open_sessions=False, engine_options=opts, max_prompt_bytes=64 << 20) as p:
+    opts = {"turns": ["ok"], "max_model_len": 32768}  # its cap, 1 MiB, lets the 720 KB through to the tokenizer
+    with running_proxy(tiny_model, open_sessions=False, engine_options=opts) as p:
         token = _register(p).json()["token"]
         with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as http:
             big = pool.submit(http.post, f"{p.url}/s/{token}/v1/chat/completions", json=_chat(text))

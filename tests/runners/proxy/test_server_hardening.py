@@ -87,8 +87,41 @@ def test_control_routes_refuse_without_the_control_token(proxy):
             r = httpx.request(method, f"{proxy.url}/s/{mine}{path}", json=body, headers=headers)
             assert r.status_code in (401, 403, 404), (method, f"/s/{mine}{path}", r.status_code)
     assert {mine, other} <= set(proxy.proxy.sessions)  # nobody ended anything
-    trace = _end(proxy, other, reward=0.25)
-    assert trace["reward"] == 0.25 and trace["task_id"] == "victim"
+    trace = _end(proxy, other, reward=0.25)  # the owner's reward (kept aside: the session made no call)
+    assert trace["metadata"]["reward_without_calls"] == 0.25 and trace["task_id"] == "victim"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"reward": "abc"}, {"reward": True}, b'{"reward": NaN}', b'{"reward": Infinity}', {"reward_info": "oops"},
+     {"failure_reason": "bogus"}, {"status": "bogus"}, {"metadata": [1]}, {"success": "yes"}, b"not json", b"[1, 2]",
+     b"[" * 100_000],
+)  # fmt: skip
+def test_a_bad_end_is_a_400_and_the_session_stays_open(proxy, body):
+    """The control `end` is checked like the client's, before anything is removed: a value the trace cannot hold
+    broke `hrl inspect` on the whole file, and a refused one lost the episode's calls."""
+    token = _session(proxy)
+    assert httpx.post(f"{proxy.url}/s/{token}/v1/chat/completions", json=_fresh(CHAT)).status_code == 200
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(
+        f"{proxy.url}/s/{token}/end", content=raw, headers={**proxy.control, "content-type": "application/json"}
+    )
+    assert r.status_code == 400, (body, r.status_code, r.text)
+    assert token in proxy.proxy.sessions  # nothing removed: a good end still writes the trace with its call
+    trace = _end(proxy, token, reward=1.0, failure_reason=None)
+    assert trace["reward"] == 1.0 and len(trace["calls"]) == 1
+
+
+def test_deep_bodies_and_a_missing_publish_path_are_400s(proxy):
+    deep = b'{"a": ' * 100_000 + b"1" + b"}" * 100_000
+    for path in ("/sessions", f"/s/{_session(proxy)}/end"):
+        r = httpx.post(
+            f"{proxy.url}{path}", content=deep, headers={**proxy.control, "content-type": "application/json"}
+        )
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"], (path, r.status_code)
+    r = httpx.post(f"{proxy.url}/publish", json={"path": "/nonexistent/adapter", "kind": "lora"}, headers=proxy.control)
+    assert r.status_code == 400 and "no weights folder at /nonexistent/adapter" in r.text
+    assert proxy.proxy.engine.version == 0 and proxy.proxy._open.is_set()  # nothing published, nothing paused
 
 
 def test_a_forged_or_unknown_token_opens_nothing(proxy):

@@ -103,3 +103,29 @@ def test_a_real_cli_subagent_is_a_child_branch(name, tiny_model):
     assert main[0]["finish_reason"] == "tool_calls" and main[-1]["parent"] == main[0]["call_id"]
     assert trace["agents"][1]["name"] == child and trace["agents"][1]["calls"] == len(sub)
     assert trace["calls"].index(sub[0]) < trace["calls"].index(main[-1])  # it ran inside the main agent's tool call
+
+
+def test_registered_subagents_sending_the_same_body_keep_every_call(tiny_model):
+    """Voters and best-of-n: three sub-agents send the identical request and get three replies, which are three
+    calls of the trace; only the same agent resending its last request is a retry (recorded once)."""
+
+    async def main() -> dict:
+        async with serving(tiny_model, "scripted", engine_options={"turns": ["ok"]}) as stack:
+            root = stack.proxy.open_session(meta={"agent": {"name": "judge"}}).token
+            voters = [stack.proxy.open_child(root, f"voter{i}").token for i in range(3)]
+            body = {
+                "model": "m",
+                "max_tokens": 8,
+                "temperature": 1.0,
+                "messages": [{"role": "user", "content": "vote"}],
+            }
+            async with httpx.AsyncClient(base_url=stack.url) as http:
+                replies = await asyncio.gather(*(http.post(f"/s/{t}/v1/chat/completions", json=body) for t in voters))
+                assert all(r.status_code == 200 for r in replies)
+                again = await http.post(f"/s/{voters[0]}/v1/chat/completions", json=body)  # voter0 retries
+                assert again.status_code == 200
+            return stack.proxy.end_session(root, reward=1.0)
+
+    trace = asyncio.run(main())
+    assert sorted(c.get("agent") for c in trace["calls"]) == ["voter0", "voter1", "voter2"]
+    assert {a["name"]: a["calls"] for a in trace["agents"]} == {"judge": 0, "voter0": 1, "voter1": 1, "voter2": 1}
