@@ -11,9 +11,19 @@ N MB prompts back to back (each refused: over the byte cap, or over the context 
 latencies are reported side by side (`added_ms_p99_alone`, `added_ms_p99_beside_big`, their ratio; goal ≤ 2), with
 the trace bytes each refused prompt added (goal < 1024). The context window is `--context` tokens.
 
+With `--flood count_tokens|chat`, rounds alternate the same way, but the other client is one session sending
+`--flood-parallel` requests of `--flood-mb` MB at once, back to back (Anthropic's /v1/messages/count_tokens, or
+/v1/chat/completions), as an agent filling the proxy's tokenizer threads would. Reported: the others' median added
+latency alone and beside the flood (`added_ms_p50_alone`, `added_ms_p50_beside_flood`, `p50_ratio`; goal ≤ 2.5),
+and what the flood's requests got. A flood round ends when its last request is answered (the flood stops sending
+after `--seconds` / (2 × `--rounds`), then waits for the proxy to work through what it queued), so no round alone
+starts beside leftover work; the sessions run until the last round ends.
+
     python bench/proxy_soak.py --model DIR                       # 256 sessions for 600 s (the issue's figure)
     python bench/proxy_soak.py --model DIR --seconds 60 --json   # what CI runs (tests/runners/proxy/test_soak.py)
     python bench/proxy_soak.py --model DIR --sessions 64 --seconds 120 --big-prompt-mb 5 --bad-share 0 --hangup-share 0
+    python bench/proxy_soak.py --model DIR --sessions 16 --seconds 60 --flood count_tokens --flood-parallel 200 \
+        --flood-mb 1 --bad-share 0 --hangup-share 0
 """
 
 from __future__ import annotations
@@ -71,12 +81,19 @@ class Soak:
         self.url, self.deadline, self.rng = url, time.monotonic() + seconds, random.Random(seed)
         self.bad_share, self.hangup_share = bad_share, hangup_share
         self.n = dict.fromkeys(["requests", "ok", "errors", "bad", "bad_4xx", "bad_5xx", "hangups", "ended"], 0)
-        self.n |= {"big_sent": 0, "big_refused": 0}
-        self.phase = "alone"  # or "beside_big": one more client sends big prompts meanwhile (--big-prompt-mb)
+        self.n |= {"big_sent": 0, "big_refused": 0, "flood_sent": 0}
+        # or "beside_big": one more client sends big prompts meanwhile (--big-prompt-mb); "beside_flood": one more
+        # session floods (--flood), until the proxy has answered all it sent
+        self.phase = "alone"
         self.added_s: list[float] = []
-        self.added_by_phase: dict[str, list[float]] = {"alone": [], "beside_big": []}
+        self.added_by_phase: dict[str, list[float]] = {"alone": [], "beside_big": [], "beside_flood": []}
         self.big_sessions: list[str] = []
-        self._big: tuple[bytes, bytes, bytes] | None = None  # a big prompt's body: head, text, tail
+        self.flood_status: dict[str, int] = {}  # what the flood's requests got: HTTP status (or error) -> count
+        self.flood_s: list[float] = []  # each flood request's wall time
+        self.drain_s: list[float] = []  # per flood round: how long its answers took after it stopped sending
+        self._big: tuple[tuple[float, int], bytes, bytes] | None = (
+            None  # a big prompt's body: (MB, messages), head, tail
+        )
         self.error_samples: list[str] = []
         self.auth = {"Authorization": f"Bearer {CONTROL}"}
 
@@ -148,40 +165,80 @@ class Soak:
                              headers={"Content-Type": "application/json"}) as r:  # fmt: skip
             self.n["bad_4xx" if 400 <= r.status < 500 else "bad_5xx"] += 1
 
-    async def rounds(self, http: aiohttp.ClientSession, big_mb: float, rounds: int, seconds: float) -> None:
-        """Alternate the phases: the sessions alone, then beside one client sending big prompts back to back."""
-        length = seconds / (2 * rounds)
-        for _ in range(rounds):
+    async def rounds(self, http: aiohttp.ClientSession, a: argparse.Namespace) -> None:
+        """Alternate the phases: the sessions alone, then beside one client sending big prompts back to back
+        (--big-prompt-mb) or one session flooding (--flood); the sessions stop when the last round ends."""
+        length = a.seconds / (2 * a.rounds)
+        for _ in range(a.rounds):
             self.phase = "alone"
             await asyncio.sleep(length)
-            self.phase = "beside_big"
+            self.phase = "beside_flood" if a.flood else "beside_big"
             end = time.monotonic() + length
             async with http.post(f"{self.url}/sessions", json={"task_id": "big"}, headers=self.auth) as r:
                 token = (await r.json())["token"]
             self.big_sessions.append(token)
-            while time.monotonic() < end:
-                await self.big_prompt(http, token, big_mb)
+            if a.flood:
+                flood = (self.flood(http, token, a.flood, a.flood_mb, a.flood_messages, end)
+                         for _ in range(a.flood_parallel))  # fmt: skip
+                flooders = [asyncio.ensure_future(f) for f in flood]
+                await asyncio.sleep(max(0.0, end - time.monotonic()))
+                await asyncio.gather(*flooders)
+                self.drain_s.append(time.monotonic() - end)
+            else:
+                while time.monotonic() < end:
+                    await self.big_prompt(http, token, a.big_prompt_mb)
             async with http.post(f"{self.url}/s/{token}/end", json={}, headers=self.auth) as r:
                 await r.read()
         self.phase = "alone"
+        self.deadline = time.monotonic()
+
+    def _prompt_body(self, mb: float, n: int, messages: int = 1) -> bytes:
+        """A prompt of `mb` MB of code-like text (as a tool result holds it: no JSON escapes) in `messages` messages,
+        starting with `n` (distinct bodies: an identical one is taken for a retry), encoded once: this loop times
+        the others."""
+        if self._big is None or self._big[0] != (mb, messages):
+            size = int(mb * (1 << 20))
+            text = (CODE.decode() * (size // len(CODE) + 1))[:size]
+            step = -(-size // messages)
+            msgs = [{"role": ("user", "assistant")[i % 2], "content": text[i * step : (i + 1) * step]}
+                    for i in range(messages)]  # fmt: skip
+            msgs[0]["content"] = "\0" + msgs[0]["content"]
+            head, tail = json.dumps({"messages": msgs, "max_tokens": 16}).split("\\u0000")
+            self._big = ((mb, messages), head.encode(), tail.encode())
+        _, head, tail = self._big
+        return head + str(n).encode() + tail
 
     async def big_prompt(self, http: aiohttp.ClientSession, token: str, mb: float) -> None:
-        """One big prompt (distinct each time: an identical body is taken for a retry); it must be a 400."""
+        """One big prompt; it must be a 400."""
         self.n["big_sent"] += 1
-        if self._big is None or len(self._big[1]) != int(mb * (1 << 20)):  # encoded once: this loop times others
-            head, tail = json.dumps({"messages": [{"role": "user", "content": "\0"}], "max_tokens": 16}).split(
-                "\\u0000"
-            )
-            size = int(mb * (1 << 20))  # code-like text, as a tool result holds it (no byte JSON escapes)
-            self._big = (head.encode(), (CODE * (size // len(CODE) + 1))[:size], tail.encode())
-        head, text, tail = self._big
-        body = head + str(self.n["big_sent"]).encode() + text + tail
+        body = self._prompt_body(mb, self.n["big_sent"])
         async with http.post(f"{self.url}/s/{token}/v1/chat/completions", data=body,
                              headers={"Content-Type": "application/json"}) as r:  # fmt: skip
             if r.status == 400:
                 self.n["big_refused"] += 1
             else:
                 self.fail(f"big prompt {r.status}: {(await r.text())[:200]}")
+
+    async def flood(
+        self, http: aiohttp.ClientSession, token: str, route: str, mb: float, messages: int, end: float
+    ) -> None:
+        """One of the flood's parallel senders: `mb` MB requests of one session back to back until `end`. Each
+        must be answered, with a 200 (counted) or a 4xx (over a limit); anything else is an error."""
+        path = "/v1/messages/count_tokens" if route == "count_tokens" else "/v1/chat/completions"
+        while time.monotonic() < end:
+            self.n["flood_sent"] += 1
+            body, t0 = self._prompt_body(mb, self.n["flood_sent"], messages), time.perf_counter()
+            try:
+                async with http.post(f"{self.url}/s/{token}{path}", data=body,
+                                     headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                    await r.read()
+                    status = str(r.status)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                status = type(e).__name__
+            self.flood_s.append(time.perf_counter() - t0)
+            self.flood_status[status] = self.flood_status.get(status, 0) + 1
+            if not (status == "200" or status.startswith("4")):
+                self.fail(f"flood {status}")
 
     def fail(self, what: str) -> None:
         self.n["errors"] += 1
@@ -198,10 +255,16 @@ def _pct(values: list[float], q: float) -> float:
 
 async def soak(url: str, a: argparse.Namespace) -> Soak:
     s = Soak(url, a.seconds, a.bad_share, a.hangup_share, a.seed)
-    limit = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=limit, timeout=aiohttp.ClientTimeout(total=120)) as http:
-        big = [s.rounds(http, a.big_prompt_mb, a.rounds, a.seconds)] if a.big_prompt_mb > 0 else []
-        await asyncio.gather(*(s.session(http) for _ in range(a.sessions)), *big)
+    timeout = aiohttp.ClientTimeout(total=a.timeout)
+    # the big prompts' client is another client, with connections of its own, as another agent's are; a flood waits
+    # behind its own session's queue for as long as that takes
+    big = a.big_prompt_mb > 0 or bool(a.flood)
+    if big:
+        s.deadline = float("inf")  # the sessions run until the last round ends
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                  timeout=aiohttp.ClientTimeout(total=3600)) as other:  # fmt: skip
+        await asyncio.gather(*(s.session(http) for _ in range(a.sessions)), *([s.rounds(other, a)] if big else []))
     return s
 
 
@@ -218,14 +281,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model dir whose tokenizer the scripted engine uses")
     p.add_argument("--sessions", type=int, default=256, help="concurrent client sessions")
-    p.add_argument("--seconds", type=float, default=600, help="how long new turns start")
+    p.add_argument("--seconds", type=float, default=600, help="how long new turns start (with rounds: at least)")
     p.add_argument("--bad-share", type=float, default=0.05, help="share of malformed requests")
     p.add_argument("--hangup-share", type=float, default=0.05, help="share of streams the client cuts off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--context", type=int, default=32768, help="the engine's context window, in tokens")
     p.add_argument("--big-prompt-mb", type=float, default=0, help="alternate rounds with a client sending prompts of "
                    "this many MB (0 = off)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=2, help="with --big-prompt-mb: rounds of (alone, beside big)")
+    p.add_argument("--rounds", type=int, default=2, help="with --big-prompt-mb or --flood: rounds of (alone, beside)")
+    p.add_argument("--flood", choices=["count_tokens", "chat"], help="alternate rounds with one session flooding "
+                   "this route with parallel requests")  # fmt: skip
+    p.add_argument("--flood-parallel", type=int, default=200, help="with --flood: requests in flight at once")
+    p.add_argument("--flood-mb", type=float, default=1.0, help="with --flood: MB of prompt text per request")
+    p.add_argument("--flood-messages", type=int, default=1, help="with --flood: messages that text is split into "
+                   "(many short ones are slow to read: the dialect's parsing is Python per message)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=300, help="seconds a session waits for any one answer")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--serve", nargs=3, metavar=("MODEL", "TRACES", "CONTEXT"), help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -234,6 +304,8 @@ def main() -> None:
         return
     if not a.model:
         p.error("--model is required")
+    if a.flood and a.big_prompt_mb > 0:
+        p.error("--flood and --big-prompt-mb are two kinds of round: give one")
     with tempfile.TemporaryDirectory(prefix="hrl-soak-") as tmp:
         traces = Path(tmp) / "traces.jsonl"
         child = subprocess.Popen([sys.executable, __file__, "--serve", a.model, str(traces), str(a.context)],
@@ -269,13 +341,28 @@ def main() -> None:
             "added_ms_p99_alone": alone, "added_ms_p99_beside_big": beside, "p99_ratio": round(beside / alone, 2),
             "trace_bytes_per_refused": round(big_bytes / max(1, s.n["big_refused"]), 1),
         }  # fmt: skip
+    if a.flood:
+        alone, beside = (_pct(s.added_by_phase[k], 0.5) for k in ("alone", "beside_flood"))
+        result |= {
+            "flood": a.flood, "flood_parallel": a.flood_parallel, "flood_mb": a.flood_mb,
+            "flood_messages": a.flood_messages,
+            "flood_status": s.flood_status, "flood_ms_p50": _pct(s.flood_s, 0.5),
+            "flood_ms_max": _pct(s.flood_s, 1.0), "turns_alone": len(s.added_by_phase["alone"]),
+            "turns_beside_flood": len(s.added_by_phase["beside_flood"]),
+            "flood_drain_s": [round(x, 1) for x in s.drain_s],
+            "added_ms_p50_alone": alone, "added_ms_p50_beside_flood": beside, "p50_ratio": round(beside / alone, 2),
+            "added_ms_p99_alone": _pct(s.added_by_phase["alone"], 0.99),
+            "added_ms_p99_beside_flood": _pct(s.added_by_phase["beside_flood"], 0.99),
+            "trace_bytes_per_flood_request": round(big_bytes / max(1, s.n["flood_sent"]), 1),
+        }  # fmt: skip
     if a.json:
         print(json.dumps(result))
     else:
         for k, v in result.items():
             print(f"{k:>16}  {v}")
     big_ok = a.big_prompt_mb <= 0 or (result["p99_ratio"] <= 2 and result["trace_bytes_per_refused"] < 1024)
-    sys.exit(1 if s.n["errors"] or s.n["bad_5xx"] or ended != s.n["ended"] or not big_ok else 0)
+    flood_ok = not a.flood or result["p50_ratio"] <= 2.5
+    sys.exit(1 if s.n["errors"] or s.n["bad_5xx"] or ended != s.n["ended"] or not (big_ok and flood_ok) else 0)
 
 
 if __name__ == "__main__":
