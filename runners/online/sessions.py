@@ -180,8 +180,12 @@ class OnlineSessions:
             if not late:
                 self.counts["online/delayed_rewards"] += 1
                 self._event("settled", token)
+                group_id = str(trace["group_id"])
                 self._final(token, _rewarded(trace, reward, info))
-                return {"trace_id": trace["trace_id"], "trained": True}
+                # accepted; trained once its group is whole: "trained" says whether it went to training now
+                waiting = len(self.groups.get(group_id, ()))
+                return {"trace_id": trace["trace_id"], "accepted": True, "trained": not waiting,
+                        **({"group_waits_for": waiting} if waiting else {})}  # fmt: skip
             self._event("expired", token)
             self._expire(token, trace)
         if token not in self.expired:

@@ -123,7 +123,8 @@ def test_online_run(tmp_path: Path, tiny_model: str) -> None:
         assert (await a.post(f"/s/{on_time['token']}/end"))[1]["status"] == "waiting for reward"
         assert (await a.post(f"/s/{late['token']}/end"))[1]["status"] == "waiting for reward"
         await asyncio.sleep(0.3)
-        assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 1.0, "info": {"tests": "pass"}}))[1]["trained"]
+        said = (await a.post(f"/s/{on_time['token']}/reward", {"reward": 1.0, "info": {"tests": "pass"}}))[1]
+        assert said["accepted"] and said["trained"]  # its group (of one) is whole: handed to training now
         assert (await a.post(f"/s/{on_time['token']}/reward", {"reward": 0.0}))[0] == 409  # its reward is in already
         assert (await a.post(f"/s/{cut['token']}/end", {"reward": 0.0}))[1]["status"] == "final"
         async with hrl.session({"task_id": "t5"}, url=stack.url, key=key_a) as s:  # the Python wrapper
