@@ -194,6 +194,9 @@ def train(
             raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
         if run_dir is not None:
             RunDir(run_dir).check_new()  # before anything is written: its config.json stays the run's own
+        from hrl.cli.checks import check_writable
+
+        check_writable(run_dir or Path("runs"), "--run-dir")  # before the model is built
         flags = {
             "model": model, "engine": engine, "rollout.agent": agent, "rollout.sandbox": sandbox,
             "trainer.mode": "full" if full else ("lora" if lora else None), "train.iterations": iterations or None,

@@ -26,8 +26,8 @@ def _as_a_user() -> list[str]:
 
 
 def test_a_folder_this_user_cannot_write_is_a_usage_error_naming_it(tmp_path: Path):
-    """--out of rollout, report and tasks synth is checked before the work; train's --run-dir and report's default
-    output fail as they are made, with the path named. Each is exit 2; before, each was exit 1, "a bug in hrl" (and
+    """--out of rollout, report and tasks synth and train's --run-dir are checked before the work; report's default
+    output fails as it is made, with the path named. Each is exit 2; before, each was exit 1, "a bug in hrl" (and
     tasks synth said so only after the synthesis)."""
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -41,7 +41,7 @@ def test_a_folder_this_user_cannot_write_is_a_usage_error_naming_it(tmp_path: Pa
          f"Error: --out {ro}/o.jsonl: {ro} is not writable"),
         (["report", f"{ro}/traces.jsonl"], f"Permission denied: '{ro}/"),
         (["train", "--recipe", "demo", "--sandbox", "local", "--run-dir", f"{ro}/run"],
-         f"Permission denied: '{ro}/run'"),
+         f"Error: --run-dir {ro}/run: {ro} is not writable"),  # before the model is built
     ]  # fmt: skip
     try:
         for argv, needle in cases:
