@@ -222,7 +222,8 @@ def test_keys_sessions_and_sizes_are_checked_like_the_model_routes(tiny_model, t
         assert r.status_code == 404  # ended: its trace is written and nothing joins it any more
     assert "telemetry_events" not in trace_a["metadata"] and trace_a["tools"] == []
     assert trace_b["metadata"]["telemetry_events"] == {"codex.tool_result": 1}
-    assert trace_b["reward"] == 0.5 and trace_b["tools"][0]["source"] == "otel"
+    assert trace_b["tools"][0]["source"] == "otel"
+    assert trace_b["metadata"]["reward_without_calls"] == 0.5  # no model call: the owner's reward kept aside
 
 
 def test_protobuf_without_opentelemetry_proto_is_a_clear_415_and_json_still_reads(monkeypatch):
