@@ -34,7 +34,8 @@ SLOW = ["word " * 200]  # a model turn that takes ~20 s at 0.1 s per token
 def test_agent_exiting_non_zero_on_its_own_is_agent_exit(tiny_model, tmp_path, swe_image):
     """The proxy refuses codex's first request (its body is over max_body_bytes) before any engine call; codex
     gives up on the HTTP error and exits 1 by itself. Neither a timeout, a kill nor an engine fault explains
-    that episode: it must say agent_exit, with the CLI's own exit code and why in its output tail."""
+    that episode: it must say agent_exit, with the CLI's own exit code and why in its output tail. It never reached
+    the model, so the episode is the harness's failure (no_llm_calls, never trained on) with agent_exit kept."""
     out = tmp_path / "traces.jsonl"
     (trace,) = asyncio.run(
         _rollout(tiny_model, [mini_task("docker")], out, FIX, proxy_options={"max_body_bytes": 4096})
@@ -42,9 +43,11 @@ def test_agent_exiting_non_zero_on_its_own_is_agent_exit(tiny_model, tmp_path, s
     meta = trace["metadata"]
     print(f"\nagent exit: {trace['failure_reason']}, exit code {meta['agent_exit_code']}, reward {trace['reward']}")
     assert [t["trace_id"] for t in read_traces(out)] == [trace["trace_id"]]
-    assert trace["failure_reason"] == "agent_exit" and trace["status"] == "failed"
-    assert meta["agent_exit_code"] == 1 and "413" in meta["agent_stdout_tail"], meta
-    assert trace["calls"] == [] and trace["reward"] == 0.0  # graded all the same: the bug is still there
+    assert trace["failure_reason"] == "no_llm_calls" and trace["status"] == "failed"
+    assert meta["agent_failure"] == "agent_exit" and meta["agent_exit_code"] == 1, meta
+    assert "413" in meta["agent_stdout_tail"], meta
+    assert trace["calls"] == [] and trace["reward"] is None
+    assert meta["reward_without_calls"] == 0.0  # graded all the same: the bug is still there
 
 
 def test_a_task_text_that_looks_like_an_option_reaches_the_agent_as_its_prompt(tiny_model, tmp_path, swe_image):
