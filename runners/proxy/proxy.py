@@ -290,7 +290,8 @@ class Proxy:
             return {"agent": session.agent, "calls": sum(c.agent == session.agent for c in session.calls)}
         for child in session.children:  # the tree ends with its root: no token of it is served any more
             self.sessions.pop(child, None)
-        if not session.calls and outcome.get("failure_reason") not in INFRA_FAILURES:
+        generating = any(c.session.root is session for c in self._inflight.values())  # a call cut off at the end
+        if not session.calls and not generating and outcome.get("failure_reason") not in INFRA_FAILURES:
             outcome = without_calls(outcome)
         trace = session.to_trace(**outcome)
         if self.traces is not None:

@@ -53,15 +53,18 @@ async def _rollout(
         episodes = [Episode(t.model_dump(), k, 0) for t in tasks for k in range(n)]
         job = asyncio.create_task(run_episodes(rollouts, episodes, out, concurrency=16))
         if killer:  # kill the agent CLI inside its sandbox while it waits for a slow model turn
-            await _kill_agent_when_running(run_id)
+            await _kill_agent_when_running(run_id, stack.proxy)
         traces = await job
     assert not _left(run_id), "containers left behind"
     return traces
 
 
-async def _kill_agent_when_running(run_id: str) -> None:
+async def _kill_agent_when_running(run_id: str, proxy: Any) -> None:
+    """Once its first call generates (a crash before it would be no policy's: no_llm_calls)."""
     for _ in range(600):
         await asyncio.sleep(0.2)
+        if not proxy.in_flight():
+            continue
         for c in _left(run_id):
             if c.status != "running" or "grade" in c.labels.get("hrl.episode", ""):
                 continue
