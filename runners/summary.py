@@ -147,7 +147,8 @@ def failure_cause(trace: Trace, lines: int = 5) -> str:
     meta = trace.get("metadata") or {}
     reason = str(trace.get("failure_reason"))
     if meta.get("agent_failure"):
-        reason += f" ({meta['agent_failure']}, exit {meta.get('agent_exit_code', '?')})"
+        code = meta.get("agent_exit_code")
+        reason += f" ({meta['agent_failure']}{'' if code is None else f', exit {code}'})"
     said = str(meta.get("agent_stderr_tail") or meta.get("error") or meta.get("agent_stdout_tail") or "").strip()
     tail = [ln for ln in said.splitlines() if ln.strip()][-lines:]
     return reason + (":\n  " + "\n  ".join(tail) if tail else " (the agent said nothing)")
