@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.durable import append_durably, write_atomically
 from hrl.runners.errors import HrlError
@@ -47,6 +47,8 @@ _KEEP_EXPIRED = 4096  # expired traces kept for a late reward (the oldest go fir
 
 class OnlineConfig(BaseModel):
     """The recipe's `online:` section, read by `hrl train --serve`."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
 
     max_reward_delay_s: float = Field(
         600, gt=0, description="Seconds after a session's end that a reward is on time (else late_reward applies)."

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hrl.runners.durable import write_atomically
 from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, ImageInput, SamplingParams
@@ -60,6 +60,8 @@ BYTES_PER_TOKEN = 32
 
 
 class ProxyConfig(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
+
     model_name: str = Field("model", description="Model name reported to agents.")
     open_sessions: bool = Field(
         False,

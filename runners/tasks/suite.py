@@ -26,7 +26,7 @@ __all__ = ["SuiteConfig", "SuiteStats", "WeakSuiteError", "opening", "task_probl
 class SuiteConfig(BaseModel):
     """Below these a suite (or a task) is too weak to guard its package."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min_tests: int = Field(20, ge=0, description="Fewest tests the kept suite may hold (tests that pass twice at "
                            "baseline); 0 = no floor.")  # fmt: skip

@@ -52,7 +52,7 @@ WORKDIR = "/testbed"
 
 
 class SynthConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     image: str = Field(SWE_IMAGE, description="Image the tests run in (baseline, mutants, validation).")
     sandbox: str = Field("docker", description="Sandbox backend name.")
