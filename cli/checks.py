@@ -150,7 +150,7 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
     task file (read whole); returns the number of tasks. The model is checked once it is materialized."""
     from hrl.registry import require
     from hrl.runners.tasks import VERIFIERS
-    from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox, resolve_mode
+    from hrl.runners.whitebox.harness import is_python_agent, load_function, needs_sandbox, resolve_mode, split_spec
     from hrl.runners.whitebox.interpreter import agent_python, check_python, closed_mounts
     from hrl.sandboxes.local import LocalBackend
 
@@ -168,7 +168,8 @@ def check_run(cfg: dict[str, Any], engine: str, task_file: str) -> int:
             else:
                 check_python(where, agent, cfg.get("recipe_dir"))
             if mode == "subprocess":  # what its namespace would hide is bound in, or refused now, naming the path
-                closed_mounts(where, agent, cfg.get("recipe_dir"), LocalBackend().private_roots())
+                target, _ = split_spec(agent, cfg.get("recipe_dir"))
+                closed_mounts(where, target, cfg.get("recipe_dir"), LocalBackend().private_roots())
         else:
             check_agent(agent)
     sandboxed = any(needs_sandbox(agent, cfg.get("verifier")) for agent in names)

@@ -208,7 +208,8 @@ class PythonRollouts:
             if self.python is None:
                 python = agent_python(self.config.python)
                 check_python(python, self.spec, self.base_dir)
-                self.mounts = closed_mounts(python, self.spec, self.base_dir, _private_roots())
+                target, _ = split_spec(self.spec, self.base_dir)
+                self.mounts = closed_mounts(python, target, self.base_dir, _private_roots())
                 self.python = python
         elif self.fn is None:
             self.fn = load_function(self.spec, self.base_dir)

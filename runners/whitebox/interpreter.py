@@ -118,16 +118,15 @@ def check_python(where: AgentPython, spec: str, base_dir: str | None) -> None:
                                 "imports (pip install them into that venv)")  # fmt: skip
 
 
-def closed_mounts(where: AgentPython, spec: str, base_dir: str | None, hidden: list[Path]) -> list[str]:
+def closed_mounts(where: AgentPython, target: str | Path, base_dir: str | None, hidden: list[Path]) -> list[str]:
     """The host folders a closed agent's process needs that its namespace would hide (`hidden`: the local backend's
     `private_roots`, the temp folders among them), to bind in read-only at the same paths: hrl's source (a checkout
     under /tmp), the interpreter's environment, its import path, the agent's file's folder or module, the base
     folder. Raises UsageError naming a needed path that cannot be bound: one that is itself a hidden folder or
-    holds one (an agent file directly in /tmp: binding /tmp would show every other sandbox)."""
+    holds one (an agent file directly in /tmp: binding /tmp would show every other sandbox). `target`: the agent's
+    file (a Path) or module name, as `harness.split_spec` gives it."""
     import hrl
-    from hrl.runners.whitebox.harness import split_spec
 
-    target, _ = split_spec(spec, base_dir)
     needed = {*hrl.__path__, *_environment(where.python)}  # hrl's package (and a checkout's root), the interpreter's
     needed.add(str(Path(target).parent) if isinstance(target, Path) else _module_home(target, where))
     optional = {*where.paths, str(Path(base_dir or ".").absolute())}  # a folder on the import path: only if it can

@@ -74,6 +74,6 @@ def test_what_cannot_be_bound_is_refused_naming_the_path(tmp_path: Path) -> None
     (tmp_path / "agent.py").write_text(AGENT)
     own = agent_python("")
     with pytest.raises(UsageError, match=f"needs {tmp_path}, which holds the temp folder"):
-        closed_mounts(own, "agent.py:run", str(tmp_path), [tmp_path / "sandboxes", tmp_path])
-    mounts = closed_mounts(own, "agent.py:run", str(tmp_path), [tmp_path.parent])
+        closed_mounts(own, tmp_path / "agent.py", str(tmp_path), [tmp_path / "sandboxes", tmp_path])
+    mounts = closed_mounts(own, tmp_path / "agent.py", str(tmp_path), [tmp_path.parent])
     assert str(tmp_path) in mounts  # the agent's folder, under a hidden one, is bound in
