@@ -37,6 +37,11 @@ TEST_AGENTS_LOCAL=(mini-swe-agent browser-use) # browser-use: the white-box agen
 
 VENV=$HRL_CACHE/venv
 VLLM_VENV=$HRL_CACHE/vllm-venv
+# uv installs a venv's packages in seconds where pip takes minutes (measured on 2 cores: the main venv 14 s against
+# 297 s, the vLLM venv 19 s against 272 s, the same versions). Where it cannot be had, the venvs are built with pip.
+UV_PIN=uv==0.13.9
+UV=$HRL_CACHE/uv/bin/uv
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$HRL_CACHE/uv-cache}
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
@@ -89,6 +94,31 @@ wait_for_other_builder() {
       sleep 1
     fi
   done
+}
+
+# setup_uv: uv in its own venv under $HRL_CACHE, once; a failure only means pip builds the venvs.
+setup_uv() {
+  [ -x "$UV" ] && return 0
+  if python3 -m venv "$HRL_CACHE/uv" && run_logged "$HRL_CACHE/uv-install.log" "$HRL_CACHE/uv/bin/pip" install "$UV_PIN"; then
+    return 0
+  fi
+  log "uv: could not be installed (log: $HRL_CACHE/uv-install.log); the venvs are built with pip, which is slower"
+  rm -rf "$HRL_CACHE/uv"
+}
+
+# venv_install VENV LOG ARGS...: pip-install ARGS into VENV, through uv where it is there (pip's find-links, where the
+# CPU torch wheel lies, handed on to it), else through the venv's pip; uv failing falls back to pip.
+venv_install() {
+  local venv=$1 logfile=$2 links=() dir
+  shift 2
+  if [ -x "$UV" ]; then
+    for dir in ${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true); do
+      links+=(--find-links "$dir")
+    done
+    run_logged "$logfile" "$UV" pip install --python "$venv/bin/python" "${links[@]}" "$@" && return 0
+    log "uv failed on $venv; installing with pip instead"
+  fi
+  run_logged "$logfile" "$venv/bin/pip" install "$@"
 }
 
 # A key for the main venv's heavy dependencies: rebuild when pyproject.toml's requirements or the pins change.
@@ -149,12 +179,11 @@ setup_main_venv() {
     log "main venv: creating $VENV"
     python3 -m venv "$VENV"
   fi
-  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry,browser] (a few minutes; log: $logfile)"
+  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry,browser] (about a minute with uv, minutes with pip; log: $logfile)"
   check_cpu_torch "$VENV/bin/pip"
-  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN"
-  # Naming the torch pin again keeps the resolver from swapping torch for another (CUDA) build.
+  # Naming the torch pin keeps the resolver from swapping torch for another (CUDA) build.
   # setuptools/wheel in the venv let later runs refresh the editable install without build isolation.
-  run_logged "$logfile" "$VENV/bin/pip" install "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry,browser]"
+  venv_install "$VENV" "$logfile" "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry,browser]"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "main venv: a CUDA build of torch got installed into $VENV"
   echo "$key" >"$marker"
@@ -171,11 +200,12 @@ setup_vllm_venv() {
     log "vLLM venv: finished by another process"
     return 0
   fi
-  log "vLLM venv: installing $VLLM_PIN into $VLLM_VENV (about 5 min; log: $logfile)"
+  log "vLLM venv: installing $VLLM_PIN into $VLLM_VENV (about a minute with uv, 5 with pip; log: $logfile)"
   rm -rf "$VLLM_VENV"
   python3 -m venv "$VLLM_VENV"
-  run_logged "$logfile" "$VLLM_VENV/bin/pip" install "$VLLM_PIN"
-  run_logged "$logfile" "$VLLM_VENV/bin/pip" uninstall -y "${VLLM_BROKEN_DEPS[@]}"
+  check_cpu_torch "$VLLM_VENV/bin/pip"
+  venv_install "$VLLM_VENV" "$logfile" "$TORCH_PIN" "$VLLM_PIN"
+  run_logged "$logfile" "$VLLM_VENV/bin/python" -m pip uninstall -y "${VLLM_BROKEN_DEPS[@]}"
   run_logged "$logfile" "$VLLM_VENV/bin/python" -c \
     'import torch, vllm; assert torch.version.cuda is None, torch.__version__; print("vllm import ok")'
   touch "$marker"
@@ -373,6 +403,7 @@ main() {
 
   : >"$HRL_CACHE/setup-phases.tsv.tmp"
   timed apt setup_apt_packages
+  if has_step venv || has_step vllm; then timed uv setup_uv; fi
   # The vLLM venv is the slowest step and mostly waits on downloads: build it alongside the others.
   if has_step vllm; then
     timed vllm-venv setup_vllm_venv &
