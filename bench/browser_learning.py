@@ -127,7 +127,7 @@ def build_warm_start(examples: list[tuple[str, str, list[str]]], out: Path, seed
         if kind == "step" and (info["step"] % 50 == 0 or info["step"] == info["steps"]):
             say(f"  warm start: step {info['step']}/{info['steps']}, loss {info['loss']:.3f}")
 
-    loss = sft(model, [(data, steps, cfg.batch_size)], cfg, progress)
+    loss = sft(model, [(lambda: data, steps, cfg.batch_size)], cfg, progress)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
     return {"examples": len(rows), "right_share": round(sum(ok for *_, ok in rows) / len(rows), 3),

@@ -38,7 +38,7 @@ from hrl.runners.engines.decode import kv_cache_of, with_kv_cache
 from hrl.train.tiny.model import train_chatml_tokenizer
 from hrl.train.tiny.profile import HarnessProfile, load_profile
 from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
-from hrl.train.tiny.transcripts import Noise, episode_messages, render_ids, render_ids_fast, transcript
+from hrl.train.tiny.transcripts import Context, Noise, episode_messages, render_ids, render_ids_fast, transcript
 
 __all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "random_qwen2", "sft", "shipped_model"]
 
@@ -213,9 +213,9 @@ def sft_loss(model: Any, batch: dict[str, Any], prompt_grad: bool = False) -> An
 Data = list[tuple[list[int], list[int]]]
 
 
-def sft(model: Any, phases: list[tuple[Data, int, int]], cfg: TinyAgentConfig, on_event: Event) -> float:
-    """Train on the masked (assistant) tokens, phase by phase ((data, steps, batch size) each); returns the mean
-    loss of the last 10% of steps."""
+def sft(model: Any, phases: list[tuple[Callable[[], Data], int, int]], cfg: TinyAgentConfig, on_event: Event) -> float:
+    """Train on the masked (assistant) tokens, phase by phase ((its data as the phase starts, steps, batch size)
+    each); returns the mean loss of the last 10% of steps."""
     import torch
 
     rng = random.Random(cfg.seed)
@@ -223,7 +223,8 @@ def sft(model: Any, phases: list[tuple[Data, int, int]], cfg: TinyAgentConfig, o
     model.train()
     losses: list[float] = []
     total = sum(steps for _, steps, _ in phases)
-    for data, steps, size in phases:
+    for make_data, steps, size in phases:
+        data = make_data()
         order: list[int] = []
         for _ in range(steps):
             if len(order) < size:
@@ -286,19 +287,23 @@ def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event
     model.save_pretrained(out, safe_serialization=True)  # config first: the proxy's ChatTemplate loads the dir
     tokenizer.save_pretrained(out)
     template = ChatTemplate(str(out))
-    phases = []
-    for context, steps, size in [
+
+    def tokenized(context: Context) -> Callable[[], Data]:
+        def render() -> Data:
+            data = [render_ids_fast(template, profile, t, turns, u, context) for t, turns, u in episodes]  # type: ignore[arg-type]
+            mean = sum(len(d[0]) for d in data) / len(data)
+            on_event("tokenized", {"context": context, "examples": len(data), "mean_tokens": mean})
+            return data
+
+        return render
+
+    # each phase's transcripts are rendered as it starts: a build stopped early (`verify.rebuild_start`) renders
+    # only what it trains on; the ids, and so the build, are the same
+    phases = [(tokenized(context), steps, size) for context, steps, size in [
         ("bare", cfg.bare_steps, cfg.bare_batch_size),
         ("brief", cfg.brief_steps, cfg.brief_batch_size),
         ("full", cfg.steps, cfg.batch_size),
-    ]:
-        if steps > 0:
-            data = [render_ids_fast(template, profile, t, turns, u, context) for t, turns, u in episodes]  # type: ignore[arg-type]
-            phases.append((data, steps, size))
-            on_event(
-                "tokenized",
-                {"context": context, "examples": len(data), "mean_tokens": sum(len(d[0]) for d in data) / len(data)},
-            )
+    ] if steps > 0]  # fmt: skip
     for task, turns, uname in episodes[-4:]:  # the one-shot rendering is the proxy's call-by-call one
         if render_ids(template, profile, task, turns, uname) != render_ids_fast(template, profile, task, turns, uname):
             raise RuntimeError("SFT rendering differs from the proxy's prompt building")
