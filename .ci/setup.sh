@@ -15,6 +15,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 HRL_CACHE=${HRL_CACHE:-$HOME/.cache/hrl}
 HRL_CACHE=$(realpath -m "$HRL_CACHE")
+export HRL_CACHE # `hrl agents install` and `hrl sandbox build` below work in the same cache
 HRL_BASE_IMAGE=${HRL_BASE_IMAGE:-hrl/base:bookworm}
 STEPS=" ${*:-venv vllm docker} "
 
@@ -403,7 +404,8 @@ main() {
 
   : >"$HRL_CACHE/setup-phases.tsv.tmp"
   timed apt setup_apt_packages
-  if has_step venv || has_step vllm; then timed uv setup_uv; fi
+  # uv for the venvs, and for the agents' venvs (`hrl agents install` finds it in $HRL_CACHE/uv)
+  if has_step venv || has_step vllm || has_step agents; then timed uv setup_uv; fi
   # The vLLM venv is the slowest step and mostly waits on downloads: build it alongside the others.
   if has_step vllm; then
     timed vllm-venv setup_vllm_venv &
