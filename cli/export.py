@@ -69,6 +69,10 @@ def export(
     run = load_source(sources)
     warn_cut_lines(run)
     pairs = [(it.trace_file, t) for it in run.iterations for t in it.traces]
+    if not pairs:  # nothing written, nothing created: exit 1
+        from hrl.runners.trace import TraceFormatError
+
+        raise TraceFormatError(f"no traces in {' '.join(map(str, sources))}: nothing to export")
     out.mkdir(parents=True, exist_ok=True)
     summary = _atif(run, pairs, out, model, token_ids) if fmt == "atif" else _otlp(run, out)
     summary = {"format": fmt, "out": str(out), "traces": len(pairs), **summary}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich import box
@@ -87,16 +87,22 @@ def inspect(
         inspect_run(run, as_json=as_json)
         return
     traces = [t for _, t in run.traces]
+    if not traces:
+        _no_traces(sources)
     chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
     single = trace_id is not None or (len(chosen) == 1 and not as_json)  # one trace: its conversation
     conv = _conversation(chosen[0], run, model, full) if single else None
     if as_json:
         emit(_json_result(chosen, conv, samples=samples), as_json=True)
         return
-    if not traces:
-        err.print(f"no traces in {' '.join(map(str, sources))}", markup=False, highlight=False)
-        return
     _render(_stdout_console(), chosen, conv, samples=samples)
+
+
+def _no_traces(sources: list[Path]) -> NoReturn:
+    """Nothing to show is an error (exit 1), not an empty screen: a run whose file stayed empty is a failed run."""
+    from hrl.runners.trace import TraceFormatError
+
+    raise TraceFormatError(f"no traces in {' '.join(map(str, sources))}")
 
 
 def _conversation(trace: Trace, run: Any, model: str | None, full: bool) -> dict[str, Any]:

@@ -163,3 +163,11 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path):
     out = hrl_export(str(SSE), "--format", "otlp-json", "--token-ids", "--out", str(tmp_path))
     assert out.returncode == 2 and "Error: --model and --token-ids apply to --format atif only" in out.stderr
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_file_without_traces_exports_nothing_and_exits_1(tmp_path: Path):
+    empty, out = tmp_path / "empty.jsonl", tmp_path / "out"
+    empty.write_text("")
+    proc = hrl_export(str(empty), "--out", str(out))
+    assert proc.returncode == 1 and "Error: no traces in" in proc.stderr, proc.stderr
+    assert not out.exists()

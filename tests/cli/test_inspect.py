@@ -325,3 +325,12 @@ def test_missing_file(tmp_path):
 def test_unknown_and_ambiguous_trace_ids(trace_file):
     _assert_error(hrl_inspect(str(trace_file), "--trace", "zz"), "'zz'", "Hint: known ids: a1b2c3d4e5f6", code=2)
     _assert_error(hrl_inspect(str(trace_file), "--trace", "a1", "--json"), "a1b2c3d4e5f6, a1ffee00", code=2)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_file_without_traces_is_an_error_not_an_empty_screen(tmp_path: Path, as_json: bool):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = hrl_inspect(str(empty), *(["--json"] if as_json else []))
+    assert proc.returncode == 1 and proc.stderr.startswith(f"Error: no traces in {empty}"), proc.stderr
+    assert proc.stdout == ""
