@@ -124,6 +124,13 @@ def _finite(model: type[BaseModel], field: Any) -> bool:
     return bounded or model.model_config.get("allow_inf_nan") is False
 
 
+def _not_finite(value: Any) -> bool:
+    try:
+        return not isinstance(value, bool) and not math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
 def _check_value(key: str, value: Any, annotation: Any, description: str, source: str, *, finite: bool = False) -> None:
     def bad(problem: str) -> UsageError:
         return UsageError(
@@ -134,6 +141,8 @@ def _check_value(key: str, value: Any, annotation: Any, description: str, source
     try:
         checked = TypeAdapter(annotation).validate_python(value)
     except ValidationError as exc:
+        if finite and _not_finite(value):  # nan fails a bound's comparison first: say what is wrong with it
+            raise bad("Input should be a finite number") from None
         raise bad(exc.errors()[0]["msg"]) from None
     if finite and isinstance(checked, float) and not math.isfinite(checked):
         raise bad("Input should be a finite number")
