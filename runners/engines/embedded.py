@@ -1,9 +1,11 @@
 """The embedded engine: in-process transformers generation for CPU and small models.
 
-One scheduler thread runs batched decoding with a KV cache. Requests that arrive while a batch runs wait for
-the next batch. Several LoRA adapters (policy versions) can be loaded at once and mixed in one batch through
-peft's `adapter_names`; a full publish swaps weights in place. Pause holds the scheduler between decode
-steps, so a publish lands between two tokens and each token records the version that produced it.
+One scheduler thread runs batched decoding with a KV cache, continuously: a request that arrives while a batch
+decodes is prefilled on a cache of its own, gets its first token, and joins the running batch at the next decode step
+(its KV cache merged into the batch's); a request that finishes leaves it (its rows dropped). A batch is homogeneous
+in weights: live requests, or requests pinned to one LoRA version (`_admit` says who may join; `decode._adapter_context`
+why peft's mixed-batch path is not used). A full publish swaps weights in place. Pause holds the scheduler between
+decode steps, so a publish lands between two tokens and each token records the version that produced it.
 
 torch, transformers and peft are imported lazily: this module is the one place below `train` that uses them.
 """
@@ -38,6 +40,12 @@ class EmbeddedEngineConfig(BaseModel):
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default.")
     max_loaded_versions: int = Field(4, ge=1, description="LoRA policy versions kept loaded for pinned traces.")
+    continuous: bool = Field(
+        True,
+        description="Continuous batching: a request that arrives mid-decode joins the running batch at the next step. "
+        "False = static batches (it waits for the whole running batch to end), kept only for comparison "
+        "(bench/embedded_speed.py).",
+    )
 
 
 @dataclass
@@ -57,6 +65,11 @@ class _Request:
 
     def send(self, item: TokenDelta | BaseException) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    @property
+    def key(self) -> tuple[bool, int | None]:
+        """The weights a batch row needs: live (the published version, whichever it is) or pinned to a version."""
+        return self.pinned, self.version if self.pinned else None
 
 
 class EmbeddedEngine:
@@ -306,9 +319,12 @@ class EmbeddedEngine:
             t0 = time.monotonic()
             try:
                 self._run_batch(batch)
-            except Exception as e:  # a broken batch fails its requests, never the engine
-                for r in batch:
+            except Exception as e:  # a broken batch fails its requests (joiners included), never the engine
+                with self._cv:
+                    failed = [*batch, *self._active.values()]
+                for r in {id(r): r for r in failed}.values():
                     if not r.done:
+                        r.done = True
                         r.send(EngineError(f"embedded engine failed: {e}"))
             finally:
                 self.busy_s += time.monotonic() - t0
@@ -320,13 +336,36 @@ class EmbeddedEngine:
     def _next_batch(self) -> list[_Request]:
         """The oldest request and those that share its weights: live ones, or ones pinned to the same version. A
         request with images runs alone (its pixels are one batch row's)."""
-        key = (self._pending[0].pinned, self._pending[0].version if self._pending[0].pinned else None)
-        batch = [r for r in self._pending if (r.pinned, r.version if r.pinned else None) == key]
+        key = self._pending[0].key
+        batch = [r for r in self._pending if r.key == key]
         batch = [batch[0]] if batch[0].pixels is not None else [r for r in batch if r.pixels is None]
         batch = batch[: self.config.max_batch_size]
         taken = {id(r) for r in batch}
         self._pending = [r for r in self._pending if id(r) not in taken]
         return batch
+
+    def _admit(self, running: list[_Request], joinable: bool = True) -> list[_Request]:
+        """Continuous batching, at the start of a decode step (after `_step_gate`): the pending requests that join
+        the running batch now, taken off the queue; `running` (the rows that go on) and they become `_active`.
+
+        The rule: pending requests join oldest first while each has the running batch's weights key (`_Request.key`),
+        has no images, and the batch has room (`max_batch_size`); the first that does not stops the scan. So no
+        request is overtaken by a later one: behind a request of the other key (or with images) the running batch
+        admits nobody, drains, and the next batch starts with that request (`_next_batch`). A long generation delays
+        a request of the other key by at most its own remaining tokens, and one of its own key by a step (unless it
+        queued behind one of the other key). None join with `continuous` off, into a batch with images, or into a
+        cache whose layout cannot be merged (`joinable`, see `decode._kv`)."""
+        with self._cv:
+            take: list[_Request] = []
+            if self.config.continuous and joinable and running and all(r.pixels is None for r in running):
+                room = self.config.max_batch_size - len(running)
+                for r in self._pending:
+                    if len(take) >= room or r.key != running[0].key or r.pixels is not None:
+                        break
+                    take.append(r)
+                del self._pending[: len(take)]
+            self._active = {r.rid: r for r in [*running, *take]}
+            return take
 
     def _step_gate(self) -> bool:
         """Between decode steps: honour pause and close. Returns False when the engine is closing."""
