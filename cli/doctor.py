@@ -38,6 +38,13 @@ def doctor(
     tool_parser: Annotated[
         str, typer.Option(help="The proxy.tool_parser to check the model with (auto: detect it).")
     ] = "auto",
+    tool_prompt: Annotated[
+        str,
+        typer.Option(
+            help="The proxy.tool_prompt to check the model with: what the proxy does with tools its chat template "
+            "cannot show (auto or hermes: the hermes tool prompt; refuse: a 400)."
+        ),
+    ] = "auto",
     engine: Annotated[
         str, typer.Option(help="Engine the --model probe serves it on: embedded | vllm | URL (default: as hrl serve).")
     ] = "",
@@ -70,25 +77,35 @@ def doctor(
     ] = 900,
 ) -> None:
     """Check the pieces hrl uses (torch, transformers, peft, Docker daemon, vLLM) and say what each enables; with
-    --model, also which tool-call parser the proxy reads that model's tool calls with, and (unless --no-probe) what
+    --model, also which tool-call parser the proxy reads that model's tool calls with, whether its chat template
+    shows tools (where it cannot: the proxy's hermes tool prompt shows them, or they are refused, as --tool-prompt
+    says; refused is shown with `!`), and (unless --no-probe) what
     the served model does: tool calls its parser reads, raw logprobs. Exit 4 when a prerequisite is missing or the
     logprobs are not raw; a model that calls no tool is shown with `!`; exit 1 when a check timed out."""
-    from hrl.runners.doctor.checks import run_checks, tool_parser_check
+    from hrl.runners.doctor.checks import run_checks, tool_parser_check, tool_prompt_check
     from hrl.runners.proxy.toolparsers import check_name
 
     check_name(tool_parser)  # an unknown name is a usage error (exit 2), not a failed check
+    from hrl.runners.proxy.template import TOOL_PROMPTS
+
+    if tool_prompt not in TOOL_PROMPTS:
+        from hrl.runners.errors import UsageError
+
+        raise UsageError(f"unknown --tool-prompt {tool_prompt!r}", hint="use --tool-prompt auto, hermes or refuse")
     checks = run_checks()
     if model:
         from hrl.cli.config import materialize_model
 
         path = materialize_model(model)
-        checks.append(tool_parser_check(path, tool_parser))
+        shown = tool_prompt_check(path, tool_prompt)  # can its template show tools? if not, what the proxy does
+        checks += [shown, tool_parser_check(path, tool_parser, shown.figures.get("shows_tools", True))]
         kinds = ("lora", "full") if publish_kind == "all" else (publish_kind,)
         if probe or publish_check:
             from hrl.runners.doctor.probe import CheckTimeoutError
 
             try:
-                checks += _served(path, engine, tool_parser, probe, kinds if publish_check else (), timeout)
+                options = {"tool_parser": tool_parser, "tool_prompt": tool_prompt}
+                checks += _served(path, engine, options, probe, kinds if publish_check else (), timeout)
             except CheckTimeoutError as e:  # the checks done so far, the timed-out one last; then the error
                 _show([*checks, *e.checks], as_json)
                 raise _timed_out(e) from e
@@ -116,7 +133,7 @@ def _timed_out(e: CheckTimeoutError) -> HrlError:
 
 
 def _served(
-    model: str, engine: str, tool_parser: str, probe: bool, publish: tuple[str, ...], limit_s: float
+    model: str, engine: str, options: dict[str, Any], probe: bool, publish: tuple[str, ...], limit_s: float
 ) -> list[Any]:
     """The served-model probe and publish checks (runners/doctor/), on `engine` (checked first: a bad name is a
     usage error); each within `limit_s` seconds (CheckTimeoutError)."""
@@ -129,7 +146,6 @@ def _served(
     engine = engine or default_engine()
     check_engine(engine)
     check_model(model)
-    options = {"tool_parser": tool_parser}
     return asyncio.run(
         served_checks(model, engine, probe=probe, publish=publish, proxy_options=options, limit_s=limit_s)
     )

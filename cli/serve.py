@@ -112,6 +112,14 @@ def serve(
             "kimi-k2, gpt-oss; auto = detected from its chat template and config.json."
         ),
     ] = "auto",
+    tool_prompt: Annotated[
+        str,
+        typer.Option(
+            help="Tools for a model whose chat template cannot show them: hermes shows them in the Hermes tool prompt "
+            "(and reads calls with the hermes parser), refuse answers such a request with a 400; auto = hermes. A "
+            "template that shows tools is used as it is."
+        ),
+    ] = "auto",
     reasoning_parser: Annotated[
         str,
         typer.Option(
@@ -159,6 +167,12 @@ def serve(
         from hrl.runners.errors import UsageError
 
         raise UsageError(f"unknown --sampling {sampling!r}", hint="use --sampling agent or --sampling honest")
+    from hrl.runners.proxy.template import TOOL_PROMPTS
+
+    if tool_prompt not in TOOL_PROMPTS:
+        from hrl.runners.errors import UsageError
+
+        raise UsageError(f"unknown --tool-prompt {tool_prompt!r}", hint="use --tool-prompt auto, hermes or refuse")
     if media not in ("refuse", "drop"):
         from hrl.runners.errors import UsageError
 
@@ -168,7 +182,8 @@ def serve(
     path = materialize_model(model)
     check_model(path)
     options = {"open_sessions": open_sessions, "idle_timeout_s": idle_timeout, "tool_parser": tool_parser,
-               "reasoning_parser": reasoning_parser, "sampling": sampling, "media": media}  # fmt: skip
+               "reasoning_parser": reasoning_parser, "sampling": sampling, "media": media,
+               "tool_prompt": tool_prompt}  # fmt: skip
     token_file = control_token_file or default_control_token_file()
     if workers > 1:
         _serve_workers(path, engine, served_name or model, options, traces, host, port, token_file, workers)
@@ -230,6 +245,7 @@ async def _serve(
     token_file: Path,
 ) -> None:
     from hrl.runners.placement import serve_proxy
+    from hrl.runners.proxy.template import tool_prompt_note
 
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -243,6 +259,9 @@ async def _serve(
             write_control_token(token_file, control)
             how = "detected from the model" if options["tool_parser"] == "auto" else "--tool-parser"
             err.print(f"tool calls parsed as {stack.proxy.template.tool_parser.name} ({how})", markup=False)
+            if not stack.proxy.template.shows_tools:
+                note = tool_prompt_note(False, options["tool_prompt"])
+                err.print(f"tool prompt: {note}", markup=False)
             how = "detected from the model" if options["reasoning_parser"] == "auto" else "--reasoning-parser"
             err.print(f"reasoning parsed as {stack.proxy.template.reasoning_parser.name} ({how})", markup=False)
             if options["sampling"] == "honest":
@@ -265,8 +284,15 @@ async def _serve(
 
 
 def _parser_name(model: str, choice: str) -> str:
-    """The tool-call parser a worker pool's proxies use (they each detect it the same way)."""
+    """The tool-call parser a worker pool's proxies use (they each detect it the same way: hermes for a template
+    that cannot show tools, whose tools the Hermes tool prompt shows)."""
     from hrl.runners.models import split_adapter
+    from hrl.runners.proxy.template import model_shows_tools
     from hrl.runners.proxy.toolparsers import detect_model
 
-    return f"{detect_model(split_adapter(model)[0])} (detected from the model)" if choice == "auto" else choice
+    if choice != "auto":
+        return choice
+    base = split_adapter(model)[0]
+    if not model_shows_tools(base):
+        return "hermes (its chat template cannot show tools: the proxy's hermes tool prompt shows them)"
+    return f"{detect_model(base)} (detected from the model)"

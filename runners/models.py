@@ -36,6 +36,7 @@ _MODEL_TYPES = {
     "mixtral": "mistral",
     "llama": "llama3",
 }
+_CHATML = "<|im_start|>"  # ChatML's turn marker (Qwen, Hermes, SmolLM2, OpenHermes…)
 FAMILIES = tuple(name for name, _ in _TEMPLATE_MARKERS)  # one tool-call parser each (proxy.toolparsers)
 
 
@@ -120,12 +121,17 @@ def split_adapter(name: str) -> tuple[str, str | None]:
 
 def detect(template: str, config: dict[str, Any] | None = None) -> str:
     """The family of a model from config.json's `hrl_family` (what `hrl models tiny --family` records), its chat
-    template text (markers) and config.json's model_type and architectures; `hermes` when nothing gives it away."""
+    template text (markers) and config.json's model_type and architectures; `hermes` when nothing gives it away.
+    A ChatML template (`<|im_start|>`) that names no family's markers is `hermes` whatever the model_type: the
+    model_type families (Llama 3, Mistral, …) each have a prompt format of their own, which a ChatML model's
+    template is not (SmolLM2 is a `llama` in ChatML)."""
     if (config or {}).get("hrl_family") in FAMILIES:
         return str(config["hrl_family"])  # type: ignore[index]
     for name, markers in _TEMPLATE_MARKERS:
         if all(m in template for m in markers):
             return name
+    if _CHATML in template:  # a ChatML prompt format is no family's of model_type alone (a Llama or Mistral
+        return "hermes"  # fine-tune in ChatML: SmolLM2, OpenHermes); ChatML's tool calls are Hermes `<tool_call>`s
     config = config or {}
     kinds = [str(config.get("model_type", ""))]
     kinds += [str(a).lower().removesuffix("forcausallm").removesuffix("forconditionalgeneration") for a in

@@ -112,6 +112,7 @@ class TraceCall(TypedDict):
         list[dict[str, Any]]
     ]  # the prompt's images: {sha256, mime, bytes, width, height, placeholder[, grid]}
     image_processor: NotRequired[dict[str, Any]]  # the settings the engine's image processor made their pixels with
+    tool_prompt: NotRequired[str]  # the proxy showed the tools in this tool prompt (hermes): the template cannot
 
 
 class ToolEvent(TypedDict):

@@ -44,6 +44,14 @@ TOOLS = [
     },
 ]
 
+# SmolLM2-Instruct's chat template, verbatim: plain ChatML, which shows no tool (proxy.tool_prompt decides what happens to them)
+PLAIN_CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>'"
+    " + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt"
+    " %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 class RunningProxy:
     def __init__(self, proxy: Proxy, url: str, loop: asyncio.AbstractEventLoop) -> None:

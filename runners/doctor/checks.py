@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Check", "run_checks", "tool_parser_check", "vllm_python"]
+__all__ = ["Check", "run_checks", "tool_parser_check", "tool_prompt_check", "vllm_python"]
 
 
 @dataclass
@@ -85,8 +85,26 @@ def run_checks() -> list[Check]:
     return [Check(name, *fn(), required_for) for name, fn, required_for in CHECKS]
 
 
-def tool_parser_check(model: str, choice: str = "auto") -> Check:
-    """Which tool-call parser the proxy uses for `model` (a local model dir, or a LoRA checkpoint of one)."""
+def tool_prompt_check(model: str, choice: str = "auto") -> Check:
+    """Whether `model`'s chat template shows a request's tools, and where it cannot, what the proxy does with them
+    (`proxy.tool_prompt`: shows them in the hermes tool prompt, or refuses them). Refused is a finding (`!`): an
+    agent's requests get a 400. figures: shows_tools, tool_prompt (the prompt the proxy adds, if any)."""
+    from hrl.runners.models import split_adapter
+    from hrl.runners.proxy.template import model_shows_tools, tool_prompt_note
+
+    need = f"tools of {model}"
+    try:
+        shows = model_shows_tools(split_adapter(model)[0])
+    except Exception as e:  # no tokenizer to load: the tool parser check or the probe says what is wrong
+        return Check("tool prompt", False, f"not checked: {type(e).__name__}: {str(e)[:200]}", need, blocking=False)
+    refused = not shows and choice == "refuse"
+    figures = {"shows_tools": shows, "tool_prompt": None if shows or refused else "hermes"}
+    return Check("tool prompt", not refused, tool_prompt_note(shows, choice), need, blocking=False, figures=figures)
+
+
+def tool_parser_check(model: str, choice: str = "auto", shows_tools: bool = True) -> Check:
+    """Which tool-call parser the proxy uses for `model` (a local model dir, or a LoRA checkpoint of one);
+    `shows_tools` False: its template cannot show tools, so `auto` reads the hermes tool prompt's calls."""
     from hrl.runners.errors import HrlError
     from hrl.runners.models import split_adapter
     from hrl.runners.proxy.toolparsers import check_name, detect_model
@@ -98,4 +116,6 @@ def tool_parser_check(model: str, choice: str = "auto") -> Check:
     except HrlError as e:
         return Check("tool parser", False, str(e), f"tool calls of {model}")
     how = "detected from its chat template and config.json" if choice == "auto" else "as configured"
+    if choice == "auto" and not shows_tools:
+        name, how = "hermes", "its chat template cannot show tools: the hermes tool prompt's format"
     return Check("tool parser", True, f"{name} ({how})", f"tool calls of {model}")

@@ -32,6 +32,7 @@ class PromptPlan:
     message_keys: list[str]
     tools_key: str
     images: list[str] = field(default_factory=list)  # sha256 of each image placeholder in prompt_ids, in order
+    tool_prompt: str | None = None  # the tool prompt the proxy showed the tools in (the template cannot): hermes
 
 
 @dataclass
@@ -69,6 +70,7 @@ class CallRecord:
     media: list[dict[str, Any]] | None = None
     sent_ids: list[int] | None = None
     image_processor: dict[str, Any] | None = None  # the settings the engine's image processor made the pixels with
+    tool_prompt: str | None = None  # the tool prompt the proxy showed the tools in (proxy.tool_prompt): hermes
 
     @property
     def full_ids(self) -> list[int]:

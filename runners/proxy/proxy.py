@@ -133,6 +133,16 @@ class ProxyConfig(BaseModel):
         description="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
         "kimi-k2, gpt-oss (runners.proxy.toolparsers); auto = from the model's chat template and config.json.",
     )
+    tool_prompt: Literal["auto", "hermes", "refuse"] = Field(
+        "auto",
+        description="A request with tools for a model whose chat template cannot show tools (it renders none of "
+        "them: a plain ChatML template). hermes: the proxy shows them itself in the Hermes tool prompt (`# Tools`, "
+        "one JSON schema a line in <tools></tools>, calls as <tool_call> JSON) at the end of the system message, "
+        "with earlier tool calls as <tool_call> blocks and tool results as <tool_response> blocks of a user message, "
+        "and reads replies with the hermes parser (under tool_parser auto); each such call records tool_prompt: "
+        "hermes in the trace. refuse: a 400 naming the setting. auto: hermes. A template that shows tools is used as "
+        "it is, whatever this says.",
+    )
     reasoning_parser: str = Field(
         "auto",
         description="How the model writes its reasoning: think (a leading <think>…</think>), think-open (the "
@@ -194,6 +204,7 @@ class Proxy:
             template.tool_parser = get_tool_parser(config.tool_parser)
         if config.reasoning_parser != "auto":
             template.reasoning_parser = get_reasoning_parser(config.reasoning_parser)
+        template.tool_prompt = config.tool_prompt  # for a template that cannot show tools (ChatTemplate.render)
         self.sessions: dict[str, Session] = {}
         self.finished: list[dict[str, Any]] = []  # traces written, kept for the in-process API (bounded)
         self._reaper: asyncio.Task[None] | None = None
@@ -369,6 +380,7 @@ class Proxy:
         redacted or tokenized, and one holding media by `proxy.media: refuse` (a MediaRefusedError, before anything
         is recorded)."""
         admit_media(req.media, self.config.media)
+        self.template.injected_tool_prompt(req.tools)  # tools the template cannot show, under refuse: a 400
         images = self._admit_images(req.media)
         async with session.root.planning:
             size, req, plan = await self._off_loop(self._plan, session, req)
@@ -433,6 +445,7 @@ class Proxy:
         off the loop, under the session tree's lock (200 parallel counts from one session had taken every tokenizer
         thread: another session's chats waited 24 s at the median). Raises ContextLengthError over the byte cap."""
         admit_media(req.media, self.config.media)
+        self.template.injected_tool_prompt(req.tools)
         images = self._admit_images(req.media)
         template, expand = self.template, getattr(self.engine, "expand", None)
 

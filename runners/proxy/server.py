@@ -49,7 +49,14 @@ from typing import Any
 from aiohttp import web
 
 from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
-from hrl.runners.proxy.dialects import BadRequestError, ChatRequest, MediaRefusedError, check_request, get_dialect
+from hrl.runners.proxy.dialects import (
+    BadRequestError,
+    ChatRequest,
+    MediaRefusedError,
+    ToolsRefusedError,
+    check_request,
+    get_dialect,
+)
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, read
 from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError, UnknownSessionError
@@ -423,6 +430,8 @@ class _Handler:
             return fail(409, str(e))
         except MediaRefusedError as e:  # proxy.media: refuse, an image over a limit; well formed, not malformed
             return fail(413 if isinstance(e, MediaTooLargeError) else 400, str(e))
+        except ToolsRefusedError as e:  # proxy.tool_prompt: refuse, for a template that cannot show tools
+            return fail(400, str(e))
         except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
             return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
                         f"({type(e).__name__}: {e})")  # fmt: skip

@@ -147,6 +147,7 @@ class Session:
         event loop (`Proxy.begin`): it reads a copy of the calls, which only the loop changes."""
         keys = [message_key(m) for m in req.messages]
         tools_key = _digest(req.tools or [])
+        shown_by = template.injected_tool_prompt(req.tools)  # the proxy's tool prompt, where the template has none
         text = template.render(req.messages, req.tools)
         rendered, self._rendered = self._rendered, (req.messages, tools_key, text)
         for parent in reversed(list(self.calls)):
@@ -162,8 +163,8 @@ class Session:
                 suffix = self._suffix(req, template, parent, text, rendered)
                 if suffix is not None:
                     ids = parent.sent_full_ids + template.encode(suffix)
-                    return PromptPlan(ids, parent, keys, tools_key, IMAGE_MARK.findall(text))
-        return PromptPlan(template.encode(text), None, keys, tools_key, IMAGE_MARK.findall(text))
+                    return PromptPlan(ids, parent, keys, tools_key, IMAGE_MARK.findall(text), shown_by)
+        return PromptPlan(template.encode(text), None, keys, tools_key, IMAGE_MARK.findall(text), shown_by)
 
     def forget_rendering(self) -> None:
         """Let go of the last planned request's messages and text, kept to render the next request once less: after a
@@ -226,6 +227,7 @@ class Session:
             trainable=self.trainable,
             dropped_media=media_counts(req.media) or None,  # what proxy.media let through without its media
             media=_media_records(req, plan) or None,
+            tool_prompt=plan.tool_prompt,
         )
         return Call(self, record, plan, req)
 
@@ -443,6 +445,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["media"] = c.media
         if c.media and c.image_processor:
             d["image_processor"] = c.image_processor
+        if c.tool_prompt:
+            d["tool_prompt"] = c.tool_prompt
         out.append(d)
     return out
 

@@ -88,3 +88,24 @@ def test_vllm_cpu_raw_logprobs_and_publish_check(tiny_model):
     lp = checks["logprobs"]
     assert lp["ok"] and "vLLM logprobs mode raw_logprobs" in lp["detail"], lp["detail"]
     print("\n" + "\n".join(checks[f"publish {k}"]["detail"] for k in ("lora", "full")))
+
+
+def test_a_template_that_cannot_show_tools_is_stated(tiny_model, tmp_path):
+    """SmolLM2's plain ChatML template renders no tool: doctor says so and what the proxy does instead (the hermes
+    tool prompt, read with the hermes parser), passing; under --tool-prompt refuse it is a finding (`!`)."""
+    import shutil
+
+    from tests.proxy_helpers import PLAIN_CHATML
+
+    model = tmp_path / "chatml"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").write_text(PLAIN_CHATML)
+    checks = {c["name"]: c for c in json.loads(hrl_doctor("--model", str(model), "--no-probe", "--json").stdout)}
+    prompt, parser = checks["tool prompt"], checks["tool parser"]
+    assert prompt["ok"] and prompt["figures"] == {"shows_tools": False, "tool_prompt": "hermes"}, prompt
+    assert prompt["detail"].startswith("its chat template cannot show tools: the proxy shows them in the hermes tool")
+    assert parser["ok"] and parser["detail"].startswith("hermes ("), parser
+    human = hrl_doctor("--model", str(model), "--no-probe", "--tool-prompt", "refuse")
+    assert "! tool prompt   its chat template cannot show tools: requests with tools get a 400" in human.stdout
+    shown = {c["name"]: c for c in json.loads(hrl_doctor("--model", tiny_model, "--no-probe", "--json").stdout)}
+    assert shown["tool prompt"]["ok"] and shown["tool prompt"]["detail"] == "its chat template shows tools"

@@ -12,6 +12,7 @@ from hrl.runners.proxy.dialects.base import (
     Dialect,
     MediaRefusedError,
     StreamEncoder,
+    ToolsRefusedError,
     check_request,
 )
 
@@ -23,6 +24,7 @@ __all__ = [
     "Dialect",
     "MediaRefusedError",
     "StreamEncoder",
+    "ToolsRefusedError",
     "check_request",
     "get_dialect",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "MediaRefusedError",
     "SSETemplate",
     "StreamEncoder",
+    "ToolsRefusedError",
     "admit_media",
     "as_object",
     "check_request",
@@ -55,6 +56,11 @@ class BadRequestError(ValueError):
 class MediaRefusedError(BadRequestError):
     """The request holds media (an image, a document, audio, video) the served model cannot take, and
     `proxy.media` is `refuse`: a 400 in the dialect's error shape naming the part."""
+
+
+class ToolsRefusedError(BadRequestError):
+    """A request with tools for a model whose chat template cannot show them, under `proxy.tool_prompt: refuse`
+    (`ChatTemplate.injected_tool_prompt`): a 400 in the dialect's shape, saying so."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pytest
 from hrl.runners.errors import UnknownNameError
 from hrl.runners.proxy.proxy import ProxyConfig
 from hrl.runners.proxy.toolparsers import check_name, detect, detect_model
+from tests.proxy_helpers import PLAIN_CHATML
 
 TEMPLATES = {
     "hermes": '{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>\n{"name": ...}\n</tool_call>',
@@ -62,6 +63,21 @@ def test_auto_from_config_when_the_template_says_nothing(tmp_path: Path, config:
 def test_template_markers_win_over_the_config() -> None:
     """A Llama-architecture model fine-tuned on Hermes calls (its template says so) gets the Hermes parser."""
     assert detect(TEMPLATES["hermes"], {"model_type": "llama"}) == "hermes"
+
+
+def test_a_chatml_template_is_hermes_whatever_the_model_type() -> None:
+    """SmolLM2 is a `llama` whose template is plain ChatML: llama3 (from the model_type) would read no call of a model
+    that writes ChatML; the model_type's family stays for a template in its own format, or none."""
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    assert detect(PLAIN_CHATML, llama) == "hermes"
+    assert detect(PLAIN_CHATML, {"model_type": "mistral"}) == "hermes"  # OpenHermes-2.5-Mistral: ChatML
+    assert detect("<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>", llama) == "llama3"
+    assert detect("", llama) == "llama3"
+
+
+def test_the_smollm2_model_dir_is_hermes(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    assert detect_model(str(model_dir(tmp_path, PLAIN_CHATML, config, jinja=True))) == "hermes"
 
 
 def test_the_tiny_test_model_is_hermes(tiny_model: str) -> None:
