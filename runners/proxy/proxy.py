@@ -9,6 +9,7 @@ ending writes exactly one trace line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
@@ -36,7 +37,7 @@ from hrl.runners.proxy.dialects.base import (
     text_bytes,
 )
 from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
-from hrl.runners.proxy.session import ChildLimitError, Session
+from hrl.runners.proxy.session import ChildLimitError, Session, SessionBusyError
 from hrl.runners.proxy.subagents import recognise_subagent
 from hrl.runners.proxy.template import IMAGE_MARK, ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.tokens import owned_token, owner
@@ -82,6 +83,15 @@ class ProxyConfig(BaseModel):
         "call without prompt ids. Default 4 MiB: text runs about 4 bytes a token, so 4 MiB is about a million "
         "tokens, as long as the longest windows served, and it bounds the seconds one request holds a tokenizer "
         "thread whatever the window (256k tokens alone allow 8 MiB). 0 = no absolute cap, the window's only.",
+    )
+    max_queued_prompts: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="The most requests of one session's tree that may hold or wait for its prompt lock at once (the "
+        "lock under which a large body is read, a prompt tokenized or counted): one more is a 429 in the dialect's "
+        "shape, counted as proxy/queued_refused, so one client's flood of bodies is let go at once, not held in "
+        "memory while the others' are tokenized one at a time.",
     )
     max_children: int = Field(
         64,
@@ -217,7 +227,7 @@ class Proxy:
         # pause_s: total time publishes held requests; queue_depth: most requests waiting at once (reset by readers)
         # children_refused: sub-agents refused over proxy.max_children (all sessions, since the start)
         self.stats: dict[str, float] = {"proxy/pause_s": 0.0, "proxy/publishes": 0.0, "proxy/queue_depth": 0.0,
-                                        "proxy/children_refused": 0.0}  # fmt: skip
+                                        "proxy/children_refused": 0.0, "proxy/queued_refused": 0.0}  # fmt: skip
         self.tokenizing = 0  # prompts being rendered and tokenized right now, off the loop
         self._pool: ThreadPoolExecutor | None = None
         self.tokens = 0  # sampled tokens the proxy has streamed (all calls, both streaming modes)
@@ -382,7 +392,7 @@ class Proxy:
         admit_media(req.media, self.config.media)
         self.template.injected_tool_prompt(req.tools)  # tools the template cannot show, under refuse: a 400
         images = self._admit_images(req.media)
-        async with session.root.planning:
+        async with self._planning(session):
             size, req, plan = await self._off_loop(self._plan, session, req)
         if self.sessions.get(session.root.token) is not session.root:
             raise SessionEndedError(f"session {session.root.token} ended while the request was being read")
@@ -460,7 +470,7 @@ class Proxy:
                 ids = expand(ids, sent)[0].prompt_ids
             return len(ids)
 
-        async with session.root.planning:
+        async with self._planning(session):
             return await self._off_loop(count)  # type: ignore[no-any-return]
 
     @staticmethod
@@ -501,8 +511,27 @@ class Proxy:
         1.3 MB ones took the others' median ×70 read on the loop, ×16 read here), and hashlib lets go of the GIL."""
         if len(raw) < _INLINE_BYTES:
             return parse(raw), _hash(raw)
-        async with session.root.planning:
+        async with self._planning(session):
             return await self._off_loop(lambda: (parse(raw), _hash(raw)), prompt=False)  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def _planning(self, session: Session) -> AsyncIterator[None]:
+        """The session tree's prompt lock, refused (SessionBusyError, counted) where `max_queued_prompts` requests of
+        the tree already hold or wait for it."""
+        root = session.root
+        if root.queued >= self.config.max_queued_prompts:
+            self.stats["proxy/queued_refused"] += 1
+            raise SessionBusyError(
+                f"session {root.token} already has {root.queued} requests waiting to be read or tokenized "
+                f"(proxy.max_queued_prompts {self.config.max_queued_prompts})",
+                hint="send one session's requests one at a time, or raise proxy.max_queued_prompts",
+            )
+        root.queued += 1
+        try:
+            async with root.planning:
+                yield
+        finally:
+            root.queued -= 1
 
     @staticmethod
     def _refuse(session: Session, dialect: str, req: ChatRequest, body_hash: str, why: str) -> ContextLengthError:

@@ -60,7 +60,7 @@ from hrl.runners.proxy.dialects import (
 from hrl.runners.proxy.jsonio import dumps_str
 from hrl.runners.proxy.otel_in import MAX_BODY_BYTES, TelemetryDecodeError, TelemetryUnsupportedError, read
 from hrl.runners.proxy.proxy import MediaTooLargeError, Proxy, SessionEndedError, UnknownSessionError
-from hrl.runners.proxy.session import ChildLimitError
+from hrl.runners.proxy.session import ChildLimitError, SessionBusyError
 from hrl.runners.proxy.streaming import write_stream
 
 __all__ = ["bound_socket", "build_app", "check_port_free", "run_server"]
@@ -424,7 +424,7 @@ class _Handler:
             call = await self.proxy.begin(session, name, req, body_hash)
         except ContextLengthError as e:
             return fail(400, str(e))
-        except ChildLimitError as e:  # a sub-agent past proxy.max_children: refused, counted
+        except (ChildLimitError, SessionBusyError) as e:  # past proxy.max_children or max_queued_prompts: counted
             return fail(429, f"{e} ({e.hint})")
         except SessionEndedError as e:
             return fail(409, str(e))

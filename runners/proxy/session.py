@@ -36,6 +36,11 @@ class ChildLimitError(HrlError):
     """A session asked for one sub-agent more than `proxy.max_children` allows (answered with a 429)."""
 
 
+class SessionBusyError(HrlError):
+    """A session's tree already has `proxy.max_queued_prompts` requests reading or tokenizing, or waiting to (answered
+    with a 429): one client's flood is refused at once instead of held in memory."""
+
+
 def _digest(obj: Any) -> str:
     return hashlib.blake2b(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode(), digest_size=12).hexdigest()
 
@@ -79,6 +84,7 @@ class Session:
         self.max_children = max_children  # the most sub-agents this session's tree may open (proxy.max_children)
         self.children_refused = 0  # sub-agents refused over that cap
         self.planning = asyncio.Lock()  # one prompt of the tree is tokenized at a time (Proxy.begin)
+        self.queued = 0  # requests of the tree holding `planning` or waiting for it (Proxy._planning)
         self.agents: list[dict[str, Any]] = []  # the tree of agents: {name, parent, trainable}, in opening order
         self.harness_session: str | None = None  # the first harness session id seen (opencode's x-session-id)
         self.last_reply = ""  # the root agent's last answer, for a verifier (never written to the trace)

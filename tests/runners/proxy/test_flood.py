@@ -108,6 +108,28 @@ def test_a_generation_waits_for_its_sessions_count(flooded):
         assert count.result().status_code == 200 and mine.result().status_code == 200
 
 
+def test_requests_past_the_sessions_queue_are_refused_at_once(tiny_model):
+    """With proxy.max_queued_prompts 3, ten parallel counts from one session: three hold or wait for its lock, the
+    other seven are a 429 at once (before the held one is let go), counted; another session is served meanwhile."""
+    with running_proxy(tiny_model, tokenizer_threads=4, max_queued_prompts=3) as p:
+        held = _HeldTokenizer(p.proxy.template)
+        with httpx.Client(base_url=p.url, timeout=60) as http, ThreadPoolExecutor(10) as pool:
+            try:
+                assert http.post("/s/flood/v1/messages/count_tokens", json=_chat("open")).status_code == 200
+                flood = [pool.submit(http.post, "/s/flood/v1/messages/count_tokens", json=_chat(f"{HOLD} {i}"))
+                         for i in range(10)]  # fmt: skip
+                _wait_for(lambda: sum(f.done() for f in flood) >= 7)
+                refused = [f.result() for f in flood if f.done()]
+                assert [r.status_code for r in refused] == [429] * 7, [r.text for r in refused]
+                assert "proxy.max_queued_prompts" in refused[0].text and held.now == 1
+                assert p.proxy.stats["proxy/queued_refused"] == 7
+                assert http.post("/s/other/v1/messages/count_tokens", json=_chat("hi")).status_code == 200
+            finally:
+                held.release.set()
+            assert sorted(f.result().status_code for f in flood) == [200] * 3 + [429] * 7
+        assert p.proxy.sessions["flood"].queued == 0
+
+
 @pytest.mark.parametrize("route", ["/v1/messages/count_tokens", "/v1/chat/completions"])
 def test_a_5mb_prompt_on_a_256k_context_is_refused_untokenized(tiny_model, route):
     """The context window alone (256k tokens × 32 bytes: 8 MiB) let a 5 MB prompt through to seconds of
