@@ -86,7 +86,7 @@ def doctor(
     from hrl.runners.proxy.toolparsers import check_name
 
     check_name(tool_parser)  # an unknown name is a usage error (exit 2), not a failed check
-    from hrl.runners.proxy.template import TOOL_PROMPTS
+    from hrl.runners.proxy.toolprompt import TOOL_PROMPTS
 
     if tool_prompt not in TOOL_PROMPTS:
         from hrl.runners.errors import UsageError

@@ -167,7 +167,7 @@ def serve(
         from hrl.runners.errors import UsageError
 
         raise UsageError(f"unknown --sampling {sampling!r}", hint="use --sampling agent or --sampling honest")
-    from hrl.runners.proxy.template import TOOL_PROMPTS
+    from hrl.runners.proxy.toolprompt import TOOL_PROMPTS
 
     if tool_prompt not in TOOL_PROMPTS:
         from hrl.runners.errors import UsageError
@@ -245,7 +245,7 @@ async def _serve(
     token_file: Path,
 ) -> None:
     from hrl.runners.placement import serve_proxy
-    from hrl.runners.proxy.template import tool_prompt_note
+    from hrl.runners.proxy.toolprompt import tool_prompt_note
 
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -287,8 +287,8 @@ def _parser_name(model: str, choice: str) -> str:
     """The tool-call parser a worker pool's proxies use (they each detect it the same way: hermes for a template
     that cannot show tools, whose tools the Hermes tool prompt shows)."""
     from hrl.runners.models import split_adapter
-    from hrl.runners.proxy.template import model_shows_tools
     from hrl.runners.proxy.toolparsers import detect_model
+    from hrl.runners.proxy.toolprompt import model_shows_tools
 
     if choice != "auto":
         return choice

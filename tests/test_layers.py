@@ -157,7 +157,11 @@ def test_tests_are_laid_out_like_the_source():
 # What stands a run up (an engine, the proxy, rollouts) lives in runners/placement: cli/ parses, checks and renders.
 SERVING_MODULES = ("hrl.runners.serving.stack", "hrl.runners.serving", "hrl.runners.episodes", "hrl.runners.proxy")
 SERVING_NAMES = {"serving", "make_rollouts", "run_episodes", "ray_placement", "WorkerPool", "Proxy", "make_engine"}
-CLI_MAY_CHECK = {"hrl.runners.proxy.toolparsers", "hrl.runners.proxy.reasoning"}  # name checks, before any start
+CLI_MAY_CHECK = {
+    "hrl.runners.proxy.toolparsers",
+    "hrl.runners.proxy.reasoning",
+    "hrl.runners.proxy.toolprompt",
+}  # checks before any start
 
 
 def test_cli_stands_nothing_up_itself():

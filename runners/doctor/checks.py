@@ -90,7 +90,7 @@ def tool_prompt_check(model: str, choice: str = "auto") -> Check:
     (`proxy.tool_prompt`: shows them in the hermes tool prompt, or refuses them). Refused is a finding (`!`): an
     agent's requests get a 400. figures: shows_tools, tool_prompt (the prompt the proxy adds, if any)."""
     from hrl.runners.models import split_adapter
-    from hrl.runners.proxy.template import model_shows_tools, tool_prompt_note
+    from hrl.runners.proxy.toolprompt import model_shows_tools, tool_prompt_note
 
     need = f"tools of {model}"
     try:

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from hrl.runners.proxy.jsonio import dumps
 from hrl.runners.proxy.template import IMAGE_MARK, ParsedReply, image_mark
+from hrl.runners.proxy.toolprompt import ToolsRefusedError
 
 __all__ = [
     "HOLE",
@@ -56,11 +57,6 @@ class BadRequestError(ValueError):
 class MediaRefusedError(BadRequestError):
     """The request holds media (an image, a document, audio, video) the served model cannot take, and
     `proxy.media` is `refuse`: a 400 in the dialect's error shape naming the part."""
-
-
-class ToolsRefusedError(BadRequestError):
-    """A request with tools for a model whose chat template cannot show them, under `proxy.tool_prompt: refuse`
-    (`ChatTemplate.injected_tool_prompt`): a 400 in the dialect's shape, saying so."""
 
 
 @dataclass(frozen=True)

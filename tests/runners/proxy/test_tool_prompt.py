@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hrl.runners.proxy.template import ChatTemplate, hermes_tool_messages, template_shows_tools
+from hrl.runners.proxy.template import ChatTemplate
+from hrl.runners.proxy.toolprompt import hermes_tool_messages, template_shows_tools
 from hrl.runners.trace import call_prompt_ids
 from tests.proxy_helpers import PLAIN_CHATML, TOOLS, running_proxy
 
@@ -166,7 +167,7 @@ def test_a_template_that_shows_tools_is_used_as_it_is(tiny_model: str) -> None:
 
 
 def test_the_verdict_is_cached_per_template(chatml_model: str) -> None:
-    from hrl.runners.proxy import template as module
+    from hrl.runners.proxy import toolprompt as module
 
     ChatTemplate(chatml_model)
     assert module._shows_tools[Path(chatml_model, "chat_template.jinja").read_text()] is False
