@@ -116,7 +116,9 @@ venv_install() {
     for dir in ${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true); do
       links+=(--find-links "$dir")
     done
-    run_logged "$logfile" "$UV" pip install --python "$venv/bin/python" "${links[@]}" "$@" && return 0
+    # --compile-bytecode: pip writes .pyc files as it installs, uv only when asked; without them a process with
+    # PYTHONDONTWRITEBYTECODE set compiles torch and transformers from source at every import (18 s against 5 s)
+    run_logged "$logfile" "$UV" pip install --compile-bytecode --python "$venv/bin/python" "${links[@]}" "$@" && return 0
     log "uv failed on $venv; installing with pip instead"
   fi
   run_logged "$logfile" "$venv/bin/pip" install "$@"

@@ -22,7 +22,7 @@ Layout under `$HRL_CACHE/agents` (HRL_CACHE defaults to ~/.cache/hrl); each fini
                                               hold. The host's CA bundle and PIP_INDEX_URL / PIP_EXTRA_INDEX_URL go
                                               into that container too, for machines behind a TLS-inspecting proxy.
 
-Python venvs are filled by uv where it is found (on PATH, or `$HRL_CACHE/uv/bin/uv`, which `.ci/setup.sh`
+Python venvs are filled by uv (compiling their bytecode, as pip does) where it is found (on PATH, or `$HRL_CACHE/uv/bin/uv`, which `.ci/setup.sh`
 installs; docker: the binary mounted read-only into the one-off container), several times faster than pip (mini-swe-agent and
 aider's docker venvs: 20 s together on 2 cores, against minutes); pip where it is not, where uv fails, or with
 HRL_INSTALL_WITH_PIP=1.
@@ -280,8 +280,8 @@ def _host_venv(dest: Path, spec: str, timeout_s: float, log: Path) -> None:
     python, uv = str(dest / "venv" / "bin" / "python"), _uv()
     if uv is not None:
         try:
-            _run([uv, "pip", "install", "--python", python, *_find_links(), spec], timeout_s, log,
-                 f"uv pip install {spec}", hint)  # fmt: skip
+            _run([uv, "pip", "install", "--compile-bytecode", "--python", python, *_find_links(), spec], timeout_s,
+                 log, f"uv pip install {spec}", hint)  # fmt: skip
             return
         except PrerequisiteError:
             pass  # pip tries again, with its own error where it fails too
@@ -311,7 +311,9 @@ def _docker_venv(dest: Path, inside: str, spec: str, timeout_s: float, log: Path
     uv = _uv()
     if uv is not None:
         cmd += ["-v", f"{uv}:/opt/hrl-uv/uv:ro"]
-        uv_install = f"/opt/hrl-uv/uv pip install --no-cache --python {inside}/venv/bin/python '{spec}'"
+        uv_install = (
+            f"/opt/hrl-uv/uv pip install --no-cache --compile-bytecode --python {inside}/venv/bin/python '{spec}'"
+        )
         script = f"python3 -m venv {inside}/venv && {{ {uv_install} || {pip}; }}"
     hint = f"check that docker runs {image} (`.ci/setup.sh docker`) and that the package index is reachable"
     try:
