@@ -61,14 +61,14 @@ def tasks(seed0: int, n: int) -> list[Any]:
     return [base.model_copy(update={"instance_id": f"miniwob.{PAGE}.s{s}", "seed": s}) for s in range(seed0, seed0 + n)]
 
 
-async def snapshots(pages: list[Any], parallel: int = 2) -> list[tuple[str, str, list[str]]]:
-    """(snapshot, the asked label, the page's button labels) of each page's first turn, as the recipe's agent sees
-    it: the page started by the miniwob verifier's own `start_page`, Playwright's `aria_snapshot` of its body."""
+async def on_pages(pages: list[Any], visit: Any, parallel: int = 2) -> list[Any]:
+    """`await visit(i, page)` for each MiniWoB++ page, `parallel` at a time, as the recipe's agent meets it: started
+    by the miniwob verifier's own `start_page`, reached with Playwright over CDP; the results in page order."""
     from playwright.async_api import async_playwright
 
     from hrl.runners.tasks.miniwob import start_page
 
-    out: list[tuple[str, str, list[str]] | None] = [None] * len(pages)
+    out: list[Any] = [None] * len(pages)
     gate = asyncio.Semaphore(parallel)
     async with async_playwright() as pw:
 
@@ -77,16 +77,28 @@ async def snapshots(pages: list[Any], parallel: int = 2) -> list[tuple[str, str,
                 episode = await start_page(task, 600.0)
                 try:
                     browser = await pw.chromium.connect_over_cdp(episode.browser.cdp_url)
-                    page = next(p for c in browser.contexts for p in c.pages if p.url == episode.page_url)
-                    snap = await page.locator("body").aria_snapshot(timeout=5000)
-                    await browser.close()
+                    try:
+                        page = next(p for c in browser.contexts for p in c.pages if p.url == episode.page_url)
+                        out[i] = await visit(i, page)
+                    finally:
+                        await browser.close()
                 finally:
                     await episode.stack.aclose()
-            asked = ASKED.search(snap)
-            out[i] = (snap, asked.group(1) if asked else "", BUTTON.findall(snap))
 
         await asyncio.gather(*(one(i, t) for i, t in enumerate(pages)))
-    return [o for o in out if o is not None and o[1]]
+    return out
+
+
+async def snapshots(pages: list[Any], parallel: int = 2) -> list[tuple[str, str, list[str]]]:
+    """(snapshot, the asked label, the page's button labels) of each page's first turn, as the recipe's agent sees
+    it: Playwright's `aria_snapshot` of the page's body."""
+
+    async def visit(_: int, page: Any) -> tuple[str, str, list[str]]:
+        snap = await page.locator("body").aria_snapshot(timeout=5000)
+        asked = ASKED.search(snap)
+        return snap, asked.group(1) if asked else "", BUTTON.findall(snap)
+
+    return [o for o in await on_pages(pages, visit, parallel) if o is not None and o[1]]
 
 
 def build_warm_start(examples: list[tuple[str, str, list[str]]], out: Path, seed: int, right: float, steps: int,
