@@ -201,7 +201,8 @@ def warm_start(base: Path, work: Path, args: argparse.Namespace, say: Any) -> tu
 # ------------------------------------------------------------------------------------------------- second grader
 def transcript_grade(run: Path, model: Path) -> dict[str, Any]:
     """A second grader, independent of the page: each episode's recorded tokens decoded, the asked label and the
-    buttons read from the first prompt's snapshot, and the first reply `click X` with X a button of the page decides
+    buttons read from the first prompt's snapshot, and the first reply `click X` with X a button of the page (in its case,
+    else in any case, as the agent matches) decides
     (X the asked label: 1, another button: 0, as click-button scores a first click); no such reply: 0. Agreement
     with the recorded reward (the page's), over every training and held-out episode of the run. (`hrl regrade`
     cannot regrade MiniWoB episodes: the verifier keeps no final state; its answer is kept beside this.)"""
@@ -223,8 +224,11 @@ def transcript_grade(run: Path, model: Path) -> dict[str, Any]:
             for call in t["calls"]:
                 reply = tok.decode(call["response_ids"], skip_special_tokens=True).strip()
                 m = re.match(r"click\s+(.+)", reply, re.I)
-                if m and (label := m.group(1).strip().strip('"')) in buttons:
-                    verdict = 1.0 if asked and label == asked.group(1) else 0.0
+                label = m.group(1).strip().strip('"') if m else ""
+                # the agent's own matching: a button of that name in its case, else in any case
+                named = label if label in buttons else next((b for b in buttons if b.lower() == label.lower()), None)
+                if m and named is not None:
+                    verdict = 1.0 if asked and named == asked.group(1) else 0.0
                     break
             if verdict is None:
                 undecided += 1

@@ -72,10 +72,13 @@ CLICKABLE = ("button", "link", "checkbox", "radio", "tab", "menuitem", "option")
 
 async def _clickable(page: Any, text: str) -> Any:
     """The element `click TEXT` means: a control named TEXT (a button, link, checkbox, …) before any text showing
-    it, which would otherwise be the page's instruction (`Click on the "Ok" button.`) when that comes first."""
-    for role in CLICKABLE:
-        control = page.get_by_role(role, name=text, exact=True)
-        if await control.count():
-            return control.first
+    it, which would otherwise be the page's instruction (`Click on the "Ok" button.`) when that comes first. A name
+    matches in its own case first, then in any case (`click ok` is the button `Ok`, never the button `Okay`)."""
+    anycase = re.compile(rf"^\s*{re.escape(text)}\s*$", re.I)
+    for name in (text, anycase):
+        for role in CLICKABLE:
+            control = page.get_by_role(role, name=name, exact=True)  # exact is ignored for a pattern
+            if await control.count():
+                return control.first
     exact = page.get_by_text(text, exact=True)
     return exact.first if await exact.count() else page.get_by_text(text, exact=False).first

@@ -33,9 +33,9 @@ def marked(name: str, value: str) -> list[int]:
     return found
 
 
-def _episode(model: str, turns: list, tmp_path: Path, mode: str = "auto") -> dict:
+def _episode(model: str, turns: list, tmp_path: Path, mode: str = "auto", task=None) -> dict:
     cfg = load_recipe("browser")
-    task = load_tasks(cfg["tasks"])[0]  # miniwob.click-test.s0: one "Click Me!" button
+    task = task or load_tasks(cfg["tasks"])[0]  # miniwob.click-test.s0: one "Click Me!" button
     out = tmp_path / "traces.jsonl"
     started: list[int] = []
 
@@ -69,6 +69,22 @@ def test_a_click_on_the_right_button_scores_the_pages_reward(tiny_model, tmp_pat
     assert trace["reward"] == 1.0 and trace["success"] is True
     assert trace["reward_info"]["ended"] is True and trace["reward_info"]["tampered"] is False
     assert len(trace["calls"]) >= 1
+
+
+def _click_button(seed: int):
+    """click-button at `seed`; seed 2 asks for "Yes" among the buttons "Yes", "cancel" and "previous", seed 4 for
+    "Okay" beside "Submit"; the instruction (`Click on the "Yes" button.`) comes before the buttons."""
+    (task,) = load_tasks("miniwob:click-button")
+    return task.model_copy(update={"instance_id": f"miniwob.click-button.s{seed}", "seed": seed})
+
+
+@pytest.mark.parametrize(("seed", "reply", "reward"), [(2, "click yes", 1.0), (4, "click ok", 0.0)])
+def test_a_click_names_a_control_in_any_case_but_whole(tiny_model, tmp_path, seed, reply, reward):
+    """`click yes` is the button "Yes" (it used to fall through to the text and click the instruction, which holds
+    "Yes" too); `click ok` is no control on a page whose button is "Okay"."""
+    trace = _episode(tiny_model, [reply, "done"], tmp_path, task=_click_button(seed))
+    assert trace["failure_reason"] is None, trace.get("metadata")
+    assert trace["reward"] == reward, trace["reward_info"]
 
 
 def test_an_agent_that_does_nothing_scores_zero(tiny_model, tmp_path):
