@@ -38,11 +38,19 @@ def build(
         ) from e
     except docker.errors.DockerException as e:
         raise PrerequisiteError(f"no Docker daemon: {e}", hint="start dockerd (`make setup` does)") from e
-    tag = ensure_image(rebuild=rebuild, on_event=lambda ev: err.print(f"  {ev}", markup=False))
-    emit({"image": tag}, as_json=False, human=tag)
-    if browser:
-        tag = ensure_browser_image(rebuild=rebuild, on_event=lambda ev: err.print(f"  {ev}", markup=False))
-        emit({"image": tag}, as_json=False, human=tag)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def said(ev: dict) -> None:
+        err.print(f"  {ev}", markup=False)
+
+    # The two builds share nothing but the base image, and each mostly waits on its downloads: side by side.
+    with ThreadPoolExecutor(2) as pool:
+        builds = [pool.submit(ensure_image, rebuild=rebuild, on_event=said)]
+        if browser:
+            builds.append(pool.submit(ensure_browser_image, rebuild=rebuild, on_event=said))
+        for build in builds:
+            tag = build.result()  # a failed build raises here, as it would have alone
+            emit({"image": tag}, as_json=False, human=tag)
 
 
 @app.command("ls", epilog="Examples:\n\n  hrl sandbox ls\n\n  hrl sandbox ls --json")
