@@ -6,8 +6,9 @@ route and its trace read back from `--traces`.
 
 Per session: calls, roots (calls that do not extend an earlier call's prompt + sampled ids: 1 when nothing drifted),
 training samples (branches), and the retained-token ratio (sampled ids trained at their own offsets ÷ ids sampled),
-which must be 1.00. The engine's sampled logprobs against the trainer's re-score of the same tokens (trainer vs
-engine parity) are `hrl doctor --model DIR`'s figure, run first and kept in the card.
+which must be 1.00. Then trainer vs engine parity: hrl's Trainer (the same weights, float32) re-scores every sampled
+token of those samples, against the logprob the engine recorded when it sampled it. `hrl doctor --model DIR --engine
+E` runs first (the template, the tool prompt and parser, the engine's own re-score), its checks kept in the card.
 
   PYTHONPATH=. python bench/real_model_dialects.py --out bench/results/real-model-dialects.json
   PYTHONPATH=. python bench/real_model_dialects.py --engine vllm --out bench/results/real-model-dialects-vllm.json
@@ -228,6 +229,28 @@ def session_figures(trace: dict[str, Any]) -> dict[str, Any]:
             "tool_prompt": sorted({str(c.get("tool_prompt")) for c in calls})}  # fmt: skip
 
 
+def trainer_parity(model: str, traces: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainer's logprobs (hrl's Trainer, the weights the engine serves, float32) of every sampled token of the
+    sessions' training samples against the logprobs the engine recorded when it sampled them."""
+    import torch
+
+    from hrl.train.loss import mismatch_kl
+    from hrl.train.samples import build_samples
+    from hrl.train.trainer import Trainer, TrainerConfig
+
+    samples = [s for t in traces for s in build_samples(t) if s.loss_tokens]
+    trainer = Trainer(TrainerConfig(model=model, mode="lora", lora_rank=16))  # a fresh adapter: the base's logprobs
+    try:
+        mine = trainer.logprobs(samples)
+    finally:
+        trainer.close()
+    engine = [torch.tensor([lp for lp, m in zip(s.behaviour_logprobs, s.loss_mask, strict=True) if m]) for s in samples]
+    a, b = torch.cat(mine), torch.cat(engine)
+    d = (a - b).abs()
+    return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max()),
+            **{k.removeprefix("train/"): v for k, v in mismatch_kl(a, b).items()}}  # fmt: skip
+
+
 def doctor(model: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "hrl.cli", "doctor", "--model", model, "--engine", engine, "--json"],
@@ -299,11 +322,15 @@ def main() -> None:
     for row in rows:
         trace = by_session.get(row["token"])
         row.update(session_figures(trace) if trace else {"error": "no trace for this session"})
+    parity = trainer_parity(model, [by_session[r["token"]] for r in rows if r["token"] in by_session])
+    say(f"trainer vs engine over {parity['tokens']} sampled tokens: mean |Δ| {parity['mean_abs']:.2e}, "
+        f"max {parity['max_abs']:.2e}, KL {parity['mismatch_kl']:.2e}")  # fmt: skip
+    for row in rows:
         row.pop("token")
     ok = all(r.get("retained") == 1.0 and r.get("roots") == 1 and r.get("extends_previous") == r.get("calls", 0) - 1
              for r in rows)  # fmt: skip
     card = {"schema": "hrl.real-model-dialects/1", "model": args.model, "engine": args.engine, "turns": args.turns,
-            "max_tokens": args.max_tokens, "doctor": checked, "sessions": rows, "every_token_kept": ok,
+            "max_tokens": args.max_tokens, "doctor": checked, "trainer_parity": parity, "sessions": rows, "every_token_kept": ok,
             "wall_s": round(time.monotonic() - t0, 1),
             "command": "PYTHONPATH=. python bench/real_model_dialects.py " + " ".join(sys.argv[1:])}  # fmt: skip
     for r in rows:
