@@ -49,7 +49,8 @@ Per step (`step_metrics`) over the step's traces:
   over its traces with a reward; absent when none has one), `harness/<name>/turns` (mean), `harness/<name>/count`
   and `harness/<name>/failed` (traces with a failure_reason).
 
-Named here but produced elsewhere: `train/mismatch_kl`, `train/loss`, `train/grad_norm` (the trainer step),
+Named here but produced elsewhere: `train/mismatch_kl`, `train/loss`, `train/grad_norm`, `train/update_norm` (the
+norm of the update the step applied to the master weights; 0 when it trained on nothing) (the trainer step),
 `proxy/pause_s`, `proxy/queue_depth` (the proxy's stats), `proxy/cpu_us_per_token` (CPU microseconds of the
 event loop the proxy serves on ÷ tokens it streamed in the step's window, `Proxy.take_cpu_per_token`; absent when
 none was streamed).
@@ -134,7 +135,7 @@ SANDBOX_METRICS = (SANDBOX_ACQUIRE_S, SANDBOX_RESET_S, HARNESS_START_S)
 
 CALL_METRICS = ("call/latency_s", "call/first_token_s", "call/prompt_tokens", "call/response_tokens")
 DISTRIBUTION_STATS = ("min", "p50", "p95", "max")
-TRAIN_METRICS = ("train/mismatch_kl", "train/loss", "train/grad_norm")
+TRAIN_METRICS = ("train/mismatch_kl", "train/loss", "train/grad_norm", "train/update_norm")
 SYSTEM_METRICS = ("proxy/pause_s", "proxy/queue_depth", "proxy/cpu_us_per_token", "engine/busy_frac")
 STEP_ONLY_METRICS = ("trace/count", f"{FAILURES_PREFIX}none", "train/version", "engine/busy_frac")
 CONTRACT = (

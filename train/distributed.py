@@ -80,10 +80,24 @@ def init_from_env(device: torch.device) -> bool:
     return True
 
 
+SHARDED_TRANSFORMERS = 5  # the first major release whose _init_weights recomputes rotary buffers after a meta load
+
+
 def empty_model(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The HF model of `path` with every parameter and buffer on the meta device: no memory, no weights read."""
+    """The HF model of `path` with every parameter and buffer on the meta device: no memory, no weights read.
+    Refused on transformers before 5: its initialiser leaves non-persistent buffers (rotary inv_freq) as the
+    uninitialised memory `to_empty` gives, so every rank would train on a wrong position encoding without a word."""
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from hrl.runners.errors import PrerequisiteError
+
+    if int(transformers.__version__.split(".")[0]) < SHARDED_TRANSFORMERS:
+        raise PrerequisiteError(
+            f"sharded training (trainer.nproc > 1) needs transformers >= {SHARDED_TRANSFORMERS}, found "
+            f"{transformers.__version__}: older releases leave the rotary buffers uninitialised after the meta load",
+            hint="pip install -U 'transformers>=5', or train in one process (-c trainer.nproc=1)",
+        )
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
 

@@ -162,7 +162,8 @@ class Trainer:
             # no learning signal (every group agreed): the gradient is exactly zero, but Adam would still move every
             # weight by its momentum (m/√v ≠ 0), drifting a policy that just collapsed further from where it was
             return {**metrics, "train/loss": 0.0, "train/grad_norm": 0.0, "train/samples": float(len(samples)),
-                    "train/traces": float(n_traces), "train/skipped": 1.0, "train/step_s": time.monotonic() - t0}  # fmt: skip
+                    "train/traces": float(n_traces), "train/skipped": 1.0, "train/update_norm": 0.0,
+                    "train/step_s": time.monotonic() - t0}  # fmt: skip
         ref = self.logprobs(samples, reference=True) if cfg.kl_coef > 0 else None
         steps = []
         for epoch in range(ppo_epochs):
@@ -226,11 +227,14 @@ class Trainer:
             total += float(loss.detach())
             parts.append((m, scale))
         grad_norm = self._clip()
-        before = [p.detach().clone() for p in self._trainable()] if cfg.max_update_kl > 0 else None
+        before = [p.detach().clone() for p in self._masters()] if cfg.max_update_kl > 0 else None
         start = proximal if before is None or first else self.logprobs(samples)  # the trust region's origin
+        stepped = {id(m) for m in self._masters() if m.grad is not None}  # AdamW skips a weight without a grad
         self.optimizer.step()
         self.steps += 1
+        whole = self._update_norm(stepped)  # AdamW's own step, before the trust region may scale it
         metrics = self._trust_region(samples, start, before) if before is not None else {}  # the same on every rank
+        metrics["train/update_norm"] = whole * metrics.get("train/update_scale", 1.0)
         # micro-batch metrics: means over the real micro-batches of all ranks (every micro-batch, padding included,
         # yields the same keys, so each rank reduces the same list), maxima over them
         keys = sorted({k for m, _ in parts for k in m})
@@ -254,6 +258,36 @@ class Trainer:
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def _masters(self) -> list[torch.Tensor]:
+        """Where the optimizer keeps the weights it updates: the fp32 masters under MasterWeights (the model holds
+        their rounded copies), else the trainable parameters themselves."""
+        return self.optimizer.masters if isinstance(self.optimizer, MasterWeights) else self._trainable()
+
+    @torch.no_grad()
+    def _update_norm(self, stepped: set[int]) -> float:
+        """The norm of the update the last AdamW step applied to the master weights (`stepped`: the ids of those it
+        moved), from the optimizer's own state, no copy of the weights kept: p_new = p_old (1 - lr wd) - lr m̂ / (√v̂ +
+        eps)."""
+
+        def local(x: torch.Tensor) -> torch.Tensor:  # a sharded (FSDP2) weight's own shard
+            return x.to_local() if hasattr(x, "to_local") else x
+
+        inner = self.optimizer.optimizer if isinstance(self.optimizer, MasterWeights) else self.optimizer
+        sums = [0.0, 0.0]  # of sharded weights (each rank holds a part: summed over ranks), of whole ones
+        for group in inner.param_groups:
+            lr, wd, eps, (b1, b2) = group["lr"], group["weight_decay"], group["eps"], group["betas"]
+            for p in group["params"]:
+                state = inner.state.get(p)
+                if id(p) not in stepped or not state or "exp_avg" not in state:
+                    continue
+                t = float(state["step"])
+                m, v = local(state["exp_avg"]).float(), local(state["exp_avg_sq"]).float()
+                new = local(p.detach()).float()
+                old = (new + lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)) / (1 - lr * wd)
+                sums[0 if hasattr(p, "to_local") else 1] += float((new - old).double().pow(2).sum())
+        sharded = distributed.all_reduce([sums[0]], self.device)[0]
+        return (sharded + sums[1]) ** 0.5
+
     @torch.no_grad()
     def _trust_region(
         self, samples: list[Sample], proximal: list[torch.Tensor], before: list[torch.Tensor]
@@ -261,20 +295,26 @@ class Trainer:
         """Backtrack a step that moved the policy too far: one update with a big KL on its own batch is how a small
         policy loses its tool-call format at once. The optimizer's moments keep the step's gradient."""
         old, bound = torch.cat(proximal), self.config.max_update_kl
-        deltas = [p.detach() - b for p, b in zip(self._trainable(), before, strict=True)]
+        masters = self._masters()  # `before` is theirs: the step is scaled in fp32, never read back from bf16
+        deltas = [m.detach() - b for m, b in zip(masters, before, strict=True)]
+
+        def place(scale: float) -> None:
+            for m, b, d in zip(masters, before, deltas, strict=True):
+                m.copy_(b + scale * d if scale else b)
+            if isinstance(self.optimizer, MasterWeights):  # the model computes with the masters' rounded values
+                for p, m in zip(self._trainable(), masters, strict=True):
+                    p.copy_(m)
+
         scale, kl = 1.0, _update_kl(old, torch.cat(self.logprobs(samples)))
         first = kl
         while kl > bound and scale > 1 / 8:
             scale /= 2
-            for p, b, d in zip(self._trainable(), before, deltas, strict=True):
-                p.copy_(b + scale * d)
+            place(scale)
             kl = _update_kl(old, torch.cat(self.logprobs(samples)))
         if kl > bound:
             scale, kl = 0.0, 0.0
-            for p, b in zip(self._trainable(), before, strict=True):
-                p.copy_(b)
-        if isinstance(self.optimizer, MasterWeights):
-            self.optimizer.sync_from_model()  # the fp32 masters take the scaled-back step too
+            place(0.0)
+        # a step left whole (scale 1) touches nothing: the masters keep the fp32 update exactly as AdamW made it
         return {"train/update_kl": kl, "train/update_kl_full_step": first, "train/update_scale": scale}
 
     def _clip(self) -> float:

@@ -121,3 +121,44 @@ def test_master_weights_accumulate_micro_batch_grads_in_fp32():
     assert torch.equal(opt.masters[0].grad, torch.full((4,), 1.5))
     opt.step()
     assert opt.masters[0].grad is None and torch.equal(w, torch.zeros(4, dtype=torch.bfloat16))
+
+
+def test_bf16_full_training_with_a_trust_region_moves_its_fp32_masters(tiny_model):
+    """trainer.max_update_kl on bf16 weights: a step the trust region leaves whole must leave the fp32 masters as AdamW
+    made them. (They used to be copied back from the bf16 model after every step, so an update below bf16's
+    resolution was rounded away: at lr 1e-6 the weights never moved.) Three steps with an unreachable bound end on
+    the very masters of three steps without a trust region, and train/update_norm is that of each step."""
+    batch = _batch([1.0, -1.0], distinct=True)
+
+    def masters(bound: float) -> tuple[list[torch.Tensor], list[float]]:
+        cfg = TrainerConfig(model=tiny_model, mode="full", dtype="bfloat16", device="cpu", lr=1e-6, max_update_kl=bound)
+        trainer = Trainer(cfg)
+        start = [m.detach().clone() for m in trainer.optimizer.masters]
+        norms = [trainer.step(batch)["train/update_norm"] for _ in range(3)]
+        moved = [m.detach() - s for m, s in zip(trainer.optimizer.masters, start, strict=True)]
+        return moved, norms
+
+    plain, plain_norms = masters(0.0)
+    held, held_norms = masters(1e9)
+    assert max(float(d.abs().max()) for d in plain) > 0
+    assert all(torch.equal(a, b) for a, b in zip(held, plain, strict=True))  # the trust region changed nothing
+    assert all(n > 0 for n in held_norms) and held_norms == pytest.approx(plain_norms, rel=1e-6)
+
+
+@pytest.mark.parametrize(("mode", "bound"), [("lora", 0.0), ("full", 0.02)])
+def test_update_norm_is_the_norm_of_what_the_step_changed(tiny_model, mode, bound):
+    """train/update_norm (from AdamW's state, no copy of the weights) against the weights before and after a step;
+    with a trust region that scales the step back (full, bound 0.02), the scaled step's."""
+    batch = _batch([1.0, -1.0], distinct=True)
+    lr = 3e-3 if mode == "lora" else 1e-4
+    trainer = Trainer(TrainerConfig(model=tiny_model, mode=mode, lr=lr, micro_batch=1, max_update_kl=bound,
+                                    weight_decay=0.01))  # fmt: skip
+    for _ in range(2):  # the second step has moments from the first
+        before = [p.detach().clone() for p in trainer._trainable()]
+        m = trainer.step(batch)
+        moved = sum(
+            float((p.detach() - b).double().pow(2).sum()) for p, b in zip(trainer._trainable(), before, strict=True)
+        )
+        assert m["train/update_norm"] == pytest.approx(moved**0.5, rel=1e-4), m
+    if bound:
+        assert m["train/update_scale"] < 1.0, m  # the case that scales was met

@@ -205,3 +205,19 @@ def test_two_gloo_ranks_train_bf16_on_fp32_shards_like_one_process(tiny_model, t
     for k in one:
         assert ((two[k].float() - one[k].float()).abs() <= 2**-7 * one[k].float().abs()).all(), k
     torch.testing.assert_close(sharded["resumed"], single["resumed"], rtol=2**-7, atol=0)
+
+
+def test_sharded_training_is_refused_on_transformers_before_5(tiny_model, monkeypatch):
+    """Before transformers 5 the meta-device load leaves rotary inv_freq as uninitialised memory: refused, naming the
+    version and what to do, before any weight is read."""
+    import transformers
+
+    from hrl.runners.errors import PrerequisiteError
+    from hrl.train.distributed import empty_model
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    with pytest.raises(PrerequisiteError, match=r"transformers >= 5, found 4\.57\.1") as info:
+        empty_model(tiny_model, torch.float32)
+    assert "trainer.nproc=1" in info.value.hint
+    monkeypatch.undo()
+    assert empty_model(tiny_model, torch.float32).model.rotary_emb.inv_freq.is_meta
