@@ -52,6 +52,7 @@ from hrl.train.step import (
     check_batch,
     commit,
     off_policy,
+    on_trainer_thread,
     publish_checkpoint,
     save_checkpoint,
     start_trainer,
@@ -335,5 +336,5 @@ async def train_async(
         sink.close()
         feeder.cancel()
         await producer.stop()
-        await asyncio.to_thread(trainer.close)  # the other ranks of trainer.nproc > 1
+        await on_trainer_thread(trainer.close)  # the other ranks of trainer.nproc > 1
     return history

@@ -64,6 +64,24 @@ def peak_mem_gib(device: torch.device) -> float:
     return peak / (2**30 if sys.platform == "darwin" else 2**20)
 
 
+def release_free_memory() -> None:
+    """Hand what the C allocator holds free back to the OS (glibc's malloc_trim; elsewhere nothing): a trainer
+    step's activations freed on the CPU otherwise stay resident, charged to the process, beside the engine's."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
 def plan_micro_batches(lengths: Sequence[int], count: int, tokens: int = 0) -> list[list[int]]:
     """Indices of each micro-batch. tokens = 0: `count` samples each, in order. tokens > 0: samples sorted by length
     and packed while the padded size (samples × longest) stays within `tokens`; a longer sample goes alone."""

@@ -9,7 +9,6 @@ once and publishes the same next version.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from hrl.train.step import (
     Publisher,
     check_batch,
     commit,
+    on_trainer_thread,
     publish_checkpoint,
     restore_dropped_weights,
     save_checkpoint,
@@ -108,7 +108,7 @@ async def train(
                 on_event("step", metrics)
             await evals.at(cfg.iterations, version, sink, on_event)  # the policy the run ends with
     finally:
-        await asyncio.to_thread(trainer.close)  # the other ranks of trainer.nproc > 1
+        await on_trainer_thread(trainer.close)  # the other ranks of trainer.nproc > 1
     return history
 
 

@@ -162,3 +162,34 @@ def test_update_norm_is_the_norm_of_what_the_step_changed(tiny_model, mode, boun
         assert m["train/update_norm"] == pytest.approx(moved**0.5, rel=1e-4), m
     if bound:
         assert m["train/update_scale"] < 1.0, m  # the case that scales was met
+
+
+def test_trainer_work_runs_on_one_thread_and_gives_freed_memory_back():
+    """Every trainer call of the loops goes to one thread (glibc keeps a malloc arena per allocating thread: updates
+    spread over to_thread's pool kept one update's peak resident in each, 7 → 21 GiB in nine LoRA steps of a 135M
+    model), and what a call freed is trimmed after it."""
+    import asyncio
+    import threading
+
+    from hrl.train import device
+    from hrl.train.step import on_trainer_thread
+
+    trims = []
+    real = device.release_free_memory
+
+    async def main() -> set[int]:
+        async def one(k: int) -> int:
+            await asyncio.to_thread(threading.get_ident)  # other threads in use meanwhile
+            return await on_trainer_thread(lambda: threading.get_ident())
+
+        return set(await asyncio.gather(*(one(k) for k in range(8))))
+
+    import hrl.train.step as step
+
+    step.release_free_memory = lambda: (trims.append(1), real())  # type: ignore[assignment]
+    try:
+        threads = asyncio.run(main())
+    finally:
+        step.release_free_memory = real  # type: ignore[assignment]
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert len(trims) == 8
