@@ -257,9 +257,12 @@ def train_argv(model: Path, work: Path, run: Path, seed: int, args: argparse.Nam
 def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     run = work / f"seed{seed}"
     argv = train_argv(model, work, run, seed, args)
+    if (run / "state.json").is_file():  # a run this work folder began (and lost, e.g. to a kill): continued
+        argv = ["train", "--run-dir", str(run), "--resume"]
+        say(f"  seed {seed}: continuing {run} (hrl train --resume)")
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    log = (work / f"seed{seed}.log").open("w")
+    log = (work / f"seed{seed}.log").open("a")
     done = subprocess.run([sys.executable, "-m", "hrl.cli", *argv], cwd=work, stdout=log, stderr=subprocess.STDOUT,
                           env=env)  # fmt: skip
     log.close()
@@ -287,7 +290,8 @@ def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: 
         agreement = {"error": f"rc {regrade.returncode}: {(regrade.stderr or regrade.stdout)[-600:]}"}
     agreement["seconds"] = round(time.monotonic() - t1, 1)
     agreement = {"transcript": transcript_grade(run, model), "hrl_regrade": agreement}
-    result = {"seed": seed, "heldout": heldout(k0, k1, n), "wall_s": wall, "train_steps": steps,
+    result = {"seed": seed, "heldout": heldout(k0, k1, n), "wall_s": wall, "resumed": argv[-1] == "--resume",
+              "train_steps": steps,
               "grader_agreement": agreement, "run_dir": str(run)}  # fmt: skip
     say(
         f"seed {seed}: held-out {k0}/{n} -> {k1}/{n} in {wall:.0f} s; transcript grader agrees on "
