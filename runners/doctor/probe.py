@@ -142,11 +142,11 @@ async def _probe(
             async with http.post(f"{stack.url}/s/{session.token}/v1/chat/completions", json=body | {"seed": i}) as resp:
                 await resp.read()
     trace = stack.proxy.end_session(session.token)
-    how = (
-        "detected from its chat template"
-        if (proxy_options or {}).get("reasoning_parser", "auto") == "auto"
-        else "as configured"
-    )
+    how = "as configured"
+    if (proxy_options or {}).get("reasoning_parser", "auto") == "auto":
+        source = str(getattr(tmpl.tokenizer, "chat_template", "") or "")
+        named = tmpl.reasoning_parser.name != "think" or "<think>" in source
+        how = "detected from its chat template" if named else "the default: its chat template names no reasoning"
     reasoning = Check("reasoning", True, f"{tmpl.reasoning_parser.name} ({how})", f"reasoning of {model}")
     return [reasoning, tool_calls_check(trace, tmpl.tool_parser.name), await logprobs_check(stack.engine, trace)]
 

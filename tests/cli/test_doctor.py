@@ -107,5 +107,7 @@ def test_a_template_that_cannot_show_tools_is_stated(tiny_model, tmp_path):
     assert parser["ok"] and parser["detail"].startswith("hermes ("), parser
     human = hrl_doctor("--model", str(model), "--no-probe", "--tool-prompt", "refuse")
     assert "! tool prompt   its chat template cannot show tools: requests with tools get a 400" in human.stdout
+    probed = hrl_doctor("--model", str(model), "--engine", "scripted")  # its template names no reasoning format
+    assert "✓ reasoning     think (the default: its chat template names no reasoning)" in probed.stdout, probed.stdout
     shown = {c["name"]: c for c in json.loads(hrl_doctor("--model", tiny_model, "--no-probe", "--json").stdout)}
     assert shown["tool prompt"]["ok"] and shown["tool prompt"]["detail"] == "its chat template shows tools"
