@@ -219,7 +219,7 @@ def transcript_grade(run: Path, model: Path) -> dict[str, Any]:
                 continue
             total += 1
             first = tok.decode(t["calls"][0]["prompt_ids"])
-            asked, buttons = bl.ASKED.search(first), set(bl.BUTTON.findall(first))
+            asked, buttons = bl.ASKED.search(first), bl.BUTTON.findall(first)  # in page order, as the agent finds them
             verdict: float | None = None
             for call in t["calls"]:
                 reply = tok.decode(call["response_ids"], skip_special_tokens=True).strip()
@@ -254,19 +254,31 @@ def train_argv(model: Path, work: Path, run: Path, seed: int, args: argparse.Nam
             "-c", "trainer.max_grad_norm=1.0", "-c", "rollout.time_budget_s=60"]  # fmt: skip
 
 
+def previous(card: Path, seed: int) -> dict[str, Any]:
+    """What the card at `card` said of seed `seed` (--card-only keeps its wall time: nothing is run again)."""
+    try:
+        return next(s for s in json.loads(card.read_text())["per_seed"] if s["seed"] == seed)  # type: ignore[no-any-return]
+    except (OSError, ValueError, KeyError, StopIteration):
+        return {}
+
+
 def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: Any) -> dict[str, Any]:
     run = work / f"seed{seed}"
     argv = train_argv(model, work, run, seed, args)
-    if (run / "state.json").is_file():  # a run this work folder began (and lost, e.g. to a kill): continued
+    if args.card_only:  # the runs as they are: the card (and its graders) written again from them
+        argv = ["card-only"]
+    elif (run / "state.json").is_file():  # a run this work folder began (and lost, e.g. to a kill): continued
         argv = ["train", "--run-dir", str(run), "--resume"]
         say(f"  seed {seed}: continuing {run} (hrl train --resume)")
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log = (work / f"seed{seed}.log").open("a")
     done = subprocess.run([sys.executable, "-m", "hrl.cli", *argv], cwd=work, stdout=log, stderr=subprocess.STDOUT,
-                          env=env)  # fmt: skip
+                          env=env) if not args.card_only else subprocess.CompletedProcess(argv, 0)  # fmt: skip
     log.close()
     wall = round(time.monotonic() - t0, 1)
+    if args.card_only:
+        wall = previous(args.out, seed).get("wall_s")
     if done.returncode != 0:
         raise SystemExit(f"hrl train failed ({done.returncode}); see {work / f'seed{seed}.log'}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -290,7 +302,7 @@ def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: 
         agreement = {"error": f"rc {regrade.returncode}: {(regrade.stderr or regrade.stdout)[-600:]}"}
     agreement["seconds"] = round(time.monotonic() - t1, 1)
     agreement = {"transcript": transcript_grade(run, model), "hrl_regrade": agreement}
-    result = {"seed": seed, "heldout": heldout(k0, k1, n), "wall_s": wall, "resumed": argv[-1] == "--resume",
+    result = {"seed": seed, "heldout": heldout(k0, k1, n), "wall_s": wall, "resumed": previous(args.out, seed).get("resumed") if args.card_only else argv[-1] == "--resume",
               "train_steps": steps,
               "grader_agreement": agreement, "run_dir": str(run)}  # fmt: skip
     say(
@@ -319,6 +331,7 @@ def main() -> None:
     ap.add_argument("--sft-batch", type=int, default=8)
     ap.add_argument("--tiny", action="store_true", help="1 iteration, 2 tasks, 4 held-out: the pipeline end to end")
     ap.add_argument("--work", type=Path, default=None, help="keep the warm start, tasks and runs here")
+    ap.add_argument("--card-only", action="store_true", help="train nothing: the card again from --work's runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real-model-browser.json")
     args = ap.parse_args()
     command = "PYTHONPATH=. python " + shlex.join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
@@ -374,7 +387,8 @@ def main() -> None:
             "complete": len(seeds) == len(args.seeds),
             "per_seed": seeds,
             "heldout": heldout(b, a, n),
-            "wall_s": round(time.monotonic() - t0, 1),
+            "wall_s": round(sum(s["wall_s"] or 0 for s in seeds) + (warm_info or {}).get("seconds", 0), 1)
+            if args.card_only else round(time.monotonic() - t0, 1),
             "engine": {"name": "embedded", "device": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads()},
             "cpu": cpu() | {"loadavg_at_start": load_at_start},
             "grader_agreement": {
