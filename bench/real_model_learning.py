@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -254,11 +255,20 @@ def train_argv(model: Path, work: Path, run: Path, seed: int, args: argparse.Nam
             "-c", "trainer.max_grad_norm=1.0", "-c", "rollout.time_budget_s=60"]  # fmt: skip
 
 
+@functools.cache
+def _card_as_found(card: Path) -> str:
+    """The card at `card` as it was before this run wrote it (read once: each seed's card is written over it)."""
+    try:
+        return card.read_text()
+    except OSError:
+        return "{}"
+
+
 def previous(card: Path, seed: int) -> dict[str, Any]:
     """What the card at `card` said of seed `seed` (--card-only keeps its wall time: nothing is run again)."""
     try:
-        return next(s for s in json.loads(card.read_text())["per_seed"] if s["seed"] == seed)  # type: ignore[no-any-return]
-    except (OSError, ValueError, KeyError, StopIteration):
+        return next(s for s in json.loads(_card_as_found(card))["per_seed"] if s["seed"] == seed)  # type: ignore[no-any-return]
+    except (ValueError, KeyError, StopIteration):
         return {}
 
 
@@ -306,7 +316,7 @@ def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: 
               "train_steps": steps,
               "grader_agreement": agreement, "run_dir": str(run)}  # fmt: skip
     say(
-        f"seed {seed}: held-out {k0}/{n} -> {k1}/{n} in {wall:.0f} s; transcript grader agrees on "
+        f"seed {seed}: held-out {k0}/{n} -> {k1}/{n} in {wall or 0:.0f} s; transcript grader agrees on "
         f"{agreement['transcript']['agreed']}/{agreement['transcript']['episodes']}"
     )
     return result
@@ -317,13 +327,13 @@ def main() -> None:
     ap.add_argument("--model", default="hrl:smollm2-135m", help="hrl:NAME, HF id or model dir")
     ap.add_argument("--recipe", default="browser", help="recipe name or recipe.yaml path (the agent: the browser's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--iterations", type=int, default=12)
-    ap.add_argument("--tasks-per-iteration", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--tasks-per-iteration", type=int, default=3)
     ap.add_argument("--group-size", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--train-tasks", type=int, default=200)
     ap.add_argument("--heldout", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=1e-3, help="LoRA (rank 16) learning rate, as the demo recipe")
+    ap.add_argument("--lr", type=float, default=3e-4, help="LoRA (rank 16) learning rate (1e-3, the demo's, hurt)")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--warm-pages", type=int, default=64, help="warm-start pages (two SFT samples each)")
     ap.add_argument("--sft-steps", type=int, default=30, help="0: no warm start, RL from the model as it is")
@@ -398,7 +408,7 @@ def main() -> None:
                 "disagreements": sum(g["transcript"]["disagreements"] for g in agreements),
                 "hrl_regrade": [g["hrl_regrade"] for g in agreements],
                 "per_seed": [g["transcript"] for g in agreements]},
-            "command": command,
+            "command": json.loads(_card_as_found(args.out)).get("command", command) if args.card_only else command,
             "tiny": args.tiny,
         }  # fmt: skip
         args.out.parent.mkdir(parents=True, exist_ok=True)

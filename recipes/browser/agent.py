@@ -50,7 +50,10 @@ async def run(task: Any, session: Any) -> float | None:
 async def _act(page: Any, action: str) -> bool:
     """Do `action`; False ends the episode (done, or a reply that is no action)."""
     if m := re.match(r"click\s+(.+)", action, re.I):
-        target = await _clickable(page, m.group(1).strip().strip('"'))
+        try:
+            target = await _clickable(page, m.group(1).strip().strip('"'))
+        except Exception:  # a name no selector can hold: no such element, the step is spent
+            return True
     elif m := re.match(r"type\s+(.+)", action, re.I):
         target = page.locator("input[type=text], textarea").first
         try:
@@ -74,7 +77,8 @@ async def _clickable(page: Any, text: str) -> Any:
     """The element `click TEXT` means: a control named TEXT (a button, link, checkbox, …) before any text showing
     it, which would otherwise be the page's instruction (`Click on the "Ok" button.`) when that comes first. A name
     matches in its own case first, then in any case (`click ok` is the button `Ok`, never the button `Okay`)."""
-    anycase = re.compile(rf"^\s*{re.escape(text)}\s*$", re.I)
+    # Playwright hands the pattern to JavaScript as /source/flags: a "/" in the name must be escaped there too
+    anycase = re.compile(rf"^\s*{re.escape(text).replace('/', chr(92) + '/')}\s*$", re.I)
     for name in (text, anycase):
         for role in CLICKABLE:
             control = page.get_by_role(role, name=name, exact=True)  # exact is ignored for a pattern

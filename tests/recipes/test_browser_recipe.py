@@ -78,10 +78,12 @@ def _click_button(seed: int):
     return task.model_copy(update={"instance_id": f"miniwob.click-button.s{seed}", "seed": seed})
 
 
-@pytest.mark.parametrize(("seed", "reply", "reward"), [(2, "click yes", 1.0), (4, "click ok", 0.0)])
+@pytest.mark.parametrize(("seed", "reply", "reward"), [(2, "click yes", 1.0), (4, "click ok", 0.0),
+                                                     (2, "click Yes</div> <b>", 0.0)])  # fmt: skip
 def test_a_click_names_a_control_in_any_case_but_whole(tiny_model, tmp_path, seed, reply, reward):
     """`click yes` is the button "Yes" (it used to fall through to the text and click the instruction, which holds
-    "Yes" too); `click ok` is no control on a page whose button is "Okay"."""
+    "Yes" too); `click ok` is no control on a page whose button is "Okay"; a name with a "/" in it (a model's stray
+    markup) is no control either, not a crash of the agent (its pattern once broke Playwright's selector)."""
     trace = _episode(tiny_model, [reply, "done"], tmp_path, task=_click_button(seed))
     assert trace["failure_reason"] is None, trace.get("metadata")
     assert trace["reward"] == reward, trace["reward_info"]
