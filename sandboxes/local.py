@@ -225,6 +225,7 @@ class LocalSandbox:
             backend.isolate
         ):  # the temp folders are the sandbox's own (<root>/tmp); the root's own paths stay as they are
             table += [(d, str(root / "tmp")) for d in _temp_dirs()] + [(str(root), str(root))]
+            table += [(f, f) for f in _hrl_own_folders(Path(backend.root).absolute())]  # bound back where they are
         self._table = sorted(table, key=lambda row: len(row[0]), reverse=True)
 
     async def __aenter__(self) -> LocalSandbox:
@@ -359,6 +360,8 @@ class LocalSandbox:
         for temp in _temp_dirs():  # a private temp folder (/tmp and $TMPDIR), kept across this sandbox's execs
             args += ["--bind", str(self.root / "tmp"), temp]
         args += ["--bind", str(self.root), str(self.root)]
+        for folder in _hrl_own_folders(Path(self.backend.root).absolute()):  # a cache or venv under /tmp, read-only
+            args += ["--ro-bind", folder, folder]
         for m in self.spec.mounts:
             source = str(Path(m.source).absolute())
             args += ["--ro-bind-try" if m.read_only else "--bind-try", source, source]
@@ -467,6 +470,26 @@ def _lay_out(root: Path, spec: SandboxSpec) -> None:
             link = root / "work" / posixpath.relpath(target, spec.workdir)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(source)
+
+
+def _hrl_own_folders(sandboxes: Path) -> list[str]:
+    """hrl's own folders a command may run from: its cache (agents' installs, venvs, models; $HRL_CACHE) and the
+    environment of the Python running hrl (the tests verifier grades with it). The host's folders are seen read-only,
+    but one under a temp folder (a cache or a venv under /tmp) would be hidden by the sandbox's private /tmp: those
+    are bound back, read-only at their paths, so a command sees them wherever they live, as it would elsewhere. A
+    folder that is a temp folder itself, or holds the sandboxes, is never bound (it would show them)."""
+    import sys
+
+    temps = [Path(t) for t in _temp_dirs()]
+    cache = Path(os.environ.get("HRL_CACHE") or "~/.cache/hrl").expanduser()
+    found = []
+    for folder in {cache.absolute(), cache.resolve(), Path(sys.prefix).absolute(), Path(sys.prefix).resolve(),
+                   Path(sys.executable).resolve().parent.parent}:  # fmt: skip
+        hidden = any(folder.is_relative_to(t) and folder != t for t in temps)
+        if hidden and folder.is_dir() and not sandboxes.is_relative_to(folder):
+            found.append(str(folder))
+    top = sorted(found, key=len)
+    return [f for i, f in enumerate(top) if not any(Path(f).is_relative_to(q) for q in top[:i])]
 
 
 def _temp_dirs() -> list[str]:

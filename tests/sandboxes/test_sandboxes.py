@@ -121,6 +121,39 @@ def test_registry_builds_both_backends_lazily() -> None:
         get_backend("nope")
 
 
+def test_hrls_cache_under_tmp_is_seen_read_only_and_the_rest_of_tmp_is_not(
+    local: LocalBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$HRL_CACHE under /tmp (a fresh machine's cache, a CI scratch folder): a local sandbox's private /tmp used to
+    hide it, so the agents installed there and the grading venv were "not found" (exit 127) in every local episode.
+    It is bound back read-only at its path, and a PATH entry into it reaches the command untranslated; the rest of
+    /tmp stays out of sight."""
+    from hrl.sandboxes.local import bwrap_works
+
+    if not bwrap_works():
+        pytest.skip("bubblewrap cannot set up a sandbox here: local sandboxes do not isolate")
+    cache, other = tmp_path / "cache", tmp_path / "other"
+    (cache / "bin").mkdir(parents=True)
+    tool = cache / "bin" / "hrl-tool"
+    tool.write_text("#!/bin/sh\necho from the cache\n")
+    tool.chmod(0o755)
+    other.mkdir()
+    (other / "secret.txt").write_text("not yours")
+    monkeypatch.setenv("HRL_CACHE", str(cache))
+
+    async def main() -> list:
+        async with await local.create(SandboxSpec(), run_id(), "e0") as sandbox:
+            env = {"PATH": f"{cache / 'bin'}:/usr/bin:/bin"}
+            return [await sandbox.exec("hrl-tool", env=env),
+                    await sandbox.exec(f"touch {cache}/new 2>&1; echo $?"),
+                    await sandbox.exec(f"cat {other}/secret.txt 2>&1; echo $?")]  # fmt: skip
+
+    ran, wrote, peeked = run(main())
+    assert (ran.exit_code, ran.stdout) == (0, "from the cache\n"), ran
+    assert wrote.stdout.strip().endswith("1") and not (cache / "new").exists(), wrote
+    assert "not yours" not in peeked.stdout and peeked.stdout.strip().endswith("1"), peeked
+
+
 def test_local_round_trip_and_cleanup(local: LocalBackend, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
