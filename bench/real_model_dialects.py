@@ -332,7 +332,8 @@ def main() -> None:
     card = {"schema": "hrl.real-model-dialects/1", "model": args.model, "engine": args.engine, "turns": args.turns,
             "max_tokens": args.max_tokens, "doctor": checked, "trainer_parity": parity, "sessions": rows, "every_token_kept": ok,
             "wall_s": round(time.monotonic() - t0, 1),
-            "command": "PYTHONPATH=. python bench/real_model_dialects.py " + " ".join(sys.argv[1:])}  # fmt: skip
+            "command": "PYTHONPATH=. python bench/real_model_dialects.py "
+            + " ".join(os.path.relpath(a, ROOT) if a.startswith(str(ROOT)) else a for a in sys.argv[1:])}  # fmt: skip
     for r in rows:
         say(f"{r['dialect']:<9} stream={r['stream']!s:<5} calls {r.get('calls')} roots {r.get('roots')} "
             f"extends {r.get('extends_previous')} branches {r.get('branches')} retained {r.get('trained')}/"
