@@ -218,6 +218,8 @@ class LocalSandbox:
         self.workdir = spec.workdir
         self._groups: set[int] = set()
         self._closed = False
+        # hrl's cache and Python where a temp folder holds them: bound back read-only (checked once, not per exec)
+        self._own = _hrl_own_folders(Path(backend.root).absolute()) if backend.isolate else []
         # Longest container prefix first: mount targets, then the workdir.
         table = [(posixpath.normpath(m.target), str(Path(m.source).absolute())) for m in spec.mounts]
         table.append((posixpath.normpath(spec.workdir), str(root / "work")))
@@ -225,7 +227,7 @@ class LocalSandbox:
             backend.isolate
         ):  # the temp folders are the sandbox's own (<root>/tmp); the root's own paths stay as they are
             table += [(d, str(root / "tmp")) for d in _temp_dirs()] + [(str(root), str(root))]
-            table += [(f, f) for f in _hrl_own_folders(Path(backend.root).absolute())]  # bound back where they are
+            table += [(f, f) for f in self._own]  # bound back where they are
         self._table = sorted(table, key=lambda row: len(row[0]), reverse=True)
 
     async def __aenter__(self) -> LocalSandbox:
@@ -360,7 +362,7 @@ class LocalSandbox:
         for temp in _temp_dirs():  # a private temp folder (/tmp and $TMPDIR), kept across this sandbox's execs
             args += ["--bind", str(self.root / "tmp"), temp]
         args += ["--bind", str(self.root), str(self.root)]
-        for folder in _hrl_own_folders(Path(self.backend.root).absolute()):  # a cache or venv under /tmp, read-only
+        for folder in self._own:  # a cache or venv under /tmp, read-only
             args += ["--ro-bind", folder, folder]
         for m in self.spec.mounts:
             source = str(Path(m.source).absolute())

@@ -67,19 +67,21 @@ def peak_mem_gib(device: torch.device) -> float:
 def release_free_memory() -> None:
     """Hand what the C allocator holds free back to the OS (glibc's malloc_trim; elsewhere nothing): a trainer
     step's activations freed on the CPU otherwise stay resident, charged to the process, beside the engine's."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim if sys.platform.startswith("linux") else False
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+    if trim := _malloc_trim():
+        trim(0)
 
 
-_malloc_trim: Any = None
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def plan_micro_batches(lengths: Sequence[int], count: int, tokens: int = 0) -> list[list[int]]:
@@ -134,9 +136,9 @@ class MasterWeights:
     def step(self) -> None:
         """AdamW on the masters (one without a grad is skipped), then the model takes their rounded values."""
         self.optimizer.step()
-        for p, m in zip(self.params, self.masters, strict=True):
-            p.copy_(m)
+        for m in self.masters:
             m.grad = None
+        self.sync_to_model()
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -145,6 +147,12 @@ class MasterWeights:
         """Masters restart from the (loaded) model weights; the moments come back in fp32."""
         self.sync_from_model()
         self.optimizer.load_state_dict(state)
+
+    @torch.no_grad()
+    def sync_to_model(self) -> None:
+        """The model's weights := the masters' rounded values (after a step, or the masters set from outside)."""
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.copy_(m)
 
     @torch.no_grad()
     def sync_from_model(self) -> None:

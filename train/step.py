@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -75,7 +74,7 @@ async def on_trainer_thread(fn: Callable[..., Any], *args: Any) -> Any:
         finally:
             release_free_memory()
 
-    return await asyncio.get_running_loop().run_in_executor(_TRAINER_THREAD, functools.partial(run))
+    return await asyncio.get_running_loop().run_in_executor(_TRAINER_THREAD, run)
 
 
 Event = Callable[[str, dict[str, Any]], None]

@@ -302,8 +302,7 @@ class Trainer:
             for m, b, d in zip(masters, before, deltas, strict=True):
                 m.copy_(b + scale * d if scale else b)
             if isinstance(self.optimizer, MasterWeights):  # the model computes with the masters' rounded values
-                for p, m in zip(self._trainable(), masters, strict=True):
-                    p.copy_(m)
+                self.optimizer.sync_to_model()
 
         scale, kl = 1.0, _update_kl(old, torch.cat(self.logprobs(samples)))
         first = kl

@@ -77,8 +77,8 @@ async def _clickable(page: Any, text: str) -> Any:
     """The element `click TEXT` means: a control named TEXT (a button, link, checkbox, …) before any text showing
     it, which would otherwise be the page's instruction (`Click on the "Ok" button.`) when that comes first. A name
     matches in its own case first, then in any case (`click ok` is the button `Ok`, never the button `Okay`)."""
-    # Playwright hands the pattern to JavaScript as /source/flags: a "/" in the name must be escaped there too
-    anycase = re.compile(rf"^\s*{re.escape(text).replace('/', chr(92) + '/')}\s*$", re.I)
+    escaped = re.escape(text).replace("/", r"\/")  # Playwright hands JavaScript /source/flags: "/" ends the source
+    anycase = re.compile(rf"^\s*{escaped}\s*$", re.I)
     for name in (text, anycase):
         for role in CLICKABLE:
             control = page.get_by_role(role, name=name, exact=True)  # exact is ignored for a pattern
