@@ -206,7 +206,7 @@ def transcript_grade(run: Path, model: Path) -> dict[str, Any]:
     else in any case, as the agent matches) decides
     (X the asked label: 1, another button: 0, as click-button scores a first click); no such reply: 0. Agreement
     with the recorded reward (the page's), over every training and held-out episode of the run. (`hrl regrade`
-    cannot regrade MiniWoB episodes: the verifier keeps no final state; its answer is kept beside this.)"""
+    replays each page's recorded inputs on a fresh page instead; its answer is kept beside this.)"""
     import re
 
     from transformers import AutoTokenizer

@@ -25,8 +25,12 @@ EPILOG = """Examples:
 
   hrl regrade runs/demo --json | jq '.disagreements[] | {episode, recorded, regraded, why}'
 
+What is graded again: the agent's archived diff (test-graded tasks), a Harbor task's kept final container, or a
+MiniWoB++ page's recorded inputs replayed on a fresh page of the same seed.
+
 Counted apart, not as disagreements: episodes whose grading failed when they ran (verifier_error), episodes
-never graded, and those that cannot be regraded (Harbor tasks: their sandbox's final state is not archived).
+never graded, and those that cannot be regraded (a Harbor final image removed, a page whose inputs were not
+recorded).
 
 Exit codes: 0 every regraded episode agrees; 1 a disagreement; 3 regrading failed for some episode (and none
 disagreed).
@@ -59,7 +63,7 @@ def regrade(
     todo = sum(not e.apart for e in episodes)
     if not todo:
         raise HrlError(f"no episode of {source} can be regraded ({_apart_line(episodes)})",
-                       hint="regrading needs episodes graded by the tests or harbor verifier, written by this hrl")  # fmt: skip
+                       hint="regrading needs episodes graded by the tests, harbor or miniwob verifier, written by this hrl")  # fmt: skip
     err.print(f"regrading {todo} of {len(episodes)} episodes from {source}", markup=False)
     done: list[Any] = []
 

@@ -8,7 +8,9 @@ share their task's seed, so they face the same problem). Per episode the verifie
 1. `prepare`: serves the package's pages on loopback, starts one headless Chromium (`hrl.runners.browser`), opens
    the task's page, seeds its random generator, gives the episode `time_limit_s` on the page's own clock and starts
    it; writes `browser.json` ({cdp_url, page_url}) into the sandbox's workdir for the agent's browser tools;
-2. `verify`: reads the reward the page produced and stops the browser (its process group killed, its profile gone).
+2. `verify`: reads the reward the page produced and the inputs it received (recorded from the start by hrl's own
+   CDP session, `miniwob_replay`: the episode's final state, archived for `hrl regrade`, which replays them on a
+   fresh page of the same seed), and stops the browser (its process group killed, its profile gone).
 
 Reward: 1 when the page says the task is solved (its raw score is 1), else 0, from the page's `core.endEpisode` the
 first time it ran for the episode; an episode the page never ended (no answer, or the agent's time ran out) scores
@@ -29,6 +31,7 @@ the task grades against before a real click; see docs/browser.md.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -57,6 +60,7 @@ from hrl.runners.browser import (
     wait_until,
 )
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.tasks.miniwob_replay import Recorder, inputs_json, record, replay
 from hrl.runners.tasks.task import Task, TaskFormatError
 from hrl.runners.tasks.verifier import Verdict
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
@@ -167,6 +171,7 @@ class _Episode:
     target: str  # hrl's session on the task's page
     page_url: str
     ends: list[dict[str, Any]] = field(default_factory=list)  # core.endEpisode lines, with their stacks
+    recorder: Recorder | None = None  # the page's inputs, for `hrl regrade` (miniwob_replay)
 
 
 def _as_miniwob(task: Task) -> MiniWoBTask:
@@ -226,13 +231,40 @@ class MiniWoBVerifier:
         if episode is None:
             return Verdict.error(f"no browser was started for {task.instance_id} in sandbox {sandbox.id}")
         try:
-            return await read_reward(episode, raw=self.config.reward == "raw")
+            verdict = await read_reward(episode, raw=self.config.reward == "raw")
+            if verdict.failure_reason is None:
+                verdict.patch = await _inputs(episode, verdict.reward_info)
+            return verdict
         finally:
             await episode.stack.aclose()
             self._forget(sandbox)
 
     async def grade(self, task: Task, patch: str) -> Verdict:
         return Verdict.error("a MiniWoB++ task is graded from its page, not from a diff", task=task.instance_id)
+
+    async def regrade(self, task: Task, recorded: str) -> Verdict:
+        """Grade an episode again from its recorded inputs (`verify`'s `patch`): replayed on a fresh page of the
+        task and seed, whose reward is read as `verify` reads it (`miniwob_replay`)."""
+        if not recorded:
+            return Verdict.error("no inputs were recorded for this episode", task=task.instance_id)
+        where = sandbox_for(self.config.browser, self.backend, self.run_id, task.instance_id)
+        try:
+            episode = await start_page(_as_miniwob(task), self.config.time_limit_s, None, where)
+        except BrowserError as e:
+            return Verdict.error(f"the browser for the replay did not start: {e}", task=task.instance_id)
+        try:
+            replayed = await replay(episode.cdp, episode.target, recorded, lambda: bool(episode.ends))
+            for _ in range(20):  # a page may end its episode a moment after the last input
+                if episode.ends:
+                    break
+                await asyncio.sleep(0.05)
+            verdict = await read_reward(episode, raw=self.config.reward == "raw")
+            verdict.reward_info["replayed_inputs"] = replayed
+            return verdict
+        except (BrowserError, ValueError) as e:
+            return Verdict.error(f"the recorded inputs could not be replayed: {e}", task=task.instance_id)
+        finally:
+            await episode.stack.aclose()
 
     async def release(self, sandbox: Sandbox) -> None:
         """Stop the browser of `sandbox`'s episode if `verify` did not (the agent failed, the episode was cancelled)."""
@@ -273,6 +305,7 @@ async def start_page(task: MiniWoBTask, time_limit_s: float, unix_socket: str | 
         ready = await _evaluate(cdp, episode.target, script)
         if ready is not True:
             raise BrowserError(f"the page {page_url} did not become ready (WOB_TASK_READY = {ready!r})")
+        episode.recorder = await record(cdp, episode.target)
         return episode
     except BaseException:
         await stack.aclose()
@@ -303,6 +336,18 @@ def _on_console(episode: _Episode, params: dict[str, Any], session: str | None) 
         "foreign": [f"{f.get('functionName') or '(anonymous)'}@{f.get('url') or '(no file)'}"
                     for f in frames if not f.get("url", "").startswith(own)],
     })  # fmt: skip
+
+
+async def _inputs(episode: _Episode, info: dict[str, Any]) -> str:
+    """The inputs the page received, as the verdict's `patch` (archived for `hrl regrade`); "" with
+    `info["inputs_error"]` when they cannot be read (the episode is then not regradable, its reward stands)."""
+    try:
+        if episode.recorder is None:
+            raise BrowserError("no recorder was started")
+        return inputs_json(await episode.recorder.inputs())
+    except BrowserError as e:
+        info["inputs_error"] = str(e)[:300]
+        return ""
 
 
 async def read_reward(episode: _Episode, raw: bool = False) -> Verdict:

@@ -16,6 +16,9 @@ A Harbor episode archives its task the same way (its `task_dir` leads back to te
 agent's container, committed and kept as the image the trace's `reward_info.final_image` names
 (`hrl/harbor-final:<id>`, verifier setting `keep_final`; carry: workdir keeps the clean image with its workdir).
 Regrading runs tests/test.sh again in a fresh container of it; an episode whose image was removed is set apart.
+A MiniWoB++ episode archives its task the same way; its final state is the inputs its page received, recorded by
+the verifier (`miniwob_replay`) and kept as its `patch` (JSON, archived like a long diff when it does not fit
+inline, `.json`). Regrading replays them on a fresh page of the task and seed and reads the page's reward again.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ __all__ = [
 
 PATCH_INLINE = 20_000  # characters of the agent's diff kept in the trace itself (metadata.patch)
 _PRIVATE = ("hide_paths", "run_id")  # verifier settings of the host and the run, not of grading
+# the verifiers whose episodes archive their task, and the suffix of their final state when it is archived apart
+# from the trace (None: a Harbor episode's final state is its kept image)
+_ARCHIVED = {"tests": ".diff", "harbor": None, "miniwob": ".json"}
+_REPLAYED = ("harbor", "miniwob")  # regraded from a final state of their own (`verifier.regrade`), not a diff
 
 
 def archive_dir(trace_file: str | Path) -> Path:
@@ -57,17 +64,17 @@ def archive_dir(trace_file: str | Path) -> Path:
 
 def archive_episode(trace_file: Path, task: Task, verifier: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """`extra` (the trace's metadata) with what regrading the episode needs: `archive` naming the verifier's
-    settings and, for the tests verifier, the archived task and, when it does not fit inline, the whole diff
-    (`patch` keeps its first PATCH_INLINE characters). A Harbor episode records its verifier's name only."""
+    settings and, for the tests, harbor and miniwob verifiers, the archived task and, when it does not fit inline,
+    the whole final state (the diff, the page's inputs; `patch` keeps its first PATCH_INLINE characters)."""
     settings = {k: v for k, v in verifier.items() if k not in _PRIVATE}
     settings.setdefault("name", "tests")
     archive: dict[str, Any] = {"verifier": settings}
     patch = str(extra.get("patch") or "")
-    if settings["name"] in ("tests", "harbor"):
+    if settings["name"] in _ARCHIVED:
         folder = archive_dir(trace_file)
         archive["task"] = _store(folder / "tasks", task.model_dump_json(), ".json", trace_file.parent)
-        if len(patch) > PATCH_INLINE and settings["name"] == "tests":
-            archive["patch"] = _store(folder / "patches", default_redactor().text(patch), ".diff", trace_file.parent)
+        if len(patch) > PATCH_INLINE and (suffix := _ARCHIVED[settings["name"]]):
+            archive["patch"] = _store(folder / "patches", default_redactor().text(patch), suffix, trace_file.parent)
     return {**extra, "patch": patch[:PATCH_INLINE], "archive": archive}
 
 
@@ -178,28 +185,21 @@ def _episode(file: Path, trace: dict[str, Any], fallback: dict[str, Any]) -> Epi
     if archive is None:
         return _from_fallback(ep, meta, fallback)
     ep.verifier = {k: v for k, v in archive.get("verifier", {}).items() if k not in _PRIVATE}
-    if ep.verifier.get("name") == "harbor":
-        return _harbor(ep, file, archive)
-    if ep.verifier.get("name") != "tests":
-        return _unregradable(ep, _NOT_ARCHIVED.get(ep.verifier.get("name", ""), _OTHER).format(ep.verifier.get("name")))
-    try:
+    name = ep.verifier.get("name", "")
+    if name not in _ARCHIVED:
+        return _unregradable(ep, _NOT_ARCHIVED.get(name, _OTHER).format(name))
+    try:  # the archived task, and the final state: the diff or the page's inputs (inline when short)
         ep.task = Task.model_validate_json((file.parent / archive["task"]).read_text())
         ep.patch = (file.parent / archive["patch"]).read_text() if "patch" in archive else str(meta.get("patch") or "")
     except (OSError, KeyError, ValueError) as e:
         return _unregradable(ep, f"its archive cannot be read ({type(e).__name__}: {e})")
-    return ep
-
-
-def _harbor(ep: Episode, file: Path, archive: dict[str, Any]) -> Episode:
-    """A Harbor episode: its archived task and the kept final image its trace names (`ep.patch` holds the tag)."""
-    image = ep.recorded_info.get("final_image")
-    if not image:
-        return _unregradable(ep, _NOT_ARCHIVED["harbor"])
-    try:
-        ep.task = Task.model_validate_json((file.parent / archive["task"]).read_text())
-    except (OSError, KeyError, ValueError) as e:
-        return _unregradable(ep, f"its archive cannot be read ({type(e).__name__}: {e})")
-    ep.patch = str(image)
+    if name == "harbor":  # its final state is the kept image its trace names (`ep.patch` holds the tag)
+        if not (image := ep.recorded_info.get("final_image")):
+            return _unregradable(ep, _NOT_ARCHIVED["harbor"])
+        ep.patch = str(image)
+    elif name == "miniwob" and not ep.patch:
+        why = ep.recorded_info.get("inputs_error") or "written by an hrl that did not record them"
+        return _unregradable(ep, f"the inputs its page received were not recorded ({why})")
     return ep
 
 
@@ -310,7 +310,7 @@ async def regrade(
         async with gate:
             assert ep.task is not None
             try:
-                verdict = await (verifier.regrade if verifier.name == "harbor" else verifier.grade)(ep.task, ep.patch)
+                verdict = await (verifier.regrade if verifier.name in _REPLAYED else verifier.grade)(ep.task, ep.patch)
             except FileNotFoundError as e:  # a Harbor episode's kept image is gone: nothing to regrade
                 _unregradable(ep, str(e))
                 on_done(ep)
@@ -339,6 +339,12 @@ def _why(ep: Episode) -> str:
     for key in ("patch_error", "guard", "timeout", "diff_error"):
         if now.get(key):
             return f"{key}: {now[key]}"
+    if "ended" in now:  # a page's reward (miniwob)
+        then = ep.recorded_info.get("raw_reward", "no end" if ep.recorded_info.get("ended") is False else "?")
+        return (
+            f"the replayed inputs end the page with raw score {now.get('raw_reward', 'no end')} "
+            f"(recorded: {then}; {now.get('replayed_inputs', '?')} inputs replayed)"
+        )
     counts = ", ".join(f"{k} {now[k]['passed']}/{now[k]['total']}" for k in _COUNTS if k in now)
     same = (
         ": the recorded test outcomes are these, so the recorded reward does not follow from them"

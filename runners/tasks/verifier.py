@@ -68,7 +68,7 @@ class Verdict:
     reward: float | None  # None exactly when failure_reason is set
     reward_info: dict[str, Any] = field(default_factory=dict)
     failure_reason: str | None = None  # "verifier_error": grading itself failed
-    patch: str = ""  # the agent's diff as collected (before guards)
+    patch: str = ""  # the agent's work as collected: its diff (before guards); a page's inputs (miniwob, JSON)
     success: bool | None = None  # the task's own pass/fail rule, apart from the (maybe shaped) reward; None: unknown
 
     def trace_fields(self) -> dict[str, Any]:

@@ -256,3 +256,50 @@ def test_a_wrong_answer_the_page_scores_above_zero_is_paid_zero_unless_raw_is_as
     assert MiniWoBVerifier(reward="raw").config.reward == "raw"
     with pytest.raises(ValueError, match="reward"):
         MiniWoBVerifier(reward="shaped")
+
+
+def test_an_episode_regrades_from_the_inputs_its_page_received() -> None:
+    """`verify` keeps the inputs the page received (its `patch`); `regrade` replays them on a fresh page of the same
+    seed: each scripted solution (clicks, typing, checkboxes) scores 1 again, a wrong answer and doing nothing 0
+    again, and the inputs of one seed replayed on a page of another seed do not solve it."""
+
+    async def episode(task: Any, act: Any) -> tuple[float | None, str]:
+        verifier = MiniWoBVerifier(run_id="hrl-test")
+        async with await LocalBackend().create(SandboxSpec(workdir="/work"), "hrl-test", task.instance_id) as box:
+            await verifier.prepare(box, task)
+            ep = verifier._episodes[box.id]
+            await act(ep.browser.cdp_url, ep.page_url)
+            await asyncio.sleep(0.1)
+            verdict = await verifier.verify(box, task)
+        return verdict.reward, verdict.patch
+
+    async def wrong(cdp_url: str, page_url: str) -> None:  # click-button: a button that is not the one asked for
+        page = await Page.open(cdp_url, page_url)
+        label = (await page.read("document.querySelector('#query').innerText")).split('"')[1]
+        index = await page.read(f"[...document.querySelectorAll('#area button')].findIndex(b => b.innerText !== "
+                                f"{label!r})")  # fmt: skip
+        await page.click(f"#area button:nth-of-type({index + 1})")
+        await page.close()
+
+    async def nothing(cdp_url: str, page_url: str) -> None:
+        return None
+
+    async def main() -> list[tuple[str, float | None, float | None]]:
+        verifier, rows = MiniWoBVerifier(run_id="hrl-test"), []
+        cases = [(t, lambda u, p, n=t.miniwob: solve(n, u, p)) for t in load_tasks(f"miniwob:{SOLVED}")]
+        cases += [(load_tasks("miniwob:click-button")[0], wrong), (load_tasks("miniwob:click-test")[0], nothing)]
+        for task, act in cases:
+            reward, recorded = await episode(task, act)
+            again = await verifier.regrade(task, recorded)
+            rows.append((task.miniwob, reward, again.reward))
+        enter = load_tasks("miniwob:enter-text:2")  # seeds 0 and 1 ask for different words
+        _, recorded = await episode(enter[0], lambda u, p: solve("enter-text", u, p))
+        rows.append(("enter-text, another seed", 1.0, (await verifier.regrade(enter[1], recorded)).reward))
+        return rows
+
+    rows = asyncio.run(main())
+    assert rows == [(name, 1.0, 1.0) for name in SOLVED.split(",")] + [
+        ("click-button", 0.0, 0.0),
+        ("click-test", 0.0, 0.0),
+        ("enter-text, another seed", 1.0, 0.0),
+    ]
