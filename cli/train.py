@@ -77,7 +77,8 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> dict[s
 def _check_loop_settings(cfg: dict[str, Any]) -> None:
     """Settings the loops cannot honour, refused before anything starts: `proxy.version_policy=pin` with full
     publishes (a full publish replaces the only weights the engine holds, so a pinned trace would silently go on
-    as `mixed`), and an async buffer that cannot hold a batch (`check_batch_fits`)."""
+    as `mixed`), an async buffer that cannot hold a batch (`check_batch_fits`), an engine asked to sleep in a loop
+    that never puts it to sleep (async), and CUDA IPC publishes where they cannot reach the engine (`_check_ipc`)."""
     from hrl.cli.config import checked
     from hrl.train.async_loop import AsyncConfig, check_batch_fits
     from hrl.train.loop import LoopConfig
@@ -94,6 +95,52 @@ def _check_loop_settings(cfg: dict[str, Any]) -> None:
     if section.pop("enabled", False):
         group_size = (cfg.get("train") or {}).get("group_size", LoopConfig.model_fields["group_size"].default)
         check_batch_fits(checked(AsyncConfig, **section), int(group_size))
+        if level := int((cfg.get("engine_options") or {}).get("sleep_level") or 0):
+            raise UsageError(
+                f"engine_options.sleep_level={level} puts vLLM to sleep around each update of the synchronous loop, "
+                "but the async loop (--async, --serve) serves while it trains and never sleeps or wakes the engine: "
+                "the trainer would be built beside an engine holding its whole memory share",
+                hint="use -c engine_options.sleep_level=0 with --async or --serve and give the engine and the "
+                "trainer their own GPUs (engine_options.gpus, trainer.gpus), or train without --async",
+            )
+    _check_ipc(cfg, mode)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _check_ipc(cfg: dict[str, Any], mode: str) -> None:
+    """`engine_options.weight_sync=ipc` only where the trainer's CUDA tensors can reach the server: full training,
+    one trainer process, tensor parallel 1, the trainer on the engine's GPU. Anywhere else the first publish would
+    fail after a whole rollout and update, or go by disk without a word."""
+    opts, trainer = cfg.get("engine_options") or {}, cfg.get("trainer") or {}
+    if opts.get("weight_sync") != "ipc":
+        return
+    disk = "use -c engine_options.weight_sync=disk (safetensors reloaded in place; works in every layout)"
+    why = ""
+    if mode != "full":
+        why = f"trainer.mode={mode} publishes adapters, which vLLM loads from files"
+    elif int(opts.get("tensor_parallel_size") or 1) > 1:
+        why = (f"engine_options.tensor_parallel_size={opts['tensor_parallel_size']} shards the weights over several "
+               "GPUs, and the handles hold the trainer's whole tensors on one")  # fmt: skip
+    elif int(trainer.get("nproc") or 1) > 1:
+        why = f"trainer.nproc={trainer['nproc']} shards the trainer's weights over its ranks"
+    elif (device := str(trainer.get("device") or "auto")) == "cpu" or (device == "auto" and not _cuda()):
+        why = f"trainer.device={device} trains on the CPU here, in host memory"
+    else:
+        gpus = list(trainer.get("gpus") or [])
+        trainer_gpu = gpus[0] if gpus else int(device.split(":")[1]) if ":" in device else 0
+        engine_gpus = list(opts.get("gpus") or [])
+        engine_gpu = engine_gpus[0] if engine_gpus else 0
+        if trainer_gpu != engine_gpu:
+            why = (f"the trainer runs on GPU {trainer_gpu} and the engine on GPU {engine_gpu} (split layout), and "
+                   "vLLM maps the handles on its own GPU")  # fmt: skip
+    if why:
+        raise UsageError(f"engine_options.weight_sync=ipc sends the trainer's CUDA tensors to a colocated engine, "
+                         f"but {why}", hint=disk)  # fmt: skip
 
 
 def _training(cfg: dict[str, Any]) -> tuple[Any, Any | None]:

@@ -149,8 +149,8 @@ class VLLMEngineConfig(BaseModel):
     weight_sync: Literal["disk", "ipc"] = Field(
         "disk",
         description="How a full publish reaches the server. disk: safetensors reloaded in place. ipc: the trainer's "
-        "CUDA tensors through vLLM's native weight-transfer API (colocated, one trainer process, tensor parallel 1); "
-        "falls back to disk when the trainer attached no weights.",
+        "CUDA tensors through vLLM's native weight-transfer API (colocated, one trainer process, tensor parallel 1, "
+        "full training; `hrl train` refuses it elsewhere).",
     )
     ipc_bucket_mb: int = Field(
         512,

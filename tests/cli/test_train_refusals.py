@@ -58,3 +58,54 @@ def test_a_run_written_before_the_checks_is_refused_on_resume(tmp_path, monkeypa
     code, _out, err = run_hrl(["train", "--run-dir", str(run.path), "--resume"], {}, monkeypatch, capsys)
     assert code == USAGE and "async.max_buffered=3 and async.max_in_flight=4 can never fill" in err, err
     assert json.loads((run.path / "config.json").read_text()) == before and not Path(run.path / "lock").exists()
+
+
+VLLM = ("train", "--recipe", "demo", "--engine", "vllm", "--model", "hrl:tiny", "--run-dir", "run")
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (("--async", "-c", "engine_options.sleep_level=1"), ("engine_options.sleep_level=1", "never sleeps")),
+        (("--serve", "-c", "engine_options.sleep_level=2"), ("engine_options.sleep_level=2", "never sleeps")),
+        (
+            ("--full", "-c", "engine_options.weight_sync=ipc", "-c", "engine_options.tensor_parallel_size=2"),
+            ("weight_sync=ipc", "tensor_parallel_size=2"),
+        ),
+        (
+            (
+                "--full",
+                "-c",
+                "engine_options.weight_sync=ipc",
+                "-c",
+                "trainer.device=cuda:0",
+                "-c",
+                "trainer.gpus=[1]",
+                "-c",
+                "engine_options.gpus=[0]",
+            ),
+            ("weight_sync=ipc", "GPU 1", "GPU 0", "split layout"),
+        ),
+        (
+            ("--full", "-c", "engine_options.weight_sync=ipc", "-c", "trainer.device=cuda:0", "-c", "trainer.nproc=2"),
+            ("weight_sync=ipc", "trainer.nproc=2"),
+        ),
+        (("--lora", "-c", "engine_options.weight_sync=ipc"), ("weight_sync=ipc", "trainer.mode=lora")),
+        (
+            ("--full", "-c", "engine_options.weight_sync=ipc", "-c", "trainer.device=cpu"),
+            ("weight_sync=ipc", "trainer.device=cpu"),
+        ),
+    ],
+)
+def test_engine_settings_a_layout_cannot_honour_are_refused_before_anything_starts(
+    extra, needles, tmp_path, monkeypatch, capsys
+):
+    """A sleeping engine in the async loop (which never sleeps or wakes it: the trainer would be built beside vLLM's
+    whole share) and CUDA-IPC publishes the layout cannot carry (which failed at the first publish, after a whole
+    rollout and update, or went by disk without a word): exit 2 before a model or engine is touched."""
+    monkeypatch.chdir(tmp_path)
+    code, _out, err = run_hrl([*VLLM, *extra], {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert code == USAGE and len(errors) == 1, err
+    assert all(n in errors[0] for n in needles), errors[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
