@@ -78,7 +78,8 @@ def _check_loop_settings(cfg: dict[str, Any]) -> None:
     """Settings the loops cannot honour, refused before anything starts: `proxy.version_policy=pin` with full
     publishes (a full publish replaces the only weights the engine holds, so a pinned trace would silently go on
     as `mixed`), an async buffer that cannot hold a batch (`check_batch_fits`), an engine asked to sleep in a loop
-    that never puts it to sleep (async), and CUDA IPC publishes where they cannot reach the engine (`_check_ipc`)."""
+    that never puts it to sleep (async), CUDA IPC publishes where they cannot reach the engine (`_check_ipc`), and an
+    engine that keeps vLLM's default memory share on the trainer's GPU (`_check_memory_plan`)."""
     from hrl.cli.config import checked
     from hrl.train.async_loop import AsyncConfig, check_batch_fits
     from hrl.train.loop import LoopConfig
@@ -104,6 +105,7 @@ def _check_loop_settings(cfg: dict[str, Any]) -> None:
                 "trainer their own GPUs (engine_options.gpus, trainer.gpus), or train without --async",
             )
     _check_ipc(cfg, mode)
+    _check_memory_plan(cfg)
 
 
 def _cuda() -> bool:
@@ -131,16 +133,47 @@ def _check_ipc(cfg: dict[str, Any], mode: str) -> None:
     elif (device := str(trainer.get("device") or "auto")) == "cpu" or (device == "auto" and not _cuda()):
         why = f"trainer.device={device} trains on the CPU here, in host memory"
     else:
-        gpus = list(trainer.get("gpus") or [])
-        trainer_gpu = gpus[0] if gpus else int(device.split(":")[1]) if ":" in device else 0
-        engine_gpus = list(opts.get("gpus") or [])
-        engine_gpu = engine_gpus[0] if engine_gpus else 0
-        if trainer_gpu != engine_gpu:
-            why = (f"the trainer runs on GPU {trainer_gpu} and the engine on GPU {engine_gpu} (split layout), and "
-                   "vLLM maps the handles on its own GPU")  # fmt: skip
+        trainer_gpus, engine_gpus = _gpus(cfg)
+        if trainer_gpus != engine_gpus:
+            why = (f"the trainer runs on GPU {trainer_gpus[0]} and the engine on GPU {engine_gpus[0]} (split layout), "
+                   "and vLLM maps the handles on its own GPU")  # fmt: skip
     if why:
         raise UsageError(f"engine_options.weight_sync=ipc sends the trainer's CUDA tensors to a colocated engine, "
                          f"but {why}", hint=disk)  # fmt: skip
+
+
+def _gpus(cfg: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The GPUs the trainer's ranks run on ([] on the CPU) and those the vLLM engine spans (its first
+    tensor_parallel_size of engine_options.gpus, or of all)."""
+    opts, trainer = cfg.get("engine_options") or {}, cfg.get("trainer") or {}
+    device, nproc = str(trainer.get("device") or "auto"), int(trainer.get("nproc") or 1)
+    if device == "cpu" or (device == "auto" and not _cuda()):
+        trainer_gpus: list[int] = []
+    elif gpus := [int(g) for g in trainer.get("gpus") or []]:
+        trainer_gpus = gpus[:nproc]
+    else:
+        trainer_gpus = [int(device.split(":")[1])] if ":" in device and nproc == 1 else list(range(nproc))
+    tp = int(opts.get("tensor_parallel_size") or 1)
+    return trainer_gpus, ([int(g) for g in opts.get("gpus") or []] or list(range(tp)))[:tp]
+
+
+def _check_memory_plan(cfg: dict[str, Any]) -> None:
+    """A vLLM engine that shares a GPU with the trainer and never sleeps needs a memory share the trainer can live
+    beside: at vLLM's default (0.9 of the GPU) the trainer is built in the tenth that is left and runs out of memory
+    at its first update, after a whole rollout."""
+    opts = cfg.get("engine_options") or {}
+    if str(cfg.get("engine") or "") != "vllm" or opts.get("sleep_level") or opts.get("gpu_memory_utilization"):
+        return
+    trainer_gpus, engine_gpus = _gpus(cfg)
+    if shared := sorted(set(trainer_gpus) & set(engine_gpus)):
+        raise UsageError(
+            f"the trainer and the vLLM engine share GPU {', '.join(map(str, shared))}, and the engine never sleeps "
+            "(engine_options.sleep_level=0) at vLLM's default memory share (0.9 of the GPU): the trainer would be "
+            "built in the tenth that is left",
+            hint="give vLLM what the trainer leaves (-c engine_options.gpu_memory_utilization=0.4; sizes per model "
+            "in docs/training-on-gpus.md), put it to sleep around each update (-c engine_options.sleep_level=1), "
+            "or give each its own GPUs (engine_options.gpus, trainer.gpus)",
+        )
 
 
 def _training(cfg: dict[str, Any]) -> tuple[Any, Any | None]:

@@ -95,14 +95,20 @@ VLLM = ("train", "--recipe", "demo", "--engine", "vllm", "--model", "hrl:tiny", 
             ("--full", "-c", "engine_options.weight_sync=ipc", "-c", "trainer.device=cpu"),
             ("weight_sync=ipc", "trainer.device=cpu"),
         ),
+        (("--full", "-c", "trainer.device=cuda:0"), ("share GPU 0", "sleep_level=0", "0.9")),
+        (
+            ("--async", "-c", "trainer.device=cuda:1", "-c", "engine_options.tensor_parallel_size=2"),
+            ("share GPU 1", "0.9"),
+        ),
     ],
 )
 def test_engine_settings_a_layout_cannot_honour_are_refused_before_anything_starts(
     extra, needles, tmp_path, monkeypatch, capsys
 ):
     """A sleeping engine in the async loop (which never sleeps or wakes it: the trainer would be built beside vLLM's
-    whole share) and CUDA-IPC publishes the layout cannot carry (which failed at the first publish, after a whole
-    rollout and update, or went by disk without a word): exit 2 before a model or engine is touched."""
+    whole share), CUDA-IPC publishes the layout cannot carry (which failed at the first publish, after a whole
+    rollout and update, or went by disk without a word) and a never-sleeping engine at vLLM's default share on the
+    trainer's GPU: exit 2 before a model or engine is touched."""
     monkeypatch.chdir(tmp_path)
     code, _out, err = run_hrl([*VLLM, *extra], {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
     errors = [line for line in err.splitlines() if line.startswith("Error: ")]
