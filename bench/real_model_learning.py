@@ -302,12 +302,14 @@ def run_seed(model: Path, work: Path, seed: int, args: argparse.Namespace, say: 
               "zero_variance_frac": r.get("adv/zero_variance_frac")}
              for r in rows if "eval/success" not in r and "step" in r]  # fmt: skip
     t1 = time.monotonic()
-    regrade = subprocess.run([sys.executable, "-m", "hrl.cli", "regrade", str(run), "--json", "--concurrency", "2"],
+    regrade = subprocess.run([sys.executable, "-m", "hrl.cli", "regrade", str(run), "--json", "--concurrency", "4"],
                              cwd=work, capture_output=True, text=True, env=env)  # fmt: skip
     try:
         graded = json.loads(regrade.stdout)
-        agreement = {k: v for k, v in graded.items() if not isinstance(v, list)}
-        agreement["disagreements"] = len(graded.get("disagreements") or [])
+        agreement = {k: v for k, v in graded.items() if not isinstance(v, list)} | {"rc": regrade.returncode}
+        for key in ("disagreements", "regrade_errors", "grading_failed", "not_graded", "not_regradable"):
+            agreement[key] = len(graded.get(key) or [])
+        agreement["examples"] = (graded.get("disagreements") or [])[:3] + (graded.get("regrade_errors") or [])[:3]
     except json.JSONDecodeError:
         agreement = {"error": f"rc {regrade.returncode}: {(regrade.stderr or regrade.stdout)[-600:]}"}
     agreement["seconds"] = round(time.monotonic() - t1, 1)
@@ -407,6 +409,8 @@ def main() -> None:
                 "agreed": sum(g["transcript"]["agreed"] for g in agreements),
                 "disagreements": sum(g["transcript"]["disagreements"] for g in agreements),
                 "hrl_regrade": [g["hrl_regrade"] for g in agreements],
+                "hrl_regrade_total": {key: sum(g["hrl_regrade"].get(key, 0) for g in agreements) for key in
+                                      ("episodes", "regraded", "agreed", "disagreements", "regrade_errors")},
                 "per_seed": [g["transcript"] for g in agreements]},
             "command": json.loads(_card_as_found(args.out)).get("command", command) if args.card_only else command,
             "tiny": args.tiny,

@@ -1,5 +1,6 @@
 """bench/real_model_learning.py --tiny with hrl's tiny model (the real one is too slow for CI): the warm start, one
-`hrl train` seed and the card, whose fields are all there and whose Wilson intervals are well-formed."""
+`hrl train` seed and the card, whose fields are all there, whose Wilson intervals are well-formed and whose episodes
+`hrl regrade` grades again, all agreeing."""
 
 from __future__ import annotations
 
@@ -51,3 +52,5 @@ def test_tiny_card(tiny_model, tmp_path):
         assert _interval_ok(held["before_ci"], held["before"]) and _interval_ok(held["after_ci"], held["after"])
     agreement = card["grader_agreement"]
     assert agreement["episodes"] > 0 and agreement["agreed"] + agreement["disagreements"] == agreement["episodes"]
+    total = agreement["hrl_regrade_total"]  # `hrl regrade` replays each page's inputs: every episode agrees again
+    assert total["regraded"] > 0 and total["agreed"] == total["regraded"], agreement["hrl_regrade"]
