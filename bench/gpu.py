@@ -1,4 +1,5 @@
-"""GPU check: what one accelerator does with the trainer's own pieces, in ≤ 11 minutes on one H200.
+"""GPU check: what one accelerator does with the trainer's own pieces and with hrl's Trainer, in about 12 minutes on
+one H200.
 
 Phases, each in its own try/except (a failing phase reports its error and the next one runs):
   probe      GPU, versions, bf16 GEMM rate (TFLOP/s, the best of its repetitions)
@@ -15,6 +16,9 @@ Phases, each in its own try/except (a failing phase reports its error and the ne
              copy of the model in place, compare the two copies' logprobs: seconds, bytes, the largest difference
   tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
              the largest logprob difference, one row per branch against one packed tree pass
+  hrl_trainer  hrl's own Trainer (its pydantic config: the wheelhouse below on a GPU image) on a Qwen2.5-0.5B shape
+             saved to disk, bf16: LoRA, then full training with a trust region (max_update_kl), three steps each,
+             train/update_norm > 0 at every step; trainer.offload('all'), onload and a fourth step
   lora_variants  the LoRA step three ways side by side: fp32 adapters on all projections (the trainer's), bf16
              adapters, attention projections only (where LoRA's time goes; not in the default run's budget)
 
@@ -23,13 +27,19 @@ the probe's GEMM rate; with neither (the probe failed), or where the figure woul
 the machine was busy), it prints no MFU but says why. Each phase has a time budget on a GPU; --tiny reports the
 seconds only (a CI machine's load says nothing about the code).
 
-Output: one JSON line per phase on stdout, then a table. Imports only torch, transformers, peft, safetensors and the
-standard library (the GPU image has no pydantic or vLLM): the trainer's device, logprob and offload modules are
-loaded from their files, so the steps run the trainer's own chunked logprobs, master-weight AdamW and mover.
+Output: one JSON line per phase on stdout, then a table. Every phase but hrl_trainer imports only torch,
+transformers, peft, safetensors and the standard library (the GPU image has no pydantic or vLLM): the trainer's
+device, logprob and offload modules are loaded from their files, so the steps run the trainer's own chunked logprobs,
+master-weight AdamW and mover. hrl_trainer imports hrl itself: `--pack DIR` builds a wheelhouse (at most 60 MiB) of
+what it needs beyond the image, which the device run carries and installs first; without it that phase fails saying
+so and the others run.
 
     python bench/gpu.py              # on a GPU machine
     python bench/gpu.py --deadline 480 --out $OUT/gpu.jsonl   # a lease-sized run that keeps what it finished
     python bench/gpu.py --tiny       # the same phases on a tiny config on the CPU (seconds; runs in CI)
+    python bench/gpu.py --pack bench/wheelhouse   # here, before a device run; then on the device:
+    pip install --no-index --find-links bench/wheelhouse -r bench/wheelhouse/requirements.txt --target /tmp/site &&
+      PYTHONPATH=/tmp/site:. python bench/gpu.py --deadline 480 --out $OUT/gpu.jsonl
 """
 
 from __future__ import annotations
@@ -101,6 +111,10 @@ def model_config(tiny: bool, size: str = "7b") -> Any:
     if tiny:
         return Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=False)  # fmt: skip
+    if size == "0.5b":
+        return Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                           num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                           tie_word_embeddings=True)  # Qwen2.5-0.5B  # fmt: skip
     if size == "3b":
         return Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
@@ -242,6 +256,56 @@ class Bench:
                "tokens": tokens, "step_s": round(dt, 3), "tokens_per_s": round(tokens / dt, 1),
                **self.mfu(per_token * tokens / dt), "peak_gib": self.peak_gib()}  # fmt: skip
         del model, optimizer, params
+        self.reset_peak()
+        return out
+
+    def hrl_trainer(self) -> dict[str, Any]:
+        """hrl's own Trainer (`hrl.train.trainer`, its pydantic config and samples: on a GPU image, the wheelhouse
+        `--pack` builds) on a model saved to disk as a user's is, in bf16: LoRA, then full training with a trust
+        region (`trainer.max_update_kl`, which once left bf16 weights unmoved), three steps each, `train/update_norm`
+        > 0 at every step; then the colocated update's path (`trainer.offload('all')`: weights, fp32 masters and
+        moments to host memory, the cache freed; onload) and a fourth step."""
+        try:
+            from hrl.train.samples import Sample
+            from hrl.train.trainer import Trainer, TrainerConfig
+        except ImportError as e:
+            raise RuntimeError(f"hrl cannot be imported here ({e}): build the wheelhouse with `python bench/gpu.py "
+                               "--pack DIR` and install it before the run (this file's docstring)") from e  # fmt: skip
+
+        size = "tiny" if self.tiny else "0.5b"
+        cfg = model_config(self.tiny, size)
+        n, half = (4, self.tokens // 2) if self.tiny else (4, 1024)
+        gen = torch.Generator().manual_seed(0)
+        batch = [Sample(f"t{i}", "g", ["a"], torch.randint(0, cfg.vocab_size, (2 * half,), generator=gen).tolist(),
+                        [0] * half + [1] * half, [0.0] * half + [-1.0] * half, [-1] * half + [0] * half,
+                        [0.0] * half + [1 / half] * half, advantage=1.0 if i % 2 else -1.0)
+                 for i in range(n)]  # fmt: skip
+        out: dict[str, Any] = {"model": size, "samples": n, "tokens": n * 2 * half}
+        with tempfile.TemporaryDirectory() as d:
+            model = self.build(size)
+            model.save_pretrained(d)
+            del model
+            for mode, lr, bound in (("lora", 1e-4, 0.0), ("full", 1e-6, 0.5)):
+                self.reset_peak()
+                trainer = Trainer(TrainerConfig(model=d, mode=mode, dtype="bfloat16", device=str(self.device), lr=lr,
+                                                max_update_kl=bound, micro_batch=2))  # fmt: skip
+                t0 = time.perf_counter()
+                norms = [trainer.step(batch)["train/update_norm"] for _ in range(3)]
+                self.sync()
+                out[f"{mode}_step_s"] = round((time.perf_counter() - t0) / 3, 3)
+                out[f"{mode}_update_norms"] = [sig(x) for x in norms]
+                if not all(x > 0 for x in norms):
+                    raise AssertionError(f"{mode}: a step moved nothing (train/update_norm {norms})")
+                if mode == "full":
+                    moved = trainer.offload("all")
+                    trainer.onload()
+                    after = trainer.step(batch)["train/update_norm"]
+                    out |= {"offload_gib": sig(moved["offload/gib"]), "offload_s": round(moved["offload/seconds"], 3),
+                            "update_norm_after_onload": sig(after)}  # fmt: skip
+                    if not after > 0:
+                        raise AssertionError("the step after offload and onload moved nothing")
+                out[f"{mode}_peak_gib"] = self.peak_gib()
+                del trainer
         self.reset_peak()
         return out
 
@@ -583,15 +647,85 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# budgets add up to 610 s without lora_variants (run it with --only): with imports and CUDA start the whole run stays
-# under 11 minutes
-# in the order of what a short device lease should measure first: the weight-sync buckets, the LoRA step, then the
-# phases that need the most memory and time (the 7B full step is the one most likely not to fit)
-PHASES = [("probe", "probe", 25), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 45),
+# budgets add up to 700 s without lora_variants (run it with --only); a shorter lease passes --deadline, which cuts
+# each phase to what is left. In the order of what a short device lease should measure first: hrl's own trainer, the
+# weight-sync buckets, the LoRA step, then the phases that need the most memory and time (the 7B full step is the one
+# most likely not to fit)
+PHASES = [("probe", "probe", 25), ("hrl_trainer", "hrl_trainer", 90), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 45),
           ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95),
           ("lora_variants", "lora_variants", 120)]  # fmt: skip
 ON_REQUEST = {"lora_variants"}  # run only when named in --only
 VLLM_SHARE = 0.8  # of the GPU's memory: what vLLM takes back while the offloaded trainer holds next to nothing
+
+
+# what the GPU image imports, so has: its packages and what they load (the model, tokenizer and hub paths included)
+IMAGE_MODULES = ("torch", "transformers", "peft", "safetensors.torch", "huggingface_hub.file_download",
+                 "transformers.models.qwen2.modeling_qwen2", "transformers.models.auto.tokenization_auto")  # fmt: skip
+PACK_ANYWAY = {"typing-extensions"}  # pydantic needs a newer one than an image may hold
+PACK_MODULES = ("hrl.train.trainer", "hrl.train.samples")  # what the phases that run hrl itself import
+PACK_PYTHONS = ("3.10", "3.11", "3.12", "3.13")  # the image's Python is one of these; a wheel each where built
+PACK_LIMIT = 60 * 2**20
+_CLOSURE = """
+import importlib, importlib.metadata as md, json, sys
+before = set(sys.modules)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+dists = md.packages_distributions()
+found = {d for m in set(sys.modules) - before for d in dists.get(m.split(".")[0], [])}
+print(json.dumps(sorted((d, md.version(d)) for d in found)))
+"""
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def closure(modules: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The distributions (name, version) importing `modules` loads in this environment, from a fresh interpreter."""
+    import subprocess
+
+    probe = subprocess.run([sys.executable, "-c", _CLOSURE, *modules], capture_output=True, text=True, cwd=ROOT)
+    if probe.returncode:
+        raise SystemExit(f"importing {modules} failed here:\n{probe.stderr[-2000:]}")
+    return [tuple(pair) for pair in json.loads(probe.stdout)]
+
+
+def image_dists() -> set[str]:
+    """The distributions the GPU image has, by normalised name: those importing IMAGE_MODULES loads here."""
+    return {_norm(d) for d, _ in closure(IMAGE_MODULES)}
+
+
+def pack(dest: Path) -> dict[str, Any]:
+    """A wheelhouse of what hrl's own phases import beyond the GPU image (the distributions PACK_MODULES load here
+    that `image_dists` does not hold,
+    at this environment's versions), as wheels for each Python in PACK_PYTHONS (manylinux x86_64 where the wheel is
+    built, else the pure one), with a requirements.txt; at most PACK_LIMIT bytes. On the device, before the run:
+    `pip install --no-index --find-links DIR -r DIR/requirements.txt --target SITE` and `PYTHONPATH=SITE:.`."""
+    import subprocess
+
+    image = image_dists() - PACK_ANYWAY
+    wanted = [(d, v) for d, v in closure(PACK_MODULES) if _norm(d) not in image and _norm(d) != "hrl"]
+    if not any(_norm(d) == "pydantic" for d, _ in wanted):  # the image has none (measured on the device)
+        raise SystemExit(f"pydantic is not among the packed distributions {wanted}: this environment's image "
+                         "modules import it, which the GPU image cannot")  # fmt: skip
+    dest.mkdir(parents=True, exist_ok=True)
+    for py in PACK_PYTHONS:  # one pip per Python: a pure wheel is fetched once, a built one per ABI
+        tag = py.replace(".", "")
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                              "--dest", str(dest), "--python-version", py, "--implementation", "cp",
+                              "--abi", f"cp{tag}", "--abi", "abi3", "--abi", "none",
+                              "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+                              "--platform", "manylinux2014_x86_64", "--platform", "any",
+                              *(f"{d}=={v}" for d, v in wanted)], capture_output=True, text=True)  # fmt: skip
+        if got.returncode:
+            raise SystemExit(f"pip download for Python {py} failed:\n{got.stderr[-2000:]}")
+    (dest / "requirements.txt").write_text("".join(f"{d}=={v}\n" for d, v in wanted))
+    wheels = sorted(dest.glob("*.whl"))
+    size = sum(w.stat().st_size for w in wheels)
+    if size > PACK_LIMIT:
+        raise SystemExit(f"the wheelhouse is {size / 2**20:.1f} MiB, over {PACK_LIMIT / 2**20:.0f} MiB: {wheels}")
+    return {"dir": str(dest), "distributions": [f"{d}=={v}" for d, v in wanted], "wheels": len(wheels),
+            "mib": round(size / 2**20, 2)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -605,7 +739,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds for the whole run: a phase's budget is cut to what is left, minus 10 s",
     )
+    ap.add_argument("--pack", type=Path, default=None, metavar="DIR",
+                    help="build the wheelhouse of hrl's dependencies the GPU image lacks into DIR, then stop")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.pack is not None:
+        print(json.dumps(pack(a.pack)), flush=True)
+        return 0
     bench, start = Bench(a.tiny), time.perf_counter()
     for name, method, budget in PHASES:
         if (name in a.only) if a.only is not None else name not in ON_REQUEST:

@@ -1,10 +1,12 @@
-"""bench/gpu.py --tiny: every phase of the GPU check runs on the CPU, importing nothing the GPU image lacks; its MFU
-is a fraction of a known peak or absent."""
+"""bench/gpu.py --tiny: every phase of the GPU check runs on the CPU, importing nothing the GPU image lacks but the
+wheelhouse `--pack` builds (at most 60 MiB), with which hrl's own Trainer trains there; its MFU is a fraction of a
+known peak or absent."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,15 +22,16 @@ for name in ("pydantic", "vllm", "hrl", "docker"):
 sys.argv = ["gpu.py", "--tiny"]
 runpy.run_path(sys.argv_path, run_name="__main__")
 """.replace("sys.argv_path", repr(str(ROOT / "bench" / "gpu.py")))
-PHASES = ["probe", "sync", "lora_step", "tree", "colocate", "publish", "full_step"]
+PHASES = ["probe", "hrl_trainer", "sync", "lora_step", "tree", "colocate", "publish", "full_step"]
 
 
 def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     out = subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     rows = {r["phase"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
-    assert out.returncode == 0, (out.stdout, out.stderr[-3000:])
+    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])  # hrl_trainer needs the wheelhouse: one phase fails
     assert list(rows) == PHASES
-    assert all(r["ok"] for r in rows.values()), rows
+    assert all(r["ok"] for name, r in rows.items() if name != "hrl_trainer"), rows
+    assert not rows["hrl_trainer"]["ok"] and "--pack DIR" in rows["hrl_trainer"]["error"], rows["hrl_trainer"]
     assert rows["probe"]["gemm_tflops"] > 0 and rows["probe"]["device"] == "cpu"  # 3 significant figures: never 0.0
     for phase in ("lora_step", "full_step"):
         assert rows[phase]["tokens"] == 2 * 128 and rows[phase]["tokens_per_s"] > 0 and rows[phase]["peak_gib"] > 0
@@ -85,3 +88,53 @@ def test_mfu_is_a_fraction_of_a_known_peak_or_absent(bench):
     assert bench.mfu(5e8) == {"mfu": 0.5, "mfu_basis": "measured GEMM"}
     late = bench.mfu(2e9)  # twice the measured rate: that rate was no peak
     assert "mfu" not in late and late["mfu_note"].startswith("2.0x the measured GEMM rate")
+
+
+def _image_only(tmp_path: Path) -> Path:
+    """A folder holding only what the GPU image has (bench/gpu.py's `image_dists`, linked from this environment):
+    run with `python -S` and it on PYTHONPATH, nothing else of this environment can be imported."""
+    import importlib.metadata as md
+
+    spec = importlib.util.spec_from_file_location("hrl_bench_gpu_image", ROOT / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    image, names = tmp_path / "image", gpu.image_dists()
+    image.mkdir()
+    for dist in md.distributions():
+        if gpu._norm(dist.metadata["Name"]) not in names:
+            continue
+        for top in {f.parts[0] for f in dist.files or [] if f.parts and not f.parts[0].startswith("..")}:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (image / top).exists():
+                (image / top).symlink_to(source)
+    return image
+
+
+@pytest.mark.slow
+def test_the_wheelhouse_lets_hrls_trainer_run_on_an_image_without_hrls_dependencies(tmp_path):
+    """`--pack DIR` fetches what hrl's Trainer needs beyond the image (pydantic and its own; one wheel per Python where
+    built), at most 60 MiB; installed with pip from that folder alone, hrl_trainer runs in an environment that holds
+    only the image's packages, and every step moves the weights (bf16 full training with a trust region included)."""
+    packed = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--pack", str(tmp_path / "wheels")],
+                            capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    summary = json.loads(packed.stdout.splitlines()[-1])
+    assert 0 < summary["mib"] <= 60 and any(d.startswith("pydantic==") for d in summary["distributions"]), summary
+    assert not any(d.split("==")[0] in ("torch", "transformers", "peft") for d in summary["distributions"])
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                                str(tmp_path / "wheels"), "-r", str(tmp_path / "wheels" / "requirements.txt"),
+                                "--target", str(site)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(_image_only(tmp_path))])}  # fmt: skip
+    blocked = subprocess.run([sys.executable, "-S", "-c", "import pydantic"], env=env | {"PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True)  # fmt: skip
+    assert blocked.returncode != 0  # the environment holds nothing of this one's but what is put on its path
+    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "gpu.py"), "--tiny", "--only", "hrl_trainer"],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)  # fmt: skip
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0 and rows and rows[0]["ok"], (out.stdout[-3000:], out.stderr[-3000:])
+    row = rows[0]
+    assert all(n > 0 for n in row["lora_update_norms"] + row["full_update_norms"]), row
+    assert row["offload_gib"] > 0 and row["update_norm_after_onload"] > 0, row
