@@ -15,7 +15,8 @@ Phases, each in its own try/except (a failing phase reports its error and the ne
   publish    the disk tier without vLLM at 7B size: save the weights as the trainer does, load them into a second
              copy of the model in place, compare the two copies' logprobs: seconds, bytes, the largest difference
   tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
-             the largest logprob difference, one row per branch against one packed tree pass
+             the largest logprob difference, one row per branch against one packed tree pass; then each pass's
+             distance from the same weights in float64 (is the tree within the per-branch pass's own error?)
   hrl_trainer  hrl's own Trainer (its pydantic config: the wheelhouse below on a GPU image) on a Qwen2.5-0.5B shape
              saved to disk, bf16: LoRA, then full training with a trust region (max_update_kl), three steps each,
              train/update_norm > 0 at every step; trainer.offload('all'), onload and a fourth step
@@ -562,6 +563,17 @@ class Bench:
         diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(reference, got, strict=True)])
         row["max_abs_dlogp"] = sig(float(diffs.max()))
         row["mean_abs_dlogp"] = sig(float(diffs.mean()))
+        # how far each pass is from the exact logprobs of these very weights (float64, one branch at a time): the
+        # tree earns its place where it is no further than the per-branch pass it replaces
+        model.to(torch.float64)
+        with torch.no_grad():
+            exact = [logprobs_mod.token_logprobs(model, ids, torch.ones_like(ids), chunk)[0].double()
+                     for ids in (torch.tensor([s], device=self.device) for s in seqs)]  # fmt: skip
+        for name, logps in (("branch", reference), ("tree", got)):
+            d = torch.cat([(a.double() - e).abs().flatten() for a, e in zip(logps, exact, strict=True)])
+            row[f"{name}_vs_f64_max"], row[f"{name}_vs_f64_mean"] = sig(float(d.max())), sig(float(d.mean()))
+        del exact
+        self.reset_peak()
         return row
 
 
@@ -647,11 +659,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# budgets add up to 700 s without lora_variants (run it with --only); a shorter lease passes --deadline, which cuts
+# budgets add up to 715 s without lora_variants (run it with --only); a shorter lease passes --deadline, which cuts
 # each phase to what is left. In the order of what a short device lease should measure first: hrl's own trainer, the
 # weight-sync buckets, the LoRA step, then the phases that need the most memory and time (the 7B full step is the one
 # most likely not to fit)
-PHASES = [("probe", "probe", 25), ("hrl_trainer", "hrl_trainer", 90), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 45),
+PHASES = [("probe", "probe", 25), ("hrl_trainer", "hrl_trainer", 90), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 60),
           ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95),
           ("lora_variants", "lora_variants", 120)]  # fmt: skip
 ON_REQUEST = {"lora_variants"}  # run only when named in --only

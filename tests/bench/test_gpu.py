@@ -57,6 +57,8 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     # bf16 logits under 1 in size (init std 0.02): a rounding moves one by at most 2^-8 and a logprob by twice that,
     # so 0.1 allows 12 roundings; a wrong mask is off by > 1
     assert tree["max_abs_dlogp"] < 0.1, tree
+    # both passes' bf16 logprobs are off the float64 ones by bf16 rounding, neither by a wrong mask
+    assert 0 < tree["branch_vs_f64_max"] < 0.1 and 0 < tree["tree_vs_f64_max"] < 0.1, tree
     assert "| colocate | yes |" in out.stdout  # the closing table
 
 
