@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -108,6 +109,7 @@ def _check_loop_settings(cfg: dict[str, Any]) -> None:
     _check_memory_plan(cfg)
 
 
+@functools.cache
 def _cuda() -> bool:
     import torch
 
@@ -130,13 +132,11 @@ def _check_ipc(cfg: dict[str, Any], mode: str) -> None:
                "GPUs, and the handles hold the trainer's whole tensors on one")  # fmt: skip
     elif int(trainer.get("nproc") or 1) > 1:
         why = f"trainer.nproc={trainer['nproc']} shards the trainer's weights over its ranks"
-    elif (device := str(trainer.get("device") or "auto")) == "cpu" or (device == "auto" and not _cuda()):
-        why = f"trainer.device={device} trains on the CPU here, in host memory"
-    else:
-        trainer_gpus, engine_gpus = _gpus(cfg)
-        if trainer_gpus != engine_gpus:
-            why = (f"the trainer runs on GPU {trainer_gpus[0]} and the engine on GPU {engine_gpus[0]} (split layout), "
-                   "and vLLM maps the handles on its own GPU")  # fmt: skip
+    elif not (gpus := _gpus(cfg))[0]:
+        why = f"trainer.device={trainer.get('device') or 'auto'} trains on the CPU here, in host memory"
+    elif gpus[0] != gpus[1]:
+        why = (f"the trainer runs on GPU {gpus[0][0]} and the engine on GPU {gpus[1][0]} (split layout), and vLLM "
+               "maps the handles on its own GPU")  # fmt: skip
     if why:
         raise UsageError(f"engine_options.weight_sync=ipc sends the trainer's CUDA tensors to a colocated engine, "
                          f"but {why}", hint=disk)  # fmt: skip
