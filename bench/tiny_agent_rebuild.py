@@ -35,8 +35,8 @@ def _start(variant: str) -> dict:
         lr = 1.01
     code = (
         "import json, sys, tempfile\n"
-        "from hrl.train.tiny.agent import TinyAgentConfig\n"
-        "from hrl.train.tiny.verify import rebuild_start, machine\n"
+        "from hrl.train.tiny.agent import TinyAgentConfig, machine\n"
+        "from hrl.train.tiny.verify import rebuild_start\n"
         f"cfg = TinyAgentConfig(); cfg = cfg.model_copy(update={{'lr': cfg.lr * {lr}}}) if {lr!r} else cfg\n"
         "with tempfile.TemporaryDirectory() as d:\n"
         "    r = rebuild_start(d + '/m', cfg=cfg)\n"

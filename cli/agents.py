@@ -43,8 +43,8 @@ def install(
     as_json: Annotated[bool, typer.Option("--json", help="Print the installs as JSON.")] = False,
 ) -> None:
     """Install agent CLIs, pinned, into the cache (HRL_CACHE); a second install is a no-op."""
-    from hrl.cli.checks import check_agent, check_sandbox
     from hrl.runners.agents.install import install as do_install
+    from hrl.runners.preflight import check_agent, check_sandbox
 
     for name in names:
         check_agent(name)
@@ -83,9 +83,10 @@ def doctor(
 ) -> None:
     """Run each CLI once against a scripted engine through the real proxy: ✓ when it makes a tool call that changes
     a file, answers and exits, with a token-exact trace (--images: when the image it reads reaches the model)."""
-    from hrl.cli.checks import check_agent, check_model, check_sandbox
     from hrl.runners.doctor.agents import check_names
     from hrl.runners.doctor.agents import doctor as run_doctor
+    from hrl.runners.preflight import check_agent, check_model, check_sandbox
+    from hrl.train.tiny.build import doctor_model
 
     for name in names or []:
         check_agent(name)
@@ -93,11 +94,8 @@ def doctor(
     check_names(names, sandbox, images)  # type: ignore[arg-type]
     if model:
         check_model(model)
-    with scratch("doctor") as tmp:
-        if not model:
-            from hrl.train.tiny import build_tiny_model, build_tiny_vision_model
-
-            model = str(build_tiny_vision_model(f"{tmp}/tiny-vl") if images else build_tiny_model(f"{tmp}/tiny"))
+    with scratch("doctor") as tmp:  # no --model: a tiny one, built for this check
+        model = model or str(doctor_model(tmp, images))
         checks = run_doctor(names, model, sandbox, images=images)  # type: ignore[arg-type]
     human = "\n".join(f"{'✓' if c.ok else '✗'} {c.name:<15} {c.seconds:5.1f}s  {c.reason}" for c in checks)
     emit([asdict(c) for c in checks], as_json=as_json, human=human or "no agents installed: hrl agents install NAME")

@@ -1,6 +1,6 @@
 """`hrl keys`: client keys of an online run (`hrl train --serve`, docs/online.md). A client key opens sessions and
 ends and rewards its own; it never publishes, pauses, lists or ends another's. (Config override keys are
-`hrl.cli.keys`.)"""
+`hrl.runners.recipe_keys`.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from hrl.cli.output import emit, err
+from hrl.cli.output import emit, say
 from hrl.runners.errors import UsageError
 
 __all__ = ["app"]
@@ -20,14 +20,6 @@ _RunDir = Annotated[Path | None, typer.Option("--run-dir", help="The run the key
 _KeysFile = Annotated[
     Path | None, typer.Option("--keys-file", help="A keys file instead (give it to the run: -c online.keys_file=F).")
 ]
-
-
-def _path(run_dir: Path | None, keys_file: Path | None) -> Path:
-    from hrl.runners.online.keys import KEYS_FILE
-
-    if (run_dir is None) == (keys_file is None):
-        raise UsageError("give --run-dir or --keys-file (one of them)", hint="e.g. hrl keys add fleet --run-dir RUN")
-    return keys_file if keys_file is not None else run_dir / KEYS_FILE  # type: ignore[operator]
 
 
 @app.command(
@@ -43,11 +35,11 @@ def add(
     as_json: Annotated[bool, typer.Option("--json", help="Print {name, key, file} as JSON.")] = False,
 ) -> None:
     """Add a client key and print it (once: the file keeps only its digest)."""
-    from hrl.runners.online.keys import add_key
+    from hrl.runners.online.keys import add_key, keys_path
 
-    path = _path(run_dir, keys_file)
+    path = keys_path(run_dir, keys_file)
     key = add_key(path, name)
-    err.print(f"client key {name} added to {path}: send it as Authorization: Bearer <key>", markup=False)
+    say(f"client key {name} added to {path}: send it as Authorization: Bearer <key>")
     emit({"name": name, "key": key, "file": str(path)}, as_json=as_json, human=key)
 
 
@@ -60,9 +52,9 @@ def ls(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of names.")] = False,
 ) -> None:
     """List the client keys' names (the keys themselves are not kept)."""
-    from hrl.runners.online.keys import ClientKeys
+    from hrl.runners.online.keys import ClientKeys, keys_path
 
-    path = _path(run_dir, keys_file)
+    path = keys_path(run_dir, keys_file)
     if not path.is_file():
         raise UsageError(f"no client keys yet: {path} does not exist", hint="add one: hrl keys add NAME (same flags)")
     names = ClientKeys(path).names()

@@ -18,6 +18,7 @@ from typing import Any
 from rich.text import Text
 
 from hrl.cli.output import err
+from hrl.errors import HrlError
 
 __all__ = ["EXIT_INFRA", "EXIT_INTERRUPTED", "EXIT_USAGE", "hint_for", "infra_exit", "report", "say_error"]
 
@@ -97,7 +98,7 @@ def hint_for(exc: BaseException) -> tuple[int, str]:
         if isinstance(exc, typ):
             code, hint = typ_code, typ_hint
             break
-    return code, getattr(exc, "hint", None) or hint
+    return code, (exc.hint if isinstance(exc, HrlError) else None) or hint
 
 
 def say_error(message: str, hint: str) -> None:
@@ -119,21 +120,10 @@ def infra_exit(traces: list[dict[str, Any]], max_error_rate: float, where: str) 
     """The exit code of a finished run of episodes: EXIT_INFRA, with the error and its reasons, when more than
     `max_error_rate` of them failed in the infrastructure (a cancelled episode is no such failure), else 0.
     `where` is the trace source the hint names (`hrl rollout`'s --out, `hrl eval`'s run directory)."""
-    from collections import Counter
+    from hrl.runners.summary import infra_failure
 
-    from hrl.runners.trace import INFRA_FAILURES
-
-    infra = Counter(str(t["failure_reason"]) for t in traces if t.get("failure_reason") in INFRA_FAILURES)
-    infra.pop("cancelled", None)
-    if sum(infra.values()) <= len(traces) * max_error_rate:
+    if (failure := infra_failure(traces, max_error_rate)) is None:
         return 0
-    from hrl.runners.summary import failure_cause
-
-    which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
-    first = next(t for t in traces if t.get("failure_reason") in infra)
-    say_error(
-        f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
-        f"max_error_rate {max_error_rate:g} allows; the first: {failure_cause(first)}",
-        f"the traces' metadata say why: `hrl inspect {where} --json`; `hrl doctor` checks docker and the engine",
-    )
+    say_error(failure, f"the traces' metadata say why: `hrl inspect {where} --json`; `hrl doctor` checks docker and "
+              "the engine")  # fmt: skip
     return EXIT_INFRA

@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hrl.cli.errors import infra_exit
-from hrl.cli.options import OtlpOption
-from hrl.cli.output import emit, err
+from hrl.cli.options import (
+    ConfigOption,
+    EngineOption,
+    IncludeUncheckedOption,
+    LimitOption,
+    OtlpOption,
+    RecipeOption,
+    TimeBudgetOption,
+)
+from hrl.cli.output import emit, err, say
 from hrl.runners.errors import UsageError
+
+if TYPE_CHECKING:
+    from hrl.config import RunConfig
 
 __all__ = ["EPILOG", "eval_"]
 
@@ -41,34 +52,39 @@ def _agents(text: str) -> list[str]:
     return names
 
 
+_Model = Annotated[
+    str, typer.Option("--model", "-m", help="HF model id, local dir, hrl:tiny-agent, or a LoRA checkpoint.")
+]
+_Tasks = Annotated[
+    Path | None, typer.Option(help="SWE-bench-format tasks (JSONL, JSON, Parquet) or a folder of Harbor tasks.")
+]
+_Baseline = Annotated[
+    str, typer.Option(help="Also run this model on the same episodes: before/after and delta columns.")
+]
+_RunDir = Annotated[
+    Path | None, typer.Option("--run-dir", help="Where the traces and the table go (default: runs/eval-TIME).")
+]
+_Json = Annotated[
+    bool, typer.Option("--json", help="Print the rows (intervals, pass@k, infra, agreement) as a JSON array.")
+]
+
+
 def eval_(
     agents: Annotated[str, typer.Option("--agents", "-a", help="Comma-separated harnesses (see `hrl agents ls`).")],
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="HF model id, local dir, hrl:tiny-agent, or a LoRA checkpoint.")
-    ] = "",
-    recipe: Annotated[str, typer.Option(help="Recipe name or YAML path giving tasks, model and settings.")] = "",
-    tasks: Annotated[
-        Path | None, typer.Option(help="SWE-bench-format tasks (JSONL, JSON, Parquet) or a folder of Harbor tasks.")
-    ] = None,
-    baseline: Annotated[
-        str, typer.Option(help="Also run this model on the same episodes: before/after and delta columns.")
-    ] = "",
-    limit: Annotated[int, typer.Option(min=0, help="Use only the first N tasks; 0 = all.")] = 0,
+    model: _Model = "",
+    recipe: RecipeOption = "",
+    tasks: _Tasks = None,
+    baseline: _Baseline = "",
+    limit: LimitOption = 0,
     n: Annotated[int, typer.Option("-n", min=1, help="Episodes per task and harness (as in `hrl rollout`).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes running at once (within one harness).")] = 4,
     sandbox: Annotated[str, typer.Option(help="docker | local (default: the recipe's).")] = "",
-    engine: Annotated[str, typer.Option(help="embedded | vllm | URL of a running vLLM server.")] = "",
-    time_budget: Annotated[float, typer.Option(min=0, help="Seconds per agent run; 0 = the recipe's.")] = 0,
-    run_dir: Annotated[
-        Path | None, typer.Option("--run-dir", help="Where the traces and the table go (default: runs/eval-TIME).")
-    ] = None,
-    config: Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the rows (intervals, pass@k, infra, agreement) as a JSON array.")
-    ] = False,
-    include_unchecked: Annotated[
-        bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
-    ] = False,
+    engine: EngineOption = "",
+    time_budget: TimeBudgetOption = 0,
+    run_dir: _RunDir = None,
+    config: ConfigOption = None,
+    as_json: _Json = False,
+    include_unchecked: IncludeUncheckedOption = False,
     otlp: OtlpOption = "",
 ) -> None:
     """Run every task under every harness named in --agents (K episodes per task each), through the recording
@@ -77,117 +93,92 @@ def eval_(
     below, how often each pair of harnesses agrees per task. With --baseline, the baseline model runs the same
     episodes first, and the row shows both and the delta. The traces go to a run directory (one step per model ×
     harness) that `hrl report` renders with the same table."""
-    from hrl.cli.checks import check_model, check_run, grade_by_source, say_context
-    from hrl.cli.config import apply_overrides, hide_from_sandboxes, load_recipe_config, materialize_model, run_settings
+    from hrl.cli.config import materialize_model
+    from hrl.runners.preflight import check_empty_folder, check_harnesses, check_model, say_context
+    from hrl.runners.recipe_config import hide_from_sandboxes, require_model, resolve
+    from hrl.runners.report.evaluation import eval_plan
 
     names = _agents(agents)
     if not recipe and tasks is None:
         raise UsageError("give --recipe or --tasks", hint="e.g. `hrl eval --agents mini-swe-agent --recipe demo`")
-    cfg = apply_overrides(load_recipe_config(recipe) if recipe else {}, config or [], engine=engine, tasks=tasks)
-    if otlp:
-        cfg.setdefault("telemetry", {})["otlp_endpoint"] = otlp
-    model, engine, task_file = run_settings(cfg, sandbox, time_budget, model, engine, tasks, "hrl:tiny-agent")
-    roll = cfg["rollout"]
-    grade_by_source(cfg, task_file)
-    roll.pop("agents", None)  # --agents names the harnesses (a recipe's rollout.agents is for training)
-    for name in names:  # every harness's name, sandbox and the tasks, before anything starts
-        check_run({**cfg, "rollout": {**roll, "agent": name, "agents": []}}, engine, task_file)
+    flags = {"engine": engine, "model": model, "tasks": str(tasks) if tasks else None, "rollout.sandbox": sandbox,
+             "rollout.time_budget_s": time_budget or None, "telemetry.otlp_endpoint": otlp}  # fmt: skip
+    cfg = resolve(recipe, config or [], flags, tasks=str(tasks) if tasks else None)
+    model, engine, task_file = require_model(cfg, "hrl:tiny-agent"), cfg.engine, cfg.tasks
+    check_harnesses(cfg, names, engine, task_file, say)
     run_dir = run_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir} is a file", hint="give a new folder for the run, or leave --run-dir out")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise UsageError(f"--run-dir {run_dir} is not empty", hint="give a new --run-dir (or leave it out)")
+    check_empty_folder(run_dir, "--run-dir")
     models = [materialize_model(m) for m in ([baseline] if baseline else []) + [model]]
     for m in models:
         check_model(m)
     for name in names:
-        say_context(name, models[-1], cfg)
-    roll["run_id"] = roll.get("run_id") or f"hrl-{uuid.uuid4().hex[:8]}"
+        say_context(name, models[-1], cfg, say)
+    cfg.rollout.labelled()
     hide_from_sandboxes(cfg, task_file, run_dir)
-    plan = _plan(names, model, baseline, models, task_file, n)
+    plan = eval_plan(names, model, baseline, models, task_file, n)
     plan["include_unchecked"] = include_unchecked
     rc = asyncio.run(_run(cfg, plan, engine, task_file, limit, concurrency, run_dir, as_json))
     raise typer.Exit(rc)
 
 
-def _plan(names: list[str], model: str, baseline: str, paths: list[str], task_file: str, n: int) -> dict[str, Any]:
-    """The cells, baseline first: (iteration, agent, model, role); models as named and as resolved."""
-    roles = [("baseline", baseline, paths[0])] if baseline else []
-    roles.append(("model", model, paths[-1]))
-    cells = [
-        {"iteration": i, "agent": agent, "model": named, "model_path": path, "role": role}
-        for i, (role, named, path, agent) in enumerate((r, m, p, a) for r, m, p in roles for a in names)
-    ]
-    return {"model": model, "baseline": baseline or None, "agents": names, "tasks": task_file, "n": n, "cells": cells}
+def _open_run(
+    settings: RunConfig, plan: dict[str, Any], engine: str, task_file: str, limit: int, run_dir: Path
+) -> tuple[Any, list[Any]]:
+    """The run directory, created with the config and the plan, and the tasks it runs: the first `limit` of those
+    `hrl tasks check` found ok (the plan records their checks and count)."""
+    from hrl.runners.report.evaluation import open_eval_run
+    from hrl.runners.tasks.checks import checked_task_file
+
+    task_list, checks = checked_task_file(task_file, plan["include_unchecked"], limit, say)  # `hrl tasks check`
+    plan["task_checks"], plan["task_count"] = checks.to_dict(), len(task_list)
+    run = open_eval_run(settings.dump(), plan, run_dir)
+    per_cell = len(task_list) * plan["n"]
+    say(f"{len(plan['cells'])} harness runs × {per_cell} episodes ({len(task_list)} tasks × {plan['n']}), engine "
+        f"{engine}, run {settings.rollout.run_id} → {run_dir}")  # fmt: skip
+    return run, task_list
+
+
+def _progress(quiet: bool) -> Any:
+    """A progress bar per harness run on stderr, shown on a terminal unless `quiet`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=err, disable=quiet or not err.is_terminal, transient=False)
+
+
+def _advancing(progress: Any, bar: Any) -> Callable[[str, dict[str, Any]], None]:
+    """The handler of episode events that advances `bar` at each episode's end."""
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "episode_end":
+            progress.advance(bar)
+
+    return on_event
 
 
 async def _run(
-    cfg: dict[str, Any], plan: dict[str, Any], engine: str, task_file: str, limit: int, concurrency: int,
+    settings: RunConfig, plan: dict[str, Any], engine: str, task_file: str, limit: int, concurrency: int,
     run_dir: Path, as_json: bool,
 ) -> int:  # fmt: skip
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from hrl.cli.config import run_config
-    from hrl.runners.live import live_status
-    from hrl.runners.placement import Episode, engine_version, local_placement
-    from hrl.runners.report.evaluation import eval_rows, eval_table_text, write_plan
+    from hrl.runners.placement.runs import evaluate
+    from hrl.runners.report.evaluation import eval_rows, eval_table_text
     from hrl.runners.report.run import load_run
-    from hrl.runners.rundir import RunDir
-    from hrl.runners.tasks.checks import filter_checked
-    from hrl.runners.tasks.task import load_tasks
-    from hrl.runners.telemetry.otlp import exporting
 
-    settings = run_config(cfg)
-    task_list, checks = filter_checked(load_tasks(task_file), plan["include_unchecked"])  # `hrl tasks check`
-    task_list, plan["task_checks"] = task_list[: limit or None], checks.to_dict()
-    err.print(checks.line(), markup=False)
-    plan["task_count"] = len(task_list)
-    run = RunDir(run_dir)
-    run.create({**cfg, "model": plan["model"], "eval": {k: v for k, v in plan.items() if k != "cells"}})
-    write_plan(run.path, plan)
+    run, task_list = _open_run(settings, plan, engine, task_file, limit, run_dir)
     per_cell = len(task_list) * plan["n"]
-    err.print(
-        f"{len(plan['cells'])} harness runs × {per_cell} episodes ({len(task_list)} tasks × {plan['n']}), engine "
-        f"{engine}, run {cfg['rollout']['run_id']} → {run_dir}",
-        markup=False,
-    )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    progress = Progress(*columns, console=err, disable=as_json or not err.is_terminal, transient=False)
-    traces: list[dict[str, Any]] = []
-    say = lambda line: err.print(line, markup=False)  # noqa: E731
-    provider = "openai-compatible" if "://" in engine else engine
-    serving: list[Any] = []  # the placement serving now (one model after the other), for the live status's version
-    with (
-        exporting(settings.telemetry, run_id=settings.rollout.run_id, provider=provider, phase="eval", say=say),
-        progress,
-        live_status(run.path, lambda: engine_version(serving[-1]) if serving else None) as live,  # `hrl top RUN`
-    ):
-        bars = {
-            c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]
-        }
-        for path in dict.fromkeys(c["model_path"] for c in plan["cells"]):
-            cells = [c for c in plan["cells"] if c["model_path"] == path]
-            async with local_placement(settings, path, engine, harnesses=[c["agent"] for c in cells]) as here:
-                serving.append(here)
-                for cell in cells:
-                    bar = bars[cell["iteration"]]
+    progress = _progress(quiet=as_json)
+    bars = {c["iteration"]: progress.add_task(f"{c['agent']} · {c['model']}", total=per_cell) for c in plan["cells"]}
 
-                    def on_event(kind: str, data: dict[str, Any], bar: Any = bar) -> None:
-                        if kind == "episode_end":
-                            progress.advance(bar)
+    def done(cell: dict[str, Any]) -> None:
+        if progress.disable:
+            say(f"{cell['agent']} · {cell['model']}: {per_cell} episodes done")
 
-                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": []})
-                    await here.prepare(on_event, roll)
-                    episodes = [Episode(t, k, cell["iteration"]) for t in task_list for k in range(plan["n"])]
-                    try:
-                        traces += await here.run(episodes, run.trace_file(cell["iteration"]), concurrency)
-                    except asyncio.CancelledError:
-                        err.print(f"interrupted: the traces so far are in {run_dir}", markup=False)
-                        live.end_as = "interrupted"
-                        return 130
-                    if progress.disable:
-                        err.print(f"{cell['agent']} · {cell['model']}: {per_cell} episodes done", markup=False)
+    on_cell = lambda c: _advancing(progress, bars[c["iteration"]])  # noqa: E731
+    traces = await evaluate(settings, plan, engine, task_list, run, concurrency, shown=progress, on_cell=on_cell,
+                            cell_done=done, say=say)  # fmt: skip
+    if traces is None:
+        return 130
     rows = eval_rows(load_run(run_dir)) or []
     emit(rows, as_json=as_json, human=eval_table_text(rows, plan))
-    err.print(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table", markup=False)
+    say(f"traces in {run_dir}; `hrl report {run_dir}` renders them with this table")
     return infra_exit(traces, settings.max_error_rate, str(run_dir))

@@ -4,13 +4,10 @@ between them, the outcome), and its branches; a run directory as one row per ite
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +15,7 @@ from rich.tree import Tree
 
 from hrl.cli.options import DecodeModelOption
 from hrl.cli.output import emit, err
+from hrl.cli.tables import plain_table, short_count, short_secs, stdout_console
 
 __all__ = ["EPILOG", "inspect"]
 
@@ -77,7 +75,7 @@ def inspect(
     from hrl.cli.report import warn_cut_lines
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
-    from hrl.runners.summary import select_trace
+    from hrl.runners.summary import chosen_traces
 
     run = load_source(sources)
     warn_cut_lines(run)
@@ -86,34 +84,23 @@ def inspect(
 
         inspect_run(run, as_json=as_json)
         return
-    traces = [t for _, t in run.traces]
-    if not traces:
-        _no_traces(sources)
-    chosen = [select_trace(traces, trace_id)] if trace_id is not None else traces
+    chosen = chosen_traces([t for _, t in run.traces], trace_id, sources)
     single = trace_id is not None or (len(chosen) == 1 and not as_json)  # one trace: its conversation
     conv = _conversation(chosen[0], run, model, full) if single else None
     if as_json:
-        emit(_json_result(chosen, conv, samples=samples), as_json=True)
+        from hrl.runners.summary import describe_traces
+
+        emit(describe_traces(chosen, conv, samples=samples), as_json=True)
         return
-    _render(_stdout_console(), chosen, conv, samples=samples)
-
-
-def _no_traces(sources: list[Path]) -> NoReturn:
-    """Nothing to show is an error (exit 1), not an empty screen: a run whose file stayed empty is a failed run."""
-    from hrl.runners.trace import TraceFormatError
-
-    raise TraceFormatError(f"no traces in {' '.join(map(str, sources))}")
+    _render(stdout_console(), chosen, conv, samples=samples)
 
 
 def _conversation(trace: Trace, run: Any, model: str | None, full: bool) -> dict[str, Any]:
     """The trace's conversation, decoded with `model`'s tokenizer (default: the run's or the trace's model); without
     one, a note on stderr says so once and the conversation has token counts in place of text."""
-    from hrl.runners.conversation import conversation, load_template, model_of
-    from hrl.runners.errors import UsageError
+    from hrl.runners.conversation import conversation, decoding_template
 
-    template, note = load_template(model or model_of([trace], run.config), run.config.get("proxy"))
-    if template is None and model is not None:
-        raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
+    template, note = decoding_template([trace], run.config, model)
     if note:
         err.print(f"Note: {note}: showing token counts without text (--model DIR decodes with that tokenizer)",
                   markup=False, highlight=False)  # fmt: skip
@@ -121,35 +108,6 @@ def _conversation(trace: Trace, run: Any, model: str | None, full: bool) -> dict
 
 
 _MAX_LINES = 20  # lines of one text shown without --full
-
-
-def _json_result(traces: list[Trace], conv: dict[str, Any] | None, *, samples: bool) -> Any:
-    """Per-trace summaries (+ `samples` = branches); a single trace also gets its calls, tool events and
-    conversation."""
-    from hrl.runners.summary import describe_branches, describe_calls, summarize_trace
-
-    out = []
-    for t in traces:
-        s = summarize_trace(t)
-        if samples:
-            s["samples"] = describe_branches(t)
-        if conv is not None:
-            s |= {"reward_info": t.get("reward_info") or {}, "call_details": describe_calls(t)}
-            s |= {"tool_events": t.get("tools") or [], "conversation": conv}
-        out.append(s)
-    return out[0] if conv is not None else out
-
-
-PIPE_WIDTH = 200  # columns when piped and COLUMNS is unset: rows whole for `| less -S`, grep or a file
-
-
-def _stdout_console() -> Console:
-    """Rich on stdout: colour only on a TTY without NO_COLOR; PIPE_WIDTH columns when piped (unless COLUMNS says),
-    so that no row is cut at a terminal's width that is not there."""
-    tty = sys.stdout.isatty()
-    width = None if tty or os.environ.get("COLUMNS") else PIPE_WIDTH
-    no_color = not tty or bool(os.environ.get("NO_COLOR"))
-    return Console(file=sys.stdout, width=width, no_color=no_color, highlight=False, emoji=False)
 
 
 def _render(console: Console, traces: list[Trace], conv: dict[str, Any] | None, *, samples: bool) -> None:
@@ -169,22 +127,6 @@ def _render(console: Console, traces: list[Trace], conv: dict[str, Any] | None, 
 # ---- formatting --------------------------------------------------------------------------------------------
 
 
-def _num(n: float | None) -> str:
-    """Compact count: 1234, 12.3k, 1.2M."""
-    if n is None:
-        return "-"
-    if abs(n) >= 1_000_000:
-        return f"{n / 1_000_000:.1f}M"
-    return f"{n / 1000:.1f}k" if abs(n) >= 10_000 else str(n)
-
-
-def _secs(s: float | None) -> str:
-    """Seconds in at most 6 characters below ~28 hours: 5.00s, 12.5s, 222s."""
-    if s is None:
-        return "-"
-    return f"{s:.2f}s" if s < 10 else f"{s:.1f}s" if s < 100 else f"{s:.0f}s"
-
-
 def _short(trace_id: Any) -> str:
     return str(trace_id)[:8]
 
@@ -199,16 +141,10 @@ def _outcome(s: dict[str, Any]) -> Text:
     return Text.assemble((str(s["status"]), "green" if s["status"] == "ok" else "yellow"), flag)
 
 
-def _table(padding: int = 1) -> Table:
-    """Borderless, one header rule, two spaces between columns (one with `padding=0`)."""
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, header_style="bold",
-                 padding=(0, padding))  # fmt: skip
-
-
 def _summary_table(sums: list[dict[str, Any]], wide: bool = False) -> Table:
     """One row per trace. In 100 columns the task, agent and status are cut to fit; `wide` (160 columns or more, as
     when piped) shows task ids whole up to 60 characters (SWE-bench's and synthesized ones are 20 to 40)."""
-    table = _table(padding=0)  # 11 columns in 100: one space between them
+    table = plain_table(padding=0)  # 11 columns in 100: one space between them
     table.add_column("trace", no_wrap=True, min_width=8)
     table.add_column("task", max_width=60 if wide else 16, overflow="ellipsis", no_wrap=True)
     table.add_column("agent", max_width=24 if wide else 14, overflow="ellipsis", no_wrap=True)
@@ -228,10 +164,10 @@ def _summary_table(sums: list[dict[str, Any]], wide: bool = False) -> Table:
             _yes_no(s.get("success")),
             str(s["calls"]),
             str(s["turns"]),
-            _num(s["prompt_tokens"]),
-            _num(s["response_tokens"]),
+            short_count(s["prompt_tokens"]),
+            short_count(s["response_tokens"]),
             str(s["branches"]),
-            _secs(s["duration_s"]),
+            short_secs(s["duration_s"]),
         )
     return table
 
@@ -250,9 +186,9 @@ def _totals(agg: dict[str, Any]) -> Text:
              "tool parse errors"), ("dropped_media", "with dropped media")) if agg.get(k)]  # fmt: skip
     first += "".join(f" · {f}" for f in flags)
     second = (
-        f"tokens {_num(tok['prompt'])} prompt / {_num(tok['response'])} response · "
-        f"time p50 {_secs(lat['duration']['p50'])} p95 {_secs(lat['duration']['p95'])} · "
-        f"call p50 {_secs(lat['call']['p50'])} p95 {_secs(lat['call']['p95'])}"
+        f"tokens {short_count(tok['prompt'])} prompt / {short_count(tok['response'])} response · "
+        f"time p50 {short_secs(lat['duration']['p50'])} p95 {short_secs(lat['duration']['p95'])} · "
+        f"call p50 {short_secs(lat['call']['p50'])} p95 {short_secs(lat['call']['p95'])}"
     )
     return Text(f"{first}\n{second}")
 
@@ -267,9 +203,10 @@ def _call_label(c: dict[str, Any], first: bool) -> Text:
     versions = ",".join(f"v{v}" for v in c["versions"]) or "v-"
     label = Text.assemble(
         (c["call_id"], "bold"),
-        f"  @{_secs(c['started_at'])}  {kind}  {_num(c['prompt_tokens'])}→{_num(c['response_tokens'])}  ",
+        f"  @{short_secs(c['started_at'])}  {kind}  "
+        f"{short_count(c['prompt_tokens'])}→{short_count(c['response_tokens'])}  ",
         (c["finish_reason"], "cyan"),
-        f"  {versions}  {c['first_token_s']:.2f}/{_secs(c['total_s'])}",
+        f"  {versions}  {c['first_token_s']:.2f}/{short_secs(c['total_s'])}",
     )
     if c["parent"] is not None:
         label.append(f"  ← {c['parent']}", style="dim")
@@ -292,7 +229,7 @@ def _call_label(c: dict[str, Any], first: bool) -> Text:
 
 def _tool_label(t: dict[str, Any]) -> Text:
     dur = max(0.0, float(t.get("ended_at", 0.0)) - float(t.get("started_at", 0.0)))
-    return Text(f"tool {t.get('name', '?')}  @{_secs(t.get('started_at'))}  {_secs(dur)}", style="magenta")
+    return Text(f"tool {t.get('name', '?')}  @{short_secs(t.get('started_at'))}  {short_secs(dur)}", style="magenta")
 
 
 def _yes_no(success: bool | None) -> str:
@@ -345,10 +282,9 @@ def _outcome_nodes(tree: Tree, outcome: dict[str, Any]) -> None:
 def _trace_tree(trace: Trace, conv: dict[str, Any]) -> Tree:
     """trace → calls (each with what it was shown and what it said) and tool events in time order (a tool sorts
     after the call that asked for it) → outcome: reward, tests, test output."""
-    from hrl.runners.summary import describe_calls, media_text
+    from hrl.runners.summary import describe_calls, media_text, timeline
     from hrl.runners.trace import dropped_media
 
-    calls = describe_calls(trace)
     agent, model = trace.get("agent") or {}, trace.get("model") or {}
     head = Text.assemble(("trace ", "bold"), str(trace["trace_id"]), f"  task {trace.get('task_id') or '-'}")
     who = " · ".join(str(x) for x in (agent.get("name"), model.get("name")) if x)
@@ -357,15 +293,12 @@ def _trace_tree(trace: Trace, conv: dict[str, Any]) -> Tree:
     head.append(f"\n{_LEGEND}", style="dim")
     tree = Tree(head)
     nodes = _agent_nodes(tree, trace)
-    firsts = {c.get("agent"): i for i, c in reversed(list(enumerate(calls)))}
-    turns = conv["calls"]
-    events = [((c["started_at"] or 0.0, 0), c.get("agent"), _call_label(c, firsts[c.get("agent")] == i), turns[i])
-              for i, c in enumerate(calls)]  # fmt: skip
-    events += [((t.get("started_at") or 0.0, 1), None, _tool_label(t), None) for t in trace.get("tools") or []]
-    for _, agent, label, turn in sorted(events, key=lambda e: e[0]):
-        node = nodes(agent).add(label)
-        if turn is not None:
-            _turn(node, turn)
+    calls, tools, turns = describe_calls(trace), trace.get("tools") or [], conv["calls"]
+    for kind, i, first in timeline(trace):
+        if kind == "tool":
+            nodes(None).add(_tool_label(tools[i]))
+        else:
+            _turn(nodes(calls[i].get("agent")).add(_call_label(calls[i], first)), turns[i])
     _outcome_nodes(tree.add(_reward_label(trace)), conv["outcome"])
     if trace.get("failure_reason"):
         tree.add(Text(f"failed: {trace['failure_reason']}", style="bold red"))
@@ -401,7 +334,7 @@ def _branches_table(traces: list[Trace]) -> Table:
     from hrl.runners.summary import describe_branches
 
     several = len(traces) > 1
-    table = _table()
+    table = plain_table()
     if several:
         table.add_column("trace", no_wrap=True)
     table.add_column("calls (root → leaf)", overflow="fold")
@@ -411,6 +344,6 @@ def _branches_table(traces: list[Trace]) -> Table:
         for b in describe_branches(t):
             path = " → ".join(b["calls"]) + (" (side)" if b["side"] else "")
             versions = "-" if b["first_version"] is None else f"v{b['first_version']}→v{b['last_version']}"
-            row = [Text(path), _num(b["tokens"]), _num(b["loss_tokens"]), versions]
+            row = [Text(path), short_count(b["tokens"]), short_count(b["loss_tokens"]), versions]
             table.add_row(*([Text(_short(t["trace_id"]))] if several else []), *row)
     return table

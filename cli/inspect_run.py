@@ -8,27 +8,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from hrl.cli.inspect import _num, _secs, _stdout_console, _table
 from hrl.cli.output import emit, err
+from hrl.cli.tables import plain_table, short_count, short_secs, stdout_console
+from hrl.runners.report.run import row_metric as _m
+from hrl.runners.report.run import sparkline, trends
 
-__all__ = ["inspect_run", "sparkline"]
-
-_SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float | None], width: int = 60) -> str:
-    """One character per value (a blank for None), scaled min→max; more than `width` values are averaged into
-    `width` buckets."""
-    if len(values) > width:
-        size = len(values) / width
-        chunks = [values[int(i * size) : int((i + 1) * size)] for i in range(width)]
-        values = [(sum(xs) / len(xs)) if (xs := [v for v in c if v is not None]) else None for c in chunks]
-    known = [v for v in values if v is not None]
-    if not known:
-        return " " * len(values)
-    lo, hi = min(known), max(known)
-    top = len(_SPARK) - 1
-    return "".join(" " if v is None else _SPARK[round((v - lo) / (hi - lo) * top) if hi > lo else 0] for v in values)
+__all__ = ["inspect_run"]
 
 
 def inspect_run(run: Any, *, as_json: bool) -> None:
@@ -42,7 +27,7 @@ def inspect_run(run: Any, *, as_json: bool) -> None:
     if not rows:
         err.print(f"no iterations in {run.path} yet", markup=False, highlight=False)
         return
-    console = _stdout_console()
+    console = stdout_console()
     console.print(_run_table(rows))
     console.print()
     console.print(_trends(rows))
@@ -56,13 +41,8 @@ def inspect_run(run: Any, *, as_json: bool) -> None:
     )
 
 
-def _m(row: dict[str, Any], key: str) -> float | None:
-    v = row["metrics"].get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
 def _run_table(rows: list[dict[str, Any]]) -> Table:
-    table = _table()
+    table = plain_table()
     for name in ("iter", "n", "reward", "success"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("failures", max_width=20, overflow="fold")
@@ -78,47 +58,31 @@ def _run_table(rows: list[dict[str, Any]]) -> Table:
             "-" if reward is None else f"{reward:.3g}",
             "-" if success is None else f"{success:.3g}",  # the share of its graded traces that succeeded
             Text(fails or "-", style="red" if fails else ""),
-            f"{_secs(_m(r, 'trace/latency_s/p50'))}/{_secs(_m(r, 'trace/latency_s/p95'))}",
-            _secs(_m(r, "trace/llm_latency_s/p50")),
-            _secs(_m(r, "trace/tool_latency_s/p50")),
-            f"{_num(_round(_m(r, 'trace/prompt_tokens')))}/{_num(_round(_m(r, 'trace/response_tokens')))}",
+            f"{short_secs(_m(r, 'trace/latency_s/p50'))}/{short_secs(_m(r, 'trace/latency_s/p95'))}",
+            short_secs(_m(r, "trace/llm_latency_s/p50")),
+            short_secs(_m(r, "trace/tool_latency_s/p50")),
+            f"{short_count(_round(_m(r, 'trace/prompt_tokens')))}/"
+            f"{short_count(_round(_m(r, 'trace/response_tokens')))}",
             "-" if stale is None else f"{stale:.2g}/{_m(r, 'trace/staleness/max') or 0:.0f}",
         )
     return table
 
 
 def _value(v: float) -> str:
-    return _num(round(v)) if abs(v) >= 1000 else f"{v:.3g}"
+    return short_count(round(v)) if abs(v) >= 1000 else f"{v:.3g}"
 
 
 def _round(v: float | None) -> int | None:
     return None if v is None else round(v)
 
 
-_TRENDS = (
-    ("reward", "trace/reward"),
-    ("success", "trace/success"),
-    ("failed", None),
-    ("time p50", "trace/latency_s/p50"),
-    ("llm p50", "trace/llm_latency_s/p50"),
-    ("tool p50", "trace/tool_latency_s/p50"),
-    ("prompt tok", "trace/prompt_tokens"),
-    ("resp tok", "trace/response_tokens"),
-    ("staleness", "trace/staleness"),
-    ("loss", "train/loss"),
-    ("mismatch kl", "train/mismatch_kl"),
-)
-
-
 def _trends(rows: list[dict[str, Any]]) -> Table:
     """One sparkline per metric over the iterations, with its first → last value (rows without data left out)."""
-    table = _table()
+    table = plain_table()
     table.add_column("trend")
     table.add_column("", no_wrap=True)
     table.add_column("first → last", justify="right", no_wrap=True)
-    for label, key in _TRENDS:
-        values = [float(sum(r["failures"].values())) if key is None else _m(r, key) for r in rows]
+    for label, values in trends(rows):
         known = [v for v in values if v is not None]
-        if known:
-            table.add_row(label, Text(sparkline(values), style="cyan"), f"{_value(known[0])} → {_value(known[-1])}")
+        table.add_row(label, Text(sparkline(values), style="cyan"), f"{_value(known[0])} → {_value(known[-1])}")
     return table

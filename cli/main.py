@@ -20,13 +20,13 @@ __all__ = ["app", "main", "run"]
 def _click_classes(name: str) -> tuple[type[BaseException], ...]:
     """`click.<name>` and, where typer ships its own copy of click (typer >= 0.26), that copy's class too: typer's
     BadParameter and Abort come from the copy, and catching only click's would turn usage errors into 'a bug'."""
-    classes: list[type[BaseException]] = [getattr(click.exceptions, name)]
+    classes: list[type[BaseException]] = [vars(click.exceptions)[name]]
     try:
         from typer._click import exceptions as bundled  # type: ignore[import-not-found]
     except ImportError:
-        bundled = None
-    if bundled is not None and getattr(bundled, name, None) not in (None, *classes):
-        classes.append(getattr(bundled, name))
+        return tuple(classes)
+    if vars(bundled).get(name) not in (None, *classes):
+        classes.append(vars(bundled)[name])
     return tuple(classes)
 
 
@@ -51,7 +51,7 @@ def usage_error(e: Any) -> int:
     from hrl.cli.errors import say_error
 
     message = e.format_message().removeprefix("Invalid value: ")
-    say_error(message, f"`{command_path(getattr(e, 'ctx', None))} --help` shows its usage and examples")
+    say_error(message, f"`{command_path(vars(e).get('ctx'))} --help` shows its usage and examples")
     return int(e.exit_code)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from hrl.cli.output import emit, err
+from hrl.cli.output import emit, err, say
 from hrl.cli.pretrained import GET_EPILOG, LS_EPILOG, get, ls
 
 __all__ = ["app"]
@@ -36,89 +35,59 @@ TINY_EPILOG = """Examples:
 """
 
 
+_Family = Annotated[
+    str,
+    typer.Option(
+        help="Model family whose chat template and special tokens it gets: hermes, qwen3-coder, glm45, llama3, "
+        "mistral, deepseek-v3, kimi-k2, gpt-oss."
+    ),
+]
+_SlidingWindow = Annotated[
+    int | None,
+    typer.Option(
+        "--sliding-window",
+        min=1,
+        help="Sliding-window attention on every layer: each position attends to itself and the W - 1 before it "
+        "(as Mistral v0.1). Default: full attention.",
+    ),
+]
+_Vision = Annotated[
+    bool,
+    typer.Option(
+        "--vision",
+        help="A vision-language model (Idefics3's layout, which transformers and vLLM load without "
+        "torchvision): the same tokenizer plus <image> and its wrapping tokens, the chat template with image "
+        "parts, an image processor (4 tokens an image), a vision tower and connector before the decoder. "
+        "Hermes family, full attention only.",
+    ),
+]
+_VisionLayout = Annotated[
+    str,
+    typer.Option(
+        "--vision-layout",
+        help="With --vision: idefics3 (one position a token, 4 tokens an image; vLLM serves it here too) or "
+        "qwen2-vl (Qwen2-VL's processor, tower and multi-dimensional rotary positions, mRoPE: 2 to 8 tokens an "
+        "image by its aspect).",
+    ),
+]
+
+
 @app.command("tiny", epilog=TINY_EPILOG)
 def tiny(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into (created if missing).")],
     seed: Annotated[int, typer.Option("--seed", "-s", help="Seed for tokenizer corpus and weights.")] = 0,
-    family: Annotated[
-        str,
-        typer.Option(
-            help="Model family whose chat template and special tokens it gets: hermes, qwen3-coder, glm45, llama3, "
-            "mistral, deepseek-v3, kimi-k2, gpt-oss."
-        ),
-    ] = "hermes",
-    sliding_window: Annotated[
-        int | None,
-        typer.Option(
-            "--sliding-window",
-            min=1,
-            help="Sliding-window attention on every layer: each position attends to itself and the W - 1 before it "
-            "(as Mistral v0.1). Default: full attention.",
-        ),
-    ] = None,
-    vision: Annotated[
-        bool,
-        typer.Option(
-            "--vision",
-            help="A vision-language model (Idefics3's layout, which transformers and vLLM load without "
-            "torchvision): the same tokenizer plus <image> and its wrapping tokens, the chat template with image "
-            "parts, an image processor (4 tokens an image), a vision tower and connector before the decoder. "
-            "Hermes family, full attention only.",
-        ),
-    ] = False,
-    vision_layout: Annotated[
-        str,
-        typer.Option(
-            "--vision-layout",
-            help="With --vision: idefics3 (one position a token, 4 tokens an image; vLLM serves it here too) or "
-            "qwen2-vl (Qwen2-VL's processor, tower and multi-dimensional rotary positions, mRoPE: 2 to 8 tokens an "
-            "image by its aspect).",
-        ),
-    ] = "idefics3",
+    family: _Family = "hermes",
+    sliding_window: _SlidingWindow = None,
+    vision: _Vision = False,
+    vision_layout: _VisionLayout = "idefics3",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Build a tiny chat model offline: BPE tokenizer, a family's chat template and special tokens (default: ChatML
     + Hermes tool calls), random Qwen2. config.json records the family; the proxy picks its tool-call parser."""
-    from hrl.train.tiny import TinyModelConfig, build_tiny_model
-    from hrl.train.tiny.families import family_spec
+    from hrl.train.tiny.build import tiny as build
 
-    family_spec(family)  # an unknown family fails before anything is written
-    if vision:
-        _tiny_vision(out_dir, seed, family, sliding_window, vision_layout, as_json)
-        return
-    if vision_layout != "idefics3":
-        from hrl.runners.errors import UsageError
-
-        raise UsageError("--vision-layout chooses the layout of a --vision model", hint="add --vision")
-    t0 = time.monotonic()
-    window = f", sliding window {sliding_window}" if sliding_window else ""
-    err.print(f"building tiny model in {out_dir} (seed {seed}, family {family}{window})")
-    path = build_tiny_model(out_dir, seed=seed, family=family, cfg=TinyModelConfig(sliding_window=sliding_window))
-    files = sorted(p.name for p in path.iterdir())
-    result = {"path": str(path), "seed": seed, "family": family, "sliding_window": sliding_window, "files": files,
-              "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
-    emit(result, as_json=as_json, human=str(path))
-
-
-def _tiny_vision(out_dir: Path, seed: int, family: str, sliding_window: int | None, layout: str, as_json: bool) -> None:
-    """`hrl models tiny --vision`: the tiny vision-language model; other families and windows are refused before
-    anything is written (its template is the Hermes one with image parts, its decoder attends fully)."""
-    from hrl.runners.errors import UsageError
-    from hrl.train.tiny import TinyVisionConfig, build_tiny_vision_model
-    from hrl.train.tiny.vision import VISION_LAYOUTS
-
-    if family != "hermes" or sliding_window is not None:
-        raise UsageError("--vision builds the Hermes family with full attention only",
-                         hint="drop --family/--sliding-window, or --vision")  # fmt: skip
-    if layout not in VISION_LAYOUTS:
-        raise UsageError(f"unknown --vision-layout {layout!r}", hint=f"one of: {', '.join(VISION_LAYOUTS)}")
-    t0 = time.monotonic()
-    err.print(f"building tiny vision-language model in {out_dir} (seed {seed}, layout {layout})")
-    path = build_tiny_vision_model(out_dir, seed=seed, cfg=TinyVisionConfig(layout=layout))
-    files = sorted(p.name for p in path.iterdir())
-    result = {"path": str(path), "seed": seed, "family": family, "vision": True, "vision_layout": layout,
-              "files": files, "seconds": round(time.monotonic() - t0, 2)}  # fmt: skip
-    emit(result, as_json=as_json, human=str(path))
+    result = build(out_dir, seed, family, sliding_window, vision, vision_layout, say=err.print)
+    emit(result, as_json=as_json, human=result["path"])
 
 
 TINY_AGENT_EPILOG = """Examples:
@@ -168,60 +137,22 @@ def tiny_agent(
     """Build the CPU demo's agent model: a few-million-parameter Qwen2 warm-started on synthetic mini-swe-agent
     episodes (cat the module, sed a fix, submit) so that it fixes demo bugs sometimes, and often not. The default
     config's build ships with the demo recipe and is copied; other seeds and shares are trained (minutes)."""
-    from hrl.runners.errors import UsageError
-    from hrl.train.tiny import BUILD_INFO, TinyAgentConfig, build_info, shipped_model, verify_build
+    from hrl.train.tiny import verify_build, verify_text
+    from hrl.train.tiny.build import tiny_agent_plan, tiny_agent_summary
 
-    noise = {k: v for k, v in {"right_op": right_op, "in_place": in_place}.items() if v >= 0}
-    cfg = TinyAgentConfig(seed=seed, **noise)
-    reference = shipped_model() if verify else None
-    if verify and (reference is None or (build_info(reference) or {}).get("key") != cfg.key()):
-        raise UsageError("--verify compares with the shipped build, which is the default config's only",
-                         hint="drop --seed/--right-op/--in-place, or --verify")  # fmt: skip
-    if force or verify:
-        (out_dir / BUILD_INFO).unlink(missing_ok=True)
+    cfg, reference = tiny_agent_plan(out_dir, seed, right_op, in_place, verify, force)
     path = build_tiny_agent_showing_progress(out_dir, cfg, quiet=as_json, use_shipped=not (force or verify))
-
-    info = build_info(path) or {}
-    result = {"path": str(path), "seed": seed, "params": info.get("params"), "final_loss": info.get("final_loss"),
-              "build_seconds": info.get("seconds"), "agent": info.get("agent")}  # fmt: skip
+    result = tiny_agent_summary(path, seed)
     if reference is None:
         emit(result, as_json=as_json, human=str(path))
         return
     if not as_json:
-        err.print("comparing with the shipped build", markup=False)
+        say("comparing with the shipped build")
     check = verify_build(path, reference)
     result |= {"reference": str(reference)} | check
-    emit(result, as_json=as_json, human=_verify_text(path, reference, check))
+    emit(result, as_json=as_json, human=verify_text(path, reference, check))
     if not check["verified"]:
         raise typer.Exit(1)
-
-
-def _verify_text(path: Path, reference: Path, check: dict[str, Any]) -> str:
-    """The human rendering of `verify_build`'s result."""
-    lines = [
-        f"{'same' if r['same'] else 'DIFFERS'}  {r['file']}  {(r['built'] or 'missing')[:16]}" for r in check["files"]
-    ]
-    if not check["reference_intact"]:
-        lines.append(f"the shipped build {reference} does not match its own sha256 record (restore it from git)")
-    if check["mode"] == "bytes":
-        verdict = "byte-identical to" if check["verified"] else "NOT identical to"
-        lines.append(f"{path}: {verdict} the shipped build {reference} (same torch build and CPU features)")
-        return "\n".join(lines)
-    c = check["checks"]
-    lines += [
-        f"this machine's float kernels differ from the builder's ({check['reference_machine']}): compared as a model",
-        f"{'same' if c['other_files_same'] else 'DIFFERS'}  every file but the weights, byte for byte",
-        f"{'same' if c['tensors_same'] else 'DIFFERS'}  tensor names, shapes and dtypes (weights drift "
-        f"{check['tensors']['drift']:.0%} of their norm: training carries the first rounding difference on)",
-        f"{'same' if c['fixed_turns_same'] else 'DIFFERS'}  greedy answers on the read and submit turns "
-        f"({len(check['fixed_turns_differ'])} of {check['greedy_prompts'] * 2 // 3} differ)",
-        f"{'ok' if c['fixes_well_formed'] else 'BAD'}  a sed fix on every fix turn "
-        f"({check['fix_turns_differ']} of {check['greedy_prompts'] // 3} name other operators than the shipped build's)",
-        f"{'ok' if c['loss_within'] else 'BAD'}  held-out loss {check['heldout_loss'][0]} vs {check['heldout_loss'][1]} "
-        f"(ratio {check['loss_ratio']}, at most {check['loss_ratio_max']})",
-        f"{path}: {'the same model as' if check['verified'] else 'NOT the same model as'} the shipped build {reference}",
-    ]
-    return "\n".join(lines)
 
 
 def build_tiny_agent_showing_progress(

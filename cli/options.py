@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["DecodeModelOption", "OtlpOption"]
+__all__ = [
+    "ConfigOption",
+    "DecodeModelOption",
+    "EngineOption",
+    "IncludeUncheckedOption",
+    "LimitOption",
+    "OtlpOption",
+    "RecipeOption",
+    "TimeBudgetOption",
+]
 
 OtlpOption = Annotated[
     str,
@@ -26,4 +35,22 @@ DecodeModelOption = Annotated[
         help="Decode the recorded token ids with this model's tokenizer (default: the run's model, else the one "
         "the traces name; read locally, never downloaded).",
     ),
+]
+
+ConfigOption = Annotated[list[str] | None, typer.Option("-c", "--config", help="key=value override or YAML.")]
+
+RecipeOption = Annotated[
+    str, typer.Option("--recipe", help="Recipe name or YAML path giving tasks, model and settings.")
+]
+
+EngineOption = Annotated[str, typer.Option("--engine", help="embedded | vllm | URL of a running vLLM server.")]
+
+LimitOption = Annotated[int, typer.Option("--limit", min=0, help="Use only the first N tasks; 0 = all.")]
+
+TimeBudgetOption = Annotated[
+    float, typer.Option("--time-budget", min=0, help="Seconds per agent run; 0 = the recipe's.")
+]
+
+IncludeUncheckedOption = Annotated[
+    bool, typer.Option("--include-unchecked", help="Also the tasks `hrl tasks check` found not ok.")
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["emit", "err", "want_color"]
+__all__ = ["emit", "err", "say", "want_color"]
 
 
 def want_color() -> bool:
@@ -17,6 +17,11 @@ def want_color() -> bool:
 
 
 err = Console(stderr=True, highlight=False, no_color=not want_color(), soft_wrap=True)
+
+
+def say(line: str) -> None:
+    """One line on stderr as written (no markup): the `say` callable runners are given."""
+    err.print(line, markup=False)
 
 
 def emit(data: Any, *, as_json: bool, human: str | None = None) -> None:

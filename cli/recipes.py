@@ -34,7 +34,7 @@ def show(
     """Print a recipe resolved (paths absolute), as YAML or JSON."""
     import yaml
 
-    from hrl.cli.config import load_recipe_config
+    from hrl.runners.recipe_config import load_recipe_config
 
     data = load_recipe_config(name)
     emit(data, as_json=as_json, human=yaml.safe_dump(data, sort_keys=False).rstrip())

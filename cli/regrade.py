@@ -10,8 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.errors import EXIT_FAILURE, EXIT_INFRA
-from hrl.cli.output import emit, err
-from hrl.runners.errors import HrlError, UsageError
+from hrl.cli.output import emit, say
 
 __all__ = ["EPILOG", "regrade"]
 
@@ -47,70 +46,27 @@ def regrade(
 ) -> None:
     """Re-run the verifier on each episode's archived diff and task (a Harbor episode: its kept final image); report
     agreement with the recorded rewards."""
-    from hrl.runners.tasks.regrade import archive_dir, collect, regrade, trace_files
+    from hrl.runners.tasks.regrade import regradable, regrade
 
     if sandbox:
         from hrl.sandboxes import get_backend
 
         get_backend(sandbox)  # an unknown name fails here, listing the valid ones
-    files = trace_files(source)
-    episodes = collect(source)
-    if not episodes:  # an empty file: nothing disagrees, and nothing agrees either
-        raise UsageError(
-            f"{source} holds no trace: nothing to regrade",
-            hint="give a trace file with traces (the --out of `hrl rollout`) or a run directory that has run",
-        )
+    episodes, hide = regradable(source)
     todo = sum(not e.apart for e in episodes)
-    if not todo:
-        raise HrlError(f"no episode of {source} can be regraded ({_apart_line(episodes)})",
-                       hint="regrading needs episodes graded by the tests, harbor or miniwob verifier, written by this hrl")  # fmt: skip
-    err.print(f"regrading {todo} of {len(episodes)} episodes from {source}", markup=False)
+    say(f"regrading {todo} of {len(episodes)} episodes from {source}")
     done: list[Any] = []
 
     def on_done(ep: Any) -> None:
         done.append(ep)
         mark = "agrees" if ep.agrees else ("regrade failed" if ep.regraded is None else "DISAGREES")
-        err.print(f"[{len(done)}/{todo}] {ep.episode}: recorded {ep.recorded:g}, regraded "
-                  f"{'-' if ep.regraded is None else format(ep.regraded, 'g')}  {mark}", markup=False)  # fmt: skip
+        say(f"[{len(done)}/{todo}] {ep.episode}: recorded {ep.recorded:g}, regraded "
+            f"{'-' if ep.regraded is None else format(ep.regraded, 'g')}  {mark}")  # fmt: skip
 
-    hide = [str(p.resolve()) for f in files for p in (f, archive_dir(f))]  # hidden tests: no grading sandbox reads them
-    if source.is_dir():
-        hide.append(str(source.resolve()))
     result = asyncio.run(regrade(episodes, sandbox=sandbox, concurrency=concurrency, hide_paths=hide, on_done=on_done))
     summary = {"source": str(source), **result.summary()}
-    emit(summary, as_json=as_json, human=_human(result))
+    emit(summary, as_json=as_json, human=result.text())
     if result.disagreements:
         raise typer.Exit(EXIT_FAILURE)
     if result.errors:
         raise typer.Exit(EXIT_INFRA)
-
-
-def _human(result: Any) -> str:
-    summary = result.summary()
-    rate = "-" if summary["agreement"] is None else f"{summary['agreement']:.2f}"
-    lines = [f"agreement {rate} ({summary['agreed']}/{summary['regraded']})"]
-    if result.disagreements:
-        lines.append(f"{len(result.disagreements)} disagreements:")
-        lines += [_row(e) for e in result.disagreements]
-    if result.errors:
-        lines.append(f"{len(result.errors)} could not be regraded (grading failed now):")
-        lines += [_row(e) for e in result.errors]
-    if apart := _apart_line(result.episodes):
-        lines.append(f"counted apart: {apart}")
-    return "\n".join(lines)
-
-
-def _row(ep: Any) -> str:
-    regraded = "-" if ep.regraded is None else f"{ep.regraded:g}"
-    return f"  {ep.episode}  task {ep.task_id}  recorded {ep.recorded:g}  regraded {regraded}  {ep.why}"
-
-
-def _apart_line(episodes: list[Any]) -> str:
-    """How many were set apart, and why, on one line."""
-    parts = []
-    for kind, label in (("grading_failed", "grading failed when recorded"), ("not_graded", "never graded"),
-                        ("not_regradable", "not regradable")):  # fmt: skip
-        whys = sorted({e.why for e in episodes if e.apart == kind})
-        if count := sum(e.apart == kind for e in episodes):
-            parts.append(f"{count} {label} ({'; '.join(whys)})")
-    return ", ".join(parts)

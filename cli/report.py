@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from hrl.cli.options import DecodeModelOption
-from hrl.cli.output import emit, err
+from hrl.cli.output import emit, say
 from hrl.runners.errors import UsageError
 
 __all__ = ["EPILOG", "report", "warn_cut_lines"]
@@ -57,12 +57,11 @@ def report(
     latency and token distributions, staleness and versions over training steps (trace files have none), and a
     table of traces that opens each trace's conversation, calls and tool events (link one with
     `report.html#trace=ID`)."""
-    from hrl.cli.checks import check_writable
-    from hrl.runners.report.builder import write_report
-    from hrl.runners.report.evaluation import eval_rows, eval_table_text, read_plan
+    from hrl.runners.preflight import check_writable
+    from hrl.runners.report.builder import report_summary, write_report
+    from hrl.runners.report.evaluation import eval_table_text, read_plan
     from hrl.runners.report.run import load_source
     from hrl.runners.rundir import is_run_dir
-    from hrl.runners.trace import dropped_media
 
     if out is not None:
         check_writable(out, "--out")
@@ -74,31 +73,19 @@ def report(
         )
     warn_cut_lines(run)
     path = write_report(run, out, model)
-    info: dict[str, Any] = {
-        "out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size
-    }  # fmt: skip
-    if run.cut_lines:
-        info["cut_lines"] = run.cut_lines
-    if media := sum(bool(dropped_media(t)) for _, t in run.traces):  # flagged in the table too
-        info["dropped_media"] = media
-    if (harnesses := eval_rows(run)) is not None:  # an `hrl eval` run: its table, as `hrl eval` printed it
-        info["eval"] = harnesses
-        if not as_json:
-            err.print(eval_table_text(harnesses, read_plan(run.path)), markup=False, highlight=False)
+    info = report_summary(run, path)
     if not as_json:
+        if "eval" in info:  # an `hrl eval` run: its table, as `hrl eval` printed it
+            say(eval_table_text(info["eval"], read_plan(run.path)))
         n = info["steps"]
         steps = f"{n} steps" if is_run_dir(run.path) else f"{n} trace file{'s' if n != 1 else ''}"
-        flagged = f" ({media} with dropped media)" if media else ""
-        err.print(f"{steps}, {info['traces']} traces{flagged} → {path} ({info['bytes'] / 1024:.0f} KiB)", markup=False)
+        flagged = f" ({info['dropped_media']} with dropped media)" if "dropped_media" in info else ""
+        say(f"{steps}, {info['traces']} traces{flagged} → {path} ({info['bytes'] / 1024:.0f} KiB)")
     emit(info, as_json=as_json, human=str(path))
 
 
 def warn_cut_lines(run: Any) -> None:
     """One warning line on stderr per trace file whose last line a crash cut short (what was read is shown)."""
     for cut in run.cut_lines:
-        err.print(
-            f"Warning: {cut['file']}:{cut['line']}: the last line is cut short (its writer stopped mid-write); "
-            "showing the complete traces before it",
-            markup=False,
-            highlight=False,
-        )
+        say(f"Warning: {cut['file']}:{cut['line']}: the last line is cut short (its writer stopped mid-write); "
+            "showing the complete traces before it")  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hrl.cli.output import emit, err
+from hrl.cli.output import emit, err, say
 from hrl.runners.errors import UsageError
 
 __all__ = ["app"]
@@ -28,27 +28,13 @@ def _progress(verbose: bool) -> Any:
     if verbose:
         return _say
 
-    def say(event: dict[str, Any]) -> None:
+    def shown(event: dict[str, Any]) -> None:
         if event.get("event") == "image_build":
             err.print(f"building the grading image {event['tag']} (once; cached after) …", markup=False)
         elif event.get("event") == "synth_task":
             err.print(f"  task {event['count']}: {event['instance_id']}", markup=False, highlight=False)
 
-    return say
-
-
-def _warn_weak(say: Any, said: list[str]) -> Any:
-    """`say`, plus a warning on stderr, whatever --verbose, for a suite too weak to guard its package (a synthesis
-    told to go on with --allow-weak-suite): the one thing a person must not miss. Each problem said joins `said`."""
-
-    def warn(event: dict[str, Any]) -> None:
-        say(event)
-        if event.get("event") == "synth_suite" and event["problems"]:
-            for problem in event["problems"]:
-                err.print(f"Warning: weak test suite: {problem}", markup=False, highlight=False)
-            said.extend(event["problems"])
-
-    return warn
+    return shown
 
 
 @app.command("ls", epilog="Examples:\n\n  hrl tasks ls recipes/swe/tasks.jsonl\n\n  hrl tasks ls my.jsonl --json")
@@ -57,7 +43,7 @@ def ls(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array.")] = False,
 ) -> None:
     """One line per task: id, repo, test counts."""
-    from hrl.runners.tasks.task import load_tasks, task_summary
+    from hrl.runners.tasks.load import load_tasks, task_summary
 
     rows = [task_summary(t) for t in load_tasks(file)]
     human = "\n".join(
@@ -83,7 +69,7 @@ def validate(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each grading event.")] = False,
 ) -> None:
     """Check every task: the gold patch passes all listed tests (reward 1) and no patch fails FAIL_TO_PASS (reward 0)."""
-    from hrl.cli.checks import check_sandbox, check_tasks
+    from hrl.runners.preflight import check_sandbox, check_tasks
     from hrl.runners.tasks.validate import validate_tasks
 
     check_sandbox(sandbox)
@@ -127,9 +113,9 @@ def check(
     import json
     import sys
 
-    from hrl.cli.checks import check_sandbox
+    from hrl.runners.preflight import check_sandbox
     from hrl.runners.tasks.checks import STATUSES, check_tasks
-    from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.tasks.load import load_tasks
 
     check_sandbox(sandbox)
     tasks = load_tasks(file)
@@ -191,51 +177,20 @@ def synth(
     write problem statements from the failures, and validate each task with the real verifier. A suite too weak to
     guard the package (few tests kept, most test files failing to import) is refused; so are tasks with no
     PASS_TO_PASS test or a problem statement that opens as another's."""
-    from hrl.cli.checks import check_sandbox, check_writable
-    from hrl.runners.tasks.image import ensure_image
-    from hrl.runners.tasks.suite import task_problems
-    from hrl.runners.tasks.synth import synthesize
-    from hrl.runners.tasks.task import task_summary
+    from hrl.runners.preflight import check_out_file, check_sandbox
+    from hrl.runners.recipe_config import from_overrides
+    from hrl.runners.tasks.load import task_summary
+    from hrl.runners.tasks.synth import SynthConfig, synthesize_warning
 
     check_sandbox(sandbox)
     if sdist is not None and not sdist.is_file():
         raise UsageError(f"sdist not found: {sdist}", hint="give the path of a .tar.gz sdist, or leave --sdist out")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory", hint="give a file for the tasks, e.g. --out tasks.jsonl")
-    check_writable(out, "--out")  # before the work: synthesis runs the package's tests for minutes
-    settings = _synth_config(config or [], sandbox=sandbox, weak_suite="warn" if allow_weak_suite else "refuse")
-    say = _progress(verbose)
-    if sandbox == "docker":
-        ensure_image(on_event=say)
-    said: list[str] = []
-    warn = _warn_weak(say, said) if allow_weak_suite else say  # refused: the error says it, once
-    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=settings, on_event=warn)
-    weak = task_problems(tasks)
-    for instance_id, problems in weak.items():  # what the suite's warning did not say already
-        if rest := [p for p in problems if p not in said]:
-            err.print(f"Warning: {instance_id}: {'; '.join(rest)}", markup=False, highlight=False)
+    check_out_file(out, "tasks")  # before the work: synthesis runs the package's tests for minutes
+    weak_suite = "warn" if allow_weak_suite else "refuse"
+    settings = from_overrides(SynthConfig, config or [], "suite.min_tests=5", sandbox=sandbox, weak_suite=weak_suite)
+    events = _progress(verbose)
+    tasks, weak = synthesize_warning(package, version, n, seed, out, sdist=sdist, config=settings, on_event=events,
+                                     say=say)  # fmt: skip
     rows = [task_summary(t) | {"problems": weak.get(t.instance_id, [])} for t in tasks]
     flagged = f" ({len(weak)} flagged weak: `hrl tasks check` classes them weak_suite)" if weak else ""
     emit(rows, as_json=as_json, human=f"{len(tasks)} tasks → {out}{flagged}")
-
-
-def _synth_config(overrides: list[str], **values: Any) -> Any:
-    """`SynthConfig` from `-c KEY=VALUE` items (values read as YAML, dotted keys into sections) and `values`; an
-    unknown key or a bad value is a usage error naming it."""
-    import yaml
-
-    from hrl.cli.config import checked, set_dotted
-    from hrl.runners.tasks.synth import SynthConfig
-
-    given: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"bad -c {item!r}: expected KEY=VALUE", hint="e.g. -c suite.min_tests=5")
-        try:
-            set_dotted(given, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
-        except yaml.YAMLError as exc:
-            raise UsageError(
-                f"bad -c {item!r}: the value is not YAML ({exc})", hint="e.g. -c suite.min_tests=5"
-            ) from None
-    return checked(SynthConfig, **{**given, **values})

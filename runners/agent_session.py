@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hrl.config import PROXY_PORT
 from hrl.runners.agents.base import AgentContext, AgentRunner
 from hrl.runners.agents.install import AgentInstall
 from hrl.runners.agents.run import AgentOutcome, new_home, run_agent
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from hrl.sandboxes.pool import Lease, Prepare, SandboxPool
 
 __all__ = ["PROXY_PORT", "AgentSession", "agent_session"]
-
-PROXY_PORT = 8000  # where the proxy appears inside docker sandboxes
 
 
 @dataclass
@@ -67,7 +66,7 @@ async def agent_session(
     is leased from it (pooled, or reused within `group` after a reset) and laid out by `prepare` (which the pool
     skips for a reused sandbox, whose reset restores that state); without one, `prepare` (if any) runs here.
     `mcp`: MCP servers the CLI is configured to start (name -> argv in the sandbox)."""
-    closed = backend.name == "docker" or bool(getattr(backend, "isolate", False))  # local: where bubblewrap runs
+    closed = backend.name == "docker" or backend.isolate  # local: where bubblewrap runs
     spec = spec.model_copy(
         update={
             "network": "proxy" if closed else "host",

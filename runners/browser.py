@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
+from hrl.sandboxes.base import SandboxBackend
 from hrl.sandboxes.forward import TUNNEL_START
 
 __all__ = [
@@ -470,7 +471,7 @@ class InSandbox:
     runs with --no-sandbox, so a page that breaks out of its renderer is then in that sandbox, not in hrl's
     process's reach."""
 
-    backend: Any  # a docker SandboxBackend, or a local one where bubblewrap runs
+    backend: SandboxBackend  # docker, or local where bubblewrap runs
     run_id: str
     episode_id: str
     site_port: int = 8000
@@ -487,20 +488,22 @@ WHERE_HELP = (
 )
 
 
-def closes_browser(backend: Any) -> bool:
+def closes_browser(backend: SandboxBackend | None) -> bool:
     """The backend can run a browser in a sandbox of its own (docker; local where bubblewrap runs)."""
-    return getattr(backend, "name", "") == "docker" or bool(getattr(backend, "isolate", False))
+    return backend is not None and (backend.name == "docker" or backend.isolate)
 
 
-def sandbox_for(where: BrowserWhere, backend: Any, run_id: str, name: str, site_port: int = 8000) -> InSandbox | None:
+def sandbox_for(
+    where: BrowserWhere, backend: SandboxBackend | None, run_id: str, name: str, site_port: int = 8000
+) -> InSandbox | None:
     """A verifier's `browser` setting for one episode: where its Chromium runs (None: beside hrl)."""
-    if where == "host" or not closes_browser(backend):  # the verifiers refuse `sandbox` where it cannot be
+    if where == "host" or backend is None or not closes_browser(backend):  # the verifiers refuse `sandbox` there
         return None
     episode = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name)[:40] + f"-browser-{uuid.uuid4().hex[:6]}"
     return InSandbox(backend, run_id or "hrl-browser", episode, site_port)
 
 
-def check_where(where: BrowserWhere, backend: Any) -> None:
+def check_where(where: BrowserWhere, backend: SandboxBackend | None) -> None:
     """UsageError for `browser: sandbox` on a backend that cannot close one."""
     if where == "sandbox" and not closes_browser(backend):
         raise UsageError(
@@ -510,9 +513,9 @@ def check_where(where: BrowserWhere, backend: Any) -> None:
         )
 
 
-async def provision_browser(where: BrowserWhere, backend: Any) -> None:
+async def provision_browser(where: BrowserWhere, backend: SandboxBackend | None) -> None:
     """Build hrl's browser image if the episodes' browsers run in docker containers and it is not here (once)."""
-    if where != "host" and getattr(backend, "name", "") == "docker":
+    if where != "host" and backend is not None and backend.name == "docker":
         from hrl.runners.tasks.image import ensure_browser_image
 
         await asyncio.to_thread(ensure_browser_image)
@@ -581,7 +584,7 @@ async def _in_sandbox(site: str | Path, where: InSandbox) -> AsyncIterator[tuple
         else:
             runner, _ = await _serve(Path(site), site_socket)
             stack.push_async_callback(runner.cleanup)
-        docker = getattr(where.backend, "name", "") == "docker"
+        docker = where.backend.name == "docker"
         spec = SandboxSpec(image=where.image or BROWSER_IMAGE, workdir="/work", network="none",
                            forwards={where.site_port: site_socket},
                            exposes={SANDBOX_CDP_PORT: str(folder / "cdp.sock")},

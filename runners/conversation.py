@@ -15,11 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.errors import UsageError
 from hrl.runners.models import model_file
 from hrl.runners.summary import describe_calls
 from hrl.runners.trace import trace_success
 
-__all__ = ["MORE", "conversation", "cut", "image_mark", "info_text", "load_template", "model_of"]
+__all__ = ["MORE", "conversation", "cut", "decoding_template", "image_mark", "info_text", "load_template", "model_of"]
 
 Trace = dict[str, Any]
 MORE = "… {n} more lines"
@@ -76,6 +77,15 @@ def load_template(model: str | list[str] | None, proxy: dict[str, Any] | None = 
             return template, None
         first = first or (None, note)
     return first or (None, None)
+
+
+def decoding_template(traces: list[Trace], config: dict[str, Any], model: str | None) -> tuple[Any, str | None]:
+    """The template that decodes `traces` (`model`, else the run's or the traces' model; `config`: the run's), and
+    why there is none (None when there is). A UsageError when an explicit `model` cannot be loaded."""
+    template, note = load_template(model or model_of(traces, config), config.get("proxy"))
+    if template is None and model is not None:
+        raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
+    return template, note
 
 
 def _load(model: str, proxy: dict[str, Any]) -> tuple[Any, str | None]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from hrl.runners.live import live_episode
-from hrl.runners.trace import write_trace
+from hrl.runners.trace import Export, write_trace
 
 __all__ = ["Episode", "Rollouts", "failed_trace", "guarded_episode", "harness_for", "run_episodes"]
 
@@ -42,19 +43,35 @@ class Episode:
     def key(self) -> str:
         return f"{self.group_id}#{self.index}"
 
-
-def harness_for(rollouts: Any, group: int) -> str:
-    """The harness of the run's `group`-th group: round-robin over the rollouts' harnesses when there are several
-    (`HarnessMix`), so each harness gets every n-th group; "" when there is one."""
-    harnesses = list(getattr(rollouts, "harnesses", None) or [])
-    return harnesses[group % len(harnesses)] if len(harnesses) > 1 else ""
+    @classmethod
+    def group(cls, task: Any, size: int, batch: int, harness: str = "") -> list[Episode]:
+        """One GRPO group: `size` (train.group_size) episodes of `task` in `batch` (the sync loop's iteration, the
+        async loop's group number), under `harness`. Both loops make their groups here, and only here."""
+        return [cls(task, k, batch, harness) for k in range(size)]
 
 
 class Rollouts(Protocol):
+    """What the loops and `hrl rollout` run episodes with. Every implementation subclasses it: `harnesses`,
+    `export` and `close` have defaults."""
+
+    harnesses: Sequence[str] = ()  # a run of several (`HarnessMix`): its harnesses, in order; () for one
+    export: Export | None = None  # each trace written also goes there (the run's OTLP export); None: nowhere
+
     async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
         """Run one episode to exactly one trace (appended to trace_file when it ends) and return that trace.
         Failures are data (the trace's failure_reason); only cancellation propagates."""
         ...
+
+    async def close(self) -> None:
+        """Release what the episodes held (sandbox pools, HTTP clients); nothing by default."""
+        return
+
+
+def harness_for(rollouts: Rollouts | None, group: int) -> str:
+    """The harness of the run's `group`-th group: round-robin over the rollouts' harnesses when there are several
+    (`HarnessMix`), so each harness gets every n-th group; "" when there is one."""
+    harnesses = list(rollouts.harnesses) if rollouts is not None else []
+    return harnesses[group % len(harnesses)] if len(harnesses) > 1 else ""
 
 
 def failed_trace(ep: Episode, reason: str, error: str, started_at: float) -> dict[str, Any]:
@@ -80,7 +97,7 @@ async def guarded_episode(rollouts: Rollouts, ep: Episode, trace_file: Path) -> 
         except Exception as e:
             detail = "".join(traceback.format_exception(e))
             trace = failed_trace(ep, "internal_error", f"{type(e).__name__}: {e}\n{detail}", started)
-            await asyncio.to_thread(write_trace, trace_file, trace)
+            await asyncio.to_thread(write_trace, trace_file, trace, rollouts.export)
             return trace
 
 

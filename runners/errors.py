@@ -12,6 +12,7 @@ from hrl.errors import HrlError, UnknownNameError, UsageError
 __all__ = [
     "BatchFailedError",
     "ChecksumError",
+    "ClientError",
     "ContextLengthError",
     "EngineError",
     "EngineStartError",
@@ -51,6 +52,14 @@ class ContextLengthError(EngineError):
 class BatchFailedError(HrlError):
     """Every episode of a training batch failed in the machinery (no agent reached the model, every sandbox
     failed): there is nothing to train on, and a run that stepped on nothing would only look as if it worked."""
+
+
+class ClientError(HrlError):
+    """An online run's client request refused (`runners.online`): `status` is the HTTP answer the proxy gives."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ChecksumError(HrlError):

@@ -10,18 +10,17 @@ import asyncio
 import dataclasses
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from hrl.config import DEFAULT_VERIFIER, RolloutConfig
 from hrl.errors import UsageError
-from hrl.runners.agent_session import PROXY_PORT, agent_session
+from hrl.runners.agent_session import agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install, install_mcp
 from hrl.runners.agents.warm import start_warm_harness
+from hrl.runners.episodes import Episode, Rollouts
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.proxy.session import Session
@@ -33,7 +32,7 @@ from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task, snapshot_version
 from hrl.runners.tasks.verifier import Verdict
 from hrl.runners.tasks.workspace import WorkspaceError
-from hrl.runners.trace import write_trace
+from hrl.runners.trace import Export, write_trace
 from hrl.sandboxes import SandboxError, get_backend
 from hrl.sandboxes.pool import SandboxPool
 
@@ -42,110 +41,46 @@ __all__ = ["AgentRollouts", "HarnessMix", "RolloutConfig", "make_rollouts"]
 Event = Callable[[str, dict[str, Any]], None]
 
 
-class RolloutConfig(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
-
-    agent: str = Field("mini-swe-agent", description="Agent CLI to run (see `hrl agents ls`).")
-    agents: list[str] = Field(
-        default_factory=list,
-        description="Several harnesses in one run (replaces `agent`): episodes are spread over them, each GRPO "
-        "group is one task under one harness, and the metrics are split per harness (harness/<name>/…).",
-    )
-    sandbox: str = Field("docker", description="docker | local.")
-    time_budget_s: float = Field(600, ge=0, description="Wall-time budget of one agent run; 0 = none.")
-    proxy_port: int = Field(
-        PROXY_PORT, ge=1, le=65535, description="Port the proxy appears on inside docker sandboxes."
-    )
-    verify: bool = Field(True, description="Score episodes with the task's tests.")
-    run_id: str = Field("", description="Label for sandboxes (hrl.run); default: a fresh id.")
-    cpus: float = Field(
-        0.0, ge=0, description="CPU limit per agent sandbox; 0 = the task's (Harbor: task.toml), else none."
-    )
-    memory_mb: int = Field(0, ge=0, description="Memory limit per agent sandbox in MiB; 0 = the task's, else none.")
-    agent_options: dict[str, Any] = Field(
-        default_factory=dict, description="Agent-specific knobs, e.g. step_limit; a white-box agent's session.options."
-    )
-    browser_mcp: str = Field(
-        "playwright",
-        description="Browser tasks (verifier miniwob) with an agent CLI: the MCP server the CLI is given, configured "
-        "through its own MCP settings and connected to the episode's browser (`playwright`: @playwright/mcp).",
-    )
-    warm_sandboxes: int = Field(
-        0,
-        ge=0,
-        description="Keep this many agent sandboxes created and ready (for the spec of the tasks being run), "
-        "refilled in the background and closed at the end of the run; 0 = each episode creates its own.",
-    )
-    reuse: Literal["none", "group"] = Field(
-        "none",
-        description="group: the episodes of one GRPO group reuse its sandboxes in turn, reset between them (workdir "
-        "restored, processes killed, HOME and tmp emptied) and checked against the first episode's starting state "
-        "(a mismatch: a fresh sandbox, counted as rollout/reset_mismatch). none: a sandbox per episode.",
-    )
-    warm_harness: bool = Field(
-        True,
-        description="In a sandbox made ahead (warm_sandboxes > 0, reuse none), start a Python harness ahead too: its "
-        "heavy imports done off the episode's clock, then run unchanged when the episode starts (mini-swe-agent: "
-        "litellm). Traces say harness_warm.",
-    )
-    mode: Literal["auto", "inprocess", "subprocess"] = Field(
-        "auto",
-        description="White-box (python:) agents only: `subprocess` (a worker process with OPENAI_BASE_URL / "
-        "OPENAI_API_KEY set; in its own namespace where bubblewrap runs), `inprocess` (on hrl's event loop: "
-        "trusted code only), or `auto`: subprocess where bubblewrap runs and the agent needs no "
-        "session.sandbox, else in process.",
-    )
-    python: str = Field(
-        "",
-        description="White-box (python:) agents only: the Python the agent runs in. Empty: hrl's own. The name of a "
-        "Python agent hrl installs (browser-use, mini-swe-agent, aider): its pinned venv, installed on first use. "
-        "Or a path to a venv's bin/python. Another Python runs the agent in a subprocess, with hrl's package (not "
-        "its environment) importable there; it needs pydantic and aiohttp.",
-    )
-
-    @property
-    def harnesses(self) -> list[str]:
-        """The harnesses of the run, in order: `agents`, else the one `agent`."""
-        return list(dict.fromkeys(self.agents)) or [self.agent]
-
-
 def make_rollouts(
     stack: Stack,
     config: RolloutConfig,
     on_event: Event = lambda kind, data: None,
     verifier: dict[str, Any] | None = None,
     base_dir: str | None = None,
+    export: Export | None = None,
 ) -> Any:
     """The rollouts for `config.agent`: a white-box Python agent (`python:MODULE:FUNCTION`, `FILE.py:FUNCTION`;
     relative files under `base_dir`, the recipe's folder), else an agent CLI in a sandbox. With several
-    `config.agents`, a `HarnessMix` of one such rollouts per harness."""
+    `config.agents`, a `HarnessMix` of one such rollouts per harness. `export`: each trace they write also goes
+    there (the run's OTLP export, `Rollouts.export`)."""
     from hrl.runners.whitebox.harness import PythonRollouts, is_python_agent
 
     if len(config.harnesses) > 1:
-        return HarnessMix(stack, config, on_event, verifier, base_dir)
+        return HarnessMix(stack, config, on_event, verifier, base_dir, export)
     config = config.model_copy(update={"agent": config.harnesses[0], "agents": []})
     if is_python_agent(config.agent):
-        return PythonRollouts(stack, config, on_event, verifier, base_dir)
-    return AgentRollouts(stack, config, on_event, verifier)
+        return PythonRollouts(stack, config, on_event, verifier, base_dir, export)
+    return AgentRollouts(stack, config, on_event, verifier, export)
 
 
-class AgentRollouts:
+class AgentRollouts(Rollouts):
     def __init__(
         self,
         stack: Stack,
         config: RolloutConfig,
         on_event: Event = lambda kind, data: None,
         verifier: dict[str, Any] | None = None,
+        export: Export | None = None,
     ) -> None:
         """`verifier`: the recipe's verifier section ({name: tests, …TestVerifierConfig fields})."""
-        self.stack, self.config, self.on_event = stack, config, on_event
+        self.stack, self.config, self.on_event, self.export = stack, config, on_event, export
         self.runner = get_agent(config.agent)
-        self.run_id = config.run_id or f"hrl-{uuid.uuid4().hex[:8]}"
+        self.run_id = config.model_copy().labelled()
         self.backend = get_backend(config.sandbox)
         options = dict(verifier or {})
-        name = options.pop("name", "tests")
+        name = options.pop("name", DEFAULT_VERIFIER)
         if name == "miniwob":  # the CLI runs in the sandbox: the episode's browser endpoint is forwarded into it
-            closed = self.backend.name == "docker" or bool(getattr(self.backend, "isolate", False))
+            closed = self.backend.name == "docker" or self.backend.isolate
             if not closed:
                 raise UsageError(
                     f"{config.agent} on browser tasks needs a sandbox with its own network: docker, or local where "
@@ -159,7 +94,7 @@ class AgentRollouts:
             options["agent_in_sandbox"] = True
         self.verifier = make_verifier(name, get_backend(config.sandbox), **{"run_id": self.run_id, **options})
         self.verifier_section = {"name": name, **options}  # archived with each episode, for `hrl regrade`
-        if config.reuse == "group" and getattr(getattr(self.verifier, "config", None), "carry", "") == "container":
+        if config.reuse == "group" and self.verifier.grades_container:
             raise UsageError(
                 "rollout.reuse: group cannot go with a Harbor verifier that grades the agent's whole container "
                 "(carry: container): what one episode left outside the workdir would be graded with the next",
@@ -192,8 +127,7 @@ class AgentRollouts:
         (MiniWoB++, a Harbor task that serves a web app) is the install with the browser MCP server, installed on
         first need. Blocking: episodes call it off the event loop."""
         inst = self.prepare()
-        needs = getattr(self.verifier, "needs_browser", None)
-        if needs is None or (task is not None and not needs(task)) or getattr(self.runner, "drives_browser", False):
+        if (task is not None and not self.verifier.needs_browser(task)) or self.runner.drives_browser:
             return inst, {}
         with self._browser_lock:
             if self._browser is None:
@@ -218,10 +152,9 @@ class AgentRollouts:
         try:
             await self.pool.close()
         finally:
-            if (close := getattr(self.verifier, "close", None)) is not None:
-                await close()
+            await self.verifier.close()
 
-    def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
+    def _meta(self, ep: Episode, task: Task) -> dict[str, Any]:
         return {
             "task_id": task.instance_id,
             "group_id": ep.group_id,
@@ -231,10 +164,10 @@ class AgentRollouts:
             "metadata": {"episode": ep.key, "run": self.run_id},
         }
 
-    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
         inst, mcp = await asyncio.to_thread(self._install_for, task)  # a first browser task installs its MCP server
-        session = self.stack.proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
+        session = self.stack.proxy.open_session(meta=self._meta(ep, task), version=ep.version)
         self.on_event("episode_start", {"episode": ep.key, "task": task.instance_id})
         outcome: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -252,16 +185,15 @@ class AgentRollouts:
         return trace
 
     async def _run(
-        self, ep: Any, task: Task, inst: AgentInstall, proxy_session: Session, mcp: dict[str, list[str]]
+        self, ep: Episode, task: Task, inst: AgentInstall, proxy_session: Session, mcp: dict[str, list[str]]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg, token = self.config, proxy_session.token
         phase("sandbox")
         await self.verifier.provision(task)  # a Harbor task's image is built here (once per content hash)
         limits = {k: v for k, v in (("cpus", cfg.cpus), ("memory_mb", cfg.memory_mb)) if v}  # else the task's own
         # a verifier that makes something per episode for its sandbox (a browser's socket folder) does it here, once
-        spec_of = getattr(self.verifier, "episode_spec", self.verifier.sandbox_spec)
-        spec = spec_of(task).model_copy(update=limits)
-        budget = getattr(task, "agent_timeout_s", None) or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
+        spec = self.verifier.episode_spec(task).model_copy(update=limits)
+        budget = dict(task).get("agent_timeout_s") or cfg.time_budget_s  # a Harbor task's [agent] timeout_sec
         label = ep.key.replace("#", "-").replace(":", "-")
         t0 = time.monotonic()
 
@@ -271,7 +203,7 @@ class AgentRollouts:
         async with agent_session(self.stack, self.runner, inst, self.backend, spec, token, task.problem_statement,
                                  run_id=self.run_id, episode_id=label, proxy_port=cfg.proxy_port,
                                  options=cfg.agent_options, pool=self.pool, prepare=prepare,
-                                 group=getattr(ep, "group_id", None), mcp=mcp) as session:  # fmt: skip
+                                 group=ep.group_id, mcp=mcp) as session:  # fmt: skip
             try:
                 env = proxy_session.meta["env"]
                 proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
@@ -281,8 +213,7 @@ class AgentRollouts:
                 phase("grading")
                 verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
             finally:  # what the verifier started for the episode (a browser) stops with it, verified or not
-                if (release := getattr(self.verifier, "release", None)) is not None:
-                    await release(session.sandbox)
+                await self.verifier.release(session.sandbox)
         outcome = verdict.trace_fields()
         last = self.stack.proxy.sessions[token].last_turn() if token in self.stack.proxy.sessions else None
         if last is not None and last.error is not None:
@@ -328,20 +259,19 @@ class AgentRollouts:
             trace = self.stack.proxy.end_session(token, **outcome, extra=extra)
         except UnknownSessionError:  # ended under the episode (the idle reaper): the harness failed, not the policy
             trace = self._ended_early(token, extra)
-        write_trace(trace_file, trace)
+        write_trace(trace_file, trace, self.export)
         return trace
 
 
-def _harness_start(session: Any, launched_at: float) -> dict[str, float]:
+def _harness_start(session: Session | None, launched_at: float) -> dict[str, float]:
     """`harness_start_s`: from launching the agent CLI to the first model call its session recorded (the harness's
     start-up: its runtime, imports and config, before it asks the model anything); nothing without a call."""
-    calls = getattr(session, "calls", None)
-    if not calls:
+    if session is None or not session.calls:
         return {}
-    return {"harness_start_s": round(max(0.0, min(c.started_at for c in calls) - launched_at), 3)}
+    return {"harness_start_s": round(max(0.0, min(c.started_at for c in session.calls) - launched_at), 3)}
 
 
-class HarnessMix:
+class HarnessMix(Rollouts):
     """Several harnesses behind one `Rollouts`: an episode runs under the harness it names (`Episode.agent`), with
     the same stack, sandbox backend, verifier settings and run id for all of them."""
 
@@ -352,11 +282,15 @@ class HarnessMix:
         on_event: Event = lambda kind, data: None,
         verifier: dict[str, Any] | None = None,
         base_dir: str | None = None,
+        export: Export | None = None,
     ) -> None:
-        shared = config.model_copy(update={"run_id": config.run_id or f"hrl-{uuid.uuid4().hex[:8]}"})
-        self.harnesses = config.harnesses
+        shared = config.model_copy()
+        shared.labelled()
+        self.harnesses, self.export = config.harnesses, export
         one = {name: shared.model_copy(update={"agent": name, "agents": []}) for name in self.harnesses}
-        self.by_harness = {name: make_rollouts(stack, c, on_event, verifier, base_dir) for name, c in one.items()}
+        self.by_harness = {
+            name: make_rollouts(stack, c, on_event, verifier, base_dir, export) for name, c in one.items()
+        }
 
     def prepare(self) -> None:
         """Install (or load) every harness before the first episode."""
@@ -364,12 +298,11 @@ class HarnessMix:
             rollouts.prepare()
 
     async def close(self) -> None:
-        """Close each harness's rollouts that hold anything (a sandbox pool)."""
+        """Close each harness's rollouts (what they hold: a sandbox pool, the verifier's browsers)."""
         for rollouts in self.by_harness.values():
-            if hasattr(rollouts, "close"):
-                await rollouts.close()
+            await rollouts.close()
 
-    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
         if ep.agent not in self.by_harness:
             raise ValueError(f"episode {ep.key} names harness {ep.agent!r}, not one of {self.harnesses}")
         return await self.by_harness[ep.agent].episode(ep, trace_file)

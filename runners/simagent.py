@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from hrl.runners.episodes import Episode, Rollouts
 from hrl.runners.trace import write_trace
 
 __all__ = ["SimulatedAgent", "letter_reward"]
@@ -26,7 +27,7 @@ def letter_reward(text: str, letter: str = "e") -> float:
     return text.count(letter) / max(len(text), 1)
 
 
-class SimulatedAgent:
+class SimulatedAgent(Rollouts):
     """Implements the loop's `Rollouts` protocol (`episode(ep, trace_file) -> trace`) against a `Proxy`."""
 
     def __init__(
@@ -52,11 +53,11 @@ class SimulatedAgent:
         self.max_tokens, self.reward = max_tokens, reward
         self.http: aiohttp.ClientSession | None = None
 
-    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         meta = {"task_id": ep.task_id, "group_id": ep.group_id, "metadata": {"episode": ep.key}}
-        token = self.proxy.open_session(meta=meta, version=getattr(ep, "version", None)).token
+        token = self.proxy.open_session(meta=meta, version=ep.version).token
         turns = self.rng.randint(self.min_turns, self.max_turns)
         pauses = [self.rng.lognormvariate(self.mu, self.sigma) if self.mu is not None else 0.0 for _ in range(turns)]
         msgs: list[dict[str, Any]] = [{"role": "user", "content": str(ep.task.get("problem_statement", "go"))}]
@@ -82,7 +83,7 @@ class SimulatedAgent:
 
     def _end(self, token: str, trace_file: Path, **outcome: Any) -> dict[str, Any]:
         trace = self.proxy.end_session(token, **outcome)
-        write_trace(trace_file, trace)
+        write_trace(trace_file, trace, self.export)
         return trace
 
     async def close(self) -> None:

@@ -18,14 +18,18 @@ from hrl.runners.trace import branches, dropped_media, full_len, prompt_len, sam
 
 __all__ = [
     "TraceSelectionError",
+    "chosen_traces",
     "describe_branches",
     "describe_calls",
+    "describe_traces",
     "failure_cause",
+    "infra_failure",
     "media_text",
     "percentile",
     "select_trace",
     "summarize_file",
     "summarize_trace",
+    "timeline",
 ]
 
 Trace = dict[str, Any]
@@ -73,6 +77,16 @@ def describe_calls(trace: Trace) -> list[dict[str, Any]]:
     return rows
 
 
+def timeline(trace: Trace) -> list[tuple[str, int, bool]]:
+    """The trace's calls and tool events in time order, a tool after the call that asked for it: ("call", its index,
+    whether it is its agent's first call) and ("tool", its index, False)."""
+    calls = trace["calls"]
+    firsts = {c.get("agent"): i for i, c in reversed(list(enumerate(calls)))}
+    events = [((c.get("started_at") or 0.0, 0), ("call", i, firsts[c.get("agent")] == i)) for i, c in enumerate(calls)]
+    events += [((t.get("started_at") or 0.0, 1), ("tool", i, False)) for i, t in enumerate(trace.get("tools") or [])]
+    return [event for _, event in sorted(events, key=lambda e: e[0])]
+
+
 # ---- the token tree ----------------------------------------------------------------------------------------
 
 
@@ -103,6 +117,21 @@ def _merge_ratio(calls: list[dict[str, Any]], paths: list[list[int]]) -> float |
     """Tokens of every call on its own ÷ tokens of the merged branches (≥ 1); None without tokens."""
     merged = sum(full_len(calls[p[-1]]) for p in paths)
     return round(sum(full_len(c) for c in calls) / merged, 3) if merged else None
+
+
+def describe_traces(traces: list[Trace], conv: dict[str, Any] | None, *, samples: bool) -> Any:
+    """`hrl inspect --json`: per-trace summaries (+ `samples` = branches); a single trace's (`conv`: its
+    conversation) also with its calls, tool events and conversation, as one object."""
+    out = []
+    for t in traces:
+        s = summarize_trace(t)
+        if samples:
+            s["samples"] = describe_branches(t)
+        if conv is not None:
+            s |= {"reward_info": t.get("reward_info") or {}, "call_details": describe_calls(t)}
+            s |= {"tool_events": t.get("tools") or [], "conversation": conv}
+        out.append(s)
+    return out[0] if conv is not None else out
 
 
 def summarize_trace(trace: Trace) -> dict[str, Any]:
@@ -140,6 +169,21 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
     }
 
 
+def infra_failure(traces: list[Trace], max_error_rate: float) -> str | None:
+    """What went wrong when more than `max_error_rate` of a finished run's episodes failed in the infrastructure (a
+    cancelled episode is no such failure): how many, by reason, and the first one's cause; None when no more did."""
+    from hrl.runners.trace import INFRA_FAILURES
+
+    infra = Counter(str(t["failure_reason"]) for t in traces if t.get("failure_reason") in INFRA_FAILURES)
+    infra.pop("cancelled", None)
+    if sum(infra.values()) <= len(traces) * max_error_rate:
+        return None
+    which = ", ".join(f"{k} {v}" for k, v in sorted(infra.items()))
+    first = next(t for t in traces if t.get("failure_reason") in infra)
+    return (f"{sum(infra.values())} of {len(traces)} episodes failed in the infrastructure ({which}), more than "
+            f"max_error_rate {max_error_rate:g} allows; the first: {failure_cause(first)}")  # fmt: skip
+
+
 def failure_cause(trace: Trace, lines: int = 5) -> str:
     """Why an episode failed, in a few lines for an error message: its failure reason (and the agent's own, for an
     agent that ended before its first call), then the last lines the agent or the harness said (its stderr tail, or
@@ -157,6 +201,16 @@ def failure_cause(trace: Trace, lines: int = 5) -> str:
 def media_text(counts: dict[str, int]) -> str:
     """Dropped media for people: `1 image, 2 documents`."""
     return ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in sorted(counts.items()))
+
+
+def chosen_traces(traces: list[Trace], trace_id: str | None, sources: Iterable[Any]) -> list[Trace]:
+    """The traces `hrl inspect` shows: the one `trace_id` selects (`select_trace`), else all. None at all (read from
+    `sources`) is an error (exit 1), not an empty screen: a run whose file stayed empty is a failed run."""
+    if not traces:
+        from hrl.runners.trace import TraceFormatError
+
+        raise TraceFormatError(f"no traces in {' '.join(map(str, sources))}")
+    return [select_trace(traces, trace_id)] if trace_id is not None else traces
 
 
 def select_trace(traces: list[Trace], trace_id: str) -> Trace:

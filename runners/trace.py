@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from hrl.errors import HrlError
 from hrl.runners.durable import append_durably
 from hrl.runners.redact import Redactor, default_redactor
 
@@ -28,6 +29,7 @@ __all__ = [
     "INFRA_FAILURES",
     "SCHEMA",
     "AgentNode",
+    "Export",
     "ToolEvent",
     "Trace",
     "TraceCall",
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 SCHEMA = "hrl.trace/1"
+Export = Callable[[dict[str, Any], Path], None]  # a trace as written (redacted) and its file: the run's OTLP export
 FAILURE_REASONS = (
     "agent_timeout",
     "agent_crash",
@@ -163,13 +166,9 @@ _REQUIRED = ("schema", "trace_id", "session", "status", "calls", "started_at", "
 _CALL_REQUIRED = ("call_id", "dialect", "stream", "response_ids", "response_logprobs", "versions", "finish_reason")
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(HrlError, ValueError):
     """A trace line is not valid `hrl.trace/1`; the message names the file and line, `hint` what to do (None: the
     CLI's hint for a file of the wrong kind)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 def validate_trace(obj: Any) -> None:
@@ -420,26 +419,30 @@ class TraceWriter:
 
     Secrets stay out: what is written is `redact_trace(trace, redactor)`, with `redactor=True` the process's
     default (`runners.redact.default_redactor`, built once from os.environ), a `Redactor` of your own, or False
-    for none (byte-exact writes in tests). The caller's trace is not changed."""
+    for none (byte-exact writes in tests). The caller's trace is not changed.
 
-    def __init__(self, path: str | Path, *, redactor: Redactor | bool = True) -> None:
+    `export`: given each trace once it is on disk, as written (redacted), with the file: a run with a telemetry
+    endpoint passes its OTLP exporter's `export_written` (`runners.telemetry.otlp`); None exports nothing."""
+
+    def __init__(self, path: str | Path, *, redactor: Redactor | bool = True, export: Export | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.redactor = default_redactor() if redactor is True else redactor or None
+        self.export = export
 
     def write(self, trace: dict[str, Any]) -> None:
         validate_trace(trace)
         written = redact_trace(trace, self.redactor) if self.redactor else trace
         append_durably(self.path, encode_trace(written).encode())
-        from hrl.runners.telemetry.otlp import export_written  # lazy: otlp imports nothing of the SDK until used
+        if self.export is not None:
+            self.export(written, self.path)
 
-        export_written(written, self.path)  # OTLP out, when the run asked for it: what was written, redacted
 
-
-def write_trace(path: str | Path, trace: dict[str, Any]) -> None:
+def write_trace(path: str | Path, trace: dict[str, Any], export: Export | None = None) -> None:
     """Append one trace to `path` as `TraceWriter` does (validated, redacted by the process's default redactor,
-    one durable line): every writer of trace files goes through here or through a `TraceWriter` of its own."""
-    TraceWriter(path).write(trace)
+    one durable line, then `export`): every writer of trace files goes through here or through a `TraceWriter`
+    of its own."""
+    TraceWriter(path, export=export).write(trace)
 
 
 _IDENTITY = frozenset({"schema", "trace_id", "session", "calls"})  # never redacted (calls: only their `error`)

@@ -85,8 +85,12 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
+    """What every sandbox is; the backends' sandboxes inherit it (the members with a body are defaults)."""
+
     id: str
     workdir: str
+    spec: SandboxSpec  # what it was made from
+    hrl_warm: Any = None  # what was started in it ahead (a warm harness's launcher), stopped after its close
 
     async def exec(
         self,
@@ -112,13 +116,21 @@ class Sandbox(Protocol):
         """Remove everything this sandbox created. Idempotent."""
         ...
 
+    async def commit(self, labels: dict[str, str] | None = None) -> str:
+        """Save the sandbox's files as an image labelled `labels`; its id. Raises SandboxError where the backend
+        has no images (only docker's has)."""
+        raise SandboxError(f"a {type(self).__name__} cannot be saved as an image: only a docker sandbox can")
+
     async def __aenter__(self) -> Sandbox: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
 
 class SandboxBackend(Protocol):
+    """What every backend is; the backends inherit it (the members with a body are defaults)."""
+
     name: str
+    isolate: bool = False  # local: its sandboxes run in namespaces of their own (bubblewrap), their own network too
 
     async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> Sandbox:
         """Create and start a sandbox labelled hrl.run=<run_id>, hrl.episode=<episode_id>. Raises SandboxError."""
@@ -132,3 +144,8 @@ class SandboxBackend(Protocol):
     async def prune(self, run_id: str | None = None) -> int:
         """Remove leftovers of crashed runs (all hrl sandboxes, or one run's). Returns how many were removed."""
         ...
+
+    async def remove_image(self, image: str) -> None:
+        """Remove an image its sandboxes made (`Sandbox.commit`); nothing where the backend has no images. Raises
+        SandboxError."""
+        return

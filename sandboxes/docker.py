@@ -39,7 +39,7 @@ import docker.errors
 from docker.types import Mount as DockerMount
 from docker.utils.socket import frames_iter
 
-from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec, SandboxUnavailableError
+from hrl.sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxUnavailableError
 from hrl.sandboxes.forward import FORWARDER, FORWARDER_PATH, KILL_TREE, TUNNEL, TUNNEL_PATH
 
 __all__ = ["DockerBackend", "DockerSandbox"]
@@ -58,7 +58,7 @@ PULL_HINT = (
 DAEMON_HINT = "start dockerd (see .ci/setup.sh), or use `--sandbox local` for development"
 
 
-class DockerBackend:
+class DockerBackend(SandboxBackend):
     """Creates `DockerSandbox`es. `api_timeout_s` bounds every Docker API call except an exec's output stream,
     which `exec(timeout_s=...)` bounds; `max_output_bytes` caps what is kept of each of stdout and stderr."""
 
@@ -266,7 +266,7 @@ class DockerBackend:
         return removed
 
 
-class DockerSandbox:
+class DockerSandbox(Sandbox):
     """A running container. Use as `async with await backend.create(...) as sandbox:`."""
 
     def __init__(self, backend: DockerBackend, container_id: str, spec: SandboxSpec) -> None:
@@ -533,10 +533,8 @@ def _drain(sock: Any, cap: int) -> Output:
 def _close_stream(sock: Any) -> None:
     """Close an exec stream and the HTTP connection under it (docker-py keeps the response on the socket object;
     closing the socket object alone leaks the descriptor)."""
-    with contextlib.suppress(Exception):
-        response = getattr(sock, "_response", None)
-        if response is not None:
-            response.close()
+    with contextlib.suppress(Exception):  # AttributeError: a socket without its response
+        sock._response.close()
     with contextlib.suppress(OSError):
         sock.close()
 
@@ -562,7 +560,7 @@ def _container_name(run_id: str, episode_id: str) -> str:
 
 
 def _explain(exc: BaseException) -> str:
-    return str(getattr(exc, "explanation", None) or exc)
+    return str(exc.explanation or exc) if isinstance(exc, docker.errors.APIError) else str(exc)
 
 
 def _split_tag(image: str) -> tuple[str, str]:

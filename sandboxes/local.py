@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hrl.sandboxes.base import ExecResult, SandboxError, SandboxSpec, SandboxUnavailableError
+from hrl.sandboxes.base import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxSpec, SandboxUnavailableError
 from hrl.sandboxes.forward import FORWARDER, TUNNEL
 from hrl.sandboxes.hidden import hidden_paths, state_dir
 
@@ -136,7 +136,7 @@ def isolation() -> bool:
     )
 
 
-class LocalBackend:
+class LocalBackend(SandboxBackend):
     """Creates `LocalSandbox`es under `root` (default: the system temp directory). `env_passthrough`: host
     variables (names or globs) commands see besides HOST_ENV; None = those named by $HRL_SANDBOX_ENV_PASSTHROUGH."""
 
@@ -209,7 +209,7 @@ class LocalBackend:
         return removed
 
 
-class LocalSandbox:
+class LocalSandbox(Sandbox):
     def __init__(self, backend: LocalBackend, root: Path, spec: SandboxSpec) -> None:
         self.backend = backend
         self.root = root
@@ -436,13 +436,18 @@ class LocalSandbox:
         if self._closed:
             return
         await asyncio.to_thread(kill_marked, SANDBOX_MARK, self.id)
-        for group in self._groups:
-            with contextlib.suppress(OSError):
-                os.killpg(group, signal.SIGKILL)
+        self.kill_groups()
         await asyncio.to_thread(_remove_root, self.root)
         if self.root.exists():
             raise SandboxError(f"cannot delete local sandbox directory {self.root}")
         self._closed = True
+
+    def kill_groups(self) -> None:
+        """Kill the process groups its commands started (those a command's end did not take with it)."""
+        for group in self._groups:
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
+        self._groups.clear()
 
     def _check_open(self) -> None:
         if self._closed:

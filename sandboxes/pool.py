@@ -314,7 +314,7 @@ async def close_sandbox(sandbox: Sandbox, quietly: bool = False) -> None:
     """Close a sandbox and stop what was started in it ahead (a warm harness's launcher), in that order: the close
     kills the launcher off the event loop and its command then ends by itself, where stopping the command first
     would kill it on the event loop (a local sandbox scans /proc), one warm sandbox after another at a run's stop."""
-    warm = getattr(sandbox, "hrl_warm", None)
+    warm = sandbox.hrl_warm
     try:
         if not quietly:
             await sandbox.close()

@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import stat
 import uuid
 from pathlib import Path
@@ -66,13 +65,11 @@ class LocalReset(Reset):
         await asyncio.to_thread(_replace_tree, root / "work", root / SNAPSHOT)
 
     async def kill(self, sandbox: Sandbox) -> None:
-        from hrl.sandboxes.local import SANDBOX_MARK, kill_marked
+        from hrl.sandboxes.local import SANDBOX_MARK, LocalSandbox, kill_marked
 
+        assert isinstance(sandbox, LocalSandbox)
         await asyncio.to_thread(kill_marked, SANDBOX_MARK, sandbox.id)
-        for group in list(getattr(sandbox, "_groups", ())):
-            with contextlib.suppress(OSError):
-                os.killpg(group, signal.SIGKILL)
-        getattr(sandbox, "_groups", set()).clear()
+        sandbox.kill_groups()
 
     async def restore(self, sandbox: Sandbox) -> None:
         from hrl.sandboxes.local import MARKER
@@ -86,8 +83,7 @@ class LocalReset(Reset):
         await asyncio.to_thread(_replace_tree, root / SNAPSHOT, root / "work")
 
     async def state(self, sandbox: Sandbox) -> str:
-        spec = sandbox.spec  # type: ignore[attr-defined]
-        mounts = [m.source for m in spec.mounts if not m.read_only]
+        mounts = [m.source for m in sandbox.spec.mounts if not m.read_only]
         return await asyncio.to_thread(_local_state, _root(sandbox), sandbox.id, mounts)
 
 
@@ -199,7 +195,9 @@ _STATE = (
 def reset_for(sandbox: Sandbox) -> Reset:
     """A local sandbox resets on the host; a docker one through its exec, checked with what its daemon reports.
     Any other cannot be checked: raises SandboxError."""
-    if hasattr(sandbox, "root") and hasattr(sandbox, "host_path"):
+    from hrl.sandboxes.local import LocalSandbox
+
+    if isinstance(sandbox, LocalSandbox):
         return LocalReset()
     if isinstance(sandbox, Inspectable):
         return ExecReset()

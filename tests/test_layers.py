@@ -2,6 +2,7 @@
 private modules stay behind their folder's public names."""
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["cli", "train", "runners", "sandboxes"]  # a layer may import those after it, never before
-BASE = {"errors", "registry"}  # hrl.errors, hrl.registry: below every layer, importing nothing of hrl
+BASE = {"errors", "registry", "config"}  # hrl.errors, hrl.registry, hrl.config: below every layer, nothing above
 HEAVY = {"torch", "peft", "vllm", "ray"}
 
 
@@ -111,7 +112,7 @@ def test_every_package_is_listed_in_pyproject():
         "hrl." + ".".join(p.parent.relative_to(ROOT).parts)
         for layer in [*ORDER, "recipes"]
         for p in (ROOT / layer).rglob("__init__.py")
-    }
+    } | {"hrl." + ".".join(p.parent.relative_to(ROOT / "hrl").parts) for p in (ROOT / "hrl").glob("*/**/__init__.py")}
     assert found <= listed, f"add to pyproject packages: {sorted(found - listed)}"
 
 
@@ -178,10 +179,35 @@ def test_cli_stands_nothing_up_itself():
 
 
 def test_the_base_imports_nothing_of_hrl():
-    bad = [f"hrl/{name}.py imports {mod}" for name in sorted(BASE)
-           for mod, _ in _imports(ROOT / "hrl" / f"{name}.py")
-           if mod.split(".")[0] == "hrl" and mod.removeprefix("hrl.") not in BASE]  # fmt: skip
+    """hrl.errors, hrl.registry and hrl.config (the typed run config) import only one another, and nothing heavy."""
+    files = [ROOT / "hrl" / "errors.py", ROOT / "hrl" / "registry.py", *sorted((ROOT / "hrl" / "config").glob("*.py"))]
+    bad = [f"{f.relative_to(ROOT)} imports {mod}" for f in files for mod, _ in _imports(f)
+           if (mod.split(".")[0] == "hrl" and mod.split(".")[1:2] and mod.split(".")[1] not in BASE)
+           or mod.split(".")[0] in HEAVY | {"transformers"}]  # fmt: skip
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["-c", "trainer.lr=-1"], "trainer.lr"),  # a value out of its bounds
+        (["--async", "-c", "async.max_buffered=2", "-c", "async.batch_traces=16"], "async.max_buffered=2"),  # a rule
+    ],  # across fields
+)
+def test_a_refused_setting_imports_nothing_heavy(args, named, tmp_path):
+    """`hrl train -c trainer.lr=-1`, or an async buffer that cannot hold a batch, is said (exit 2) from the typed
+    config alone: no torch, transformers, peft, vLLM, aiohttp or Ray is imported to refuse it, and no run directory
+    or model is made."""
+    code = (
+        "import sys\nfrom hrl.cli.main import run\n"
+        f"sys.argv = ['hrl', 'train', '--recipe', 'demo', '--model', 'hrl:tiny', *{args!r}, '--run-dir', 'r']\n"
+        "code = run()\nheavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'peft', "
+        "'vllm', 'aiohttp', 'ray'})\nprint('CODE', code, 'HEAVY', heavy)\n"
+    )
+    env = {**os.environ, "HRL_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert "CODE 2 HEAVY []" in out.stdout, (out.stdout, out.stderr)
+    assert named in out.stderr and not list(tmp_path.iterdir()), (out.stderr, list(tmp_path.iterdir()))
 
 
 def test_no_engine_imports_from_the_proxy():
@@ -258,14 +284,26 @@ def _circles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
     return out
 
 
-def test_no_circle_of_imports_crosses_folders():
-    """Files that import one another in a circle stay in one folder; a circle across folders means a room holds
-    what belongs to another (a package's __init__ counts as its folder)."""
+def test_no_circle_of_imports():
+    """No files import one another in a circle, lazy imports counted (inside a folder or across: either way one of
+    them holds what belongs below both, or imports back up). A package's __init__ is a file like any other: the
+    modules it names import the module that defines a name, never the package."""
     a, b, c = Path("x/a.py"), Path("y/b.py"), Path("y/c.py")
     assert _circles({a: {b}, b: {c}, c: {a}}) != [] and _circles({a: {b}, b: {c}, c: set()}) == []  # it sees one
-    bad = []
-    for part in _circles(_file_graph()):
-        folders = {f.parent for f in part}
-        if len(folders) > 1:
-            bad.append(" ↔ ".join(sorted(str(f.relative_to(ROOT)) for f in part)))
-    assert not bad, "import circles across folders:\n" + "\n".join(bad)
+    bad = [" ↔ ".join(sorted(str(f.relative_to(ROOT)) for f in part)) for part in _circles(_file_graph())]
+    assert not bad, "import circles:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [("runners/proxy", "hrl.runners.online"), ("runners/trace.py", "hrl.runners.telemetry")],
+    ids=["proxy-online", "trace-telemetry"],
+)
+def test_a_room_of_runners_imports_nothing_above_it(lower, higher):
+    """The proxy serves an online run's clients through the object it is handed, never importing `runners.online`;
+    the trace format is given its exporter (`TraceWriter(export=...)`), never reaching up for telemetry."""
+    path = ROOT / lower
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    bad = [f"{f.relative_to(ROOT)} imports {mod}" for f in files for mod, _ in _imports(f)
+           if mod == higher or mod.startswith(higher + ".")]  # fmt: skip
+    assert not bad, "\n".join(bad)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Literal
+
+from hrl.config.train import AdvantageKind
 
 __all__ = ["AdvantageKind", "group_advantages", "lone_advantages"]
-
-AdvantageKind = Literal["grpo", "mean", "dr_grpo", "batch"]
 
 
 def _mean_std(rs: list[float]) -> tuple[float, float]:

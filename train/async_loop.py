@@ -35,13 +35,14 @@ import random
 import re
 import time
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from hrl.config import AsyncConfig, check_batch_fits
 from hrl.runners.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.errors import HrlError
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import sampled_versions
-from hrl.train.async_config import AsyncConfig, check_batch_fits
 from hrl.train.heldout import Evaluations
 from hrl.train.loop import LoopConfig, sampler_metrics
 from hrl.train.sampler import Strata, TaskStats
@@ -59,8 +60,17 @@ from hrl.train.step import (
     unpublished,
     update,
 )
+from hrl.train.trainer import Trainer
 
-__all__ = ["AsyncConfig", "check_batch_fits", "newest_version", "oldest_version", "select_fresh", "train_async"]
+__all__ = [
+    "AsyncConfig",
+    "Producer",
+    "check_batch_fits",
+    "newest_version",
+    "oldest_version",
+    "select_fresh",
+    "train_async",
+]
 
 
 def oldest_version(trace: dict[str, Any]) -> int | None:
@@ -106,7 +116,40 @@ def _next_group(run: RunDir) -> int:
     return max(used, default=-1) + 1
 
 
-class _Producer:
+class Producer(Protocol):
+    """Where the loop's finished traces come from: the episodes it starts itself (`_Producer`), or an online run's
+    clients (`hrl.train.online.ExternalProducer`). Every producer subclasses it: `advantages`, `policy_ready` and
+    `metrics` have defaults."""
+
+    running: set[Any]  # episodes in flight
+    dropped: set[str]  # groups that can never complete
+    dropped_traces: int  # their traces, counted, not trained
+    started: int
+    stats: TaskStats
+    advantages: Any = None  # what replaces the groups' advantages (`update`); None: the groups'
+
+    def buffered(self) -> int: ...
+
+    async def loop(self) -> None:
+        """Produce for as long as the run lasts."""
+        ...
+
+    async def take(self, n: int) -> list[dict[str, Any]]:
+        """Wait for ≥ n finished traces, in whole groups, and take them."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def policy_ready(self) -> None:
+        """The trainer published the run's policy (once, before the first step); nothing to do by default."""
+        return
+
+    def metrics(self, trained: list[dict[str, Any]]) -> dict[str, float]:
+        """Its own metrics of a step that trained on `trained`; none by default."""
+        return {}
+
+
+class _Producer(Producer):
     """Launches whole groups while there is room; collects finished traces into complete groups."""
 
     def __init__(
@@ -120,7 +163,7 @@ class _Producer:
             self.stats.observe(run.all_traces())
         self.strata = Strata(tasks, cfg.sampler_key) if cfg.task_sampler == "balanced" else None
         self._groups = (
-            cfg.group(t, n, harness_for(rollouts, n))
+            Episode.group(t, cfg.group_size, n, harness_for(rollouts, n))
             for n in itertools.count()
             for t in [self._pick(rng, n)]
             if n >= first
@@ -249,7 +292,7 @@ async def train_async(
     rollouts: Rollouts,
     on_event: Event = lambda kind, data: None,
     eval_tasks: list[dict[str, Any]] | None = None,
-    producer: Any = None,
+    producer: Producer | None = None,
 ) -> list[dict[str, Any]]:
     """Run `cfg.iterations` updates asynchronously, publishing through `publisher` (the proxy, so agents never see
     an update). `eval_tasks`: held-out tasks, evaluated before the first update, after the last, and every
@@ -258,83 +301,124 @@ async def train_async(
     `hrl.train.online.ExternalProducer`: its `metrics()` join each step's, its `advantages` replace the groups')."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
-    if callable(ready := getattr(producer, "policy_ready", None)):
-        ready()  # the run's policy is the engine's now (a resumed run's published): an online run serves again
-    version, history, dropped_total, masked_total = state["version"], [], 0, 0
+    if producer is not None:  # the run's policy is the engine's now (a resumed run's published)
+        producer.policy_ready()  # an online run serves again
+    history: list[dict[str, Any]] = []
     sink = MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event)
     evals = Evaluations(eval_tasks, cfg, run, rollouts)
-    held: asyncio.Task[Any] | None = None  # the evaluation of this step, running beside its rollouts
     try:
-        await evals.at(0, version, sink, on_event)  # before any rollout of the run
+        await evals.at(0, state["version"], sink, on_event)  # before any rollout of the run
     except BaseException:
         sink.close()
         raise
     own_episodes = producer is None
     producer = producer or _Producer(tasks, cfg, acfg, rollouts, run)
     feeder = asyncio.create_task(producer.loop())
-    t_start = time.monotonic()
+    steps = _Steps(tasks, cfg, acfg, run, publisher, trainer, producer, sink, evals, on_event, state["version"],
+                   own_episodes)  # fmt: skip
     publisher.take_cpu_per_token()  # sets the mark: each step reports its own window
     try:
         for step in range(state["iteration"], cfg.iterations):
-            t0 = time.monotonic()
-            if evals.due(step):  # pinned to `version`: the publish below never reaches its episodes
-                held = asyncio.create_task(evals.at(step, version, sink, on_event))
-            batch = await producer.take(acfg.batch_traces)
-            if own_episodes:  # an online run's clients come and go: one client's failures do not stop the run
-                check_batch(batch, str(run.path))
-            t1 = time.monotonic()
-            fresh, stale_before = select_fresh(batch, version, acfg)
-            dropped_total += len(batch) - len(fresh)
-            advantages = getattr(producer, "advantages", None)
-            metrics = await update(trainer, fresh, cfg, version, stale_before, advantages) | sampler_metrics(
-                cfg, tasks, producer.stats
-            )
-            masked_total += int(metrics.setdefault("async/masked_tokens", 0.0))
-            staleness = [_age(t, version) for t in fresh]
-            if metrics["train/empty"]:  # trained on nothing: the weights are still `version`'s, nothing to publish
-                path = run.state()["checkpoint"]
-                metrics |= unpublished(publisher, version)
-            else:
-                path = await save_checkpoint(trainer, run, version + 1)
-                if held is not None and cfg.trainer.mode != "lora":  # new full weights would replace the eval's
-                    await held
-                metrics |= await publish_checkpoint(publisher, path, cfg.trainer.mode, version + 1)
-            if held is not None:  # its row (step `step`) is logged before this step's
-                await held  # an evaluation that raised ends the run with its error
-                held = None
-            version = metrics["version"]
-            metrics.update(
-                {
-                    "step": step,
-                    "async/dropped_stale": len(batch) - len(fresh),
-                    "async/dropped_stale_total": dropped_total,
-                    "async/stale_groups": stale_groups(batch, fresh),
-                    "async/masked_tokens_total": masked_total,
-                    "async/in_flight": len(producer.running),
-                    "async/buffered": producer.buffered(),
-                    "async/started": producer.started,
-                    "async/dropped_groups": len(producer.dropped),
-                    "async/dropped_traces": producer.dropped_traces,
-                    "trace/staleness/max": max(staleness, default=0),
-                    "time/wait_s": t1 - t0,
-                    "time/step_s": time.monotonic() - t0,
-                    "time/elapsed_s": time.monotonic() - t_start,
-                }
-            )
-            if hasattr(producer, "metrics"):
-                metrics |= producer.metrics(fresh)
+            metrics, path = await steps.run_step(step)
             commit(run, sink, metrics, path)
             history.append(metrics)
             on_event("step", metrics)
         feeder.cancel()
         await producer.stop()  # no training episode runs while the final policy is evaluated
-        await evals.at(cfg.iterations, version, sink, on_event)
+        await evals.at(cfg.iterations, steps.version, sink, on_event)
     finally:
-        if held is not None:
-            held.cancel()
-            await asyncio.gather(held, return_exceptions=True)
+        await steps.cancel_eval()
         sink.close()
         feeder.cancel()
         await producer.stop()
         await on_trainer_thread(trainer.close)  # the other ranks of trainer.nproc > 1
     return history
+
+
+@dataclass
+class _Steps:
+    """The steps of `train_async`: each takes a batch of finished traces, trains on the fresh ones, saves and
+    publishes. Carries the trainer's version, the evaluation running beside the rollouts, and the run's totals."""
+
+    tasks: list[dict[str, Any]]
+    cfg: LoopConfig
+    acfg: AsyncConfig
+    run: RunDir
+    publisher: Publisher
+    trainer: Trainer
+    producer: Producer  # a `_Producer`, or an online run's ExternalProducer
+    sink: MetricsSink
+    evals: Evaluations
+    on_event: Event
+    version: int
+    own_episodes: bool  # False: an online run's clients come and go, one client's failures do not stop the run
+    held: asyncio.Task[Any] | None = None  # the evaluation of this step, running beside its rollouts
+    dropped_total: int = 0
+    masked_total: int = 0
+    t_start: float = field(default_factory=time.monotonic)
+
+    async def run_step(self, step: int) -> tuple[dict[str, Any], str]:
+        """One step; its metrics and checkpoint path (a step that trained on nothing: the run's last)."""
+        t0 = time.monotonic()
+        if self.evals.due(step):  # pinned to `version`: the publish below never reaches its episodes
+            self.held = asyncio.create_task(self.evals.at(step, self.version, self.sink, self.on_event))
+        batch = await self.producer.take(self.acfg.batch_traces)
+        if self.own_episodes:
+            check_batch(batch, str(self.run.path))
+        t1 = time.monotonic()
+        fresh, stale_before = select_fresh(batch, self.version, self.acfg)
+        self.dropped_total += len(batch) - len(fresh)
+        advantages = self.producer.advantages
+        metrics = await update(self.trainer, fresh, self.cfg, self.version, stale_before, advantages) | sampler_metrics(
+            self.cfg, self.tasks, self.producer.stats
+        )
+        self.masked_total += int(metrics.setdefault("async/masked_tokens", 0.0))
+        staleness = max((_age(t, self.version) for t in fresh), default=0)
+        published, path = await self._publish(bool(metrics["train/empty"]))
+        metrics |= published
+        if self.held is not None:  # its row (step `step`) is logged before this step's
+            await self.held  # an evaluation that raised ends the run with its error
+            self.held = None
+        self.version = metrics["version"]
+        metrics |= self._totals(step, batch, fresh, staleness, t0, t1)
+        metrics |= self.producer.metrics(fresh)
+        return metrics, path
+
+    async def _publish(self, empty: bool) -> tuple[dict[str, Any], str]:
+        """Save and publish version + 1: its metrics and checkpoint path. A step that trained on nothing publishes
+        nothing (the weights are still `version`'s, its checkpoint the run's last)."""
+        if empty:
+            path = self.run.state()["checkpoint"]
+            return unpublished(self.publisher, self.version), path
+        path = await save_checkpoint(self.trainer, self.run, self.version + 1)
+        if self.held is not None and self.cfg.trainer.mode != "lora":  # new full weights would replace the eval's
+            await self.held
+        return await publish_checkpoint(self.publisher, path, self.cfg.trainer.mode, self.version + 1), path
+
+    def _totals(
+        self, step: int, batch: list[dict[str, Any]], fresh: list[dict[str, Any]], staleness: int, t0: float, t1: float
+    ) -> dict[str, Any]:
+        """The step's `async/*` and `time/*` metrics: what staleness dropped, the producer's state, the times (`t0`:
+        the step's start, `t1`: its batch's arrival)."""
+        return {
+            "step": step,
+            "async/dropped_stale": len(batch) - len(fresh),
+            "async/dropped_stale_total": self.dropped_total,
+            "async/stale_groups": stale_groups(batch, fresh),
+            "async/masked_tokens_total": self.masked_total,
+            "async/in_flight": len(self.producer.running),
+            "async/buffered": self.producer.buffered(),
+            "async/started": self.producer.started,
+            "async/dropped_groups": len(self.producer.dropped),
+            "async/dropped_traces": self.producer.dropped_traces,
+            "trace/staleness/max": staleness,
+            "time/wait_s": t1 - t0,
+            "time/step_s": time.monotonic() - t0,
+            "time/elapsed_s": time.monotonic() - self.t_start,
+        }
+
+    async def cancel_eval(self) -> None:
+        """Cancel the evaluation running beside the rollouts, if any (the run is ending)."""
+        if self.held is not None:
+            self.held.cancel()
+            await asyncio.gather(self.held, return_exceptions=True)

@@ -113,7 +113,7 @@ def shard(module: torch.nn.Module, inner: Any, param_dtype: torch.dtype | None =
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    for layer in getattr(base, base.base_model_prefix).layers:
+    for layer in base.base_model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(module, mp_policy=mp)
     return module
@@ -184,7 +184,7 @@ def load_shards(
     buffers (rotary inv_freq) are recomputed by the model's own initialiser, as HF does after its meta-device load."""
     module.to_empty(device=device)
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    tied = getattr(base, "all_tied_weights_keys", None) or {}  # e.g. lm_head.weight → model.embed_tokens.weight
+    tied = base.all_tied_weights_keys or {}  # e.g. lm_head.weight → model.embed_tokens.weight
     aliases = {**tied, **{v: k for k, v in tied.items()}}
     with _checkpoint(path) as stored:
         for name, b in module.named_buffers():  # first: an initialiser that also touches weights is overwritten below

@@ -7,12 +7,12 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LogprobModel", "token_logprobs"]
+__all__ = ["token_logprobs"]
 
 
 def _backbone_and_head(model: Any) -> tuple[Any, Any]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base, base.base_model_prefix), base.get_output_embeddings()
+    return base.base_model, base.get_output_embeddings()
 
 
 def _chunk_logp(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -47,27 +47,3 @@ def token_logprobs(
         else:
             pieces.append(_chunk_logp(head, h, t))
     return torch.cat(pieces, dim=1)
-
-
-class LogprobModel(torch.nn.Module):
-    """A causal LM whose forward returns token_logprobs: one root module for FSDP2, whose forward hooks then cover
-    the embeddings and the head that token_logprobs calls apart from the backbone."""
-
-    def __init__(self, model: Any, chunk: int = 512) -> None:
-        super().__init__()
-        self.inner, self.chunk = model, chunk
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        tree: list[list[int]] | None = None,
-        pixels: dict[str, torch.Tensor] | None = None,
-    ) -> torch.Tensor | list[torch.Tensor]:
-        """(B, T-1) logprobs of padded rows (with `pixels`: their images' pixel inputs); or with `tree`, per
-        sequence (T_s-1,) from one packed prefix-trie pass."""
-        if tree is not None:
-            from hrl.train.tree import tree_logprobs  # tree builds on this module
-
-            return tree_logprobs(self.inner, tree, self.chunk)
-        return token_logprobs(self.inner, input_ids, attention_mask, self.chunk, pixels)

@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hrl.config import LoopConfig
 from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.rundir import RunDir
 from hrl.train.heldout import Evaluations
-from hrl.train.loop_config import LoopConfig
 from hrl.train.offload import PhasePeaks
 from hrl.train.sampler import Strata, TaskStats, entropy, task_id, weighted_sample
 from hrl.train.sinks import MetricsSink
@@ -58,7 +58,11 @@ def _batch(
             picked.append(strata.pick(cfg.seed, g, [task_id(t) for t in picked]))
     else:
         picked = rng.sample(tasks, n)
-    return [ep for j, t in enumerate(picked) for ep in cfg.group(t, iteration, harness_for(rollouts, first + j))]
+    return [
+        ep
+        for j, t in enumerate(picked)
+        for ep in Episode.group(t, cfg.group_size, iteration, harness_for(rollouts, first + j))
+    ]
 
 
 def sampler_stats(cfg: LoopConfig, run: RunDir, upto: int, tasks: Sequence[Any]) -> TaskStats:

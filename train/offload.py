@@ -33,8 +33,10 @@ def resolve_offload(
 
 def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     """The optimizer's state tensors (AdamW's moments and step counts), and a MasterWeights' fp32 masters."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # MasterWeights wraps the AdamW over its masters
-    masters = list(getattr(optimizer, "masters", []))
+    if isinstance(optimizer, torch.optim.Optimizer):
+        masters, inner = [], optimizer
+    else:  # a MasterWeights (train/device.py): the AdamW over its masters
+        masters, inner = list(optimizer.masters), optimizer.optimizer
     return masters + [t for s in inner.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
 
 

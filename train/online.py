@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hrl.runners.online import OnlineSessions
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import write_trace
 from hrl.train.advantages import lone_advantages
+from hrl.train.async_loop import Producer
 from hrl.train.loop import LoopConfig
 from hrl.train.sampler import TaskStats
 
-__all__ = ["ExternalProducer", "TaskBaseline"]
+if TYPE_CHECKING:
+    from hrl.config import RunConfig
+
+__all__ = ["ExternalProducer", "TaskBaseline", "train_online"]
 
 
 class TaskBaseline:
@@ -51,7 +56,7 @@ class TaskBaseline:
                 self.mean[key] = self.mean.get(key, 0.0) + step * (r - self.mean.get(key, 0.0))
 
 
-class ExternalProducer:
+class ExternalProducer(Producer):
     """The async loop's producer for traffic from outside: `take(n)` waits for ≥ n final traces in whole groups."""
 
     def __init__(self, sessions: OnlineSessions, cfg: LoopConfig, run: RunDir) -> None:
@@ -122,3 +127,62 @@ class ExternalProducer:
 
     async def stop(self) -> None:
         await self.sessions.close()
+
+
+def _scorer(cfg: RunConfig, spec: str) -> Any:
+    """`online.scorer` loaded now, so a wrong name stops the run before anything starts."""
+    if not spec:
+        return None
+    from hrl.runners.whitebox.harness import load_function
+
+    return load_function(spec, cfg.recipe_dir or None)
+
+
+async def train_online(
+    settings: RunConfig,
+    run: RunDir,
+    address: tuple[str, int],
+    include_unchecked: bool,
+    on_event: Callable[[str, dict[str, Any]], None],
+    say: Callable[[str], object],
+) -> list[dict[str, Any]]:
+    """`hrl train --serve`: the proxy listens on `address`; clients with the run's keys (`hrl keys add`) open
+    sessions, run their agents against them anywhere, and end and reward them; the async loop trains on the final
+    traces (`ExternalProducer`). Where it serves and what a step waits for are said to `say`; the step history."""
+    import secrets
+
+    from hrl.runners.errors import UsageError
+    from hrl.runners.live import live_status
+    from hrl.runners.placement import write_control_token
+    from hrl.runners.placement.local import local_placement
+    from hrl.runners.tasks.checks import heldout_for_run
+    from hrl.train.async_loop import train_async
+
+    online_cfg, async_cfg, loop_cfg = settings.online, settings.async_, settings.loop()
+    if not async_cfg.enabled or settings.placement.kind != "local":
+        raise UsageError("an online run (--serve) trains with the async loop, in this process",
+                         hint="drop -c async.enabled=false and --placement ray")  # fmt: skip
+    scorer = _scorer(settings, online_cfg.scorer)
+    held = heldout_for_run(settings.eval_tasks, run.path, include_unchecked, say)
+    heldout = [t.model_dump() for t in held] if held else None
+    control = secrets.token_urlsafe(32)
+    write_control_token(run.path / "control-token", control)
+
+    def clients(proxy: Any) -> OnlineSessions:
+        return OnlineSessions(proxy, online_cfg, run.path, async_cfg.max_staleness, scorer)
+
+    host, port = address
+    online = {"host": host, "port": port, "control_token": control, "clients": clients}
+    async with local_placement(settings, settings.model, settings.engine, say=say, online=online) as here:
+        if heldout:
+            await here.prepare()  # the recipe's agent, for the held-out evaluations only
+        stack = here.stack
+        keys = stack.clients.keys
+        say(f"serving clients at {stack.url} (POST /sessions with a client key; {len(keys.names())} keys in "
+            f"{keys.path}; add one: hrl keys add NAME --run-dir {run.path})")  # fmt: skip
+        say(f"each step waits for {async_cfg.batch_traces} final traces (async.batch_traces): sessions ended "
+            "with a reward, or scored by online.scorer")  # fmt: skip
+        producer = ExternalProducer(stack.clients, loop_cfg, run)
+        with live_status(run.path, lambda: stack.proxy.engine.version):
+            return await train_async([], loop_cfg, async_cfg, run, stack.proxy, here.rollouts, on_event,
+                                     heldout, producer=producer)  # fmt: skip

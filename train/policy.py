@@ -1,20 +1,45 @@
-"""The model a trainer updates, built for one process or for a rank of a sharded (FSDP2) job."""
+"""The model a trainer updates, built for one process or for a rank of a sharded (FSDP2) job, and the module its
+logprobs come through (`LogprobModel`: padded rows, or one prefix-tree pass)."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from hrl.config import TrainerConfig
 from hrl.runners.engines.images import model_has_vision
 from hrl.runners.errors import HrlError
 from hrl.runners.models import peft_quietly
 from hrl.train import distributed
-from hrl.train.logprobs import LogprobModel
-from hrl.train.trainer_config import TrainerConfig
+from hrl.train.logprobs import token_logprobs
+from hrl.train.tree import tree_logprobs
 
-__all__ = ["build_policy"]
+__all__ = ["LogprobModel", "build_policy"]
+
+
+class LogprobModel(torch.nn.Module):
+    """A causal LM whose forward returns token_logprobs: one root module for FSDP2, whose forward hooks then cover
+    the embeddings and the head that token_logprobs calls apart from the backbone."""
+
+    def __init__(self, model: Any, chunk: int = 512) -> None:
+        super().__init__()
+        self.inner, self.chunk = model, chunk
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        tree: list[list[int]] | None = None,
+        pixels: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """(B, T-1) logprobs of padded rows (with `pixels`: their images' pixel inputs); or with `tree`, per
+        sequence (T_s-1,) from one packed prefix-trie pass."""
+        if tree is not None:
+            return tree_logprobs(self.inner, tree, self.chunk)
+        return token_logprobs(self.inner, input_ids, attention_mask, self.chunk, pixels)
 
 
 def build_policy(

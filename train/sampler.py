@@ -34,14 +34,13 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
+from hrl.config.train import SamplerKind
 from hrl.runners.episodes import Episode
 from hrl.runners.trace import is_infra_failure
 
 __all__ = ["SamplerKind", "Strata", "TaskStats", "entropy", "signal_weight", "task_field", "weighted_sample"]
-
-SamplerKind = Literal["uniform", "signal", "balanced"]
 
 
 def signal_weight(p: float, group_size: int) -> float:

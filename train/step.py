@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from hrl.config import LoopConfig
+from hrl.runners.engines.base import Engine
 from hrl.runners.errors import BatchFailedError, HrlError
 from hrl.runners.metrics import step_metrics
 from hrl.runners.models import resolve_model
@@ -28,9 +30,6 @@ from hrl.train.samples import RETAINED_TOKEN_RATIO, build_samples, mask_stale, r
 from hrl.train.sinks import MetricsSink
 from hrl.train.trainer import Trainer, TrainerConfig
 from hrl.train.weight_sync import ipc_updates
-
-if TYPE_CHECKING:
-    from hrl.train.loop import LoopConfig
 
 __all__ = [
     "Event",
@@ -84,19 +83,13 @@ _logged: set[str] = set()  # reasons image traces were left out, each logged onc
 
 class Publisher(Protocol):
     """What the loops use of whatever publishes new weights: the proxy in front of the engine (`Proxy`: agents
-    never see an update), or the Ray driver's `ShardedPublisher`."""
+    never see an update), or the Ray driver's `ShardedPublisher`. `keep_media` has a default, which another
+    publisher (a test's) inherits by subclassing this."""
 
-    @property
-    def engine(self) -> Any:
-        """The engine the weights reach. Its sleep mode, IPC weights and `last_publish_tier` are optional (only
-        some engines have them)."""
-        ...
-
-    @property
-    def stats(self) -> dict[str, float]:
-        """The proxy's counters: `proxy/pause_s` (total time publishes held requests) and `proxy/queue_depth`
-        (most requests waiting at once; the loop resets it after each step). {} where no proxy counts them."""
-        ...
+    engine: Engine  # the engine the weights reach (its sleep mode, IPC weights, `last_publish_tier`: `Engine`'s)
+    # the proxy's counters: `proxy/pause_s` (total time publishes held requests) and `proxy/queue_depth` (most
+    # requests waiting at once; the loop resets it after each step). {} where no proxy counts them
+    stats: dict[str, float]
 
     async def publish(self, path: str, kind: Any, version: int | None = None) -> int: ...
 
@@ -104,6 +97,10 @@ class Publisher(Protocol):
         """`proxy/cpu_us_per_token` since the previous call; None on the first call, without streamed tokens, or
         where no proxy runs in this process."""
         ...
+
+    def keep_media(self, folder: str | Path) -> None:
+        """Keep the run's images' bytes in `folder`, where training reads them; nowhere by default."""
+        return
 
 
 async def start_trainer(
@@ -114,19 +111,17 @@ async def start_trainer(
     state = run.state()
     run.discard_uncommitted_metrics()
     engine = publisher.engine
-    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and cfg.trainer.mode == "lora":  # vLLM only
+    if engine.sleep_level == 2 and cfg.trainer.mode == "lora":  # vLLM only
         raise HrlError("engine_options.sleep_level=2 drops vLLM's base weights, and a LoRA publish does not bring "
                        "them back", hint="use -c engine_options.sleep_level=1 with LoRA (2 is for full training)")  # fmt: skip
-    if callable(check := getattr(engine, "check_publish", None)):  # vLLM: the server serves the publish routes
-        check(cfg.trainer.mode)
+    engine.check_publish(cfg.trainer.mode)  # vLLM: the server serves the publish routes
     if cfg.trainer.offload == "all" and _ipc_weights(engine, cfg.trainer, cuda=cfg.trainer.device != "cpu"):
         raise HrlError("trainer.offload=all moves the weights to CPU memory, but engine_options.weight_sync=ipc "
                        "publishes them from the trainer's GPU memory",
                        hint="use -c trainer.offload=optimizer (or auto), or -c engine_options.weight_sync=disk")  # fmt: skip
     trainer = await on_trainer_thread(make_trainer, cfg.trainer)
     trainer.media_dir = run.traces / "media"  # images' bytes, where the proxy keeps them for this run
-    if callable(keep := getattr(publisher, "keep_media", None)):
-        keep(trainer.media_dir)
+    publisher.keep_media(trainer.media_dir)
     attach_ipc_weights(engine, trainer, cfg.trainer)
     if state["checkpoint"]:
         await on_trainer_thread(trainer.load, state["checkpoint"])
@@ -137,34 +132,29 @@ async def start_trainer(
     return trainer, state
 
 
-def attach_ipc_weights(engine: Any, trainer: Any, tcfg: TrainerConfig) -> None:
+def attach_ipc_weights(engine: Engine, trainer: Any, tcfg: TrainerConfig) -> None:
     """weight_sync=ipc on the engine: a full publish takes the weights straight from the trainer's GPU memory (one
-    trainer process on CUDA); anything else keeps the disk reload."""
-    attach = getattr(engine, "attach_weights", None)  # vLLM's only
-    if callable(attach) and tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
-        attach(lambda bucket_bytes: ipc_updates(trainer.named_weights(), bucket_bytes))
+    trainer process on CUDA); anything else keeps the disk reload (an engine without IPC weights takes none)."""
+    if tcfg.mode == "full" and tcfg.nproc == 1 and trainer.device.type == "cuda":
+        engine.attach_weights(lambda bucket_bytes: ipc_updates(trainer.named_weights(), bucket_bytes))
 
 
-def _ipc_weights(engine: Any, tcfg: TrainerConfig, cuda: bool) -> bool:
+def _ipc_weights(engine: Engine, tcfg: TrainerConfig, cuda: bool) -> bool:
     """Whether full publishes read the trainer's weights on its GPU (attach_ipc_weights's conditions)."""
-    ipc = getattr(getattr(engine, "config", None), "weight_sync", "disk") == "ipc"
-    one_gpu = tcfg.mode == "full" and tcfg.nproc == 1 and cuda
-    return ipc and one_gpu and callable(getattr(engine, "attach_weights", None))
+    return engine.weight_sync == "ipc" and tcfg.mode == "full" and tcfg.nproc == 1 and cuda
 
 
-def offload_plan(engine: Any, trainer: Trainer) -> OffloadPlan:
+def offload_plan(engine: Engine, trainer: Trainer) -> OffloadPlan:
     """`trainer.offload` for this engine and trainer (the rule: `hrl.train.offload.resolve_offload`)."""
     tcfg, cuda = trainer.config, trainer.device.type == "cuda"
-    sleep_level = getattr(getattr(engine, "config", None), "sleep_level", 0)  # vLLM's; other engines never sleep
-    return resolve_offload(tcfg.offload, tcfg.mode, sleep_level, ipc=_ipc_weights(engine, tcfg, cuda), cuda=cuda,
-                           nproc=tcfg.nproc)  # fmt: skip
+    return resolve_offload(tcfg.offload, tcfg.mode, engine.sleep_level, ipc=_ipc_weights(engine, tcfg, cuda),
+                           cuda=cuda, nproc=tcfg.nproc)  # fmt: skip
 
 
 async def sleep(publisher: Publisher, trainer: Trainer) -> None:
-    """Colocated layout: the engine frees the GPU for the update (engines without a sleep mode have no `sleep`),
-    then the trainer brings back what it offloaded for the rollouts."""
-    if callable(fn := getattr(publisher.engine, "sleep", None)):
-        await fn()
+    """Colocated layout: the engine frees the GPU for the update (a no-op for engines without a sleep mode), then
+    the trainer brings back what it offloaded for the rollouts."""
+    await publisher.engine.sleep()
     await on_trainer_thread(trainer.onload)
 
 
@@ -172,8 +162,7 @@ async def wake(publisher: Publisher, trainer: Trainer) -> dict[str, float]:
     """Before the engine wakes for rollouts, the trainer moves out what `trainer.offload` names and frees its cached
     GPU memory, so the engine finds its share free; `offload/gib` and `offload/seconds` when anything moved."""
     moved = await on_trainer_thread(trainer.offload, offload_plan(publisher.engine, trainer))
-    if callable(fn := getattr(publisher.engine, "wake_up", None)):
-        await fn()
+    await publisher.engine.wake_up()
     return moved
 
 
@@ -304,7 +293,7 @@ async def publish_checkpoint(publisher: Publisher, path: str, kind: str, version
     pause0, t0 = stats.get("proxy/pause_s", 0.0), time.monotonic()
     new = await publisher.publish(path, kind, version=version)
     seconds = time.monotonic() - t0
-    tier = getattr(publisher.engine, "last_publish_tier", "") or "unknown"  # optional: engines may name it
+    tier = publisher.engine.last_publish_tier or "unknown"  # engines may leave it unnamed
     nbytes = await asyncio.to_thread(_weight_bytes, Path(path))
     return {
         "version": new,
@@ -320,7 +309,7 @@ async def restore_dropped_weights(publisher: Publisher, path: str) -> None:
     """A step that publishes nothing after vLLM slept at level 2 (its weights dropped): load the live version's
     weights (`path`: the last checkpoint, or the base model) back, so the next rollouts have a model to run."""
     engine = publisher.engine
-    if getattr(getattr(engine, "config", None), "sleep_level", 0) == 2 and callable(getattr(engine, "restore", None)):
+    if engine.sleep_level == 2:
         await engine.restore(resolve_model(path))
 
 
@@ -336,9 +325,8 @@ def _proxy_window(publisher: Publisher) -> dict[str, float]:
     stats = publisher.stats
     depth, stats["proxy/queue_depth"] = stats.get("proxy/queue_depth", 0.0), 0.0  # this step's, then reset
     cpu = publisher.take_cpu_per_token()
-    routing = getattr(publisher.engine, "take_stats", None)  # engine replicas: routing/* of the window
     return {"proxy/queue_depth": float(depth), **({} if cpu is None else {"proxy/cpu_us_per_token": cpu}),
-            **(routing() if callable(routing) else {})}  # fmt: skip
+            **publisher.engine.take_stats()}  # fmt: skip
 
 
 def commit(run: RunDir, sink: MetricsSink, metrics: dict[str, Any], path: str) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from hrl.config import TrainerConfig
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.models import resolve_model
 from hrl.train import distributed
@@ -24,13 +26,11 @@ from hrl.train.device import (
     resolve_dtype,
     split_mini_batches,
 )
-from hrl.train.logprobs import LogprobModel
 from hrl.train.loss import importance_weights, kl_to_reference, mismatch_kl, policy_loss
 from hrl.train.media import MediaError, Pixels
 from hrl.train.offload import Offloader, OffloadPlan, free_cache, optimizer_tensors
-from hrl.train.policy import build_policy
+from hrl.train.policy import LogprobModel, build_policy
 from hrl.train.samples import Sample
-from hrl.train.trainer_config import TrainerConfig
 from hrl.train.tree import token_ratio, tree_declined_for_media, tree_plan
 
 __all__ = ["Trainer", "TrainerConfig", "token_weights"]
@@ -156,7 +156,7 @@ class Trainer:
             return {"train/samples": 0.0}
         n_traces = len({s.trace_id for s in samples})
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
-        behaviour = [_flat([s], "behaviour_logprobs") for s in samples]
+        behaviour = [_flat([s], lambda x: x.behaviour_logprobs) for s in samples]
         metrics = mismatch_kl(torch.cat(proximal), torch.cat(behaviour))
         if all(s.advantage == 0 for s in samples):
             # no learning signal (every group agreed): the gradient is exactly zero, but Adam would still move every
@@ -357,7 +357,7 @@ class Trainer:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.distributed:
-            tied = getattr(self.model, "all_tied_weights_keys", None) or {}  # e.g. lm_head = embed_tokens: saved once
+            tied = self.model.all_tied_weights_keys or {}  # e.g. lm_head = embed_tokens: saved once
             state = {k.removeprefix("inner."): v for k, v in distributed.full_state_dict(self.forward).items()}
             state = {k: v for k, v in state.items() if k not in tied}
             if self.config.mode == "full":  # bf16 training keeps fp32 shards: the checkpoint is in the model's dtype
@@ -428,12 +428,13 @@ def token_weights(samples: list[Sample], n_traces: int, loss_norm: str, max_len:
     for every token, so a long trace weighs more than a short one and no trace's length rescales its tokens."""
     if loss_norm == "constant":
         return torch.cat([torch.full((len(_loss_pos(s)),), 1.0 / (max_len * n_traces)) for s in samples])
-    return _flat(samples, "weight") / n_traces
+    return _flat(samples, lambda s: s.weight) / n_traces
 
 
-def _flat(samples: list[Sample], attr: str) -> torch.Tensor:
-    """A per-position attribute of the samples (weight, behaviour logprobs), at their loss tokens only: (N,)."""
-    return torch.tensor([getattr(s, attr)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
+def _flat(samples: list[Sample], values: Callable[[Sample], list[float]]) -> torch.Tensor:
+    """A per-position list of the samples (`values`: its weights, its behaviour logprobs), at their loss tokens
+    only: (N,)."""
+    return torch.tensor([values(s)[p] for s in samples for p in _loss_pos(s)], dtype=torch.float32)
 
 
 def _loss_pos(s: Sample) -> list[int]:

@@ -155,7 +155,7 @@ def plan(seqs: list[list[int]], max_tokens: int, root_cut: int = 1024) -> tuple[
 
 def attention_implementation(model: Any) -> str:
     backbone, _ = _backbone_and_head(model)
-    return str(getattr(backbone.config, "_attn_implementation", None) or "eager")
+    return str(backbone.config._attn_implementation or "eager")
 
 
 _MASK_PER_LAYER_TYPE = re.compile(r"isinstance\(\s*(?:\w+\s*:=\s*)?attention_mask\s*,\s*dict\s*\)")
@@ -178,17 +178,18 @@ def attention_layout(model: Any) -> tuple[dict[str, int | None], str | None]:
     backbone, _ = _backbone_and_head(model)
     cfg = backbone.config
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-    kinds = list(
-        dict.fromkeys(getattr(cfg, "layer_types", None) or ["sliding_attention" if window else "full_attention"])
-    )
+    # the optional fields, each where the config has it, else its default (by attribute: a field may be an alias)
+    defaults = {"sliding_window": None, "use_sliding_window": True, "layer_types": None, "attention_chunk_size": None}
+    fields = {name: getattr(cfg, name, default) for name, default in defaults.items()}
+    window = fields["sliding_window"] if fields["use_sliding_window"] else None
+    kinds = list(dict.fromkeys(fields["layer_types"] or ["sliding_attention" if window else "full_attention"]))
     layout: dict[str, int | None] = {k: window if k == "sliding_attention" else None for k in kinds}
     impl = attention_implementation(model)
     if impl not in TREE_ATTENTION:
         return layout, f"its {impl} attention takes no 4D mask (tree masks need {' or '.join(TREE_ATTENTION)})"
     if other := [k for k in kinds if k not in TREE_LAYERS]:
         return layout, f"its {', '.join(other)} layers have no tree mask (tree masks know {', '.join(TREE_LAYERS)})"
-    if getattr(cfg, "attention_chunk_size", None):
+    if fields["attention_chunk_size"]:
         return layout, "its chunked attention (attention_chunk_size) has no tree mask"
     if "sliding_attention" in layout and not (isinstance(window, int) and window > 0):
         return layout, f"its sliding_attention layers have no positive sliding_window ({window!r})"

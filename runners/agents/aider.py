@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn
 
 __all__ = ["AiderRunner"]
 
@@ -20,7 +20,7 @@ METADATA = ".aider.model.metadata.json"
 SETTINGS = ".aider.model.settings.yml"
 
 
-class AiderRunner:
+class AiderRunner(AgentRunner):
     name = "aider"
     version = "0.86.2"
     fixed_prompt_chars = 7_030  # system prompt + tool schemas of its first request, measured

@@ -9,7 +9,7 @@ lifecycle in `runners.agents.run`, written once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from hrl.runners.engines.scripted import ScriptedTurn
 
@@ -51,6 +51,8 @@ class AgentContext:
 
 
 class AgentRunner(Protocol):
+    """What every runner is; the runners inherit it (the members with a value or a body are defaults)."""
+
     name: str  # registry name, e.g. "opencode"
     version: str  # pinned package version
     package_kind: PackageKind
@@ -58,16 +60,23 @@ class AgentRunner(Protocol):
     bin: str  # the executable the package installs
     install_scripts: bool  # npm: run the packages' install scripts (only where the CLI needs them to link its binary)
     dialect: DialectName  # the wire API it speaks to the proxy
-    needs_tty: bool  # run under a pseudo-terminal (none of the supported CLIs needs one)
+    needs_tty: bool = False  # run under a pseudo-terminal (none of the supported CLIs needs one)
     # How the model names a tool of an MCP server the CLI starts (AgentContext.mcp), `{server}` and `{tool}` filled
     # in, measured at the pinned version; None: no MCP client (browser tasks refuse the CLI)
-    mcp_tool: str | None
+    mcp_tool: str | None = None
     # Characters of what the CLI sends before the task (system prompt, tool schemas) on its first request, measured
     # at the pinned version; `runners.agents.fit` turns it into tokens of a model to say up front when it cannot fit.
-    fixed_prompt_chars: int
+    # 0: not measured.
+    fixed_prompt_chars: int = 0
     # The CLI's own tool that shows the model an image file, and its path argument, where measured at the pinned
     # version to send the image to the model (`hrl agents doctor --images`); None where it sends none.
-    image_tool: tuple[str, str] | None
+    image_tool: tuple[str, str] | None = None
+    # Browser tasks: the CLI connects to the episode's browser itself (over CDP), given no browser MCP server.
+    drives_browser: bool = False
+    # A warm sandbox starts the harness ahead (runners/agents/warm.py, PyPI runners): the modules its Python imports
+    # then, and the fixed part of `env` it imports them under; none: no warm start.
+    warm_imports: tuple[str, ...] = ()
+    warm_env: ClassVar[dict[str, str]] = {}
 
     def files(self, ctx: AgentContext) -> dict[str, str]:
         """Config files to write before the run: path (relative = under HOME) -> content."""

@@ -17,7 +17,7 @@ import functools
 import json
 from pathlib import Path
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn
 
 __all__ = ["BrowserUseRunner"]
 
@@ -29,7 +29,7 @@ def _driver() -> str:
     return (Path(__file__).parent / "browser_use_agent.py").read_text()
 
 
-class BrowserUseRunner:
+class BrowserUseRunner(AgentRunner):
     name = "browser-use"
     version = "0.13.14"
     fixed_prompt_chars = 24_100  # its system prompt, measured; each step's page state and history come on top

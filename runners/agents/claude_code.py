@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["ClaudeCodeRunner"]
 
@@ -49,7 +49,7 @@ def _telemetry(ctx: AgentContext) -> dict[str, str]:
     }
 
 
-class ClaudeCodeRunner:
+class ClaudeCodeRunner(AgentRunner):
     name = "claude-code"
     version = "2.1.197"
     fixed_prompt_chars = 76_500  # system prompt + tool schemas of its first request, measured

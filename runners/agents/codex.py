@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["CodexRunner"]
 
@@ -71,7 +71,7 @@ def _config(ctx: AgentContext) -> str:
     return "\n".join(lines) + "\n"
 
 
-class CodexRunner:
+class CodexRunner(AgentRunner):
     name = "codex"
     version = "0.171.0"
     fixed_prompt_chars = 24_390  # system prompt + tool schemas of its first request, measured

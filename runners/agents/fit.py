@@ -89,7 +89,7 @@ def fit(
     not on this machine, an engine at a URL, an agent without a measured prompt)."""
     from hrl.runners.agents import get_agent
 
-    chars = getattr(get_agent(agent), "fixed_prompt_chars", 0)
+    chars = get_agent(agent).fixed_prompt_chars
     model_dir = _model_dir(model)
     if not chars or model_dir is None:
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["GeminiCliRunner"]
 
@@ -23,7 +23,7 @@ def _telemetry(ctx: AgentContext) -> dict[str, object]:
             "logPrompts": False}  # fmt: skip
 
 
-class GeminiCliRunner:
+class GeminiCliRunner(AgentRunner):
     name = "gemini-cli"
     version = "0.61.0"
     fixed_prompt_chars = 50_330  # system prompt + tool schemas of its first request, measured

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["SUBMIT_COMMAND", "MiniSweAgentRunner"]
 
@@ -21,7 +21,7 @@ def _bash(command: str) -> ScriptedTurn:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
-class MiniSweAgentRunner:
+class MiniSweAgentRunner(AgentRunner):
     name = "mini-swe-agent"
     version = "2.4.6"
     fixed_prompt_chars = 3_470  # system prompt + tool schemas of its first request, measured

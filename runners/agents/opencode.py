@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["OpencodeRunner"]
 
 CONFIG = ".config/opencode/opencode.json"
 
 
-class OpencodeRunner:
+class OpencodeRunner(AgentRunner):
     name = "opencode"
     version = "1.18.33"
     fixed_prompt_chars = 29_560  # system prompt + tool schemas of its first request, measured

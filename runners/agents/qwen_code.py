@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 
-from hrl.runners.agents.base import AgentContext, ScriptedTurn, shell_turns
+from hrl.runners.agents.base import AgentContext, AgentRunner, ScriptedTurn, shell_turns
 
 __all__ = ["QwenCodeRunner"]
 
 
-class QwenCodeRunner:
+class QwenCodeRunner(AgentRunner):
     name = "qwen-code"
     version = "0.15.10"
     fixed_prompt_chars = 65_260  # system prompt + tool schemas of its first request, measured

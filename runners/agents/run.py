@@ -103,8 +103,7 @@ async def run_agent(
         return AgentOutcome(prep.exit_code, "sandbox_error", 0.0, time.time(), "", f"cannot make HOME: {prep.stderr}")
     for path, text in files.items():
         await sandbox.write_file(path, text.encode(), 0o600)
-    warm = getattr(sandbox, "hrl_warm", None)
-    through = warm.claim(runner) if warm is not None else None
+    through = sandbox.hrl_warm.claim(runner) if sandbox.hrl_warm is not None else None
     started, started_at = time.monotonic(), time.time()
     stopping = False
     try:

@@ -159,8 +159,8 @@ class WarmHarness:
 async def start_warm_harness(sandbox: Sandbox, runner: AgentRunner, install: AgentInstall) -> WarmHarness | None:
     """Start `runner`'s launcher in `sandbox` (not waiting for its imports) and attach it to the sandbox as
     `hrl_warm`; None for a runner without `warm_imports` or an install without a Python of its own."""
-    modules = tuple(getattr(runner, "warm_imports", ()))
-    if not modules or runner.package_kind != "pypi" or getattr(runner, "needs_tty", False) or not install.path:
+    modules = tuple(runner.warm_imports)
+    if not modules or runner.package_kind != "pypi" or runner.needs_tty or not install.path:
         return None
     python = posixpath.join(install.path[0], "python")
     name = uuid.uuid4().hex[:12]
@@ -169,7 +169,7 @@ async def start_warm_harness(sandbox: Sandbox, runner: AgentRunner, install: Age
     await sandbox.write_file(client, CLIENT.encode(), 0o644)
     warm = WarmHarness(runner.name, python, f"{DIR}/{name}.sock", client)
     env = {"HOME": f"{DIR}/home-{name}", "PATH": ":".join([*install.path, "/usr/local/bin:/usr/bin:/bin"]),
-           "LANG": "C.UTF-8", **getattr(runner, "warm_env", {})}  # fmt: skip
+           "LANG": "C.UTF-8", **runner.warm_env}  # fmt: skip
     argv = ["sh", "-c", 'mkdir -p "$HOME" && exec "$@" </dev/null >/dev/null 2>&1', "hrl-warm", python, launcher,
             warm.socket, *modules]  # fmt: skip
 
@@ -182,5 +182,5 @@ async def start_warm_harness(sandbox: Sandbox, runner: AgentRunner, install: Age
                             result.exit_code)  # fmt: skip
 
     warm.task = asyncio.create_task(run())
-    sandbox.hrl_warm = warm  # type: ignore[attr-defined]
+    sandbox.hrl_warm = warm
     return warm

@@ -248,7 +248,7 @@ async def _check(
 
 
 def _drives_browser(name: str) -> bool:
-    return bool(getattr(get_agent(name), "drives_browser", False))
+    return get_agent(name).drives_browser
 
 
 def _last_line(out: AgentOutcome) -> str:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Check", "run_checks", "tool_parser_check", "tool_prompt_check", "vllm_python"]
+__all__ = ["Check", "run_checks", "tool_parser_check", "tool_prompt_check"]
 
 
 @dataclass
@@ -22,14 +20,6 @@ class Check:
     required_for: str
     blocking: bool = True  # False: a finding to act on (a model that calls no tool), not a missing prerequisite
     figures: dict[str, Any] = field(default_factory=dict)  # what a check measured, for --json
-
-
-def vllm_python() -> str | None:
-    """The interpreter that runs vLLM: HRL_VLLM_PYTHON, else this one if it has vllm, else None."""
-    env = os.environ.get("HRL_VLLM_PYTHON")
-    if env:
-        return env
-    return sys.executable if importlib.util.find_spec("vllm") else None
 
 
 def _module(name: str) -> tuple[bool, str]:
@@ -59,6 +49,8 @@ def _docker() -> tuple[bool, str]:
 
 
 def _vllm() -> tuple[bool, str]:
+    from hrl.runners.engines.vllm_server import vllm_python  # imports aiohttp
+
     py = vllm_python()
     if py is None:
         return False, "no vllm here; set HRL_VLLM_PYTHON to a python that has vllm"

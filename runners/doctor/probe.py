@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from hrl.runners.doctor.checks import Check
+from hrl.runners.engines.base import Engine
 from hrl.runners.errors import HrlError
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import call_prompt_ids
@@ -32,6 +33,7 @@ __all__ = [
     "CheckTimeoutError",
     "logprobs_check",
     "probe_model",
+    "run_served_checks",
     "served_checks",
     "tool_calls_check",
 ]
@@ -60,14 +62,18 @@ RAW_MEAN_TOLERANCE = 0.02  # mean |Δ logprob| of a raw engine: float32 ~1e-6, b
 
 class CheckTimeoutError(HrlError):
     """A served check timed out: past its own limit (`expired`), or on a call inside it. `checks` are the checks done
-    before it and, last, the failed one (timed_out_after_s and limit_s in its figures)."""
+    before it and, last, the failed one (timed_out_after_s and limit_s in its figures). Its hint: what to try."""
 
     def __init__(self, name: str, seconds: float, limit_s: float, expired: bool, done: list[Check]) -> None:
         why = f"its limit of {limit_s:g} s" if expired else "a call inside it timed out"
         after = f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.2g}"
         figures = {"timed_out_after_s": round(seconds, 3), "limit_s": limit_s, "expired": expired}
         failed = Check(name, False, f"timed out after {after} s ({why})", _NEEDED.get(name, ""), figures=figures)
-        super().__init__(f"the {name} check timed out after {after} s ({why})")
+        if expired:
+            hint = f"a loaded machine is slower: re-run with --timeout {2 * limit_s:g}, or when the machine is idle"
+        else:
+            hint = "a loaded machine is slower: re-run when it is idle; HRL_DEBUG=1 shows the call that timed out"
+        super().__init__(f"the {name} check timed out after {after} s ({why})", hint=hint)
         self.name, self.seconds, self.limit_s, self.expired = name, seconds, limit_s, expired
         self.checks = [*done, failed]
 
@@ -108,7 +114,7 @@ async def served_checks(
             if probe:
                 checks += await _timed("probe", _probe(stack, model, proxy_options), limit_s, checks)
             path = resolve_model(model)
-            dtype = str(getattr(getattr(stack.engine, "config", None), "dtype", "auto"))
+            dtype = stack.engine.dtype
             dtype = checkpoint_dtype(path) if dtype == "auto" else dtype
             for kind in publish:
                 check = publish_check(stack.engine, path, kind, dtype)
@@ -116,6 +122,22 @@ async def served_checks(
     except TimeoutError as e:  # serving the model (its start or its stop), outside any check's own limit
         raise CheckTimeoutError("serve", time.monotonic() - t0, 0, False, checks) from e
     return checks
+
+
+def run_served_checks(
+    model: str, engine: str, options: dict[str, Any], probe: bool, publish: tuple[str, ...], limit_s: float
+) -> list[Check]:
+    """`hrl doctor --model`: `served_checks` on `engine` (default: vLLM where a GPU has it, else embedded), which is
+    checked first with the model (a bad name is a usage error); each check within `limit_s` seconds."""
+    from hrl.runners.preflight import check_engine, check_model
+    from hrl.runners.serving.standalone import default_engine
+
+    engine = engine or default_engine()
+    check_engine(engine)
+    check_model(model)
+    return asyncio.run(
+        served_checks(model, engine, probe=probe, publish=publish, proxy_options=options, limit_s=limit_s)
+    )
 
 
 async def probe_model(
@@ -144,7 +166,7 @@ async def _probe(
     trace = stack.proxy.end_session(session.token)
     how = "as configured"
     if (proxy_options or {}).get("reasoning_parser", "auto") == "auto":
-        source = str(getattr(tmpl.tokenizer, "chat_template", "") or "")
+        source = str(tmpl.tokenizer.chat_template or "")
         named = tmpl.reasoning_parser.name != "think" or "<think>" in source
         how = "detected from its chat template" if named else "the default: its chat template names no reasoning"
     reasoning = Check("reasoning", True, f"{tmpl.reasoning_parser.name} ({how})", f"reasoning of {model}")
@@ -168,21 +190,20 @@ def tool_calls_check(trace: dict[str, Any], parser: str) -> Check:
     return Check("tool calls", parsed > 0 and not failed, detail, "agentic training", blocking=bool(failed))
 
 
-async def logprobs_check(engine: Any, trace: dict[str, Any]) -> Check:
+async def logprobs_check(engine: Engine, trace: dict[str, Any]) -> Check:
     """Whether the logprobs recorded in `trace` are the raw model logprobs of its sampled ids (`engine.score`)."""
     need = "training on the recorded logprobs"
-    score = getattr(engine, "score", None)
-    if score is None:
+    if not engine.scores:
         return Check("logprobs", True, f"not checked: the {engine.name} engine samples nothing", need)
     deltas: list[float] = []
     for i, c in enumerate(trace["calls"]):
         if c["response_ids"] and not c.get("error"):
-            rescored = await score(call_prompt_ids(trace, i), c["response_ids"])
+            rescored = await engine.score(call_prompt_ids(trace, i), c["response_ids"])
             deltas += [abs(a - b) for a, b in zip(c["response_logprobs"], rescored, strict=True)]
     if not deltas:
         return Check("logprobs", False, "not checked: no call sampled a token", need)
     mean, worst = sum(deltas) / len(deltas), max(deltas)
-    mode = getattr(engine, "logprobs_mode", None)
+    mode = engine.logprobs_mode
     raw = mean < RAW_MEAN_TOLERANCE and (mode is None or not str(mode).startswith("processed"))
     detail = (f"{'raw' if raw else 'NOT raw'}: mean |Δ| {mean:.1e}, max {worst:.1e} over {len(deltas)} sampled tokens "
               "re-scored at temperature 1") + (f"; vLLM logprobs mode {mode}" if mode else "")  # fmt: skip

@@ -26,10 +26,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from hrl.runners.doctor.checks import Check
-from hrl.runners.engines.base import SamplingParams, collect
+from hrl.runners.engines.base import Engine, SamplingParams, collect
 
 __all__ = ["EFFECT_FACTOR", "PREFIX_TOKENS", "perturbed_full", "publish_check", "random_lora", "tolerance"]
 
@@ -139,19 +138,18 @@ def _vocab_size(model_dir: Path) -> int:
     return int(size)
 
 
-async def _prefix_hits(engine: Any) -> float | None:
-    read = getattr(engine, "read_metrics", None)
-    if not callable(read):
-        return None
-    return float((await read()).get("prefix_hits", 0.0))
+async def _prefix_hits(engine: Engine) -> float | None:
+    """The prefix-cache hits its engine counted so far; None where it counts none (no prefix cache)."""
+    hits = (await engine.read_metrics()).get("prefix_hits")
+    return None if hits is None else float(hits)
 
 
-async def publish_check(engine: Any, model_dir: str, kind: str, dtype: str, seed: int = 0) -> Check:
+async def publish_check(engine: Engine, model_dir: str, kind: str, dtype: str, seed: int = 0) -> Check:
     """Run the check (module docstring) for a `kind` publish ("lora" or "full") on a started `engine` serving
     `model_dir`; the engine ends on the original weights, under a newer version."""
     model = Path(model_dir)
     tol = tolerance(dtype)
-    room = int(getattr(engine, "max_model_len", 0) or 0)
+    room = int(engine.max_model_len or 0)
     n_prefix = min(PREFIX_TOKENS, room - REPLY_TOKENS - 2) if room else PREFIX_TOKENS
     rng = random.Random(seed)
     vocab = _vocab_size(model)
@@ -167,7 +165,7 @@ async def publish_check(engine: Any, model_dir: str, kind: str, dtype: str, seed
         t0 = time.monotonic()
         version = await engine.publish(str(out), kind)
         seconds = time.monotonic() - t0
-        tier = getattr(engine, "last_publish_tier", "") or "unknown"
+        tier = engine.last_publish_tier or "unknown"
         params = SamplingParams(max_tokens=REPLY_TOKENS, temperature=1.0, seed=seed, ignore_eos=True)
         reply = await collect(engine.generate(f"publish-check-{kind}", probe_ids, params))
         hits1 = await _prefix_hits(engine)

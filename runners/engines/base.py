@@ -1,7 +1,8 @@
-"""The engine protocol: generate from token ids, abort, pause/resume, publish weights, report the live version.
+"""The engine protocol: generate from token ids, abort, pause/resume, publish weights, report the live version; and
+the abilities only some engines have (images, sleep mode, IPC weights, metrics, …), each with its default.
 
-Both engines (vLLM server, embedded transformers) implement it, and so does the scripted engine used to test
-harness integrations. The proxy talks only to this protocol, always in token ids.
+Every engine subclasses it (vLLM server, embedded transformers, the scripted engine used to test harness
+integrations, a remote one, a replica set). The proxy talks only to this protocol, always in token ids.
 """
 
 from __future__ import annotations
@@ -136,9 +137,24 @@ class Routed(Protocol):
 
 
 class Engine(Protocol):
-    """What the proxy and the trainer need from an inference engine."""
+    """What the proxy and the trainer need from an inference engine. Every engine subclasses it: the abilities only
+    some engines have are members too, and their defaults here are what an engine without them does."""
 
     name: str
+    max_model_len: int = 0  # the context window in tokens; 0 = not known (yet)
+    continues_in_place: bool = False  # a publish lands under running requests (else the proxy preempts them)
+    takes_images: bool = False  # `generate(..., images=)` (see there)
+    images_refused: str | None = None  # why a loaded vision model's images cannot be served here
+    expands_images: bool = False  # `expand` makes in this process the prompt it would run with images
+    sampling_knobs: frozenset[str] = BASIC_SAMPLING  # the sampling knobs it honours; the others are sent as no-ops
+    routes: bool = False  # it places each generation itself (a replica set): `generate` takes the proxy's `call=`
+    last_publish_tier: str = ""  # how the last publish's weights travelled (`lora-adapter`, `disk-reload`, …)
+    sleep_level: int = 0  # 1 or 2: `sleep` frees the GPU for the trainer's update (vLLM's sleep mode)
+    weight_sync: Literal["disk", "ipc"] = "disk"  # ipc: full publishes take the trainer's weights (`attach_weights`)
+    dtype: str = "auto"  # the dtype it loads weights in ("auto": the checkpoint's)
+    scores: bool = False  # `score` re-scores ids with the model it runs
+    logprobs_mode: str | None = None  # what its sampled logprobs are, where they may be other than raw (vLLM's)
+    closed: bool = False  # `close` was called
 
     @property
     def version(self) -> int:
@@ -177,6 +193,50 @@ class Engine(Protocol):
     async def close(self) -> None:
         """Stop everything this engine started. Safe to call twice."""
         ...
+
+    def loaded_versions(self) -> list[int]:
+        """Policy versions a request can still be pinned to (`generate(version=)`): the live one alone, by default."""
+        return [self.version]
+
+    def expand(self, prompt_ids: list[int], images: list[ImageInput]) -> tuple[ExpandedPrompt, dict[str, Any]]:
+        """`expands_images`: the prompt with each image placeholder expanded, and the pixel inputs of one batch row."""
+        raise NotImplementedError(f"the {self.name} engine expands no images in this process")
+
+    async def score(self, prompt_ids: list[int], ids: list[int]) -> list[float]:
+        """`scores`: the raw logprobs (temperature 1) of `ids` after `prompt_ids` under the live version."""
+        raise NotImplementedError(f"the {self.name} engine scores nothing")
+
+    def check_publish(self, kind: PublishKind) -> None:
+        """Raise now, not at the first publish after a whole rollout, when a `kind` publish cannot work."""
+        return
+
+    async def health(self) -> bool:
+        """Whether it serves now (a replica set skips it while it does not): until it is closed, by default."""
+        return not self.closed
+
+    async def read_metrics(self) -> dict[str, float]:
+        """Its load and prefix-cache counters, in `replicas.parse_vllm_metrics`' names; {} where it keeps none."""
+        return {}
+
+    def take_stats(self) -> dict[str, float]:
+        """Its metrics of the step since the previous call (a replica set's `routing/*`); {} where it keeps none."""
+        return {}
+
+    def attach_weights(self, source: Any) -> bool:
+        """`weight_sync: ipc`: full publishes take the trainer's weights from `source`. False: not taken."""
+        return False
+
+    async def sleep(self) -> None:
+        """`sleep_level` > 0: free the GPU for the trainer's update."""
+        return
+
+    async def wake_up(self) -> None:
+        """Back to serving after `sleep`, before a publish."""
+        return
+
+    async def restore(self, path: str) -> None:
+        """After a level-2 sleep with no publish to follow: load `path`, the live version's weights, back in place."""
+        return
 
 
 async def collect(stream: AsyncIterator[TokenDelta]) -> Generation:

@@ -45,8 +45,8 @@ def _last_logits_only(model: Any) -> dict[str, Any]:
 
 
 def kv_cache_of(out: Any) -> Any:
-    """The KV cache a forward returned, under either name."""
-    cache = getattr(out, "cache", None)
+    """The KV cache a forward returned (a ModelOutput, whose keys are its fields that are set), under either name."""
+    cache = out.get("cache")
     return cache if cache is not None else out.past_key_values
 
 
@@ -164,7 +164,7 @@ def _prefill(engine: Any, reqs: list[Any]) -> _Rows | None:
         mask[i, width - len(r.prompt) :] = 1
         r.rng = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    pixels = reqs[0].pixels if bsz == 1 and getattr(reqs[0], "pixels", None) is not None else {}
+    pixels = reqs[0].pixels if bsz == 1 and reqs[0].pixels is not None else {}
     if pixels:  # an mRoPE model's images sit on a grid of positions: (3, 1, T), text after them goes on from there
         from hrl.runners.engines.images import rope_positions
 
@@ -236,28 +236,30 @@ def _kv(cache: Any) -> list[tuple[Any, Any]] | None:
     full-attention layers (`cache.layers[i].keys/values`, transformers >= 4.56; `key_cache`/`value_cache` lists
     before). None for any other layout (sliding-window or linear-attention layers, a static cache): such a batch
     admits no joiners, it runs to its end as a static one."""
-    layers = getattr(cache, "layers", None)
+    fields = vars(cache)
+    layers = fields.get("layers")
     if layers is not None:
         from transformers.cache_utils import DynamicLayer
 
         if layers and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
             return [(layer.keys, layer.values) for layer in layers]
         return None
-    keys, values = getattr(cache, "key_cache", None), getattr(cache, "value_cache", None)
+    keys, values = fields.get("key_cache"), fields.get("value_cache")
     if isinstance(keys, list) and isinstance(values, list) and keys and len(keys) == len(values):
         return list(zip(keys, values, strict=True))
     return None
 
 
 def _set_kv(cache: Any, kv: list[tuple[Any, Any]]) -> None:
-    layers = getattr(cache, "layers", None)
+    fields = vars(cache)  # the layouts `_kv` knows
+    layers = fields.get("layers")
     if layers is not None:
         for layer, (k, v) in zip(layers, kv, strict=True):
             layer.keys, layer.values = k, v
         return
     cache.key_cache[:] = [k for k, _ in kv]
     cache.value_cache[:] = [v for _, v in kv]
-    if hasattr(cache, "_seen_tokens"):  # transformers < 4.49 counts the cached positions itself
+    if "_seen_tokens" in fields:  # transformers < 4.49 counts the cached positions itself
         cache._seen_tokens = kv[0][0].shape[-2]
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hrl.runners.engines.base import ExpandedPrompt, ImageInput, SamplingParams, TokenDelta
+from hrl.runners.engines.base import Engine, ExpandedPrompt, ImageInput, SamplingParams, TokenDelta
 from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError
 from hrl.runners.models import resolve_model
 
@@ -72,11 +72,13 @@ class _Request:
         return self.pinned, self.version if self.pinned else None
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Engine):
     """Engine protocol over a transformers model running in this process."""
 
     name = "embedded"
     continues_in_place = True  # a publish lands between two decode steps of running requests
+    expands_images = True  # a vision model's processor expands the placeholders here (`expand`)
+    scores = True
     sampling_knobs = frozenset({"temperature", "top_p", "top_k", "min_p"})  # no penalties: sent as no-ops
     takes_images = False  # True once a vision model (its processor and image-text model) is loaded
     images_refused: str | None = None  # why a loaded vision model's images cannot be served here (`positions_refusal`)
@@ -91,7 +93,7 @@ class EmbeddedEngine:
         self._cv = threading.Condition()
         self._paused = False
         self._in_step = False
-        self._closed = False
+        self.closed = False
         self._thread: threading.Thread | None = None
         self.model: Any = None
         self.processor: Any = None  # a vision model's processor (AutoProcessor): expands images, makes pixels
@@ -103,6 +105,10 @@ class EmbeddedEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.config.dtype
 
     def loaded_versions(self) -> list[int]:
         """Policy versions a request can still be pinned to."""
@@ -124,7 +130,7 @@ class EmbeddedEngine:
         dtype = "auto" if self.config.dtype == "auto" else getattr(torch, self.config.dtype)
         try:
             cfg = AutoConfig.from_pretrained(path)
-            if getattr(cfg, "vision_config", None) is not None:
+            if cfg.to_dict().get("vision_config") is not None:
                 self._load_vision(path, dtype)
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
@@ -158,7 +164,7 @@ class EmbeddedEngine:
 
     async def close(self) -> None:
         with self._cv:
-            self._closed = True
+            self.closed = True
             self._cv.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
@@ -193,7 +199,7 @@ class EmbeddedEngine:
         req = _Request(request_id, list(prompt_ids), params, want, loop, asyncio.Queue(), pinned=version is not None,
                        pixels=pixels)  # fmt: skip
         with self._cv:
-            if self._closed:
+            if self.closed:
                 raise EngineError("embedded engine is closed")
             self._pending.append(req)
             self._cv.notify_all()
@@ -309,8 +315,8 @@ class EmbeddedEngine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._closed or (self._pending and not self._paused))
-                if self._closed:
+                self._cv.wait_for(lambda: self.closed or (self._pending and not self._paused))
+                if self.closed:
                     for r in self._pending:
                         r.send(EngineError("embedded engine closed"))
                     return
@@ -372,9 +378,9 @@ class EmbeddedEngine:
         with self._cv:
             self._in_step = False
             self._cv.notify_all()
-            self._cv.wait_for(lambda: self._closed or not self._paused)
-            self._in_step = not self._closed
-            return not self._closed
+            self._cv.wait_for(lambda: self.closed or not self._paused)
+            self._in_step = not self.closed
+            return not self.closed
 
     def _run_batch(self, batch: list[_Request]) -> None:
         from hrl.runners.engines import decode

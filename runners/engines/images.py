@@ -31,13 +31,14 @@ def model_has_vision(path: str) -> bool:
 def _rope_owner(model: Any) -> Any:
     """The module of a vision model that computes multi-dimensional rotary positions (mRoPE: Qwen2-VL, Qwen2.5-VL,
     Qwen3-VL, GLM-4V …: its `get_rope_index`), through a peft wrapper; None for a model of one position a token."""
-    seen: list[Any] = [model]
-    base = getattr(model, "get_base_model", None)
-    if callable(base):
-        seen.append(base())
-    for m in list(seen):
-        seen.append(getattr(m, "model", None))
+    tops = [model, model.get_base_model()] if hasattr(model, "get_base_model") else [model]
+    seen = [*tops, *(dict(m.named_children()).get("model") for m in tops)]
     return next((m for m in seen if m is not None and callable(getattr(m, "get_rope_index", None))), None)
+
+
+def _marks_image_tokens(processor: Any) -> bool:
+    """Whether a processor returns `mm_token_type_ids`, the image tokens an mRoPE model computes positions from."""
+    return bool(getattr(processor, "return_mm_token_type_ids", False))
 
 
 def positions_refusal(model: Any, processor: Any = None) -> str | None:
@@ -46,7 +47,7 @@ def positions_refusal(model: Any, processor: Any = None) -> str | None:
     tokens are the image's and the image's grid); the embedded engine gives it those when the processor marks the
     image tokens (`return_mm_token_type_ids`), and refuses the images otherwise, never serving them at 1-D
     positions."""
-    if _rope_owner(model) is None or getattr(processor, "return_mm_token_type_ids", False):
+    if _rope_owner(model) is None or _marks_image_tokens(processor):
         return None
     name = type(model).__name__
     return (f"{name} places images with multi-dimensional rotary positions (mRoPE), and its processor does not mark "
@@ -86,8 +87,8 @@ def load_processor(path: str) -> tuple[Any, int]:
         processor = AutoProcessor.from_pretrained(path)
     except ImportError as e:  # a part the processor holds needs a library that is not installed
         processor = _images_only_processor(path, e)
-    token = getattr(processor, "image_token", None)
-    tid = getattr(cfg, "image_token_id", getattr(cfg, "image_token_index", None))
+    token, ids = vars(processor).get("image_token"), cfg.to_dict()
+    tid = ids.get("image_token_id", ids.get("image_token_index"))
     if token is None or processor.tokenizer.convert_tokens_to_ids(token) != tid:
         raise EngineStartError(f"{path}: its processor names image token {token!r}, not config.json's "
                                f"image_token_id {tid}")  # fmt: skip
@@ -178,7 +179,7 @@ def pixel_inputs(
     images by them (mRoPE); and each image's patch grid (t, h, w), where the model has one. The engines and training
     make them here alike."""
     pixels = dict(processor.image_processor(images=[images], return_tensors="pt"))
-    if getattr(processor, "return_mm_token_type_ids", False):
+    if _marks_image_tokens(processor):
         pixels["mm_token_type_ids"] = image_token_types(length, placeholders)
     grid = pixels.get("image_grid_thw")
     return pixels, ([[int(x) for x in row] for row in grid.tolist()] if grid is not None else None)

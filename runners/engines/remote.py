@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -73,34 +74,42 @@ def _auth(token: str | SecretStr) -> Any:
     return check
 
 
+async def _generate(engine: Engine, request: web.Request) -> web.StreamResponse:
+    """`POST /generate`: the engine's deltas as NDJSON lines, or a line naming its error; a caller that goes away
+    aborts the generation."""
+    body = await request.json()
+    params = SamplingParams(**{**body.get("params", {}), "stop_token_ids": tuple(body["params"].get(
+        "stop_token_ids", ()))})  # fmt: skip
+    images = [_image_in(i) for i in body.get("images") or []]
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    try:
+        kw: dict[str, Any] = {"images": images} if images else {}
+        async for d in engine.generate(body["request_id"], body["prompt_ids"], params, version=body.get("version"),
+                                       **kw):  # fmt: skip
+            await resp.write(json.dumps(_delta_line(d)).encode() + b"\n")
+    except EngineError as e:
+        err = {"error": str(e), "context": isinstance(e, ContextLengthError)}
+        await resp.write(json.dumps(err).encode() + b"\n")
+    except (ConnectionResetError, asyncio.CancelledError):  # the proxy went away: stop generating
+        await engine.abort(body["request_id"])
+        raise
+    await resp.write_eof()
+    return resp
+
+
+def _delta_line(d: TokenDelta) -> dict[str, Any]:
+    """A delta as its NDJSON line (what `RemoteEngine.generate` reads back)."""
+    line: dict[str, Any] = {"ids": d.token_ids, "logprobs": d.logprobs, "version": d.version,
+                            "finish": d.finish_reason}  # fmt: skip
+    if d.prompt is not None:  # the first delta of a call with images: what its prompt became
+        line["prompt"] = {"ids": d.prompt.prompt_ids, "placeholders": d.prompt.placeholders,
+                          "processor": d.prompt.processor, "grids": d.prompt.grids}  # fmt: skip
+    return line
+
+
 def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
     """The HTTP face of an engine; every route answers only to `Authorization: Bearer <token>`."""
-
-    async def generate(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        params = SamplingParams(**{**body.get("params", {}), "stop_token_ids": tuple(body["params"].get(
-            "stop_token_ids", ()))})  # fmt: skip
-        images = [_image_in(i) for i in body.get("images") or []]
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        try:
-            kw: dict[str, Any] = {"images": images} if images else {}
-            async for d in engine.generate(body["request_id"], body["prompt_ids"], params, version=body.get("version"),
-                                           **kw):  # fmt: skip
-                line: dict[str, Any] = {"ids": d.token_ids, "logprobs": d.logprobs, "version": d.version,
-                                        "finish": d.finish_reason}  # fmt: skip
-                if d.prompt is not None:  # the first delta of a call with images: what its prompt became
-                    line["prompt"] = {"ids": d.prompt.prompt_ids, "placeholders": d.prompt.placeholders,
-                                      "processor": d.prompt.processor, "grids": d.prompt.grids}  # fmt: skip
-                await resp.write(json.dumps(line).encode() + b"\n")
-        except EngineError as e:
-            err = {"error": str(e), "context": isinstance(e, ContextLengthError)}
-            await resp.write(json.dumps(err).encode() + b"\n")
-        except (ConnectionResetError, asyncio.CancelledError):  # the proxy went away: stop generating
-            await engine.abort(body["request_id"])
-            raise
-        await resp.write_eof()
-        return resp
 
     async def control(request: web.Request) -> web.Response:
         step = request.match_info["step"]
@@ -113,29 +122,27 @@ def engine_app(engine: Engine, token: str | SecretStr) -> web.Application:
             await engine.resume()
         elif step == "publish":
             version = await engine.publish(body["path"], body["kind"], body.get("version"))
-            return web.json_response({"version": version, "tier": getattr(engine, "last_publish_tier", "")})
+            return web.json_response({"version": version, "tier": engine.last_publish_tier})
         else:
             return web.json_response({"error": f"no control step {step}"}, status=404)
         return web.json_response({"ok": True, "version": engine.version})
 
     async def health(_: web.Request) -> web.Response:
-        loaded = getattr(engine, "loaded_versions", None)
         return web.json_response({
-            "ok": not getattr(engine, "_closed", False),
+            "ok": not engine.closed,
             "version": engine.version,
-            "max_model_len": int(getattr(engine, "max_model_len", 0) or 0),
-            "continues_in_place": bool(getattr(engine, "continues_in_place", False)),
-            "takes_images": bool(getattr(engine, "takes_images", False)),
-            "images_refused": getattr(engine, "images_refused", None),
-            "loaded_versions": list(loaded()) if loaded is not None else [engine.version],
+            "max_model_len": int(engine.max_model_len or 0),
+            "continues_in_place": bool(engine.continues_in_place),
+            "takes_images": bool(engine.takes_images),
+            "images_refused": engine.images_refused,
+            "loaded_versions": list(engine.loaded_versions()),
         })  # fmt: skip
 
     async def metrics(_: web.Request) -> web.Response:
-        read = getattr(engine, "read_metrics", None)  # vLLM's KV-cache use and queue, for admission
-        return web.json_response(await read() if read is not None else {})
+        return web.json_response(await engine.read_metrics())  # vLLM's KV-cache use and queue, for admission
 
     app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_auth(token)])
-    app.router.add_post("/generate", generate)
+    app.router.add_post("/generate", functools.partial(_generate, engine))
     app.router.add_post("/{step}", control)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -188,7 +195,7 @@ def _image_in(wire: dict[str, str]) -> ImageInput:
     return ImageInput(data, mime, digest)
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     """Engine protocol over an `engine_app` server."""
 
     name = "remote"

@@ -112,23 +112,18 @@ class Replica:
 
 async def _probe(engine: Engine) -> tuple[bool, dict[str, float]]:
     """Is the replica alive, and its vLLM metrics when it has them."""
-    health = getattr(engine, "health", None)
-    if health is not None:
-        try:
-            ok = bool(await health())
-        except Exception:
-            return False, {}
-    else:
-        ok = not getattr(engine, "_closed", False)
+    try:
+        ok = bool(await engine.health())
+    except Exception:
+        return False, {}
     metrics: dict[str, float] = {}
-    read = getattr(engine, "read_metrics", None)
-    if ok and read is not None:
+    if ok:
         with contextlib.suppress(Exception):
-            metrics = await read()
+            metrics = await engine.read_metrics()
     return ok, metrics
 
 
-class ReplicaSet:
+class ReplicaSet(Engine):
     """An `Engine` over several replicas (see the module doc). `routes = True` tells the proxy to pass the call."""
 
     name = "replicas"
@@ -166,25 +161,24 @@ class ReplicaSet:
 
     @property
     def max_model_len(self) -> int:
-        lens = [int(getattr(r.engine, "max_model_len", 0) or 0) for r in self.replicas.values()]
+        lens = [int(r.engine.max_model_len or 0) for r in self.replicas.values()]
         return min((n for n in lens if n), default=0)
 
     @property
     def continues_in_place(self) -> bool:
-        return all(getattr(r.engine, "continues_in_place", False) for r in self.replicas.values())
+        return all(r.engine.continues_in_place for r in self.replicas.values())
 
     @property
     def takes_images(self) -> bool:
         """Every replica takes images (a call with images may land on, or fail over to, any of them)."""
-        return all(getattr(r.engine, "takes_images", False) for r in self.replicas.values())
+        return all(r.engine.takes_images for r in self.replicas.values())
 
     @property
     def images_refused(self) -> str | None:
-        return next((why for r in self.replicas.values() if (why := getattr(r.engine, "images_refused", None))), None)
+        return next((why for r in self.replicas.values() if (why := r.engine.images_refused)), None)
 
     def loaded_versions(self) -> list[int]:
-        sets = [set(r.engine.loaded_versions()) if hasattr(r.engine, "loaded_versions") else {r.version}
-                for r in self.usable()]  # fmt: skip
+        sets = [set(r.engine.loaded_versions()) for r in self.usable()]
         return sorted(set.intersection(*sets)) if sets else []
 
     async def start(self) -> None:
@@ -218,11 +212,9 @@ class ReplicaSet:
         await self._fan_out("resume", lambda r: r.engine.resume())
 
     def check_publish(self, kind: PublishKind) -> None:
-        """Raise now when any replica's server cannot take a `kind` publish (engines that always can have no such
-        check)."""
+        """Raise now when any replica's server cannot take a `kind` publish."""
         for r in self.replicas.values():
-            if callable(check := getattr(r.engine, "check_publish", None)):
-                check(kind)
+            r.engine.check_publish(kind)
 
     async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
         """Publish to every replica as one version number; fence the ones that still fail after the retries."""
@@ -234,7 +226,7 @@ class ReplicaSet:
 
         report = await self._fan_out("publish", one, every=True)
         self.last_publish_tier = next(
-            (getattr(r.engine, "last_publish_tier", "") for r in self.replicas.values() if r.name in report["acked"]),
+            (r.engine.last_publish_tier for r in self.replicas.values() if r.name in report["acked"]),
             "",
         )
         return target

@@ -18,9 +18,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from hrl.config import RoutingConfig
 
 __all__ = ["Router", "RoutingConfig", "hrw_rank"]
 
@@ -34,40 +33,6 @@ def _score(key: str, name: str) -> int:
 def hrw_rank(key: str, names: list[str]) -> list[str]:
     """The replica names in rendezvous order for `key`: the first owns it, the next takes over if it is gone."""
     return sorted(names, key=lambda n: _score(key, n), reverse=True)
-
-
-class RoutingConfig(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
-
-    policy: Literal["cache_aware", "hrw", "round_robin"] = Field(
-        "cache_aware",
-        description="cache_aware: a session stays on the replica it was first placed on (the least loaded) until "
-        "that replica's load exceeds the least-loaded one's by more than move_threshold, then moves; hrw: a session "
-        "sticks to its rendezvous-hash replica whatever its load; round_robin: each generation goes to the next "
-        "replica (for comparison; sessions do not stick).",
-    )
-    move_threshold: int = Field(
-        4,
-        ge=0,
-        description="cache_aware: how many more requests (in flight from this proxy, plus running or waiting on the "
-        "engine from elsewhere) a session's replica may hold than the least-loaded one before the session moves; "
-        "0 = move whenever another replica is less loaded.",
-    )
-    load_factor: float = Field(
-        0.0,
-        ge=0,
-        description="hrw with bounded loads: a generation whose replica already has more than load_factor × the "
-        "mean load goes to the next replica in its HRW order (e.g. 1.25); 0 = always the owner.",
-    )
-    max_inflight: int = Field(0, ge=0, description="Most generations in flight per replica; 0 = no ceiling.")
-    max_kv_cache_usage: float = Field(
-        0.95, ge=0, le=1, description="vLLM replicas: admit while their KV-cache use (from /metrics) is below this."
-    )
-    max_waiting: int = Field(
-        0, ge=0, description="vLLM replicas: admit while fewer requests than this wait in their queue; 0 = any."
-    )
-    poll_s: float = Field(1.0, gt=0, description="How often replicas' health (and vLLM's /metrics) is read.")
-    publish_retries: int = Field(2, ge=0, description="Retries of a replica's failed pause / publish / resume.")
 
 
 class Router:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hrl.runners.engines.base import ImageInput, SamplingParams, TokenDelta
+from hrl.runners.engines.base import Engine, ExpandedPrompt, ImageInput, SamplingParams, TokenDelta
 from hrl.runners.engines.images import expand_images, load_processor, model_has_vision
 from hrl.runners.engines.turns import completed_turns, hermes_turn, markers, render_family_turn
 from hrl.runners.errors import EngineError
@@ -68,6 +68,13 @@ def _filled(turn: Any, prompt: str) -> Any:
     if isinstance(turn, list):
         return [_filled(v, prompt) for v in turn]
     return turn
+
+
+def _finish(at: int, length: int, end: int) -> Literal["stop", "length"] | None:
+    """Why a stream of a turn's `length` ids, cut at `end`, finishes once `at` of them are out (None: it goes on)."""
+    if at == length:
+        return "stop"
+    return "length" if at == end else None
 
 
 class ScriptedEngineConfig(BaseModel):
@@ -114,7 +121,7 @@ def render_turn(turn: str | dict[str, Any], end_of_turn: str) -> str:
     return hermes_turn(turn, end_of_turn)
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     name = "scripted"
     takes_images = False  # True for a vision model: its processor expands images (`generate(images=)`)
 
@@ -126,7 +133,7 @@ class ScriptedEngine:
         self._paused.set()
         self._aborted: set[str] = set()
         self._running: dict[str, object] = {}  # request id -> the generation that serves it now
-        self._closed = False
+        self.closed = False
         self.tokenizer: Any = None
         self.processor: Any = None  # a vision model's processor
         self.image_token_id = 0
@@ -169,7 +176,7 @@ class ScriptedEngine:
             self.processor, self.image_token_id = await asyncio.to_thread(load_processor, path)
             self.takes_images = True
         self._turn_ids.clear()
-        self._closed = False
+        self.closed = False
 
     def _turn_index(self, prompt_ids: list[int]) -> int:
         return completed_turns(prompt_ids, *self._markers)
@@ -256,25 +263,8 @@ class ScriptedEngine:
     ) -> AsyncIterator[TokenDelta]:
         """Plays the next turn. With images (a vision model), each placeholder is expanded by the model's processor
         first, and the first delta reports the prompt that makes, as a real engine would."""
-        if self._closed:
-            raise EngineError("scripted engine is closed")
-        expanded = None
-        if images:
-            if not self.takes_images:
-                raise EngineError(f"the scripted engine serves {self.config.model}, which takes no images")
-            expanded, _ = await asyncio.to_thread(
-                expand_images, self.processor, self.image_token_id, list(prompt_ids), images
-            )
-            prompt_ids = expanded.prompt_ids
-        if len(prompt_ids) >= self.max_model_len:
-            raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
-        index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
-        turn, ids = self.turns[index], self._ids(index, prompt_ids)
-        fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
-        last = prompt_ids[-1] if prompt_ids else None
-        start = next((j for j in range(len(ids) - 1, 0, -1) if ids[j - 1] == last and prompt_ids[-j:] == ids[:j]),
-                     0)  # a resubmission: the prompt ends with the turn's first j ids  # fmt: skip
-        end = min(len(ids), start + params.max_tokens)
+        prompt_ids, expanded = await self._prompt(prompt_ids, images)
+        ids, start, end, fail_after = self._script(prompt_ids, params.max_tokens)
         live = self._version if version is None else version
         self._running[request_id] = me = object()  # a resubmission reuses the id while the old one is unclosed
         tps, loop = self.config.decode_tps, asyncio.get_running_loop()
@@ -286,10 +276,7 @@ class ScriptedEngine:
                 while i < end:
                     if fail_after is not None and i >= fail_after:
                         raise EngineError(f"scripted engine failure after {i} tokens")
-                    if not self._paused.is_set():
-                        paused_at = loop.time()
-                        await self._paused.wait()
-                        t0 += loop.time() - paused_at  # the clock stops while paused
+                    t0 += await self._pause_s()  # the clock stops while paused
                     if request_id in self._aborted:
                         self._aborted.discard(request_id)
                         yield TokenDelta([], [], self._version, "abort")
@@ -303,20 +290,54 @@ class ScriptedEngine:
                         n = min(n, end - i, (fail_after - i) if fail_after is not None else n)
                     elif self.config.token_delay_s:
                         await asyncio.sleep(self.config.token_delay_s)
-                    finish: Literal["stop", "length"] | None = None
-                    if i + n == len(ids):
-                        finish = "stop"
-                    elif i + n == end:
-                        finish = "length"
                     if version is None and self.continues_in_place:
                         live = self._version
-                    yield TokenDelta(ids[i : i + n], [0.0] * n, live, finish, prompt=expanded)
+                    yield TokenDelta(ids[i : i + n], [0.0] * n, live, _finish(i + n, len(ids), end), prompt=expanded)
                     expanded = None
                     i += n
         finally:
             if self._running.get(request_id) is me:
                 del self._running[request_id]
                 self._aborted.discard(request_id)
+
+    async def _prompt(
+        self, prompt_ids: list[int], images: list[ImageInput] | None
+    ) -> tuple[list[int], ExpandedPrompt | None]:
+        """The prompt the model runs, and with images its expansion (each placeholder expanded by the processor);
+        refused when closed, or when the prompt leaves no room in the context window."""
+        if self.closed:
+            raise EngineError("scripted engine is closed")
+        expanded = None
+        if images:
+            if not self.takes_images:
+                raise EngineError(f"the scripted engine serves {self.config.model}, which takes no images")
+            expanded, _ = await asyncio.to_thread(
+                expand_images, self.processor, self.image_token_id, list(prompt_ids), images
+            )
+            prompt_ids = expanded.prompt_ids
+        if len(prompt_ids) >= self.max_model_len:
+            raise EngineError(f"prompt of {len(prompt_ids)} tokens does not fit the context window")
+        return prompt_ids, expanded
+
+    def _script(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], int, int, int | None]:
+        """The ids of the turn this prompt is at, where to stream them from and to (a resubmitted prompt already ends
+        with the first ones; at most `max_tokens`), and after how many to fail (the turn's `fail_after`, else None)."""
+        index = min(self._turn_index(prompt_ids), len(self.turns) - 1)
+        turn, ids = self.turns[index], self._ids(index, prompt_ids)
+        fail_after = turn.get("fail_after") if isinstance(turn, dict) else None
+        last = prompt_ids[-1] if prompt_ids else None
+        start = next((j for j in range(len(ids) - 1, 0, -1) if ids[j - 1] == last and prompt_ids[-j:] == ids[:j]),
+                     0)  # a resubmission: the prompt ends with the turn's first j ids  # fmt: skip
+        return ids, start, min(len(ids), start + max_tokens), fail_after
+
+    async def _pause_s(self) -> float:
+        """Waits while paused; how long that was (0.0 when not paused)."""
+        if self._paused.is_set():
+            return 0.0
+        loop = asyncio.get_running_loop()
+        paused_at = loop.time()
+        await self._paused.wait()
+        return loop.time() - paused_at
 
     def loaded_versions(self) -> list[int]:
         return list(range(self._version + 1))
@@ -339,6 +360,6 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         """Like a real engine going away: running generations end with an abort, new ones fail until start()."""
-        self._closed = True
+        self.closed = True
         self._aborted |= set(self._running)
         self._paused.set()  # a paused generation wakes to see its abort

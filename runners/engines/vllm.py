@@ -18,7 +18,7 @@ import dataclasses
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.engines.base import (
     NO_OP_SAMPLING,
+    Engine,
     ExpandedPrompt,
     FinishReason,
     ImageInput,
@@ -93,6 +94,29 @@ def _expanded(payload: dict[str, Any], images: int, processor: dict[str, Any] | 
         raise EngineError(f"vLLM's first chunk did not return the expanded prompt and {images} image placeholder "
                           f"ranges (prompt_token_ids: {type(ids).__name__}, ranges: {len(ranges)})")  # fmt: skip
     return ExpandedPrompt([int(t) for t in ids], [(int(r["offset"]), int(r["length"])) for r in ranges], processor)
+
+
+def _request(
+    model: str, prompt_ids: list[int], params: SamplingParams, images: list[ImageInput] | None
+) -> tuple[str, dict[str, Any]]:
+    """The route and body of a generation: `/v1/completions`, or with images `/inference/v1/generate`."""
+    if images:
+        return _GENERATE, generate_body(model, prompt_ids, params, images)
+    return "/v1/completions", completion_body(model, prompt_ids, params)
+
+
+def _deltas(payload: dict[str, Any], version: int, prompt: ExpandedPrompt | None) -> Iterator[TokenDelta]:
+    """A streamed chunk's deltas, one per choice, all of `version`; `prompt` goes on the first."""
+    for choice in payload.get("choices") or []:
+        reason = choice.get("finish_reason")
+        yield TokenDelta(
+            list(choice.get("token_ids") or []),
+            _logprobs(choice.get("logprobs")),
+            version,
+            None if reason is None else _FINISH.get(reason, "stop"),
+            prompt=prompt,
+        )
+        prompt = None
 
 
 class VLLMEngineConfig(BaseModel):
@@ -168,7 +192,7 @@ class VLLMEngineConfig(BaseModel):
     log_file: str | None = Field(None, description="Append the server log here; None = keep only its last lines.")
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """Engine protocol over a vLLM server (started here, or attached by URL)."""
 
     name = "vllm"
@@ -177,6 +201,7 @@ class VLLMEngine:
     continues_in_place = False
     sampling_knobs = frozenset(NO_OP_SAMPLING)
     takes_images = False  # a vision model on a server that serves /inference/v1/generate (set at start)
+    scores = True
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
@@ -211,6 +236,18 @@ class VLLMEngine:
     def loaded_versions(self) -> list[int]:
         """Policy versions a request can still be pinned to (the live full weights and loaded adapters)."""
         return sorted({self._full_version, *self._loras})
+
+    @property
+    def sleep_level(self) -> int:  # type: ignore[override]
+        return self.config.sleep_level
+
+    @property
+    def weight_sync(self) -> Literal["disk", "ipc"]:  # type: ignore[override]
+        return self.config.weight_sync
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.config.dtype
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -353,19 +390,9 @@ class VLLMEngine:
             raise EngineError(f"the vLLM server for {self.config.model} takes no images (a vision model, served "
                               f"with --enable-scale-out, serves {_GENERATE})")  # fmt: skip
         model, fixed = self._route(version)
-        if self.max_model_len:  # like the embedded engine: fail if the prompt leaves no room, else cut max_tokens
-            room = self.max_model_len - len(prompt_ids)
-            if room < 1:
-                raise ContextLengthError(
-                    f"prompt of {len(prompt_ids)} tokens does not fit the context window of {self.max_model_len}"
-                )
-            params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
+        params = self._fitted(prompt_ids, params)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        if images:
-            route, body = _GENERATE, generate_body(model, prompt_ids, params, images)
-        else:
-            route, body = "/v1/completions", completion_body(model, prompt_ids, params)
-        task = asyncio.create_task(self._pump(route, body, fixed, queue))
+        task = asyncio.create_task(self._pump(*_request(model, prompt_ids, params, images), fixed, queue))
         expanded: ExpandedPrompt | None = None
         task.add_done_callback(lambda t: queue.put_nowait(_ABORTED) if t.cancelled() else None)
         self._requests[request_id] = task
@@ -384,16 +411,9 @@ class VLLMEngine:
                     raise http_error(int(err.get("code") or 500), err, "generation")
                 if images and expanded is None:
                     expanded = _expanded(payload, len(images), self.image_processor)
-                for choice in payload.get("choices") or []:
-                    reason = choice.get("finish_reason")
-                    finished = finished or reason is not None
-                    yield TokenDelta(
-                        list(choice.get("token_ids") or []),
-                        _logprobs(choice.get("logprobs")),
-                        ver,
-                        None if reason is None else _FINISH.get(reason, "stop"),
-                        prompt=expanded if images and not sent else None,
-                    )
+                for delta in _deltas(payload, ver, None if sent else expanded):
+                    finished = finished or delta.finish_reason is not None
+                    yield delta
                     sent = True
             if not finished:
                 raise EngineError(f"vLLM stream from {self.base_url} ended before the generation finished")
@@ -403,13 +423,25 @@ class VLLMEngine:
                 self._pinned.pop(request_id, None)
             task.cancel()
 
+    def _fitted(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Like the embedded engine: a prompt that leaves no room in the context window fails, else max_tokens is cut
+        to the room it leaves."""
+        if not self.max_model_len:
+            return params
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context window of {self.max_model_len}"
+            )
+        return dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
+
     async def score(self, prompt_ids: list[int], ids: list[int]) -> list[float]:
         """Raw logprobs of `ids` after `prompt_ids` (live version, vLLM's `prompt_logprobs`), for `hrl doctor`."""
         out = await self._call("POST", "/v1/completions", json=score_body(self._route(None)[0], prompt_ids + ids))
         return scored_logprobs(out, len(prompt_ids), ids)
 
     @property
-    def logprobs_mode(self) -> str:
+    def logprobs_mode(self) -> str:  # type: ignore[override]
         """What the server's sampled logprobs are (vLLM's `--logprobs-mode`)."""
         return logprobs_mode(self.config.extra_args, attached=bool(self.config.url))
 

@@ -51,6 +51,7 @@ __all__ = [
     "server_address",
     "server_env",
     "sse_data",
+    "vllm_python",
 ]
 
 EXTENSION_MODULE = "hrl_vllm_worker_ext"
@@ -58,6 +59,14 @@ EXTENSION_CLS = f"{EXTENSION_MODULE}.HrlWorkerExtension"
 _CARETS = re.compile(r"[\s^~]+")  # the underline lines of a Python traceback
 _EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\) )?((?:[\w.]+\.)?\w*(?:Error|Exception)\b:? .*|\S+: error: .*)$")
 _LIVE: set[ServerProcess] = set()  # servers to kill at interpreter exit if their owner never closed them
+
+
+def vllm_python() -> str | None:
+    """The interpreter that runs vLLM: HRL_VLLM_PYTHON, else this one if it has vllm, else None."""
+    env = os.environ.get("HRL_VLLM_PYTHON")
+    if env:
+        return env
+    return sys.executable if importlib.util.find_spec("vllm") else None
 
 
 def find_vllm_python(configured: str | None) -> str:

@@ -36,7 +36,7 @@ def install_cpu_reload_patch() -> bool:
         layer.cpu_linear = F.linear  # the default dispatch would pack the weight away and empty layer.weight
 
     for method in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
-        if not getattr(method, _PATCHED_ATTR, False):
+        if not vars(method).get(_PATCHED_ATTR, False):  # the mark is set on each class itself
             method.process_weights_after_loading = keep_weights
             setattr(method, _PATCHED_ATTR, True)
     return True
@@ -49,7 +49,7 @@ class HrlWorkerExtension:
         """Whether the CPU reload patch is active in this worker (for tests and diagnostics)."""
         from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-        return bool(getattr(UnquantizedLinearMethod, _PATCHED_ATTR, False))
+        return bool(vars(UnquantizedLinearMethod).get(_PATCHED_ATTR, False))
 
 
 if os.environ.get(ENABLE_ENV) == "1":  # only inside the vLLM server, never when hrl itself imports this module

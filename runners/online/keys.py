@@ -18,7 +18,7 @@ from typing import Any
 from hrl.runners.durable import write_atomically
 from hrl.runners.errors import UsageError
 
-__all__ = ["KEYS_FILE", "KEY_PREFIX", "ClientKeys", "add_key"]
+__all__ = ["KEYS_FILE", "KEY_PREFIX", "ClientKeys", "add_key", "keys_path"]
 
 KEYS_FILE = "client_keys.json"
 KEY_PREFIX = "hrlc-"  # tells a client key from the control token and a session's hrl-<token> at a glance
@@ -34,6 +34,13 @@ def _read(path: Path) -> list[dict[str, Any]]:
         return []
     data = json.loads(path.read_text() or "{}")
     return list(data.get("keys") or [])
+
+
+def keys_path(run_dir: Path | None, keys_file: Path | None) -> Path:
+    """The keys file `hrl keys` works on: the run's (`run_dir`/client_keys.json) or `keys_file`, exactly one given."""
+    if (run_dir is None) == (keys_file is None):
+        raise UsageError("give --run-dir or --keys-file (one of them)", hint="e.g. hrl keys add fleet --run-dir RUN")
+    return keys_file if keys_file is not None else run_dir / KEYS_FILE  # type: ignore[operator]
 
 
 def add_key(path: Path, name: str) -> str:
@@ -53,6 +60,8 @@ def add_key(path: Path, name: str) -> str:
 
 class ClientKeys:
     """The keys file of a run, read again when it changes; `name_for(key)` is the key's name or None."""
+
+    prefix = KEY_PREFIX  # what every client key starts with (the proxy tells a mistyped one from other tokens)
 
     def __init__(self, path: Path) -> None:
         self.path = path

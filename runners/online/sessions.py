@@ -27,63 +27,21 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from hrl.config import OnlineConfig
 from hrl.runners.durable import append_durably, write_atomically
-from hrl.runners.errors import HrlError
+from hrl.runners.errors import ClientError
 from hrl.runners.online.keys import KEYS_FILE, ClientKeys
 from hrl.runners.proxy.call import CallRecord
 from hrl.runners.proxy.proxy import Proxy, UnknownSessionError
 from hrl.runners.trace import TraceWriter, binary_success, read_traces, sampled_versions
 
-__all__ = ["ClientError", "OnlineConfig", "OnlineSessions"]
+__all__ = ["OnlineConfig", "OnlineSessions"]
 
 Deliver = Callable[[list[dict[str, Any]]], None]
 AGENT_FAILURES = ("agent_crash", "agent_timeout")  # what a client may say of its own agent's end
 _KEEP_EXPIRED = 4096  # expired traces kept for a late reward (the oldest go first)
-
-
-class OnlineConfig(BaseModel):
-    """The recipe's `online:` section, read by `hrl train --serve`."""
-
-    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
-
-    max_reward_delay_s: float = Field(
-        600, gt=0, description="Seconds after a session's end that a reward is on time (else late_reward applies)."
-    )
-    late_reward: Literal["drop", "off_policy"] = Field(
-        "drop",
-        description="A reward past max_reward_delay_s, or for a trace staler than async.max_staleness: drop "
-        "(recorded, counted as online/late_rewards, not trained) or off_policy (trained with the loop's bounded "
-        "importance weights, without the staleness filter; counted too).",
-    )
-    session_timeout_s: float = Field(
-        900, gt=0, description="A session with no request for this long is reaped: recorded, never trained."
-    )
-    scorer: str = Field(
-        "", description="python:MODULE:FUNCTION | FILE.py:FUNCTION scoring a session ended without a reward: "
-        "f(trace, info) -> reward, (reward, info), or None (cannot say: the trace waits for POST "
-        "/s/<token>/reward, as every such trace does with '')."
-    )  # fmt: skip
-    keys_file: str = Field("", description="The client keys file; '' = <run>/client_keys.json (hrl keys add).")
-    max_open_per_key: int = Field(256, ge=1, description="Open sessions one client key may hold at once (429 past).")
-    baseline: Literal["batch", "task"] = Field(
-        "task",
-        description="Advantage of a trace without a group in its batch: task = r − the running mean reward of its "
-        "task_id once seen 4 times, else as batch; batch = (r − mean) / std over the batch's lone traces. task "
-        "correlates better with r − p (the ideal) when tasks recur, and no worse when they do not "
-        "(bench/online_baseline.py, docs/online.md).",
-    )
-
-
-class ClientError(HrlError):
-    """A client's request refused: `status` is the HTTP answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def oldest_version(trace: dict[str, Any]) -> int | None:

@@ -12,10 +12,18 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.episodes import Episode
-from hrl.runners.placement.config import PlacementConfig, RunConfig
-from hrl.runners.placement.local import LocalPlacement, local_placement, proxy_workers, run_serving, serve_proxy
+from hrl.runners.placement.local import LocalPlacement, local_placement, run_serving
 from hrl.runners.proxy.server import check_port_free
+from hrl.runners.serving.standalone import (
+    default_control_token_file,
+    default_engine,
+    serve,
+    serve_alone,
+    serve_workers,
+    write_control_token,
+)
 from hrl.runners.telemetry.otlp import exporting
 
 __all__ = [
@@ -24,18 +32,22 @@ __all__ = [
     "PlacementConfig",
     "RunConfig",
     "check_port_free",
+    "default_control_token_file",
+    "default_engine",
     "engine_version",
     "local_placement",
     "placed",
-    "proxy_workers",
     "run_serving",
-    "serve_proxy",
+    "serve",
+    "serve_alone",
+    "serve_workers",
+    "write_control_token",
 ]  # fmt: skip
 
 
-def engine_version(here: Any) -> int | None:
-    """The policy version the placement's engine serves now (None while it has none to say), for live status."""
-    return getattr(getattr(here.publisher, "engine", None), "version", None)
+def engine_version(here: Any) -> int:
+    """The policy version the placement's engine serves now, for live status."""
+    return here.publisher.engine.version  # type: ignore[no-any-return]
 
 
 @contextlib.asynccontextmanager
@@ -51,15 +63,16 @@ async def placed(
 ) -> AsyncIterator[Any]:
     """`run` stood up where its `placement:` section says, its rollouts prepared; stopped on exit. `model` and
     `engine` are the run's after the flags (`model` resolved to a path). With a `telemetry:` endpoint every trace
-    written meanwhile is also sent over OTLP (runners/telemetry/otlp.py), flushed when the run stops."""
+    the rollouts write is also sent over OTLP (runners/telemetry/otlp.py), flushed when the run stops."""
     provider = "openai-compatible" if "://" in engine else engine  # gen_ai.provider.name: what served the calls
-    with exporting(run.telemetry, run_id=run.rollout.run_id, provider=provider, say=say):
+    with exporting(run.telemetry, run_id=run.rollout.run_id, provider=provider, say=say) as exporter:
+        export = exporter.export_written if exporter is not None else None
         if run.placement.kind == "ray":
             from hrl.runners.placement.ray import ray_placement
 
-            async with ray_placement(run, model, engine, concurrency, on_event, say) as on_ray:
+            async with ray_placement(run, model, engine, concurrency, on_event, say, export) as on_ray:
                 yield on_ray
             return
-        async with local_placement(run, model, engine, say=say, verbose=verbose) as here:
+        async with local_placement(run, model, engine, say=say, verbose=verbose, export=export) as here:
             await here.prepare(on_event)
             yield here

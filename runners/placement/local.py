@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from hrl.config import RunConfig
 from hrl.runners.episodes import Episode, Rollouts, run_episodes
-from hrl.runners.placement.config import RunConfig
 from hrl.runners.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import Stack, serving
-from hrl.runners.trace import TraceWriter
+from hrl.runners.trace import Export
 
-__all__ = ["LocalPlacement", "local_placement", "proxy_workers", "run_serving", "serve_proxy"]
+__all__ = ["LocalPlacement", "local_placement", "run_serving"]
 
 Event = Callable[[str, dict[str, Any]], None]
 Say = Callable[[str], object]
@@ -34,10 +34,11 @@ class LocalPlacement:
     """Engine and proxy in this process; `rollouts` are the run's own (after `prepare`), `rollouts_for` makes more
     over the same stack (`hrl eval`: one per harness). The proxy is the publisher: it pauses, publishes, resumes."""
 
-    def __init__(self, stack: Stack, run: RunConfig, say: Say, verbose: bool) -> None:
+    def __init__(self, stack: Stack, run: RunConfig, say: Say, verbose: bool, export: Export | None = None) -> None:
         self.stack, self.run_config, self.say, self.verbose = stack, run, say, verbose
+        self.export = export  # each trace the rollouts write also goes there (the run's OTLP export)
         self.rollouts: Rollouts | None = None
-        self.made: list[Any] = []  # every rollouts made here, closed with the placement (their sandbox pools)
+        self.made: list[Rollouts] = []  # every rollouts made here, closed with the placement (their sandbox pools)
 
     @property
     def publisher(self) -> Any:
@@ -54,7 +55,7 @@ class LocalPlacement:
         from hrl.runners.whitebox.harness import is_python_agent
 
         run = self.run_config
-        made = make_rollouts(self.stack, rollout, on_event, run.verifier or None, run.recipe_dir or None)
+        made = make_rollouts(self.stack, rollout, on_event, run.verifier or None, run.recipe_dir or None, self.export)
         self.made.append(made)
         target = "docker" if rollout.sandbox == "docker" else "local"
         for name in (a for a in rollout.harnesses if not is_python_agent(a)):
@@ -83,55 +84,26 @@ async def local_placement(
     say: Say = _silent,
     verbose: bool = False,
     online: dict[str, Any] | None = None,
+    export: Export | None = None,
 ) -> AsyncIterator[LocalPlacement]:
     """Start the engine and proxy for `run` (its engine_options, proxy, rollout and verifier) with `model` and
     `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes stay closed (no
     control token): hrl drives the proxy in process, and a white-box agent opens its sub-agents with its own
     session's agent key. `harnesses` is accepted for the placements' common signature. `online`: an online run
     (`hrl train --serve`): {host, port, control_token, clients}, the proxy on that address with its control routes
-    open to the control token and its client routes to the run's client keys (`hrl.runners.online`)."""
+    open to the control token and its client routes to the run's client keys (`hrl.runners.online`). `export`: where
+    each trace the rollouts write also goes (the run's OTLP exporter's `export_written`)."""
     options = run.engine_options if engine_options is None else engine_options
     async with serving(
         model, engine, engine_options=options, proxy_options=run.proxy_options(),
         say=say, **(online or {}),
     ) as stack:  # fmt: skip
-        placement = LocalPlacement(stack, run, say, verbose)
+        placement = LocalPlacement(stack, run, say, verbose, export)
         try:
             yield placement
         finally:  # the rollouts' sandbox pools: what they still hold is closed before the stack goes
             for made in placement.made:
-                if hasattr(made, "close"):
-                    await made.close()
-
-
-@contextlib.asynccontextmanager
-async def serve_proxy(
-    model: str,
-    engine: str,
-    *,
-    host: str,
-    port: int,
-    model_name: str,
-    proxy_options: dict[str, Any],
-    control_token: str,
-    traces: Path | None = None,
-    say: Say = _silent,
-) -> AsyncIterator[Stack]:
-    """`hrl serve`: the engine and proxy alone, for agents started elsewhere; each ended session is a line of
-    `traces`. The control routes open to `control_token`."""
-    async with serving(
-        model, engine, host=host, port=port, model_name=model_name, proxy_options=proxy_options,
-        control_token=control_token, traces=TraceWriter(traces) if traces else None, say=say,
-    ) as stack:  # fmt: skip
-        yield stack
-
-
-def proxy_workers(model: str, engine_url: str, workers: int, **options: Any) -> Any:
-    """`hrl serve --workers N`: N proxy processes on ports PORT … PORT+N-1 over one shared engine server
-    (`runners.serving.workers.WorkerPool`; a context manager that stops them all)."""
-    from hrl.runners.serving.workers import WorkerPool
-
-    return WorkerPool(model, engine_url, workers=workers, **options)
+                await made.close()
 
 
 def run_serving(main: Any) -> Any:

@@ -39,15 +39,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.durable import write_atomically
-from hrl.runners.episodes import Episode, failed_trace
+from hrl.runners.episodes import Episode, Rollouts, failed_trace
 from hrl.runners.errors import PrerequisiteError, UsageError
-from hrl.runners.placement.config import PlacementConfig, RunConfig
-from hrl.runners.trace import write_trace
+from hrl.runners.trace import Export, write_trace
+
+if TYPE_CHECKING:
+    from hrl.runners.engines.replicas import ReplicaSet
 
 __all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
 
@@ -216,12 +219,12 @@ class _Node:
     started: list[str] = field(default_factory=list)
 
 
-class RayRollouts:
+class RayRollouts(Rollouts):
     """The `Rollouts` protocol over the node agents: an episode runs on the least busy live node; its trace comes
     back and is written here, by the driver. A node agent that dies ends its episodes as `internal_error` traces."""
 
-    def __init__(self, nodes: list[_Node], run_id: str, on_event: Event) -> None:
-        self.nodes, self.run_id, self.on_event = nodes, run_id, on_event
+    def __init__(self, nodes: list[_Node], run_id: str, on_event: Event, export: Export | None = None) -> None:
+        self.nodes, self.run_id, self.on_event, self.export = nodes, run_id, on_event, export
         self.media_dir: Path | None = None  # where the run keeps its images (`ShardedPublisher.keep_media`)
         self._free = asyncio.Condition()
         self.lost_nodes: dict[int, str] = {}
@@ -299,7 +302,7 @@ class RayRollouts:
             write_atomically(self.media_dir / sha, data)
 
     def _write(self, trace_file: Path, trace: dict[str, Any]) -> dict[str, Any]:
-        write_trace(trace_file, trace)
+        write_trace(trace_file, trace, self.export)
         return trace
 
     async def _lost(self, node: _Node, error: Exception) -> None:
@@ -324,10 +327,11 @@ class ShardedPublisher:
     """The driver's control plane: pause / publish / resume fan out to every replica (a `ReplicaSet`, acknowledged,
     retried, fencing what fails), and a publish then waits until every proxy shard has adopted the new version
     (`NodeAgent.sync`), so no episode of the next step starts on a shard still routing by the old one. A shard that
-    does not answer is reported in `last_fanout["shards"]` (its node's episodes fail on their own); other
-    attributes are the `ReplicaSet`'s."""
+    does not answer is reported in `last_fanout["shards"]` (its node's episodes fail on their own)."""
 
-    def __init__(self, control: Any, agents: list[Any], rollouts: RayRollouts, sync_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, control: ReplicaSet, agents: list[Any], rollouts: RayRollouts, sync_timeout_s: float = 60.0
+    ) -> None:
         self.control, self.agents, self.rollouts, self.sync_timeout_s = control, agents, rollouts, sync_timeout_s
         self.engine = control  # what the loop reads of an engine: the ReplicaSet's last publish tier
         self.stats: dict[str, float] = {}  # no proxy runs in the driver: its queue and pause figures are the shards'
@@ -340,8 +344,16 @@ class ShardedPublisher:
         """Keep the run's images in `folder`, as a local proxy does: each episode's are fetched from its node."""
         self.rollouts.media_dir = Path(folder)
 
-    def __getattr__(self, name: str) -> Any:  # pause, resume, last_fanout, …: the ReplicaSet's
-        return getattr(self.control, name)
+    async def pause(self) -> None:
+        await self.control.pause()
+
+    async def resume(self) -> None:
+        await self.control.resume()
+
+    @property
+    def last_fanout(self) -> dict[str, Any]:
+        """The replica set's report of its last fan-out (a publish's with the shards' in `shards`)."""
+        return self.control.last_fanout
 
     async def publish(self, path: str, kind: Any, version: int | None = None) -> int:
         target = await self.control.publish(path, kind, version)
@@ -388,6 +400,40 @@ def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:
     return True
 
 
+async def _replica_resources(pcfg: PlacementConfig, groups: list[Any]) -> dict[str, Any]:
+    """Ray options of one engine replica: its CPUs, or with `replica_gpus` a placement group of its GPUs and CPUs,
+    ready (and added to `groups`, which `_stop` removes)."""
+    if not pcfg.replica_gpus:
+        return {"num_cpus": pcfg.replica_cpus}
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"GPU": pcfg.replica_gpus, "CPU": max(1.0, pcfg.replica_cpus)}])
+    await pg.ready()
+    groups.append(pg)
+    return {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
+
+
+def _node_agents(ray: Any, pcfg: PlacementConfig, concurrency: int, agents: list[Any]) -> tuple[list[_Node], int]:
+    """A node agent pinned to each live node (the first `placement.nodes`), and k, the episodes each runs at once
+    (`episodes_per_node`, else a share of `concurrency`); each actor joins `agents` as it is made."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive = alive[: pcfg.nodes or None]
+    k = pcfg.episodes_per_node or max(1, -(-concurrency // len(alive)))
+    agent_cls = ray.remote(NodeAgent)
+    nodes = []
+    for i, n in enumerate(alive):
+        strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        actor = agent_cls.options(num_cpus=0, max_concurrency=max(8, 2 * k), max_restarts=0,
+                                  scheduling_strategy=strategy).remote(i, k)  # fmt: skip
+        agents.append(actor)
+        nodes.append(_Node(i, n["NodeID"], actor, k))
+    return nodes, k
+
+
 @contextlib.asynccontextmanager
 async def ray_placement(
     run: RunConfig,
@@ -396,9 +442,11 @@ async def ray_placement(
     concurrency: int,
     on_event: Event = lambda kind, data: None,
     say: Callable[[str], object] = lambda _: None,
+    export: Export | None = None,
 ) -> AsyncIterator[RayPlacement]:
     """Start replicas and node agents on Ray; on exit stop them all (and Ray, if started here).
-    `run` says what to start (rollout, proxy, verifier, engine_options, placement)."""
+    `run` says what to start (rollout, proxy, verifier, engine_options, placement). `export`: where each trace the
+    driver writes also goes (the run's OTLP exporter's `export_written`)."""
     ray = _ray()
     pcfg = run.placement
     started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
@@ -414,37 +462,16 @@ async def ray_placement(
         _replica_engine_options(kind, options)  # refused here, before any actor starts
         replica_cls = ray.remote(EngineReplica)
         for i in range(pcfg.engine_replicas):
-            opts: dict[str, Any] = {"num_cpus": pcfg.replica_cpus}
-            if pcfg.replica_gpus:
-                from ray.util.placement_group import placement_group
-                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-                pg = placement_group([{"GPU": pcfg.replica_gpus, "CPU": max(1.0, pcfg.replica_cpus)}])
-                await pg.ready()
-                groups.append(pg)
-                opts = {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
-                        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
+            opts = await _replica_resources(pcfg, groups)
             replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(run.engine_options), secret)
         say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
         urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        alive = alive[: pcfg.nodes or None]
-        k = pcfg.episodes_per_node or max(1, -(-concurrency // len(alive)))
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        agent_cls = ray.remote(NodeAgent)
-        nodes = []
-        for i, n in enumerate(alive):
-            strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            actor = agent_cls.options(num_cpus=0, max_concurrency=max(8, 2 * k), max_restarts=0,
-                                      scheduling_strategy=strategy).remote(i, k)  # fmt: skip
-            agents.append(actor)
-            nodes.append(_Node(i, n["NodeID"], actor, k))
+        nodes, k = _node_agents(ray, pcfg, concurrency, agents)
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
         await asyncio.gather(*(n.actor.start.remote(run, model, urls, secret) for n in nodes))
         control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, run, secret)))
         await control.start()
-        rollouts = RayRollouts(nodes, run.rollout.run_id, on_event)
+        rollouts = RayRollouts(nodes, run.rollout.run_id, on_event, export)
         try:
             yield RayPlacement(rollouts, ShardedPublisher(control, agents, rollouts), replicas, urls, agents, started)
         finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hrl.runners.engines.base import ExpandedPrompt, ImageInput, TokenDelta
 from hrl.runners.errors import EngineError
@@ -17,10 +17,7 @@ from hrl.runners.proxy.dialects.base import ChatRequest, ChatResult
 from hrl.runners.proxy.template import ChatTemplate, ParsedReply, parse_reply
 from hrl.runners.trace import add_version
 
-if TYPE_CHECKING:  # the session opens its calls: a runtime import would be a cycle
-    from hrl.runners.proxy.session import Session
-
-__all__ = ["Call", "CallRecord", "PromptPlan"]
+__all__ = ["Call", "CallOwner", "CallRecord", "PromptPlan"]
 
 
 @dataclass
@@ -82,8 +79,26 @@ class CallRecord:
         return (self.prompt_ids if self.sent_ids is None else self.sent_ids) + self.response_ids
 
 
+class CallOwner(Protocol):
+    """The session a call belongs to, as the call sees it (`session.Session` is one, and opens its calls): whether
+    its agent is trained, its root (the episode: token, start, the last answer, the replica failovers and moves),
+    and `commit`, which takes the ended call into the trace."""
+
+    trainable: bool
+    token: str
+    started_at: float
+    last_reply: str
+    replica_switches: list[dict[str, Any]]
+    replica_moves: list[dict[str, Any]]
+
+    @property
+    def root(self) -> CallOwner: ...
+
+    def commit(self, call: CallRecord, reply: ParsedReply | None) -> None: ...
+
+
 class Call:
-    def __init__(self, session: Session, record: CallRecord, plan: PromptPlan, req: ChatRequest) -> None:
+    def __init__(self, session: CallOwner, record: CallRecord, plan: PromptPlan, req: ChatRequest) -> None:
         self.session, self.record, self.plan, self.req = session, record, plan, req
         self.ended = False
         self.images: list[ImageInput] = []  # sent with the prompt (Proxy.begin), in placeholder order

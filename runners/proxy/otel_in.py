@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hrl.errors import HrlError
+from hrl.registry import load
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -59,8 +60,8 @@ _ACCEPT = {"accept", "auto_accept", "modify", "approved", "approved_for_session"
            "allow", "yes"}  # fmt: skip
 _REJECT = {"reject", "denied", "deny", "abort", "no", "timed_out"}
 _PROTO = {
-    "traces": ("opentelemetry.proto.collector.trace.v1.trace_service_pb2", "ExportTraceServiceRequest"),
-    "logs": ("opentelemetry.proto.collector.logs.v1.logs_service_pb2", "ExportLogsServiceRequest"),
+    "traces": "opentelemetry.proto.collector.trace.v1.trace_service_pb2:ExportTraceServiceRequest",
+    "logs": "opentelemetry.proto.collector.logs.v1.logs_service_pb2:ExportLogsServiceRequest",
 }
 
 
@@ -148,13 +149,10 @@ def decode(signal: str, body: bytes, content_type: str) -> dict[str, Any]:
     if signal == "metrics":
         return {}  # accepted and not read: nothing to decode
     try:
-        import importlib
-
         from google.protobuf.json_format import MessageToDict
         from google.protobuf.message import DecodeError
 
-        module, cls = _PROTO[signal]
-        message = getattr(importlib.import_module(module), cls)()
+        message = load(_PROTO[signal])()
     except ImportError as e:
         raise TelemetryUnsupportedError(
             "OTLP protobuf needs the opentelemetry-proto package: pip install 'hrl[telemetry]' on the proxy's host, "

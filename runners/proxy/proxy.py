@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from hrl.config import BYTES_PER_TOKEN, ProxyConfig
 from hrl.runners.durable import write_atomically
-from hrl.runners.engines.base import BASIC_SAMPLING, NO_OP_SAMPLING, Engine, ImageInput, SamplingParams
+from hrl.runners.engines.base import NO_OP_SAMPLING, Engine, ImageInput, SamplingParams
 from hrl.runners.errors import ContextLengthError, EngineError
 from hrl.runners.proxy.call import Call, PromptPlan
 from hrl.runners.proxy.dialects.base import (
@@ -31,17 +30,16 @@ from hrl.runners.proxy.dialects.base import (
     ChatRequest,
     ChatResult,
     MediaPart,
-    MediaPolicy,
     MediaRefusedError,
     admit_media,
     text_bytes,
 )
-from hrl.runners.proxy.reasoning import check_reasoning_name, get_reasoning_parser
+from hrl.runners.proxy.reasoning import get_reasoning_parser
 from hrl.runners.proxy.session import ChildLimitError, Session, SessionBusyError
 from hrl.runners.proxy.subagents import recognise_subagent
 from hrl.runners.proxy.template import IMAGE_MARK, ChatTemplate, IncrementalDecoder
 from hrl.runners.proxy.tokens import owned_token, owner
-from hrl.runners.proxy.toolparsers import check_name, get_tool_parser
+from hrl.runners.proxy.toolparsers import get_tool_parser
 from hrl.runners.redact import default_redactor
 from hrl.runners.trace import INFRA_FAILURES, TraceWriter, without_calls
 
@@ -53,135 +51,6 @@ __all__ = [
     "SessionEndedError",
     "UnknownSessionError",
 ]
-
-# The most UTF-8 bytes of prompt text one token stands for, on average over a prompt, in the tokenizers hrl serves
-# (English and code run 3 to 5, CJK text 1 to 3; a long run of spaces or of one symbol a few tokens of up to
-# 16 or so): a prompt with more text than this × the context window cannot fit it, and is refused untokenized.
-BYTES_PER_TOKEN = 32
-
-
-class ProxyConfig(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)  # no bound holds inf or nan
-
-    model_name: str = Field("model", description="Model name reported to agents.")
-    open_sessions: bool = Field(
-        False,
-        description="Open a session for any token a request names (quick manual use only: anyone who can reach "
-        "the port can then write traces). Default: only registered sessions are served, others get a 401.",
-    )
-    idle_timeout_s: float = Field(1800, ge=0, description="End a session after this long without a request; 0 = never.")
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1, description="Larger request bodies get a 413.")
-    default_max_tokens: int = Field(1024, ge=1, description="max_tokens when the agent sends none.")
-    max_context: int = Field(0, ge=0, description="Context window in tokens; 0 = the engine's / model's.")
-    max_prompt_bytes: int = Field(
-        4 << 20,
-        ge=0,
-        le=1 << 40,
-        description="A prompt whose text (messages, tool calls, tool schemas) is over this many UTF-8 bytes, or over "
-        f"the context window × {BYTES_PER_TOKEN} bytes per token (32768 tokens: 1 MiB), which no prompt that fits "
-        "the window reaches, is refused before it is tokenized: a 400 in the dialect's shape, recorded as a failed "
-        "call without prompt ids. Default 4 MiB: text runs about 4 bytes a token, so 4 MiB is about a million "
-        "tokens, as long as the longest windows served, and it bounds the seconds one request holds a tokenizer "
-        "thread whatever the window (256k tokens alone allow 8 MiB). 0 = no absolute cap, the window's only.",
-    )
-    max_queued_prompts: int = Field(
-        32,
-        ge=1,
-        le=100_000,
-        description="The most requests of one session's tree that may hold or wait for its prompt lock at once (the "
-        "lock under which a large body is read, a prompt tokenized or counted): one more is a 429 in the dialect's "
-        "shape, counted as proxy/queued_refused, so one client's flood of bodies is let go at once, not held in "
-        "memory while the others' are tokenized one at a time.",
-    )
-    max_children: int = Field(
-        64,
-        ge=0,
-        le=4096,
-        description="The most sub-agents (child sessions, registered or recognised) one session's tree may open; "
-        "a request for one more is a 429 in the dialect's shape, counted as proxy/children_refused and in the "
-        "trace's metadata.children_refused.",
-    )
-    media: MediaPolicy = Field(
-        "refuse",
-        description="A request holding media the served model cannot take (an image for a model without vision, "
-        "a document, audio, video). refuse: a 400 in the dialect's shape naming the part (messages[2].content[1]: "
-        "an image part; …). drop: the parts are left out and counted, per call and per trace (dropped_media: "
-        "{image: n, document: m}); hrl train leaves such traces out unless train.keep_dropped_media. A vision "
-        "model's images are served, not dropped.",
-    )
-    max_image_bytes: int = Field(
-        20 * 1024 * 1024, ge=1, description="A larger image (decoded bytes) gets a 413 in the dialect's shape."
-    )
-    max_images: int = Field(64, ge=0, description="A request with more images than this gets a 400.")
-    tokenizer_threads: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Threads that render and tokenize prompts, off the serving loop (each session one prompt at a "
-        "time); 0 = min(4, CPU count).",
-    )
-    redact: bool = Field(
-        True,
-        description="Replace host secrets (values of secret-named variables, known key formats) in the request "
-        "text before it is tokenized, so no prompt id, trace or model input carries them (hrl.runners.redact).",
-    )
-    stream_coalesce_ms: float = Field(
-        2.0,
-        ge=0,
-        description="Streaming: text that arrives within this many ms of the last write is held and sent as one "
-        "event (one write); nothing waits longer. 0 = one event per engine delta. The trace is the same either way.",
-    )
-    stream_coalesce_tokens: int = Field(
-        16, ge=0, description="Streaming: write at once when this many sampled tokens are held; 0 = no token bound."
-    )
-    workers: int = Field(1, ge=1, description="Proxy worker processes on this node (runners.serving.workers); 1 = one.")
-    worker_index: int = Field(
-        0, ge=0, description="This worker's index: it serves, and registers, only the session tokens it owns."
-    )
-    tool_parser: str = Field(
-        "auto",
-        description="How the model writes tool calls: hermes, qwen3-coder, glm45, llama3, mistral, deepseek-v3, "
-        "kimi-k2, gpt-oss (runners.proxy.toolparsers); auto = from the model's chat template and config.json.",
-    )
-    tool_prompt: Literal["auto", "hermes", "refuse"] = Field(
-        "auto",
-        description="A request with tools for a model whose chat template cannot show tools (it renders none of "
-        "them: a plain ChatML template). hermes: the proxy shows them itself in the Hermes tool prompt (`# Tools`, "
-        "one JSON schema a line in <tools></tools>, calls as <tool_call> JSON) at the end of the system message, "
-        "with earlier tool calls as <tool_call> blocks and tool results as <tool_response> blocks of a user message, "
-        "and reads replies with the hermes parser (under tool_parser auto); each such call records tool_prompt: "
-        "hermes in the trace. refuse: a 400 naming the setting. auto: hermes. A template that shows tools is used as "
-        "it is, whatever this says.",
-    )
-    reasoning_parser: str = Field(
-        "auto",
-        description="How the model writes its reasoning: think (a leading <think>…</think>), think-open (the "
-        "template opens <think> in the generation prompt), mistral ([THINK]…[/THINK]), harmony (gpt-oss's analysis "
-        "channel) (runners.proxy.reasoning); auto = from the chat template and the tool parser.",
-    )
-    sampling: Literal["agent", "honest"] = Field(
-        "agent",
-        description="agent: sample with the temperature, top_p, top_k, min_p and penalties the agent sends (those "
-        "the engine implements). honest: every call samples at temperature 1 with top_p, top_k, min_p and the "
-        "repetition/presence/frequency penalties at their no-op values, whatever the agent sends, so the recorded "
-        "logprobs (the engines' raw model logprobs) are those of the distribution the tokens were drawn from. "
-        "hrl train always uses honest and refuses agent.",
-    )
-    version_policy: Literal["mixed", "pin"] = Field(
-        "mixed",
-        description="On a publish, in-flight traces continue on the new weights (mixed; each token records its "
-        "version) or keep the version they started with until they end (pin; needs LoRA publishes).",
-    )
-
-    @field_validator("tool_parser")
-    @classmethod
-    def _known_parser(cls, name: str) -> str:
-        return check_name(name)  # an UnknownNameError (naming the nearest parser), not a validation error
-
-    @field_validator("reasoning_parser")
-    @classmethod
-    def _known_reasoning(cls, name: str) -> str:
-        return check_reasoning_name(name)
 
 
 _INLINE_BYTES = 1 << 16  # bodies up to this size are read and hashed on the loop (tens of microseconds)
@@ -236,13 +105,13 @@ class Proxy:
     @property
     def max_context(self) -> int:
         """The context window: the configured one, else the engine's (known once it started), else 32768."""
-        return self.config.max_context or int(getattr(self.engine, "max_model_len", 0) or 0) or 32768
+        return self.config.max_context or int(self.engine.max_model_len or 0) or 32768
 
     @property
     def takes_images(self) -> bool:
         """Whether the served model has vision: then dialects keep image parts (decoded) instead of refusing or
         dropping them, and `begin` sends them to the engine, or refuses them when the engine cannot take images."""
-        return bool(getattr(self.template, "takes_images", False))
+        return self.template.takes_images
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -419,12 +288,12 @@ class Proxy:
         images = [m for m in media if m.data is not None]
         if not images:
             return {}
-        if not getattr(self.engine, "takes_images", False):
+        if not self.engine.takes_images:
             raise MediaRefusedError(
                 f"{images[0].at}: an image part; the {self.engine.name} engine cannot take images (the embedded "
                 "engine and vLLM can)"
             )
-        if why := getattr(self.engine, "images_refused", None):
+        if why := self.engine.images_refused:
             raise MediaRefusedError(f"{images[0].at}: an image part; {why}")
         if len(images) > self.config.max_images:
             raise MediaRefusedError(f"{images[self.config.max_images].at}: {len(images)} images in one request, over "
@@ -457,7 +326,7 @@ class Proxy:
         admit_media(req.media, self.config.media)
         self.template.injected_tool_prompt(req.tools)
         images = self._admit_images(req.media)
-        template, expand = self.template, getattr(self.engine, "expand", None)
+        template, engine = self.template, self.engine
 
         def count() -> int:
             size = self._check_size(req)
@@ -465,9 +334,9 @@ class Proxy:
                 raise ContextLengthError(self._over_cap(size))
             text = template.render(req.messages, req.tools)
             ids = template.encode(text)
-            if images and expand is not None:  # an engine that expands images in process: the run it would run
+            if images and engine.expands_images:  # an engine that expands images in process: the run it would run
                 sent = [ImageInput(images[sha].data or b"", images[sha].mime, sha) for sha in IMAGE_MARK.findall(text)]
-                ids = expand(ids, sent)[0].prompt_ids
+                ids = engine.expand(ids, sent)[0].prompt_ids
             return len(ids)
 
         async with self._planning(session):
@@ -557,8 +426,9 @@ class Proxy:
 
     def knobs(self, req: ChatRequest) -> tuple[dict[str, float], dict[str, float]]:
         """(what the agent asked for, what the engine is sent) of the knobs that shape the sampled distribution."""
-        asked = {k: getattr(req, k) for k in NO_OP_SAMPLING if getattr(req, k) is not None}
-        honoured = getattr(self.engine, "sampling_knobs", BASIC_SAMPLING)
+        fields = vars(req)
+        asked = {k: fields[k] for k in NO_OP_SAMPLING if fields[k] is not None}
+        honoured = self.engine.sampling_knobs
         used = dict(NO_OP_SAMPLING)
         if self.config.sampling == "agent":
             used |= {k: v for k, v in asked.items() if k in honoured}
@@ -587,7 +457,7 @@ class Proxy:
                 self._inflight[call.call_id] = call
                 prompt = call.plan.prompt_ids + rec.response_ids
                 version = self._pinned(call.session)
-                routed = {"call": call} if getattr(self.engine, "routes", False) else {}  # a ReplicaSet places it
+                routed = {"call": call} if self.engine.routes else {}  # a ReplicaSet places it
                 if call.images:  # the engine expands each placeholder; its first delta says into what
                     routed["images"] = call.images
                 async for delta in self.engine.generate(call.call_id, prompt, replace(params, max_tokens=left),
@@ -640,12 +510,12 @@ class Proxy:
             return None
         if session.pinned_version is None:
             session.pinned_version = self.engine.version
-        loaded = getattr(self.engine, "loaded_versions", None)
-        if loaded is not None and session.pinned_version not in loaded():
+        loaded = self.engine.loaded_versions()
+        if session.pinned_version not in loaded:
             if session.held_version:
                 raise EngineError(
                     f"policy version {session.pinned_version}, which this session must keep, is no longer loaded by "
-                    f"the {self.engine.name} engine (loaded: {sorted(loaded())})"
+                    f"the {self.engine.name} engine (loaded: {sorted(loaded)})"
                 )
             return None  # evicted: the rest of this trace follows the live policy (its versions say so)
         return session.pinned_version
@@ -657,7 +527,7 @@ class Proxy:
         self._open.clear()
         t0 = time.monotonic()
         try:
-            in_place = getattr(self.engine, "continues_in_place", False)
+            in_place = self.engine.continues_in_place
             if self.config.version_policy == "mixed" and not in_place:
                 self._preempted |= set(self._inflight)
                 for call_id in list(self._inflight):

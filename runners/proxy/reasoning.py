@@ -253,5 +253,5 @@ def detect_reasoning(template: str, generation_prompt: str = "", tool_parser: st
 
 def reasoning_of(template: Any) -> ReasoningParser:
     """The reasoning parser of a chat template (`think` for one that names none)."""
-    parser = getattr(template, "reasoning_parser", None)
+    parser = template.reasoning_parser
     return parser if isinstance(parser, ReasoningParser) else REASONING_PARSERS["think"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import json
 import math
@@ -48,7 +49,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hrl.runners.errors import ContextLengthError, EngineError, PortInUseError
+from hrl.runners.errors import ClientError, ContextLengthError, EngineError, PortInUseError
 from hrl.runners.proxy.dialects import (
     BadRequestError,
     ChatRequest,
@@ -152,6 +153,26 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
+def _refusal(e: Exception) -> tuple[int, str]:
+    """The status and message that refuse a request whose reading, counting or planning raised `e`."""
+    if isinstance(e, ContextLengthError):
+        return 400, str(e)
+    if isinstance(e, (ChildLimitError, SessionBusyError)):  # past proxy.max_children or max_queued_prompts: counted
+        return 429, f"{e} ({e.hint})"
+    if isinstance(e, SessionEndedError):
+        return 409, str(e)
+    if isinstance(e, MediaRefusedError):  # proxy.media: refuse, an image over a limit; well formed, not malformed
+        return 413 if isinstance(e, MediaTooLargeError) else 400, str(e)
+    if isinstance(e, ToolsRefusedError):  # proxy.tool_prompt: refuse, for a template that cannot show tools
+        return 400, str(e)
+    if isinstance(e, _BAD_INPUT):
+        if isinstance(e, ValueError):  # JSONDecodeError and BadRequestError are ValueErrors
+            return 400, f"malformed request: {e}"
+        return 400, f"malformed request ({type(e).__name__}: {e})"
+    # the template or tokenizer refused this conversation: still the request's doing
+    return 422, f"cannot render this conversation with the model's chat template ({type(e).__name__}: {e})"
+
+
 class _Handler:
     def __init__(self, proxy: Proxy, control_token: str | None, clients: Any = None) -> None:
         self.proxy, self.control_token, self.clients = proxy, control_token, clients
@@ -165,8 +186,6 @@ class _Handler:
 
     async def _client_route(self, request: web.Request, client: str, token: str | None, p: str) -> web.Response:
         """What a client key may do: open a session, end or reward its own. Everything else is refused."""
-        from hrl.runners.online.sessions import ClientError
-
         if request.method != "POST" or not (
             (p == "/sessions" and token is None) or (token and p in ("/end", "/reward"))
         ):
@@ -190,9 +209,7 @@ class _Handler:
         if self.clients is not None:  # an online run: who knocks here is a client, told of client keys
             if not auth.startswith("Bearer "):
                 return _error(401, "send Authorization: Bearer <client key> (`hrl keys add NAME` makes one)")
-            from hrl.runners.online.keys import KEY_PREFIX
-
-            if auth.removeprefix("Bearer ").startswith(("hrl-", KEY_PREFIX)):
+            if auth.removeprefix("Bearer ").startswith(("hrl-", self.clients.keys.prefix)):
                 return _error(401, "unknown client key (`hrl keys ls` lists this run's; `hrl keys add NAME`)")
         elif not auth.startswith("Bearer ") or auth.removeprefix("Bearer ").startswith("hrl-"):
             return _error(401, "control route: send Authorization: Bearer <control token> (see `hrl serve --help`)")
@@ -404,41 +421,15 @@ class _Handler:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return fail(413, f"request body over the limit of {self.proxy.config.max_body_bytes} bytes")
-
-        def parse(raw: bytes) -> ChatRequest:  # on the loop, or in a worker thread for a large body (Proxy.read)
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise BadRequestError("the request body must be a JSON object")
-            if route.get("stream"):
-                body["stream"] = True
-            req = dialect.parse(body, route.get("model") or self.proxy.config.model_name, self.proxy.takes_images)
-            check_request(req)
-            return req
-
         try:  # every route of a session's tree reads, counts and tokenizes under its lock (Proxy.read, begin)
-            req, body_hash = await self.proxy.read(session, raw, parse)
+            req, body_hash = await self.proxy.read(session, raw, functools.partial(self._parse, dialect, route))
             if route.get("count_tokens"):
                 n = await self.proxy.count_tokens(session, req)
                 return web.json_response(dialect.count_tokens_body(n))  # type: ignore[attr-defined]
             session = self.proxy.recognise(session, request.headers, req)  # a CLI's own sub-agent: a child
             call = await self.proxy.begin(session, name, req, body_hash)
-        except ContextLengthError as e:
-            return fail(400, str(e))
-        except (ChildLimitError, SessionBusyError) as e:  # past proxy.max_children or max_queued_prompts: counted
-            return fail(429, f"{e} ({e.hint})")
-        except SessionEndedError as e:
-            return fail(409, str(e))
-        except MediaRefusedError as e:  # proxy.media: refuse, an image over a limit; well formed, not malformed
-            return fail(413 if isinstance(e, MediaTooLargeError) else 400, str(e))
-        except ToolsRefusedError as e:  # proxy.tool_prompt: refuse, for a template that cannot show tools
-            return fail(400, str(e))
-        except _BAD_INPUT as e:  # JSONDecodeError and BadRequestError are ValueErrors
-            return fail(400, f"malformed request: {e}" if isinstance(e, ValueError) else f"malformed request "
-                        f"({type(e).__name__}: {e})")  # fmt: skip
-        except Exception as e:  # the template or tokenizer refused this conversation: still the request's doing
-            return fail(
-                422, f"cannot render this conversation with the model's chat template ({type(e).__name__}: {e})"
-            )
+        except Exception as e:
+            return fail(*_refusal(e))
         rid = uuid.uuid4().hex[:24]
         if req.stream:
             return await self._stream(request, dialect, call, rid)
@@ -448,6 +439,18 @@ class _Handler:
         except (EngineError, ContextLengthError) as e:
             return fail(502 if isinstance(e, EngineError) and not isinstance(e, ContextLengthError) else 400, str(e))
         return web.json_response(dialect.response(req, self.proxy.finish(call), rid), dumps=dumps_str)
+
+    def _parse(self, dialect: Any, route: dict[str, Any], raw: bytes) -> ChatRequest:
+        """The request a body holds, in the dialect's form and checked (on the loop, or in a worker thread for a
+        large body: Proxy.read)."""
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        if route.get("stream"):
+            body["stream"] = True
+        req = dialect.parse(body, route.get("model") or self.proxy.config.model_name, self.proxy.takes_images)
+        check_request(req)
+        return req
 
     async def _stream(self, request: web.Request, dialect: Any, call: Any, rid: str) -> web.StreamResponse:
         resp = _EventStream(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -21,9 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hrl.runners.conversation import load_template, model_of
+from hrl.runners.conversation import decoding_template
 from hrl.runners.durable import write_atomically
-from hrl.runners.errors import UsageError
 from hrl.runners.metrics import harness_rewards, trace_metrics
 from hrl.runners.report.conversation import MAX_LINES, conversation_templates, thumbnails
 from hrl.runners.report.evaluation import eval_rows, eval_table_html
@@ -32,7 +31,7 @@ from hrl.runners.report.svg import histogram, line_chart, stacked_bars
 from hrl.runners.rundir import is_run_dir
 from hrl.runners.summary import describe_calls, media_text, summarize_trace
 
-__all__ = ["build_report", "has_steps", "render_report", "write_report"]
+__all__ = ["build_report", "has_steps", "render_report", "report_summary", "write_report"]
 
 Trace = dict[str, Any]
 _TRAIN_PLOTS = (("train/loss", "loss"), ("train/mismatch_kl", "mismatch-kl"), ("train/grad_norm", "grad-norm"))
@@ -342,10 +341,7 @@ def _headline(run: Run, iters: list[dict[str, Any]], rows: list[dict[str, Any]],
 def _template(run: Run, model: str | None) -> tuple[Any, str | None]:
     """The tokenizer that decodes the run's conversations (`model`, else the run's or the traces' model), and why
     there is none (None when there is). UsageError when an explicit `model` cannot be loaded."""
-    template, note = load_template(model or model_of([t for _, t in run.traces], run.config), run.config.get("proxy"))
-    if template is None and model is not None:
-        raise UsageError(f"cannot decode with --model {model}: {note}", hint="give a model directory or a cached HF id")
-    return template, note
+    return decoding_template([t for _, t in run.traces], run.config, model)
 
 
 def _note(note: str | None) -> str:
@@ -418,3 +414,21 @@ def write_report(run: Run | str | Path, out: str | Path | None = None, model: st
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, html)
     return path
+
+
+def report_summary(run: Run, path: Path) -> dict[str, Any]:
+    """What `hrl report` says of the report of `run` it wrote to `path`: {out, traces, steps, bytes}; the files whose
+    last line a crash cut short (cut_lines), the traces whose requests lost media (dropped_media) and an `hrl eval`
+    run's rows (eval), where there are any."""
+    from hrl.runners.trace import dropped_media
+
+    info: dict[str, Any] = {
+        "out": str(path), "traces": len(run.traces), "steps": len(run.iterations), "bytes": path.stat().st_size
+    }  # fmt: skip
+    if run.cut_lines:
+        info["cut_lines"] = run.cut_lines
+    if media := sum(bool(dropped_media(t)) for _, t in run.traces):  # flagged in the table too
+        info["dropped_media"] = media
+    if (harnesses := eval_rows(run)) is not None:  # an `hrl eval` run: its table
+        info["eval"] = harnesses
+    return info

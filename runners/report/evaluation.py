@@ -19,15 +19,37 @@ from typing import Any
 from hrl.runners.durable import write_atomically
 from hrl.runners.report.run import Run
 from hrl.runners.report.stats import agreement, pass_at_k, succeeded, wilson
+from hrl.runners.rundir import RunDir
 from hrl.runners.summary import summarize_trace
 from hrl.runners.trace import is_infra_failure
 
-__all__ = ["EVAL_FILE", "SCHEMA", "eval_rows", "eval_table_html", "eval_table_text", "harness_numbers", "read_plan",
-           "solved_tasks", "write_plan"]  # fmt: skip
+__all__ = ["EVAL_FILE", "SCHEMA", "before_after", "eval_plan", "eval_rows", "eval_table_html", "eval_table_text",
+           "harness_numbers", "open_eval_run", "read_plan", "solved_tasks", "write_plan"]  # fmt: skip
 
 EVAL_FILE = "eval.json"
 SCHEMA = "hrl.eval/1"
 Trace = dict[str, Any]
+
+
+def eval_plan(names: list[str], model: str, baseline: str, paths: list[str], task_file: str, n: int) -> dict[str, Any]:
+    """The plan of `hrl eval`: the cells, baseline first: (iteration, agent, model, role); models as named and as
+    resolved (`paths`: the baseline's first, the model's last)."""
+    roles = [("baseline", baseline, paths[0])] if baseline else []
+    roles.append(("model", model, paths[-1]))
+    cells = [
+        {"iteration": i, "agent": agent, "model": named, "model_path": path, "role": role}
+        for i, (role, named, path, agent) in enumerate((r, m, p, a) for r, m, p in roles for a in names)
+    ]
+    return {"model": model, "baseline": baseline or None, "agents": names, "tasks": task_file, "n": n, "cells": cells}
+
+
+def open_eval_run(config: dict[str, Any], plan: dict[str, Any], run_dir: Path) -> RunDir:
+    """The evaluation's run directory, created with the run's `config` (its model the plan's, the plan but its
+    cells under `eval`) and the plan."""
+    run = RunDir(run_dir)
+    run.create({**config, "model": plan["model"], "eval": {k: v for k, v in plan.items() if k != "cells"}})
+    write_plan(run.path, plan)
+    return run
 
 
 def write_plan(run_dir: str | Path, plan: dict[str, Any]) -> None:
@@ -222,3 +244,27 @@ def eval_table_html(rows: list[dict[str, Any]]) -> str:
     table = f'<table id="eval"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
     notes = "".join(f"<p>{escape(line)}</p>" for line in eval_table_text(rows).splitlines()[len(body) + 1 :])
     return f'<h2>Harnesses (one step per model × harness)</h2><div class="wrap">{table}</div>{notes}'
+
+
+def before_after(rows: dict[int, dict[str, Any]]) -> str:
+    """The held-out table of a training run (`hrl train`'s closing lines): its first and last evaluation (`eval/…`
+    rows, `hrl.train.heldout`), side by side with the change."""
+    whole = {k: r for k, r in sorted(rows.items()) if r.get("eval/success") is not None}
+    if len(whole) < 2:
+        return ""
+    (s0, start), (s1, end) = next(iter(whole.items())), list(whole.items())[-1]
+    lines = [f"held-out tasks        step {s0:<6} step {s1:<6} change"]
+    rows = [("eval/success", "success"), ("eval/reward", "mean reward"), ("eval/turns", "turns")]
+    for key in sorted(k for k in end if k.startswith(("eval/has/", "eval/success_given/"))):  # train.eval_markers
+        kind, name = key.split("/")[1:]
+        rows.append((key, f"{name}" if kind == "has" else f"success | {name}"))
+    for key, label in rows:
+        if start.get(key) is None or end.get(key) is None:
+            continue
+        a, b = float(start[key]), float(end[key])
+        ratio = f"  ({b / a:.1f}×)" if key == "eval/success" and a > 0 else ""
+        lines.append(f"  {label:<19} {a:<11.3f} {b:<11.3f} {b - a:+.3f}{ratio}")
+    lines.append(f"  {'episodes':<19} {start['eval/episodes']:<11.0f} {end['eval/episodes']:<11.0f}")
+    if start.get("eval/version") is not None and end.get("eval/version") is not None:  # every token sampled by it
+        lines.append(f"  {'policy version':<19} {start['eval/version']:<11.0f} {end['eval/version']:<11.0f}")
+    return "\n".join(lines)

@@ -18,7 +18,18 @@ from hrl.runners.metrics import FAILURES_PREFIX, step_metrics
 from hrl.runners.rundir import NotARunDirError, RunDir, is_run_dir
 from hrl.runners.trace import TraceFile, read_trace_file
 
-__all__ = ["Iteration", "Run", "iteration_summaries", "load_run", "load_source", "trainer_version"]
+__all__ = [
+    "TRENDS",
+    "Iteration",
+    "Run",
+    "iteration_summaries",
+    "load_run",
+    "load_source",
+    "row_metric",
+    "sparkline",
+    "trainer_version",
+    "trends",
+]
 
 Trace = dict[str, Any]
 
@@ -132,3 +143,53 @@ def iteration_summaries(run: Run) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+TRENDS = (  # (label, metric; None: the failures' count) of the trends `hrl inspect RUN_DIR` shows
+    ("reward", "trace/reward"),
+    ("success", "trace/success"),
+    ("failed", None),
+    ("time p50", "trace/latency_s/p50"),
+    ("llm p50", "trace/llm_latency_s/p50"),
+    ("tool p50", "trace/tool_latency_s/p50"),
+    ("prompt tok", "trace/prompt_tokens"),
+    ("resp tok", "trace/response_tokens"),
+    ("staleness", "trace/staleness"),
+    ("loss", "train/loss"),
+    ("mismatch kl", "train/mismatch_kl"),
+)
+
+
+def row_metric(row: dict[str, Any], key: str) -> float | None:
+    """A metric of an `iteration_summaries` row as a number (None: absent, or not a number)."""
+    v = row["metrics"].get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def trends(rows: list[dict[str, Any]]) -> list[tuple[str, list[float | None]]]:
+    """Each of `TRENDS` over the iterations (`iteration_summaries` rows) that has data: its label and its value per
+    iteration (None where it has none)."""
+    out = []
+    for label, key in TRENDS:
+        values = [float(sum(r["failures"].values())) if key is None else row_metric(r, key) for r in rows]
+        if any(v is not None for v in values):
+            out.append((label, values))
+    return out
+
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], width: int = 60) -> str:
+    """One character per value (a blank for None), scaled min→max; more than `width` values are averaged into
+    `width` buckets."""
+    if len(values) > width:
+        size = len(values) / width
+        chunks = [values[int(i * size) : int((i + 1) * size)] for i in range(width)]
+        values = [(sum(xs) / len(xs)) if (xs := [v for v in c if v is not None]) else None for c in chunks]
+    known = [v for v in values if v is not None]
+    if not known:
+        return " " * len(values)
+    lo, hi = min(known), max(known)
+    top = len(_SPARK) - 1
+    return "".join(" " if v is None else _SPARK[round((v - lo) / (hi - lo) * top) if hi > lo else 0] for v in values)

@@ -8,6 +8,7 @@ import contextlib
 import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hrl.runners.engines import Engine, make_engine
@@ -59,9 +60,7 @@ async def serving(
     port = int(listener.getsockname()[1])
     with contextlib.closing(listener):
         eng = make_engine(engine, path, **(engine_options or {}))
-        await asyncio.to_thread(sweep_scratch)  # what killed runs left in TMPDIR
-        sock_dir = scratch_dir("proxy")
-        await asyncio.to_thread(sock_dir.chmod, 0o755)
+        sock_dir = await _socket_dir()
         sock = str(sock_dir / "proxy.sock")
         proxy = Proxy(
             eng, ChatTemplate(path), ProxyConfig(model_name=model_name or model, **(proxy_options or {})), traces
@@ -77,20 +76,37 @@ async def serving(
             online = clients(proxy) if clients is not None else None
             app = build_app(proxy, control_token, online)
             server = asyncio.create_task(run_server(app, host, port, ready, unix_socket=sock, sock=listener))
-            done, _ = await asyncio.wait(
-                [server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED
-            )
-            if server in done:
-                server.result()  # raises why it could not listen
+            await _listening(server, ready)
             proxy.start_reaper()
             yield Stack(eng, proxy, f"http://{host}:{port}", sock, control_token, online)
         finally:
             try:
-                proxy.close()
-                if server is not None:
-                    server.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await server
-                await eng.close()
+                await _stop(proxy, server, eng)
             finally:  # the socket goes whatever the engine's stop does (fails, is cut short by a second stop)
                 shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def _socket_dir() -> Path:
+    """A fresh private folder for the proxy's unix socket, open to the sandboxes' users (what killed runs left in
+    TMPDIR is swept first)."""
+    await asyncio.to_thread(sweep_scratch)
+    sock_dir = scratch_dir("proxy")
+    await asyncio.to_thread(sock_dir.chmod, 0o755)
+    return sock_dir
+
+
+async def _listening(server: asyncio.Task[None], ready: asyncio.Event) -> None:
+    """Wait until the server listens (`ready`); raises why it could not, if it ended first."""
+    done, _ = await asyncio.wait([server, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if server in done:
+        server.result()
+
+
+async def _stop(proxy: Proxy, server: asyncio.Task[None] | None, engine: Engine) -> None:
+    """Close the proxy (its open sessions end), stop its server, then the engine."""
+    proxy.close()
+    if server is not None:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await server
+    await engine.close()

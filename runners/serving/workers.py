@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from hrl.runners.errors import EngineStartError
+from hrl.runners.errors import EngineStartError, HrlError
 from hrl.runners.proxy.tokens import owner
 
 __all__ = ["WorkerPool"]
@@ -57,7 +57,7 @@ def _worker(model: str, engine: str, index: int, port: int, opts: dict[str, Any]
     except (asyncio.CancelledError, KeyboardInterrupt):
         pass
     except Exception as e:  # why it could not start (or serve): the pool raises it in the parent
-        errors.put((index, f"{type(e).__name__}: {e}", getattr(e, "hint", None)))
+        errors.put((index, f"{type(e).__name__}: {e}", e.hint if isinstance(e, HrlError) else None))
 
 
 class WorkerPool:

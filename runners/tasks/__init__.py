@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hrl.registry import lookup
-from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, task_summary, write_tasks
+from hrl.runners.tasks.load import load_tasks, task_summary
+from hrl.runners.tasks.task import Task, TaskFormatError, write_tasks
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict, Verifier
 from hrl.sandboxes import SandboxBackend
 

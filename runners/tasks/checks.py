@@ -44,12 +44,15 @@ __all__ = [
     "cache_dir",
     "check_tasks",
     "check_tasks_async",
+    "checked_task_file",
     "classify",
     "content_hash",
     "filter_checked",
+    "heldout_for_run",
     "judged",
     "read_check",
     "select_for_run",
+    "tasks_for_run",
 ]
 
 SCHEMA = "hrl.task-check/1"
@@ -57,6 +60,7 @@ STATUSES = ("ok", "gold_fails", "noop_passes", "flaky", "weak_suite", "infra")
 # What a person reads, not what grading runs: a task reworded (or renamed) keeps its check.
 _WORDING = ("instance_id", "problem_statement", "hints_text", "created_at", "task_dir")
 Events = Callable[[dict[str, Any]], None]
+Say = Callable[[str], object]
 Changed = dict[str, dict[str, list[str]]]  # {"gold" | "noop": {test: its outcome in each run}}
 
 
@@ -72,7 +76,7 @@ def content_hash(task: Task) -> str:
     for key in _WORDING:
         record.pop(key, None)
     files = [("task.json", json.dumps(record, sort_keys=True, separators=(",", ":")).encode())]
-    folder = getattr(task, "task_dir", None)
+    folder = dict(task).get("task_dir")  # a Harbor task's, declared or carried as an extra field
     if folder:
         root = Path(folder)
         files += [(f"folder/{p.relative_to(root)}", p.read_bytes()) for p in root.rglob("*") if p.is_file()]
@@ -345,3 +349,44 @@ def select_for_run(
     saved[key] = report.to_dict()
     saved_file.write_text(json.dumps(saved, indent=1) + "\n")
     return kept, report
+
+
+def checked_task_file(
+    task_file: str | Path, include_unchecked: bool, limit: int, say: Say
+) -> tuple[list[Task], CheckReport]:
+    """The tasks of `task_file` that `hrl rollout` and `hrl eval` run: the first `limit` (0: all) of those
+    `filter_checked` keeps; its report, said to `say`, too."""
+    from hrl.runners.tasks.load import load_tasks
+
+    kept, report = filter_checked(load_tasks(task_file), include_unchecked)
+    say(report.line())
+    return kept[: limit or None], report
+
+
+def tasks_for_run(
+    tasks_file: str, eval_file: str, run_path: Path, include_unchecked: bool, say: Say
+) -> tuple[list[Task], list[Task] | None]:
+    """A training run's tasks and held-out tasks (None: none), less those `hrl tasks check` found not ok (said to
+    `say`, and kept in the run's task_checks.json, which a resumed run takes its tasks from again)."""
+    from hrl.runners.errors import UsageError
+    from hrl.runners.tasks.load import load_tasks
+
+    tasks, report = select_for_run(load_tasks(tasks_file), run_path, "tasks", include_unchecked)
+    say(report.line("tasks"))
+    if not tasks:
+        raise UsageError(
+            f"every task of {tasks_file} was left out: `hrl tasks check` found none ok",
+            hint="fix the tasks and `hrl tasks check --recheck` them, or train on them anyway with --include-unchecked",
+        )
+    return tasks, heldout_for_run(eval_file, run_path, include_unchecked, say)
+
+
+def heldout_for_run(eval_file: str, run_path: Path, include_unchecked: bool, say: Say) -> list[Task] | None:
+    """A run's held-out tasks (`eval_tasks`; None: none), chosen and said as `tasks_for_run` chooses its tasks."""
+    if not eval_file:
+        return None
+    from hrl.runners.tasks.load import load_tasks
+
+    heldout, report = select_for_run(load_tasks(eval_file), run_path, "eval_tasks", include_unchecked)
+    say(report.line("held-out tasks"))
+    return heldout or None

@@ -59,7 +59,8 @@ from hrl.runners.browser import (
 from hrl.runners.errors import UsageError
 from hrl.runners.tasks.harbor import HarborBrowser, HarborTask, build_image, image_tag
 from hrl.runners.tasks.task import Task
-from hrl.runners.tasks.verifier import Verdict
+from hrl.runners.tasks.taskcheck import TaskCheck
+from hrl.runners.tasks.verifier import Verdict, Verifier
 from hrl.runners.trace import binary_success
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
@@ -131,7 +132,7 @@ def browser_of(task: Task) -> HarborBrowser | None:
     return HarborBrowser.model_validate(found) if found else None
 
 
-class HarborVerifier:
+class HarborVerifier(Verifier):
     """Builds Harbor tasks' images, and grades the agent's final state with the task's tests/test.sh."""
 
     name = "harbor"
@@ -147,6 +148,11 @@ class HarborVerifier:
         self._locks: dict[str, asyncio.Lock] = {}
         self._browsers: dict[str, tuple[contextlib.AsyncExitStack, Browser]] = {}  # sandbox id -> its episode's
         self._folders = EpisodeFolders("hrl-web-")  # the [browser] episodes' socket folders
+
+    @property
+    def grades_container(self) -> bool:  # type: ignore[override]
+        """carry: container (the agent's container committed and graded whole)."""
+        return self.config.carry == "container"
 
     def needs_browser(self, task: Task) -> bool:
         """The task serves a web app the agent uses through a browser (its CLI is given a browser MCP server)."""
@@ -184,9 +190,8 @@ class HarborVerifier:
         browser = browser_of(task)
         if browser is None:
             return
-        spec: SandboxSpec | None = getattr(sandbox, "spec", None)
-        cdp_socket = spec.forwards.get(self.config.cdp_port) if spec else None
-        app_socket = spec.exposes.get(browser.port) if spec else None
+        cdp_socket = sandbox.spec.forwards.get(self.config.cdp_port)
+        app_socket = sandbox.spec.exposes.get(browser.port)
         if not (cdp_socket and app_socket):
             raise SandboxError(f"the sandbox of {task.instance_id} has no browser endpoint or app tunnel: it was not "
                                "made from this verifier's episode_spec (rollout.warm_sandboxes and rollout.reuse do "
@@ -223,8 +228,7 @@ class HarborVerifier:
         and remove its socket folder."""
         if (held := self._browsers.pop(sandbox.id, None)) is not None:
             await held[0].aclose()
-        spec = getattr(sandbox, "spec", None)
-        self._folders.forget(spec.forwards.get(self.config.cdp_port) if spec is not None else None)
+        self._folders.forget(sandbox.spec.forwards.get(self.config.cdp_port))
 
     async def close(self) -> None:
         """Stop every browser an episode left open, and remove the socket folders."""
@@ -241,10 +245,8 @@ class HarborVerifier:
             seen = {"blocked_requests": held[1].blocked[:50], "refused_commands": held[1].refused[:50]}
         try:
             if cfg.carry == "container":
-                commit = getattr(sandbox, "commit", None)
-                if commit is None:
-                    return Verdict.error("carry: container needs a docker sandbox that can commit")
-                committed = await commit({"hrl.task": h.instance_id[:60], "hrl.run": cfg.run_id, FINAL_LABEL: "1"})
+                labels = {"hrl.task": h.instance_id[:60], "hrl.run": cfg.run_id, FINAL_LABEL: "1"}
+                committed = await sandbox.commit(labels)  # a docker sandbox's: Harbor tasks run in no other
                 verdict = await self._test(h, committed, None)
                 if cfg.keep_final and keep:  # the snapshot `hrl regrade` grades again
                     verdict.reward_info["final_image"] = await self._keep(committed)
@@ -344,7 +346,7 @@ class HarborVerifier:
                 await self._unpack_workdir(sandbox, workdir_tar)
                 if kept is not None:  # the clean image with the agent's workdir, as graded, kept for regrading
                     labels = {"hrl.task": task.instance_id[:60], "hrl.run": cfg.run_id, FINAL_LABEL: "1"}
-                    kept.append(await self._keep(await sandbox.commit(labels)))  # type: ignore[attr-defined]
+                    kept.append(await self._keep(await sandbox.commit(labels)))
             limit = cfg.timeout_s or task.verifier_timeout_s
             run = await sandbox.exec(["bash", "/tests/test.sh"], timeout_s=limit, env=dict(task.verifier_env))
             log = _tail(run.stdout + ("\n" + run.stderr if run.stderr.strip() else ""), cfg.log_chars)
@@ -438,12 +440,8 @@ async def _root(sandbox: Sandbox, script: str, timeout_s: float) -> None:
 
 
 async def _quietly(backend: SandboxBackend, image: str) -> None:
-    remove = getattr(backend, "remove_image", None)
-    if remove is not None:
-        try:
-            await remove(image)
-        except SandboxError:
-            pass  # a leftover image costs disk, not correctness
+    with contextlib.suppress(SandboxError):  # a leftover image costs disk, not correctness
+        await backend.remove_image(image)
 
 
 def _episode(kind: str, task: HarborTask) -> str:
@@ -454,10 +452,8 @@ def _tail(text: str, n: int = 1500) -> str:
     return text if len(text) <= n else "…" + text[-n:]
 
 
-async def check_harbor_task(verifier: HarborVerifier, task: Task) -> Any:
+async def check_harbor_task(verifier: HarborVerifier, task: Task) -> TaskCheck:
     """`hrl tasks validate` for a Harbor task: solution/solve.sh scores 1, the untouched environment scores 0."""
-    from hrl.runners.tasks.validate import TaskCheck
-
     started, problems = time.monotonic(), []
     try:
         await verifier.provision(task)

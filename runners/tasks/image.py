@@ -25,7 +25,15 @@ from typing import Any
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.scratch import scratch
 
-__all__ = ["BASE_IMAGE", "BROWSER_IMAGE", "SWE_IMAGE", "SWE_PACKAGES", "ensure_browser_image", "ensure_image"]
+__all__ = [
+    "BASE_IMAGE",
+    "BROWSER_IMAGE",
+    "SWE_IMAGE",
+    "SWE_PACKAGES",
+    "build_images",
+    "ensure_browser_image",
+    "ensure_image",
+]
 
 BASE_IMAGE = "hrl/base:bookworm"
 SWE_IMAGE = "hrl/swe-py:bookworm"
@@ -103,6 +111,32 @@ def ensure_browser_image(
         with scratch("image") as ctx:
             dockerfile = _BROWSER_DOCKERFILE.format(base=base, label=BROWSER_LABEL, label_value=label_value)
             return _build(client, Path(ctx), dockerfile, tag, emit)
+
+
+def build_images(rebuild: bool, browser: bool, on_event: Callable[[dict[str, Any]], None]) -> Iterator[str]:
+    """`hrl sandbox build`: the grading image and, with `browser`, the browser image, each image's id as its build
+    ends (in that order). The base image ($HRL_BASE_IMAGE) and the Docker daemon are checked first."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import docker
+
+    base = os.environ.get("HRL_BASE_IMAGE", "hrl/base:bookworm")
+    try:
+        docker.from_env().images.get(base)
+    except docker.errors.ImageNotFound as e:
+        raise PrerequisiteError(
+            f"base image {base} is missing", hint="build it with `make setup` (debootstrap, no registry needed)"
+        ) from e
+    except docker.errors.DockerException as e:
+        raise PrerequisiteError(f"no Docker daemon: {e}", hint="start dockerd (`make setup` does)") from e
+    # The two builds share nothing but the base image, and each mostly waits on its downloads: side by side.
+    with ThreadPoolExecutor(2) as pool:
+        builds = [pool.submit(ensure_image, rebuild=rebuild, on_event=on_event)]
+        if browser:
+            builds.append(pool.submit(ensure_browser_image, rebuild=rebuild, on_event=on_event))
+        for build in builds:
+            yield build.result()  # a failed build raises here, as it would have alone
 
 
 @contextlib.contextmanager

@@ -62,7 +62,8 @@ from hrl.runners.browser import (
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.tasks.miniwob_replay import Recorder, inputs_json, record, replay
 from hrl.runners.tasks.task import Task, TaskFormatError
-from hrl.runners.tasks.verifier import Verdict
+from hrl.runners.tasks.taskcheck import TaskCheck
+from hrl.runners.tasks.verifier import Verdict, Verifier
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 __all__ = ["PREFIX", "MiniWoBTask", "MiniWoBVerifier", "MiniWoBVerifierConfig", "is_miniwob_spec", "load_miniwob",
@@ -180,7 +181,7 @@ def _as_miniwob(task: Task) -> MiniWoBTask:
     return MiniWoBTask.model_validate(task.model_dump())
 
 
-class MiniWoBVerifier:
+class MiniWoBVerifier(Verifier):
     name = "miniwob"
 
     def __init__(self, backend: SandboxBackend | None = None, config: MiniWoBVerifierConfig | None = None,
@@ -214,7 +215,7 @@ class MiniWoBVerifier:
 
     async def prepare(self, sandbox: Sandbox, task: Task) -> None:
         """Start the episode's browser on the task's page; raises SandboxError when it cannot."""
-        forwarded = getattr(sandbox, "spec", None) and sandbox.spec.forwards.get(self.config.cdp_port)  # type: ignore[attr-defined]
+        forwarded = sandbox.spec.forwards.get(self.config.cdp_port)
         if self.config.agent_in_sandbox and not forwarded:
             raise SandboxError(f"the sandbox of {task.instance_id} forwards no browser endpoint (port "
                                f"{self.config.cdp_port}): it was not made from this verifier's episode_spec")  # fmt: skip
@@ -274,8 +275,7 @@ class MiniWoBVerifier:
 
     def _forget(self, sandbox: Sandbox) -> None:
         """Remove the episode's socket folder (agent_in_sandbox), its browser stopped."""
-        spec = getattr(sandbox, "spec", None)
-        self._folders.forget(spec.forwards.get(self.config.cdp_port) if spec is not None else None)
+        self._folders.forget(sandbox.spec.forwards.get(self.config.cdp_port))
 
     async def close(self) -> None:
         """Stop every browser an episode left open (an episode that failed before `verify`)."""
@@ -375,12 +375,11 @@ async def read_reward(episode: _Episode, raw: bool = False) -> Verdict:
     return Verdict(first["raw"] if raw else float(solved), info, success=solved)
 
 
-async def check_miniwob_task(task: Task, time_limit_s: float = 60.0) -> Any:
+async def check_miniwob_task(task: Task, time_limit_s: float = 60.0) -> TaskCheck:
     """`hrl tasks validate` for a MiniWoB++ page: its scripted solution (`miniwob_solutions`) scores 1 and an
     episode nobody acts in scores 0, each in a browser of its own. A page with no scripted solution is not valid
     (only its no-op is graded)."""
     from hrl.runners.tasks.miniwob_solutions import SOLUTIONS, solve
-    from hrl.runners.tasks.validate import TaskCheck
 
     started = time.monotonic()
     page = _as_miniwob(task)

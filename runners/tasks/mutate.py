@@ -78,13 +78,12 @@ class _Finder(ast.NodeVisitor):
     def _col(self, line: int, byte_col: int) -> int:
         return len(self.lines[line - 1].encode()[:byte_col].decode("utf-8", "replace"))
 
-    def _span(self, node: ast.AST) -> tuple[int, int, int] | None:
+    def _span(self, node: ast.expr | ast.stmt) -> tuple[int, int, int] | None:
         """(line, start, end) of a node that sits on one line, in characters."""
-        line, end_line = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
-        if line is None or line != end_line or line > len(self.lines):
+        line, end_line = node.lineno, node.end_lineno
+        if line != end_line or line > len(self.lines) or node.end_col_offset is None:
             return None
-        start, end = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
-        return line, self._col(line, start), self._col(line, end)
+        return line, self._col(line, node.col_offset), self._col(line, node.end_col_offset)
 
     def _add(self, kind: str, line: int, start: int, end: int, replacement: str) -> None:
         text = self.lines[line - 1]
@@ -94,7 +93,7 @@ class _Finder(ast.NodeVisitor):
         if original != replacement and original.strip():
             self.found.append(Mutation(self.path, kind, line, start, end, original, replacement, ".".join(self.scope)))
 
-    def _between(self, kind: str, left: ast.AST, right: ast.AST, old: str, new: str) -> None:
+    def _between(self, kind: str, left: ast.expr, right: ast.expr, old: str, new: str) -> None:
         """Replace the operator `old` found between two operands on the same line."""
         a, b = self._span(left), self._span(right)
         if not a or not b or a[0] != b[0]:

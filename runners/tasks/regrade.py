@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrl.config import DEFAULT_VERIFIER
 from hrl.runners.durable import write_atomically
-from hrl.runners.errors import UsageError
+from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.redact import default_redactor
 from hrl.runners.rundir import RunDir, is_run_dir
 from hrl.runners.tasks.task import Task
@@ -40,10 +41,12 @@ __all__ = [
     "PATCH_INLINE",
     "Episode",
     "Regrade",
+    "apart_line",
     "archive_dir",
     "archive_episode",
     "archived",
     "collect",
+    "regradable",
     "regrade",
     "trace_files",
 ]
@@ -67,7 +70,7 @@ def archive_episode(trace_file: Path, task: Task, verifier: dict[str, Any], extr
     settings and, for the tests, harbor and miniwob verifiers, the archived task and, when it does not fit inline,
     the whole final state (the diff, the page's inputs; `patch` keeps its first PATCH_INLINE characters)."""
     settings = {k: v for k, v in verifier.items() if k not in _PRIVATE}
-    settings.setdefault("name", "tests")
+    settings.setdefault("name", DEFAULT_VERIFIER)
     archive: dict[str, Any] = {"verifier": settings}
     patch = str(extra.get("patch") or "")
     if settings["name"] in _ARCHIVED:
@@ -153,13 +156,43 @@ def collect(source: str | Path) -> list[Episode]:
     return [_episode(f, t, fallback) for f in trace_files(source) for t in read_traces(f)]
 
 
+def regradable(source: Path) -> tuple[list[Episode], list[str]]:
+    """`collect(source)`, refused when nothing in it can be regraded, and the paths no grading sandbox may read:
+    the trace files and their archives (hidden tests), and a run directory whole."""
+    files = trace_files(source)
+    episodes = collect(source)
+    if not episodes:  # an empty file: nothing disagrees, and nothing agrees either
+        raise UsageError(
+            f"{source} holds no trace: nothing to regrade",
+            hint="give a trace file with traces (the --out of `hrl rollout`) or a run directory that has run",
+        )
+    if all(e.apart for e in episodes):
+        raise HrlError(f"no episode of {source} can be regraded ({apart_line(episodes)})",
+                       hint="regrading needs episodes graded by the tests, harbor or miniwob verifier, written by this hrl")  # fmt: skip
+    hide = [str(p.resolve()) for f in files for p in (f, archive_dir(f))]
+    if source.is_dir():
+        hide.append(str(source.resolve()))
+    return episodes, hide
+
+
+def apart_line(episodes: list[Episode]) -> str:
+    """How many were set apart, and why, on one line."""
+    parts = []
+    for kind, label in (("grading_failed", "grading failed when recorded"), ("not_graded", "never graded"),
+                        ("not_regradable", "not regradable")):  # fmt: skip
+        whys = sorted({e.why for e in episodes if e.apart == kind})
+        if count := sum(e.apart == kind for e in episodes):
+            parts.append(f"{count} {label} ({'; '.join(whys)})")
+    return ", ".join(parts)
+
+
 def _run_fallback(source: Path) -> dict[str, Any]:
     """For traces written before episodes archived their task: the run directory's verifier section and tasks."""
     if not (source.is_dir() and is_run_dir(source)):
         return {}
     config = RunDir(source).config()
     tasks: dict[str, Task] = {}
-    from hrl.runners.tasks.task import load_tasks
+    from hrl.runners.tasks.load import load_tasks
 
     for key in ("tasks", "eval_tasks"):
         if config.get(key) and Path(config[key]).is_file():
@@ -232,7 +265,7 @@ def _from_fallback(ep: Episode, meta: dict[str, Any], fallback: dict[str, Any]) 
     if len(patch) >= PATCH_INLINE:
         return _unregradable(ep, f"its diff was cut at {PATCH_INLINE} characters (written by an older hrl)")
     ep.verifier = {k: v for k, v in fallback.get("verifier", {}).items() if k not in _PRIVATE}
-    if ep.verifier.get("name", "tests") != "tests":
+    if ep.verifier.get("name", DEFAULT_VERIFIER) != DEFAULT_VERIFIER:
         return _unregradable(ep, _NOT_ARCHIVED.get(ep.verifier["name"], _OTHER).format(ep.verifier["name"]))
     ep.task, ep.patch = task, patch
     return ep
@@ -279,6 +312,26 @@ class Regrade:
             "not_regradable": [e.row() for e in self.apart("not_regradable")],
         }  # fmt: skip
 
+    def text(self) -> str:
+        """The outcome in words (`hrl regrade`): the agreement, each disagreement and regrade error, what was apart."""
+        summary = self.summary()
+        rate = "-" if summary["agreement"] is None else f"{summary['agreement']:.2f}"
+        lines = [f"agreement {rate} ({summary['agreed']}/{summary['regraded']})"]
+        if self.disagreements:
+            lines.append(f"{len(self.disagreements)} disagreements:")
+            lines += [_line(e) for e in self.disagreements]
+        if self.errors:
+            lines.append(f"{len(self.errors)} could not be regraded (grading failed now):")
+            lines += [_line(e) for e in self.errors]
+        if apart := apart_line(self.episodes):
+            lines.append(f"counted apart: {apart}")
+        return "\n".join(lines)
+
+
+def _line(ep: Episode) -> str:
+    regraded = "-" if ep.regraded is None else f"{ep.regraded:g}"
+    return f"  {ep.episode}  task {ep.task_id}  recorded {ep.recorded:g}  regraded {regraded}  {ep.why}"
+
 
 async def regrade(
     episodes: Iterable[Episode],
@@ -302,7 +355,7 @@ async def regrade(
         key = (sandbox or ep.sandbox, repr(sorted(ep.verifier.items())))
         if key not in verifiers:
             options = {k: v for k, v in ep.verifier.items() if k != "name"}
-            verifiers[key] = make_verifier(ep.verifier.get("name", "tests"), get_backend(key[0]), run_id="hrl-regrade",
+            verifiers[key] = make_verifier(ep.verifier.get("name", DEFAULT_VERIFIER), get_backend(key[0]), run_id="hrl-regrade",
                                            hide_paths=list(hide_paths), **options)  # fmt: skip
         return verifiers[key]
 
@@ -316,7 +369,7 @@ async def regrade(
                 on_done(ep)
                 return
         ep.regraded, ep.regraded_info = verdict.reward, dict(verdict.reward_info)
-        ep.regraded_success = getattr(verdict, "success", _success_of(verdict.reward))
+        ep.regraded_success = verdict.success
         ep.why = _why(ep) if ep.regraded is None or not ep.agrees else ""
         on_done(ep)
 

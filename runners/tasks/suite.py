@@ -87,7 +87,7 @@ def opening(task: Task, chars: int) -> str:
 
 
 def _record(task: Task) -> dict[str, Any] | None:
-    synth = getattr(task, "synth", None)
+    synth = dict(task).get("synth")  # an extra field of a task `hrl tasks synth` made
     return synth if isinstance(synth, dict) else None
 
 

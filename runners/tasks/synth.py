@@ -45,7 +45,7 @@ from hrl.runners.tasks.validate import check_task
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig
 from hrl.sandboxes import Sandbox, SandboxSpec, get_backend
 
-__all__ = ["SynthConfig", "synthesize", "synthesize_async"]
+__all__ = ["SynthConfig", "synthesize", "synthesize_async", "synthesize_warning"]
 
 Events = Callable[[dict[str, Any]], None]
 WORKDIR = "/testbed"
@@ -70,6 +70,35 @@ class SynthConfig(BaseModel):
         description="refuse: a weak suite stops synthesis (WeakSuiteError) and weak tasks are skipped. warn: both "
         "are kept and said (events; `hrl tasks check` flags the tasks).",
     )
+
+
+def synthesize_warning(
+    package: str, version: str | None, n: int, seed: int, out: Path, *, sdist: Path | None, config: SynthConfig,
+    on_event: Events, say: Callable[[str], object],
+) -> tuple[list[Task], dict[str, list[str]]]:  # fmt: skip
+    """`synthesize` as `hrl tasks synth` runs it: the grading image built first on docker, and a warning said to `say`,
+    whatever `on_event` shows, for each problem of a suite too weak to guard its package (`config.weak_suite: warn`:
+    the one thing a person must not miss) and of each task flagged weak. The tasks and each weak one's problems."""
+    from hrl.runners.tasks.image import ensure_image
+    from hrl.runners.tasks.suite import task_problems
+
+    if config.sandbox == "docker":
+        ensure_image(on_event=on_event)
+    said: list[str] = []
+
+    def warn(event: dict[str, Any]) -> None:
+        on_event(event)
+        if config.weak_suite == "warn" and event.get("event") == "synth_suite" and event["problems"]:
+            for problem in event["problems"]:  # refused: the error says it, once
+                say(f"Warning: weak test suite: {problem}")
+            said.extend(event["problems"])
+
+    tasks = synthesize(package, version, n, seed, out, sdist=sdist, config=config, on_event=warn)
+    weak = task_problems(tasks)
+    for instance_id, problems in weak.items():  # what the suite's warning did not say already
+        if rest := [p for p in problems if p not in said]:
+            say(f"Warning: {instance_id}: {'; '.join(rest)}")
+    return tasks, weak
 
 
 def synthesize(

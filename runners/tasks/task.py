@@ -16,8 +16,8 @@ hrl adds:
   `workdir` (SWE-bench instance images do), checked out at `base_commit` when that is given.
 - `image`, `workdir`, `env`, `setup_cmd`, `test_cmd`, `test_timeout_s`, `grader`: how to grade it (see the fields).
 
-Rows of SWE-bench, SWE-Gym, SWE-smith and R2E-Gym load as they are: `swebench.adapt_row` picks their grader and
-per-instance image (see `runners/tasks/swebench.py`).
+Rows of SWE-bench, SWE-Gym, SWE-smith and R2E-Gym load as they are (`load.load_tasks`): `swebench.adapt_row` picks
+their grader and per-instance image (see `runners/tasks/swebench.py`).
 
 Unknown fields are kept (and written back) untouched.
 """
@@ -35,22 +35,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hrl.runners.durable import write_atomically
-from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
-from hrl.runners.tasks.swebench import adapt_row
+from hrl.runners.errors import HrlError
 
 __all__ = [
     "Task",
-    "TaskFileNotFoundError",
     "TaskFormatError",
     "files_digest",
-    "load_tasks",
     "pack_snapshot",
     "snapshot_files",
     "snapshot_version",
-    "task_summary",
     "unpack_snapshot",
     "write_tasks",
 ]
@@ -61,10 +57,6 @@ PYTEST = "python -m pytest -rA -v --tb=short -p no:cacheprovider -o addopts=''" 
 
 class TaskFormatError(HrlError):
     """A task file or one of its tasks is malformed; the message names the file, line and instance."""
-
-
-class TaskFileNotFoundError(UsageError, TaskFormatError):
-    """The task file named does not exist: a usage error (the path is wrong), and a TaskFormatError for callers."""
 
 
 class Task(BaseModel):
@@ -144,72 +136,9 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def task_summary(task: Task) -> dict[str, Any]:
-    """One row for `hrl tasks ls`."""
-    return {
-        "instance_id": task.instance_id,
-        "repo": task.repo,
-        "version": task.version,
-        "fail_to_pass": len(task.FAIL_TO_PASS),
-        "pass_to_pass": len(task.PASS_TO_PASS),
-        "snapshot": "none" if task.repo_snapshot is None else type(task.repo_snapshot).__name__,
-        "image": task.image or _harbor_image(task) or DEFAULT_IMAGE,
-    }
-
-
-def _harbor_image(task: Task) -> str | None:
-    from hrl.runners.tasks.harbor import HarborTask, image_tag
-
-    return image_tag(task) if isinstance(task, HarborTask) else None
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------------------------
-
-
-def load_tasks(path: str | Path) -> list[Task]:
-    """Read tasks from JSONL (`.jsonl`, or any other name), a JSON array (`.json`), or Parquet (`.parquet`); a
-    folder is Harbor task directories (`hrl.runners.tasks.harbor`); `miniwob:NAME[,NAME…][:SEEDS]` is MiniWoB++ pages
-    (`hrl.runners.tasks.miniwob`).
-
-    Raises TaskFormatError naming the file and line (row) of the first bad task, and PrerequisiteError for
-    Parquet without pyarrow."""
-    if str(path).startswith("miniwob:"):  # MiniWoB++ pages from the miniwob package
-        from hrl.runners.tasks.miniwob import load_miniwob
-
-        return load_miniwob(str(path))
-    path = Path(path)
-    if path.is_dir():  # a Harbor task folder, or a dataset of them
-        from hrl.runners.tasks.harbor import load_harbor_tasks
-
-        return list(load_harbor_tasks(path))
-    if not path.is_file():
-        raise TaskFileNotFoundError(
-            f"task file {path} does not exist",
-            hint="give a JSONL, JSON or Parquet file of SWE-bench tasks; `hrl recipes show swe` names the swe recipe's",
-        )
-    if path.suffix == ".parquet":
-        rows: Iterable[tuple[int, Any]] = enumerate(_parquet_rows(path), 1)
-    elif path.suffix == ".json":
-        rows = enumerate(_json_load(path, path.read_text()), 1)
-    else:
-        rows = ((n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip())
-    tasks: list[Task] = []
-    seen: set[str] = set()
-    for lineno, row in rows:
-        where = f"{path}:{lineno}"
-        obj = adapt_row(_json_load(where, row) if isinstance(row, str) else row)
-        try:
-            task = Task.model_validate(obj)
-        except ValidationError as exc:
-            name = obj.get("instance_id", "?") if isinstance(obj, dict) else "?"
-            raise TaskFormatError(f"{where}: task {name!r} is not valid: {_first_error(exc)}") from exc
-        if task.instance_id in seen:
-            raise TaskFormatError(f"{where}: duplicate instance_id {task.instance_id!r}")
-        seen.add(task.instance_id)
-        tasks.append(task)
-    return tasks
 
 
 def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
@@ -219,29 +148,6 @@ def write_tasks(tasks: Iterable[Task], path: str | Path) -> Path:
     lines = (json.dumps(t.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")) + "\n" for t in tasks)
     write_atomically(path, "".join(lines))
     return path
-
-
-def _json_load(where: str | Path, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TaskFormatError(f"{where}: not JSON: {exc}") from exc
-
-
-def _parquet_rows(path: Path) -> list[dict[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise PrerequisiteError(
-            f"reading {path} needs pyarrow, which is not installed", hint="pip install pyarrow (or convert to JSONL)"
-        ) from exc
-    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
-    return rows
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc']) or 'task'}: {err['msg'].removeprefix('Value error, ')}"
 
 
 # --------------------------------------------------------------------------------------------------------------

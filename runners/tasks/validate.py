@@ -11,42 +11,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.tasks.load import load_tasks
 from hrl.runners.tasks.results import PASSING
-from hrl.runners.tasks.task import Task, TaskFormatError, load_tasks, snapshot_files
+from hrl.runners.tasks.task import Task, TaskFormatError, snapshot_files
+from hrl.runners.tasks.taskcheck import TaskCheck
 from hrl.runners.tasks.verifier import TestVerifier, TestVerifierConfig, Verdict
 from hrl.sandboxes import get_backend
 
-__all__ = ["Grade", "TaskCheck", "check_task", "graders", "validate_tasks", "validate_tasks_async"]
+__all__ = ["Grade", "check_task", "graders", "validate_tasks", "validate_tasks_async"]
 
 Events = Callable[[dict[str, Any]], None]
 Grade = Callable[[Task], Awaitable[Verdict]]
-
-
-@dataclass
-class TaskCheck:
-    instance_id: str
-    ok: bool
-    problems: list[str] = field(default_factory=list)
-    gold: Verdict | None = None  # grading of the gold patch
-    empty: Verdict | None = None  # grading of an empty diff
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        def brief(v: Verdict | None) -> dict[str, Any] | None:
-            if v is None:
-                return None
-            keys = ("fail_to_pass", "pass_to_pass", "error", "timeout", "failed", "reward_file", "grading_s")
-            info: dict[str, Any] = {k: v.reward_info[k] for k in keys if k in v.reward_info}
-            return {"reward": v.reward, "failure_reason": v.failure_reason, **info}
-
-        return {
-            "instance_id": self.instance_id, "ok": self.ok, "problems": self.problems,
-            "gold": brief(self.gold), "empty": brief(self.empty), "seconds": round(self.seconds, 2),
-        }  # fmt: skip
 
 
 def _static_problems(task: Task) -> list[str]:

@@ -48,9 +48,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hrl.runners.tasks import r2egym as _r2egym
-from hrl.runners.tasks import swebench as _swebench
-from hrl.runners.tasks import swesmith as _swesmith
+import hrl.runners.tasks.r2egym as _r2egym
+import hrl.runners.tasks.swebench as _swebench
+import hrl.runners.tasks.swesmith as _swesmith
 from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hooks
 from hrl.runners.tasks.patches import patch_paths
 from hrl.runners.tasks.results import PASSING, outcome, parse_summary, skip_locations
@@ -89,7 +89,12 @@ class Verdict:
 
 
 class Verifier(Protocol):
+    """What every verifier is; the verifiers inherit it (the members with a value or a body are defaults)."""
+
     name: str
+    # grading takes the agent's whole container, not its workdir alone: a sandbox reused within a group would carry
+    # what one episode left outside the workdir into the next one's grade
+    grades_container: bool = False
 
     async def provision(self, task: Task) -> None:
         """Make what the task's sandboxes start from (a Harbor task's image); before `sandbox_spec`. Raises
@@ -111,6 +116,24 @@ class Verifier(Protocol):
     async def grade(self, task: Task, patch: str) -> Verdict:
         """Score a diff against the task's base state in a fresh sandbox."""
         ...
+
+    def needs_browser(self, task: Task) -> bool:
+        """The task is a browser's: the agent's CLI is given a browser MCP server (unless it drives one itself)."""
+        return False
+
+    def episode_spec(self, task: Task) -> SandboxSpec:
+        """One episode's sandbox, where the verifier makes something per episode for it (a browser's socket folder,
+        which `verify` or `release` removes); `sandbox_spec` where it makes nothing."""
+        return self.sandbox_spec(task)
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Stop what the verifier started for `sandbox`'s episode (a browser), verified or not; nothing to stop
+        where it starts nothing."""
+        return
+
+    async def close(self) -> None:
+        """Let go of what the verifier holds for the run (browsers an episode left, their socket folders)."""
+        return
 
 
 class PythonVerifierConfig(BaseModel):
@@ -177,7 +200,7 @@ class TestVerifierConfig(BaseModel):
     )
 
 
-class TestVerifier:
+class TestVerifier(Verifier):
     """Grades a diff with the task's tests in a fresh sandbox of `backend`."""
 
     name = "tests"

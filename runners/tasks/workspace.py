@@ -87,9 +87,9 @@ async def lay_out(
         if task.grader == "swesmith":
             script += await _smith_bug(sandbox, task, timeout_s, hide_tests=for_agent)
         if task.grader == "r2egym" and for_agent:  # its test script, tests and instance files, as R2E-Gym hides them
-            from hrl.runners.tasks import r2egym
+            from hrl.runners.tasks.r2egym import hidden_script
 
-            script += r2egym.hidden_script()
+            script += hidden_script()
         script += FRESH_HISTORY if fresh_history else ""
         script += f"printf '{EXCLUDES}' >> .git/info/exclude\ng add -A\n"
     script += f"g commit -q --allow-empty --no-verify -m 'hrl base'\ng update-ref {BASE_REF} HEAD\ng rev-parse HEAD\n"
@@ -100,10 +100,10 @@ async def lay_out(
 async def _smith_bug(sandbox: Sandbox, task: Task, timeout_s: float, *, hide_tests: bool) -> str:
     """SWE-smith: the bug (`patch`) applied to the image's clean repository; for the agent's sandbox also the
     FAIL_TO_PASS test files removed, as SWE-smith's instance branches remove them. Returns script to run after."""
-    from hrl.runners.tasks import swesmith
+    from hrl.runners.tasks.swesmith import files_under_test
 
     await apply_patch(sandbox, task.patch, "bug", timeout_s)
-    hidden = swesmith.files_under_test(task, f2p_only=True) if hide_tests else []
+    hidden = files_under_test(task, f2p_only=True) if hide_tests else []
     return "".join(f"rm -f -- {shlex.quote(f)}\n" for f in hidden)
 
 

@@ -1,8 +1,9 @@
 """OpenTelemetry out: each written trace as an episode span with one child span per model call and per tool
 event, and each training step as a span, sent over OTLP/HTTP through the official SDK (docs/telemetry.md).
 
-    with exporting(run.telemetry, run_id="hrl-1a2b", provider="vllm"):
-        ...  # every TraceWriter.write in this process now exports the trace it wrote
+    with exporting(run.telemetry, run_id="hrl-1a2b", provider="vllm") as exporter:
+        writer = TraceWriter(path, export=exporter.export_written if exporter else None)
+        ...  # each writer.write now exports the trace it wrote; each step's metrics (export_step) too
 
 Attributes follow the OpenTelemetry GenAI semantic conventions (`gen_ai.*`) plus `rl.*` for what RL adds (run,
 step, task, reward, success, policy versions, staleness). Token ids never go into a span. A span starts and ends
@@ -25,30 +26,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from hrl.config import TelemetryConfig
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.telemetry.spans import Span, episode_spans, otlp_trace_id, step_of, step_span
 
-__all__ = ["OtlpExporter", "TelemetryConfig", "export_step", "export_written", "exporting"]
+__all__ = ["OtlpExporter", "TelemetryConfig", "export_step", "exporting"]
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 PIP_HINT = "pip install 'hrl[telemetry]' (opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"
 RETRY_AFTER_S = 30.0  # after a failed export, batches are dropped (counted) this long instead of waiting on a dead host
-
-
-class TelemetryConfig(BaseModel):
-    """The recipe's `telemetry:` section (`--otlp URL` sets `otlp_endpoint`)."""
-
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
-
-    otlp_endpoint: str = Field(
-        "",
-        description="OTLP/HTTP collector base URL (http://host:4318; /v1/traces is added); empty = "
-        "$OTEL_EXPORTER_OTLP_ENDPOINT, and with that unset nothing is exported.",
-    )
-    service_name: str = Field("hrl", description="The `service.name` resource attribute.")
-    export_timeout_s: float = Field(5.0, gt=0, description="Seconds one export request may take.")
 
 
 # ---- the SDK -----------------------------------------------------------------------------------------------
@@ -178,6 +164,17 @@ class OtlpExporter:
                              trainer_version=self.trainer_version, provider=self.provider)  # fmt: skip
         self.emit(tree, trace_id=otlp_trace_id(str(trace["trace_id"])))
 
+    def export_written(self, trace: dict[str, Any], source: str | Path | None = None) -> None:
+        """A trace writer's `export` (`TraceWriter(path, export=exporter.export_written)`): the trace's spans, once
+        it is on disk. Never raises: a telemetry fault must not lose an episode."""
+        self._guarded(lambda: self.export_trace(trace, source), "the spans")
+
+    def _guarded(self, export: Callable[[], None], what: str) -> None:
+        try:
+            export()
+        except Exception as e:
+            self._failed(1, _sdk().SpanExportResult, f"could not build {what}: {e}")
+
     def export_step(self, metrics: dict[str, Any], step: int) -> None:
         version = metrics.get("version", metrics.get("train/version"))  # the trainer's version after the step
         if isinstance(version, int | float) and not isinstance(version, bool):
@@ -197,24 +194,11 @@ class OtlpExporter:
 _active: OtlpExporter | None = None
 
 
-def _guarded(export: Callable[[OtlpExporter], None], what: str) -> None:
-    """`export` on the active exporter, if any. Never raises: a telemetry fault must not lose an episode or step."""
-    if _active is None:
-        return
-    try:
-        export(_active)
-    except Exception as e:
-        _active._failed(1, _sdk().SpanExportResult, f"could not build {what}: {e}")
-
-
-def export_written(trace: dict[str, Any], source: str | Path | None = None) -> None:
-    """Called by every trace writer after a trace is on disk: exports it when an exporter is active."""
-    _guarded(lambda exporter: exporter.export_trace(trace, source), "the spans")
-
-
 def export_step(metrics: dict[str, Any], step: int) -> None:
-    """Called with each step's metrics: a `rl.step` span when an exporter is active."""
-    _guarded(lambda exporter: exporter.export_step(metrics, step), "the step span")
+    """Called with each step's metrics: a `rl.step` span when an exporter is active. Never raises."""
+    exporter = _active
+    if exporter is not None:
+        exporter._guarded(lambda: exporter.export_step(metrics, step), "the step span")
 
 
 def resolve_endpoint(config: TelemetryConfig | None) -> str:

@@ -97,6 +97,7 @@ class WhiteboxSession:
         # a browser task's browser, where the episode has one: {"cdp_url": the DevTools endpoint (hrl's relay) as
         # this process reaches it, "page_url": the task's page}
         self.browser: dict[str, str] | None = None
+        self.sandbox: Any = None  # the episode's sandbox, where its verifier grades one (its tools run there)
         self.options: dict[str, Any] = {}  # in a rollout: rollout.agent_options, the agent's own knobs
         self._client_key: str | None = None  # an online run's client key (session(key=…)): for send_reward
         self._clients: list[Any] = []

@@ -37,13 +37,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hrl.config import DEFAULT_VERIFIER
+from hrl.runners.episodes import Episode, Rollouts
 from hrl.runners.errors import UsageError
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task
-from hrl.runners.trace import binary_success, write_trace
+from hrl.runners.tasks.verifier import Verifier
+from hrl.runners.trace import Export, binary_success, write_trace
 from hrl.runners.whitebox.client import WhiteboxSession
 from hrl.runners.whitebox.interpreter import AgentPython, agent_python, check_python, closed_mounts
 
@@ -54,6 +57,7 @@ __all__ = [
     "load_function",
     "needs_sandbox",
     "resolve_mode",
+    "sandbox_of",
     "split_spec",
 ]
 
@@ -94,7 +98,20 @@ def resolve_mode(mode: str, agent: str, verifier: dict[str, Any] | None, python:
 def needs_sandbox(agent: str, verifier: dict[str, Any] | None) -> bool:
     """Whether an episode of `agent` runs in a sandbox: a CLI always does; a white-box agent only when its verifier
     grades one (a Python-function verifier scores the answer alone)."""
-    return not (is_python_agent(agent) and (verifier or {}).get("name", "tests") == "python")
+    return not (is_python_agent(agent) and (verifier or {}).get("name", DEFAULT_VERIFIER) == "python")
+
+
+def sandbox_of(rollout: Any, verifier: dict[str, Any] | None) -> str:
+    """Where a run's episodes run, in words: a white-box agent gets a sandbox only with a verifier that grades one,
+    and runs in process or in a subprocess (and why)."""
+    agent = rollout.agent
+    if not is_python_agent(agent):
+        return str(rollout.sandbox)
+    mode, why = resolve_mode(rollout.mode, agent, verifier, rollout.python)
+    where = str(rollout.sandbox) if needs_sandbox(agent, verifier) else "none"
+    if where != "none" and mode == "inprocess":
+        return where
+    return f"{where} (agent {'in process' if mode == 'inprocess' else 'in a subprocess'}: {why})"
 
 
 def split_spec(spec: str, base_dir: str | Path | None = None) -> tuple[str | Path, str]:
@@ -177,7 +194,7 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
     return await out if inspect.isawaitable(out) else out
 
 
-class PythonRollouts:
+class PythonRollouts(Rollouts):
     """`Rollouts` for a white-box Python agent: one episode = one proxy session (+ its children) → one trace."""
 
     def __init__(
@@ -187,15 +204,17 @@ class PythonRollouts:
         on_event: Event = lambda kind, data: None,
         verifier: dict[str, Any] | None = None,
         base_dir: str | None = None,
+        export: Export | None = None,
     ) -> None:
         self.stack, self.config, self.on_event, self.base_dir = stack, config, on_event, base_dir
+        self.export = export
         self.spec = config.agent
         self.fn: Callable[..., Any] | None = None
         options = dict(verifier or {"name": "python"})
-        self.verifier_name = options.pop("name", "tests")
+        self.verifier_name = options.pop("name", DEFAULT_VERIFIER)
         self.verifier_options = options
         self.score: Callable[..., Any] | None = None
-        self.verifier: Any = None
+        self.verifier: Verifier | None = None
         self.mode, self.mode_reason = resolve_mode(config.mode, self.spec, verifier or {"name": "python"},
                                                    config.python)  # fmt: skip
         self.python: AgentPython | None = None  # the subprocess's interpreter, found by `prepare`
@@ -228,10 +247,10 @@ class PythonRollouts:
 
     async def close(self) -> None:
         """What the verifier holds for the run: browsers an episode left, their socket folders."""
-        if (close := getattr(self.verifier, "close", None)) is not None:
-            await close()
+        if self.verifier is not None:
+            await self.verifier.close()
 
-    def _meta(self, ep: Any, task: Task) -> dict[str, Any]:
+    def _meta(self, ep: Episode, task: Task) -> dict[str, Any]:
         return {
             "task_id": task.instance_id,
             "group_id": ep.group_id,
@@ -241,11 +260,11 @@ class PythonRollouts:
             "metadata": {"episode": ep.key, "run": self.config.run_id},
         }
 
-    async def episode(self, ep: Any, trace_file: Path) -> dict[str, Any]:
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
         self.prepare()
         task = ep.task if isinstance(ep.task, Task) else Task.model_validate(ep.task)
         proxy = self.stack.proxy
-        opened = proxy.open_session(meta=self._meta(ep, task), version=getattr(ep, "version", None))
+        opened = proxy.open_session(meta=self._meta(ep, task), version=ep.version)
         token = opened.token  # the agent gets this session's agent key; hrl ends the episode in process
         ws = WhiteboxSession(self.stack.url, token, proxy.config.model_name, opened.issue_agent_key(), task=task)
         ws.options = dict(self.config.agent_options)
@@ -270,15 +289,15 @@ class PythonRollouts:
             return await self._attempt(task, ws)
         from hrl.sandboxes import SandboxError, get_backend
 
-        spec = getattr(self.verifier, "episode_spec", self.verifier.sandbox_spec)(task)
+        spec = self.verifier.episode_spec(task)
         phase("sandbox")
         try:
             backend = get_backend(self.config.sandbox)
             async with await backend.create(spec, self.config.run_id or "hrl-python", label) as sandbox:
                 try:
                     await self.verifier.prepare(sandbox, task)
-                    ws.sandbox = sandbox  # type: ignore[attr-defined]
-                    if getattr(self.verifier, "needs_browser", lambda _task: False)(task):
+                    ws.sandbox = sandbox
+                    if self.verifier.needs_browser(task):
                         ws.browser = await _browser_of(sandbox)
                     phase("agent")
                     outcome, extra = await self._attempt(task, ws)
@@ -287,8 +306,7 @@ class PythonRollouts:
                         verdict = await self.verifier.verify(sandbox, task)
                         outcome, extra = verdict.trace_fields(), {**extra, "patch": verdict.patch}
                 finally:  # what the verifier started for the episode (a browser) stops with it, verified or not
-                    if (release := getattr(self.verifier, "release", None)) is not None:
-                        await release(sandbox)
+                    await self.verifier.release(sandbox)
         except (SandboxError, OSError) as e:
             return {"failure_reason": "sandbox_error"}, {"error": str(e)[:2000]}
         return outcome, extra
@@ -368,8 +386,8 @@ class PythonRollouts:
         from hrl.sandboxes import Mount, SandboxSpec
 
         mounts = [Mount(source=p, target=p) for p in self.mounts]
-        episode = getattr(ws, "sandbox", None)  # a browser task's: its endpoint is forwarded in here too
-        forwards = dict(episode.spec.forwards) if episode is not None and hasattr(episode, "spec") else {}
+        episode = ws.sandbox  # a browser task's: its endpoint is forwarded in here too
+        forwards = dict(episode.spec.forwards) if episode is not None else {}
         spec = SandboxSpec(workdir="/work", network="proxy", proxy_socket=self.stack.socket, proxy_port=RELAY_PORT,
                            mounts=mounts, forwards=forwards)  # fmt: skip
         async with await backend.create(spec, self.config.run_id or "hrl-python", f"agent-{ws.token[:8]}") as box:
@@ -402,5 +420,5 @@ class PythonRollouts:
             if ended is None:
                 raise RuntimeError(f"the proxy session of an episode vanished without a trace ({token[:6]}…)") from None
             trace = {**ended, "status": "failed", "failure_reason": "internal_error", "reward": None, "success": None}
-        write_trace(trace_file, trace)
+        write_trace(trace_file, trace, self.export)
         return trace

@@ -69,7 +69,7 @@ def _installed_python(name: str, on_event: Callable[[str], None] | None) -> Path
     from hrl.runners.agents.install import install
 
     runner = get_agent(name)
-    if getattr(runner, "package_kind", "") != "pypi":
+    if runner.package_kind != "pypi":
         raise UsageError(f"rollout.python {name!r} is an agent CLI, not a Python agent hrl installs a venv for",
                          hint="name browser-use, mini-swe-agent or aider, or give a path to a Python")  # fmt: skip
     done = install(name, "local", on_event=on_event)  # a no-op once installed

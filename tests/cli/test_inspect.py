@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hrl.cli.inspect import PIPE_WIDTH
+from hrl.cli.tables import PIPE_WIDTH
 from hrl.runners.summary import (
     TraceSelectionError,
     describe_branches,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hrl.cli.inspect import PIPE_WIDTH
+from hrl.cli.tables import PIPE_WIDTH
 from hrl.runners.conversation import MORE, conversation, cut
 from hrl.runners.trace import read_traces
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hrl.recipes.loader import load_recipe
-from hrl.runners.tasks.task import load_tasks
+from hrl.runners.tasks.load import load_tasks
 
 TASKS = load_tasks(load_recipe("demo")["tasks"])[:2]  # two one-bug repositories with hidden tests
 AGENT = """async def run(task, session):

@@ -75,23 +75,3 @@ def test_a_config_that_asks_for_the_agents_sampling_is_refused(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("Error: proxy.sampling=agent cannot be trained on")
     assert lines[1].startswith("Hint: ") and not (tmp_path / "runs").exists()
-
-
-def test_the_before_after_table_has_a_row_per_eval_marker():
-    from hrl.cli.train import before_after
-
-    base = {"eval/reward": 0.1, "eval/turns": 3.0, "eval/episodes": 48.0}
-    rows = {
-        0: base | {"eval/success": 0.1, "eval/has/in_place": 0.25, "eval/success_given/in_place": 0.4},
-        5: {"step": 5, "eval/success": None},  # a slice-less row with nothing in it is skipped
-        10: base | {"eval/success": 0.3, "eval/has/in_place": 0.75, "eval/success_given/in_place": None},
-    }
-    lines = before_after(rows).splitlines()
-    assert lines[0].split() == ["held-out", "tasks", "step", "0", "step", "10", "change"]
-    assert [ln.split()[:4] for ln in lines[1:3]] == [["success", "0.100", "0.300", "+0.200"],
-                                                     ["mean", "reward", "0.100", "0.100"]]  # fmt: skip
-    assert "in_place            0.250       0.750       +0.500" in before_after(rows)
-    assert not any("success | in_place" in ln for ln in lines)  # no success among none at the end: no row
-    assert not any(ln.split()[:2] == ["policy", "version"] for ln in lines)  # rows without eval/version: no line
-    versioned = {k: r | {"eval/version": float(k)} for k, r in rows.items() if k != 5}
-    assert before_after(versioned).splitlines()[-1].split() == ["policy", "version", "0", "10"]  # the pinned one

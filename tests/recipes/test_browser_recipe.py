@@ -14,7 +14,7 @@ from hrl.runners.browser import live_in_group
 from hrl.runners.episodes import Episode
 from hrl.runners.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
-from hrl.runners.tasks.task import load_tasks
+from hrl.runners.tasks.load import load_tasks
 from hrl.runners.trace import read_traces
 from hrl.sandboxes.local import SANDBOX_MARK, bwrap_works
 

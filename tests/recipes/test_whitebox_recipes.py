@@ -13,7 +13,7 @@ from hrl.recipes.loader import load_recipe
 from hrl.runners.episodes import Episode
 from hrl.runners.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
-from hrl.runners.tasks.task import load_tasks
+from hrl.runners.tasks.load import load_tasks
 from hrl.runners.trace import branches, read_traces
 from hrl.train.samples import build_samples
 

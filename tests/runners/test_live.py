@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from hrl.runners.episodes import Episode, guarded_episode
+from hrl.runners.episodes import Episode, Rollouts, guarded_episode
 from hrl.runners.live import LIVE_FILE, live_status, phase, read_live
 
 
-class GatedRollouts:
+class GatedRollouts(Rollouts):
     """Episodes that enter the `agent` phase, then wait for the test to let them end (no trace file written)."""
 
     def __init__(self) -> None:

@@ -5,6 +5,7 @@ imported."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from hrl.runners.episodes import Episode, Rollouts, guarded_episode
 from hrl.runners.errors import PrerequisiteError
 from hrl.runners.telemetry.otlp import TelemetryConfig, export_step, exporting
 from hrl.runners.trace import TraceWriter, read_traces
@@ -116,7 +118,8 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
         assert exporter is not None
         many = {f"routing/r{i}/prefix_hit_rate": i / 200 for i in range(200)}  # past the SDK's default 128 attributes
         export_step({"train/version": 1, "version": 2, "trace/reward": 0.5, "train/empty": False, **many}, step=2)
-        TraceWriter(tmp_path / "traces" / "iter-0003.jsonl", redactor=False).write(trace)
+        writer = TraceWriter(tmp_path / "traces" / "iter-0003.jsonl", redactor=False, export=exporter.export_written)
+        writer.write(trace)
     assert lines == [f"OTLP: 9 spans sent to {receiver.url}/v1/traces, 0 dropped"], lines
     assert list(read_traces(tmp_path / "traces" / "iter-0003.jsonl")) == [trace]  # written as ever
     assert receiver.resources[0]["service.name"] == "hrl" and receiver.resources[0]["rl.run"] == "hrl-otlp"
@@ -172,6 +175,26 @@ def test_a_written_trace_reaches_the_collector_as_an_episode_with_call_and_tool_
     _no_token_ids(receiver.spans, trace)
 
 
+class _Raising(Rollouts):
+    async def episode(self, ep: Episode, trace_file: Path) -> dict[str, Any]:
+        raise RuntimeError("a bug in the runner")
+
+
+def test_only_a_writer_given_the_export_sends_and_rollouts_hand_theirs_to_every_trace(receiver, tmp_path):
+    """No process-wide hook: a writer exports what it is given the exporter for, and nothing else; an episode that
+    raises becomes an internal_error trace that goes where its rollouts' `export` says, like any other."""
+    with exporting(TelemetryConfig(otlp_endpoint=receiver.url)) as exporter:
+        assert exporter is not None
+        TraceWriter(tmp_path / "quiet.jsonl", redactor=False).write(_golden())  # no export given: none
+        rollouts = _Raising()
+        rollouts.export = exporter.export_written
+        trace = asyncio.run(guarded_episode(rollouts, Episode({"instance_id": "t1"}, 0, 3), tmp_path / "t.jsonl"))
+    assert trace["failure_reason"] == "internal_error" and list(read_traces(tmp_path / "t.jsonl")) == [trace]
+    [episode] = receiver.spans
+    assert episode["trace"].hex() == trace["trace_id"]
+    assert episode["attributes"]["rl.failure_reason"] == "internal_error"
+
+
 def _refusing_port() -> socket.socket:
     """A bound socket that never listens: connecting to its port is refused, and no one else can take the port."""
     s = socket.socket()
@@ -195,8 +218,9 @@ def test_an_unreachable_collector_costs_one_warning_and_a_count_never_the_trace(
     lines: list[str] = []
     try:
         with exporting(TelemetryConfig(otlp_endpoint=url, export_timeout_s=1), say=lines.append) as exporter:
+            assert exporter is not None
             for _ in range(2):
-                TraceWriter(tmp_path / "t.jsonl", redactor=False).write(trace)
+                TraceWriter(tmp_path / "t.jsonl", redactor=False, export=exporter.export_written).write(trace)
     finally:
         sock.close()
     assert list(read_traces(tmp_path / "t.jsonl")) == [trace, trace]
@@ -215,7 +239,7 @@ def test_without_an_endpoint_nothing_is_exported_and_the_sdk_is_not_imported(tmp
         "from hrl.runners.trace import TraceWriter, read_traces\n"
         f"(t,) = read_traces({str(GOLDEN)!r})\n"
         "with exporting(RunConfig().telemetry) as e:\n"
-        f"    TraceWriter({str(tmp_path / 't.jsonl')!r}).write(t)\n"
+        f"    TraceWriter({str(tmp_path / 't.jsonl')!r}, export=e.export_written if e else None).write(t)\n"
         "print(e, sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk') or 'otlp.proto' in m))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -228,7 +252,7 @@ def test_the_standard_env_var_is_the_endpoint_when_none_is_given(receiver, tmp_p
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     with exporting(TelemetryConfig()) as exporter:
         assert exporter is not None and exporter.url == f"{receiver.url}/v1/traces"
-        TraceWriter(tmp_path / "t.jsonl", redactor=False).write(_golden())
+        TraceWriter(tmp_path / "t.jsonl", redactor=False, export=exporter.export_written).write(_golden())
     assert len(receiver.spans) == 8
 
 

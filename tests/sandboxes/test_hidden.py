@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hrl.cli.config import hide_from_sandboxes
-from hrl.cli.serve import write_control_token
+from hrl.config import RunConfig
+from hrl.runners.recipe_config import hide_from_sandboxes
+from hrl.runners.serving.standalone import write_control_token
 from hrl.sandboxes import SandboxError, SandboxSpec
 from hrl.sandboxes.hidden import PRUNE_AFTER_S, REGISTRY, hidden_paths, hide
 from hrl.sandboxes.local import LocalBackend
@@ -83,7 +84,7 @@ def test_another_runs_directory_and_control_token_are_hidden_from_local_sandboxe
     (run / "traces").mkdir(parents=True)
     (run / "traces" / "iter-0000.jsonl").write_text("MARKER-trace\n")
     token = "ctl-" + uuid.uuid4().hex
-    hide_from_sandboxes({}, str(tasks), run)  # what `hrl train` does for its run directory
+    hide_from_sandboxes(RunConfig(), str(tasks), run)  # what `hrl train` does for its run directory
     write_control_token(run / "control-token", token)  # what `hrl train --serve` does
     seen = _read_from_a_sandbox(tmp_path / "sandboxes", run / "control-token", run / "traces")
     assert token not in seen and "MARKER" not in seen and "iter-0000" not in seen, seen

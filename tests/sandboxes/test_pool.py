@@ -357,7 +357,7 @@ def test_closing_a_warm_sandbox_ends_its_launcher_off_the_event_loop(tmp_path: P
         return real(name, value)
 
     monkeypatch.setattr(local, "kill_marked", spy)
-    runner = SimpleNamespace(name="fake", warm_imports=("json",), package_kind="pypi", needs_tty=False)
+    runner = SimpleNamespace(name="fake", warm_imports=("json",), warm_env={}, package_kind="pypi", needs_tty=False)
     install = AgentInstall("fake", "0", "local", "", (str(Path(sys.executable).parent),), (), "")
 
     async def main() -> None:

@@ -14,6 +14,7 @@ from hrl.runners.serving.stack import serving
 from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig
+from hrl.train.step import Publisher
 from hrl.train.trainer import TrainerConfig
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls"])]
@@ -22,7 +23,7 @@ ITERATIONS = 3
 FULL_WAIT_S = 3.0  # full weights: how long a mid-run eval episode waits for a publish that must not come
 
 
-class _Watched:
+class _Watched(Publisher):
     """The proxy as the loop's publisher, noting at each publish how many pinned (eval) sessions were open."""
 
     def __init__(self, proxy: Any) -> None:

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from hrl.runners.engines.base import Engine
+from hrl.runners.episodes import Rollouts
 from hrl.runners.errors import HrlError, UsageError
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
 from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, check_batch_fits, oldest_version, train_async
 from hrl.train.loop import LoopConfig
+from hrl.train.step import Publisher
 from hrl.train.trainer import TrainerConfig
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls"])]
@@ -126,7 +129,7 @@ def test_async_pin(tiny_model, tmp_path):
     _check(tmp_path, tiny_model, "pin", sampler="signal")
 
 
-class _FlakyAgent:
+class _FlakyAgent(Rollouts):
     """Every k-th episode raises instead of returning its trace (a bug in a runner, a sandbox gone wrong)."""
 
     def __init__(self, inner, k: int) -> None:
@@ -231,7 +234,7 @@ def test_async_settings_that_can_leave_a_batch_unfilled_are_refused_and_only_tho
     check_batch_fits(AsyncConfig(max_in_flight=8, batch_traces=16, max_buffered=9), 8)  # 9 traces: 2 groups started
 
 
-class _Gated:
+class _Gated(Rollouts):
     """Episodes that all end when the test opens the gate, each with a trace of its own (reward 0)."""
 
     def __init__(self) -> None:
@@ -282,10 +285,16 @@ def test_a_buffer_short_of_a_batch_stalls_the_real_producer_whatever_max_in_flig
     check_batch_fits(AsyncConfig(max_in_flight=6, batch_traces=4, max_buffered=3), 2)
 
 
-class _NoEngine:
+class _Unreached(Engine):
+    """An engine nothing reaches."""
+
+    name, version = "unreached", 0
+
+
+class _NoEngine(Publisher):
     """A publisher with no engine behind it: the producer fails before any publish."""
 
-    engine, stats = None, {}
+    engine, stats = _Unreached(), {}
 
     async def publish(self, path: str, kind: str, version: int | None = None) -> int:
         raise AssertionError("nothing is published before the first batch")

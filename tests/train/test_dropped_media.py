@@ -44,7 +44,7 @@ def test_a_trace_with_dropped_media_is_left_out_unless_kept(tiny_model, traces):
 
 
 def test_hrl_trains_step_line_says_how_many_traces_dropped_media_left_out():
-    from hrl.cli.train import _line
+    from hrl.cli.progress import _line
 
     step = {"step": 3, "version": 2, "trace/reward": 0.5, "trace/count": 8}
     assert "dropped media" not in _line(step)

@@ -11,11 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hrl.runners.engines.base import Engine
+from hrl.runners.episodes import Rollouts
 from hrl.runners.proxy.proxy import Proxy
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import TraceWriter, read_traces
 from hrl.train.loop import Episode, LoopConfig, train
+from hrl.train.step import Publisher
 from hrl.train.trainer import TrainerConfig
 
 TASKS = [{"instance_id": f"t{i}", "problem_statement": p} for i, p in enumerate(["fix it", "run tests", "ls", "read"])]
@@ -25,7 +28,7 @@ class Crash(BaseException):
     """The process stopping mid-iteration (an Exception would be an episode's bug: an internal_error trace)."""
 
 
-class ChatRollouts:
+class ChatRollouts(Rollouts):
     """One chat call per episode over HTTP; reward = share of the letter e in the answer."""
 
     def __init__(
@@ -123,7 +126,7 @@ def test_ppo_epochs_and_mini_batches_make_clipping_act_in_the_loop(tiny_model, t
     assert max(m["train/clip_frac"] for m in trained) > 0, trained
 
 
-class EnginePublisher:
+class EnginePublisher(Publisher):
     """A publisher straight over an engine (no proxy): what the loop reads of one."""
 
     def __init__(self, engine) -> None:
@@ -300,10 +303,15 @@ def test_an_empty_step_after_a_level_2_sleep_loads_the_weights_back(tmp_path):
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text("{}")
 
-    async def restore(path: str) -> None:
-        restored.append(path)
+    class Sleeping(Engine):
+        name, version = "sleeping", 0
+
+        def __init__(self, sleep_level: int) -> None:
+            self.sleep_level = sleep_level
+
+        async def restore(self, path: str) -> None:
+            restored.append(path)
 
     for level in (0, 1, 2):
-        engine = SimpleNamespace(config=SimpleNamespace(sleep_level=level), restore=restore)
-        asyncio.run(restore_dropped_weights(SimpleNamespace(engine=engine), str(checkpoint)))
+        asyncio.run(restore_dropped_weights(SimpleNamespace(engine=Sleeping(level)), str(checkpoint)))
     assert restored == [str(checkpoint)]  # only where the weights were dropped

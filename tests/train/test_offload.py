@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hrl.runners.engines.base import Engine
 from hrl.train.offload import Offloader, PhasePeaks, optimizer_tensors, resolve_offload
 from hrl.train.step import offload_plan, sleep, wake
 from hrl.train.trainer import Trainer, TrainerConfig
@@ -150,12 +151,14 @@ def test_phase_peaks_measure_each_phase_apart():
     assert first >= 0.25 > second  # the second phase allocated nothing new
 
 
-class _SleepingEngine:
+class _SleepingEngine(Engine):
     """An engine with vLLM's sleep mode, as the loop sees it: it records whether the trainer still held its
     optimizer state on its own device when it was woken."""
 
+    name, version = "sleeping", 0
+
     def __init__(self, trainer: Trainer, sleep_level: int) -> None:
-        self.config = SimpleNamespace(sleep_level=sleep_level, weight_sync="disk")
+        self.sleep_level = sleep_level
         self.trainer, self.calls = trainer, []
 
     async def sleep(self) -> None:

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from hrl.cli.keys import check_key
 from hrl.runners.errors import UsageError
+from hrl.runners.recipe_keys import check_key
 from hrl.train.loop import LoopConfig, _batch
 from hrl.train.sampler import Strata, TaskStats, entropy, signal_weight, weighted_sample
 from hrl.train.trainer import TrainerConfig

@@ -7,7 +7,7 @@ whole or absent. Importing this package imports no torch (`hrl models ls` lists 
 """
 
 from hrl.train.pretrained.catalogue import CATALOGUE, PROVENANCE, PretrainedSource, cache_root, lookup
-from hrl.train.pretrained.get import default_dir, get_model, read_provenance
+from hrl.train.pretrained.get import default_dir, get_model, model_rows, read_provenance
 
 __all__ = [
     "CATALOGUE",
@@ -17,5 +17,6 @@ __all__ = [
     "default_dir",
     "get_model",
     "lookup",
+    "model_rows",
     "read_provenance",
 ]

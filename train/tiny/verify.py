@@ -1,7 +1,7 @@
 """Does a rebuild of the tiny agent model reproduce a reference build? (`hrl models tiny-agent DIR --verify`)
 
 Byte for byte where both builds ran on the same float kernels: the same torch build, CPU vendor, torch CPU capability
-and float-relevant instruction flags (`machine`, recorded in the build record). Elsewhere the kernels sum in another
+and float-relevant instruction flags (`agent.machine`, in the build record). Elsewhere the kernels sum in another
 order, and 460 AdamW steps carry the first rounding difference into a different point of the same training: a
 rebuild on another CPU differs from the shipped weights by half their norm (see `bench/results/tiny_agent_rebuild.json`),
 so no weight tolerance can tell a faithful rebuild from a broken one. There the rebuild must be the same model in
@@ -25,25 +25,21 @@ rendering the proxy's, and the first `START_STEPS` losses within `START_RTOL` of
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
+from hrl.train.tiny.agent import build_info, file_digests, machine
+
 __all__ = [
-    "FLOAT_FLAGS",
     "LOSS_RATIO",
     "START_RTOL",
     "START_STEPS",
     "behaviour",
-    "machine",
     "rebuild_start",
     "start_within",
     "verify_build",
 ]
 
-# The x86 features that choose which float kernels MKL and oneDNN run (AMX tiles and bf16 dot products change the
-# order, hence the rounding, of float32 sums too). The shipped build was made on a CPU with all six.
-FLOAT_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 WEIGHTS = "model.safetensors"
 # The held-out loss of two builds may differ by this factor (the larger over the smaller). Not derivable: training is
 # chaotic in its rounding. Measured: 1.05 between the shipped build and its rebuild on another CPU (0.0375 and 0.0395
@@ -60,28 +56,9 @@ START_RTOL = 1e-4
 FIXED_TURNS = (0, 2)  # of (read, fix, submit): the turns whose text is the same in every transcript
 
 
-def machine() -> dict[str, Any]:
-    """What decides the float kernels torch runs here: its build, the CPU vendor, its CPU capability, the flags."""
-    import torch
-
-    vendor, flags = platform.machine(), set[str]()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id" and vendor == platform.machine():
-                vendor = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    return {"torch": torch.__version__, "vendor": vendor, "capability": torch.backends.cpu.get_cpu_capability(),
-            "flags": [f for f in FLOAT_FLAGS if f in flags]}  # fmt: skip
-
-
 def compare_files(built: str | Path, reference: str | Path) -> list[dict[str, Any]]:
     """One row per file of either build: {file, reference, built (sha256 or None), same}; the reference's digests are
     its record's (what a copy of it is checked against), not hashed again."""
-    from hrl.train.tiny.agent import build_info, file_digests
-
     a, b = (build_info(reference) or {}).get("sha256") or {}, file_digests(built)
     rows = []
     for f in sorted(a.keys() | b.keys()):
@@ -198,8 +175,6 @@ def verify_build(built: str | Path, reference: str | Path, tasks: int = 48) -> d
     """Compare a rebuild with the reference build; `verified` is the verdict, `mode` says which check applied
     ("bytes" on the reference's machine, "behaviour" elsewhere, on the first `tasks` held-out tasks), and the other
     fields say what differed."""
-    from hrl.train.tiny.agent import build_info, file_digests
-
     info = build_info(reference) or {}
     here, there = machine(), info.get("machine")
     files = compare_files(built, reference)

@@ -11,8 +11,9 @@ import binascii
 import hashlib
 import io
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from hrl.config import MediaPolicy
 from hrl.runners.proxy.jsonio import dumps
 from hrl.runners.proxy.template import IMAGE_MARK, ParsedReply, image_mark
 from hrl.runners.proxy.toolprompt import ToolsRefusedError
@@ -215,8 +216,9 @@ def check_request(req: ChatRequest) -> None:
         )
         params = fn.get("parameters", {})
         _need(params is None or isinstance(params, dict), f"tools[{k}].function.parameters", "an object", params)
+    fields = vars(req)
     for key in _LIMITS:
-        _number(getattr(req, key), key, _LIMITS[key])
+        _number(fields[key], key, _LIMITS[key])
 
 
 def _check_call(c: Any, at: str) -> None:
@@ -277,7 +279,6 @@ MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "
 _GEMINI_MEDIA = ("inlineData", "fileData", "inline_data", "file_data")  # the REST API takes either spelling
 _MIME_KINDS = {"image": "image", "audio": "audio", "video": "video"}  # a mimeType's top level → kind; else document
 
-MediaPolicy = Literal["refuse", "drop"]
 _INPUT = {"image": "vision", "audio": "audio", "video": "video", "document": "document"}  # kind → the input it needs
 
 
@@ -359,7 +360,7 @@ def media_text(part: Any, at: str, media: list[MediaPart]) -> str | None:
     """What a non-text part puts in the text: for an image the model takes (`MediaParts.images`) its mark, the
     decoded image added to `media`; for other media None, the part noted in `media` (see `admit_media`); None
     for a part that is not media."""
-    if isinstance(part, dict) and getattr(media, "images", False) and media_kind(part) == "image":
+    if isinstance(part, dict) and isinstance(media, MediaParts) and media.images and media_kind(part) == "image":
         image = decode_image(part, at)
         media.append(image)
         return image_mark(image.sha256)

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from hrl.runners.agents import AGENTS, get_agent
-from hrl.runners.agents.base import AgentContext
+from hrl.runners.agents.base import AgentContext, AgentRunner
 from hrl.runners.agents.install import AgentInstall, _once, _steps, installed
 from hrl.runners.agents.run import classify, run_agent
 from hrl.runners.doctor.agents import (
@@ -51,7 +51,7 @@ EXPECTED: dict[str, tuple[str, bool, str | None, int]] = {
     "aider": ("chat", True, None, 0),
     "browser-use": ("chat", False, None, 0),  # a browser agent: browser tasks only (test_browser_agents.py)
 }
-SMOKE = [n for n in EXPECTED if not getattr(get_agent(n), "drives_browser", False)]  # they write the probe file
+SMOKE = [n for n in EXPECTED if not get_agent(n).drives_browser]  # they write the probe file
 CTX = AgentContext(
     base_url="http://127.0.0.1:8000/s/tok",
     api_key="hrl-tok",
@@ -158,7 +158,7 @@ def test_doctor_reports_a_missing_install_with_the_fix(tmp_path, monkeypatch):
 
 
 @dataclass
-class ShellRunner:
+class ShellRunner(AgentRunner):
     """A fake CLI: a shell snippet, with a config file and an env var to prove both arrive."""
 
     script: str

@@ -29,12 +29,15 @@ def test_the_context_is_the_proxys_then_the_engines_then_the_models(tiny_model: 
     assert fit("claude-code", tiny_model, proxy={"max_context": 100_000}).fits
 
 
-def test_rollout_says_so_naming_agent_size_context_and_fix(tiny_model: str, capsys):
-    from hrl.cli.checks import say_context
+def test_rollout_says_so_naming_agent_size_context_and_fix(tiny_model: str):
+    from hrl.config import RunConfig
+    from hrl.runners.preflight import say_context
 
-    say_context("claude-code", tiny_model, {})
-    line = capsys.readouterr().err
+    said: list[str] = []
+    say_context("claude-code", tiny_model, RunConfig(), said.append)
+    assert len(said) == 1, said
+    line = said[0]
     assert line.startswith("Warning: claude-code's fixed prompt") and "32,768 tokens" in line, line
     assert "larger context (max_position_embeddings)" in line and "mini-swe-agent (~" in line
-    say_context("mini-swe-agent", tiny_model, {})
-    assert capsys.readouterr().err == ""
+    say_context("mini-swe-agent", tiny_model, RunConfig(), said.append)
+    assert len(said) == 1, said

@@ -10,7 +10,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hrl.runners.errors import UnknownNameError
-from hrl.runners.proxy.proxy import ProxyConfig
 from hrl.runners.proxy.reasoning import REASONING_PARSERS, check_reasoning_name, detect_reasoning
 from hrl.runners.proxy.template import ChatTemplate, StreamSplitter, parse_reply
 from hrl.runners.proxy.toolparsers import get_tool_parser
@@ -137,5 +136,5 @@ def test_auto_detects_a_template_that_opens_think(tiny_model, tmp_path):
 
 def test_names_are_checked():
     assert check_reasoning_name("auto") == "auto"
-    with pytest.raises(UnknownNameError, match="think-open"):
-        ProxyConfig(reasoning_parser="think-opn")
+    with pytest.raises(UnknownNameError, match="think-open"):  # before a run starts (runners.preflight.check_run)
+        check_reasoning_name("think-opn")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.report.builder import render_report
-from hrl.runners.report.evaluation import eval_rows, eval_table_text, harness_numbers, write_plan
+from hrl.runners.report.evaluation import before_after, eval_rows, eval_table_text, harness_numbers, write_plan
 from hrl.runners.report.run import load_run
 from hrl.runners.rundir import RunDir
 
@@ -114,3 +114,21 @@ def test_a_run_that_is_no_evaluation_has_no_table(tmp_path: Path):
     run.trace_file(0).write_text(json.dumps(_trace(0, 1.0, 1)) + "\n")
     loaded = load_run(run.path)
     assert eval_rows(loaded) is None and '<table id="eval">' not in render_report(loaded)
+
+
+def test_the_before_after_table_has_a_row_per_eval_marker():
+    base = {"eval/reward": 0.1, "eval/turns": 3.0, "eval/episodes": 48.0}
+    rows = {
+        0: base | {"eval/success": 0.1, "eval/has/in_place": 0.25, "eval/success_given/in_place": 0.4},
+        5: {"step": 5, "eval/success": None},  # a slice-less row with nothing in it is skipped
+        10: base | {"eval/success": 0.3, "eval/has/in_place": 0.75, "eval/success_given/in_place": None},
+    }
+    lines = before_after(rows).splitlines()
+    assert lines[0].split() == ["held-out", "tasks", "step", "0", "step", "10", "change"]
+    assert [ln.split()[:4] for ln in lines[1:3]] == [["success", "0.100", "0.300", "+0.200"],
+                                                     ["mean", "reward", "0.100", "0.100"]]  # fmt: skip
+    assert "in_place            0.250       0.750       +0.500" in before_after(rows)
+    assert not any("success | in_place" in ln for ln in lines)  # no success among none at the end: no row
+    assert not any(ln.split()[:2] == ["policy", "version"] for ln in lines)  # rows without eval/version: no line
+    versioned = {k: r | {"eval/version": float(k)} for k, r in rows.items() if k != 5}
+    assert before_after(versioned).splitlines()[-1].split() == ["policy", "version", "0", "10"]  # the pinned one

@@ -45,7 +45,7 @@ def test_a_local_sandbox_without_bubblewrap_refuses_to_expose_a_port(tmp_path: P
 
 
 def test_an_agent_without_a_browser_is_refused_before_anything_starts(tmp_path: Path):
-    from hrl.cli.checks import check_web_apps
+    from hrl.runners.preflight import check_web_apps
 
     tasks = load_harbor_tasks(write_web_task(tmp_path / "web"))
     for agent in ("aider", "mini-swe-agent", "python:agent.py:run"):

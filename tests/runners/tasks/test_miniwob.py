@@ -14,9 +14,10 @@ import pytest
 from aiohttp import web
 
 from hrl.runners.browser import BrowserError, live_in_group
+from hrl.runners.tasks.load import load_tasks
 from hrl.runners.tasks.miniwob import MiniWoBVerifier, load_miniwob, read_reward, start_page
 from hrl.runners.tasks.miniwob_solutions import Page, solve
-from hrl.runners.tasks.task import TaskFormatError, load_tasks
+from hrl.runners.tasks.task import TaskFormatError
 from hrl.runners.tasks.validate import validate_tasks_async
 from hrl.sandboxes.base import SandboxSpec
 from hrl.sandboxes.local import LocalBackend

@@ -24,7 +24,7 @@ import pytest
 from hrl.runners.tasks import Task, TestVerifier, TestVerifierConfig, load_tasks
 from hrl.runners.tasks.patches import file_diff, patch_paths
 from hrl.runners.tasks.task import PYTEST, pack_snapshot, snapshot_files
-from hrl.sandboxes import SandboxError, SandboxSpec, get_backend
+from hrl.sandboxes import SandboxBackend, SandboxError, SandboxSpec, get_backend
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
@@ -185,7 +185,7 @@ def test_tests_that_hang_score_zero_not_an_error(backend_name: str) -> None:
 
 
 def test_sandbox_failure_is_a_verifier_error() -> None:
-    class BrokenBackend:
+    class BrokenBackend(SandboxBackend):
         name = "broken"
 
         async def create(self, spec: SandboxSpec, run_id: str, episode_id: str) -> Any:

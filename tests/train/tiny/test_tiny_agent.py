@@ -312,7 +312,7 @@ def test_verify_elsewhere_fails_a_build_of_other_data_or_a_model_that_learnt_les
 
 
 def test_a_build_records_the_machine_its_floats_depend_on():
-    from hrl.train.tiny.verify import FLOAT_FLAGS, machine
+    from hrl.train.tiny.agent import FLOAT_FLAGS, machine
 
     here, shipped = machine(), build_info(shipped_model())["machine"]
     assert set(here) == set(shipped) == {"torch", "vendor", "capability", "flags"}
@@ -345,7 +345,7 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 
     from hrl.cli.main import app
 
-    monkeypatch.setattr("hrl.train.tiny.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
+    monkeypatch.setattr("hrl.train.tiny.agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
     result = CliRunner().invoke(app, ["models", "tiny-agent", str(tmp_path / "m"), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])

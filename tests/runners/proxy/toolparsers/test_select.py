@@ -91,6 +91,6 @@ def test_the_tiny_test_model_is_hermes(tiny_model: str) -> None:
 def test_unknown_name_names_the_nearest() -> None:
     with pytest.raises(UnknownNameError, match="did you mean 'qwen3-coder'"):
         check_name("qwen3_coder")
-    with pytest.raises(UnknownNameError, match="tool parser 'harmony'"):
-        ProxyConfig(tool_parser="harmony")
+    with pytest.raises(UnknownNameError, match="tool parser 'harmony'"):  # before a run starts (check_run)
+        check_name("harmony")
     assert ProxyConfig().tool_parser == "auto" and check_name("kimi-k2") == "kimi-k2"

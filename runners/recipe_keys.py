@@ -1,9 +1,10 @@
 """Which `-c key=value` overrides a recipe accepts, read from the config models themselves.
 
-`RunConfig` is the recipe's top level; each section names the pydantic model of the component that reads it
-("module:Class", imported only when a key under that section is checked, so `hrl rollout -c rollout.x=1` never
-imports torch). A dotted key walks the models' fields: a field whose type is a model goes one level down, a
-free-form `dict` field (engine_options, rollout.agent_options, …) takes any sub-key, anything else is a leaf.
+`RunConfig` (hrl.config) is the recipe's top level, every section a typed model of its own; the two sections that
+belong to a component chosen by name (engine_options: the engine's, verifier: the verifier's) name it ("engine",
+"verifier"), and its config model is imported only when a key under that section is checked. A dotted key walks the
+models' fields: a field whose type is a model goes one level down, a free-form `dict` field (rollout.agent_options,
+…) takes any sub-key, anything else is a leaf. Nothing checked here imports torch.
 A field added to any of these models is a valid key at once; nothing here lists them.
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from hrl.config import DEFAULT_VERIFIER, RunConfig
 from hrl.runners.errors import UsageError
-from hrl.runners.placement.config import RunConfig
 
 __all__ = ["check_key", "check_overrides", "check_recipe"]
 
@@ -29,14 +30,16 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
     if ref == "engine":
         from hrl.runners.engines import ENGINES, engine_kind
 
-        name, _ = engine_kind(str(cfg.get("engine") or "embedded"))
+        name, _ = engine_kind(str(cfg.get("engine") or RunConfig.model_fields["engine"].default))
         return load(ENGINES[name] + "Config")  # type: ignore[no-any-return]
     if ref == "verifier":
         from hrl.registry import require
         from hrl.runners.tasks import VERIFIERS
 
-        name = str((cfg.get("verifier") or {}).get("name") or "tests")
-        if name == "tests" and cfg.get("tasks"):  # a folder of Harbor tasks, miniwob: pages: graded by their own
+        name = str((cfg.get("verifier") or {}).get("name") or DEFAULT_VERIFIER)
+        if name == DEFAULT_VERIFIER and cfg.get(
+            "tasks"
+        ):  # a folder of Harbor tasks, miniwob: pages: graded by their own
             from hrl.runners.tasks import verifier_for
 
             name = verifier_for(str(cfg["tasks"]))
@@ -114,7 +117,7 @@ def check_key(key: str, value: Any, cfg: dict[str, Any], source: str = "-c") -> 
 
 
 def _is_dict(annotation: Any) -> bool:
-    return annotation is dict or getattr(annotation, "__origin__", None) is dict
+    return annotation is dict or get_origin(annotation) is dict
 
 
 def _finite(model: type[BaseModel], field: Any) -> bool:

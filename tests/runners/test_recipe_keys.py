@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import Field
 
-from hrl.cli.config import apply_overrides, load_recipe_config
-from hrl.cli.keys import check_key
 from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import ProxyConfig
+from hrl.runners.recipe_config import apply_overrides, load_recipe_config
+from hrl.runners.recipe_keys import check_key
 from hrl.runners.rollout import RolloutConfig
 from hrl.runners.tasks.verifier import TestVerifierConfig
 
@@ -30,23 +30,28 @@ def test_the_training_sections_come_from_the_loop_and_trainer_models():
 
     for section, model in (("train", LoopConfig), ("trainer", TrainerConfig), ("async", AsyncConfig)):
         for name, field in model.model_fields.items():
-            if name != "trainer" and not field.is_required():
+            if name not in ("trainer", "model") and not field.is_required():
                 check_key(f"{section}.{name}", field.get_default(call_default_factory=True), {})
     with pytest.raises(UsageError, match=r"unknown -c key 'train\.trainer'"):  # the top-level trainer section fills it
         check_key("train.trainer", {}, {})
+    with pytest.raises(UsageError, match=r"unknown -c key 'trainer\.model'"):  # the run's model is the trainer's
+        check_key("trainer.model", "m", {})
 
 
 def test_a_field_added_to_a_model_is_a_key_at_once(monkeypatch):
-    """A section is read from its component's model when a key is checked: a field added there is a key."""
-    import hrl.train.loop_config
-    from hrl.train.loop_config import LoopConfig
+    """Keys are read from the typed config itself: a field added to a section's model is a key."""
+    import hrl.runners.recipe_keys
+    from hrl.config import LoopSettings, RunConfig
 
-    class Wider(LoopConfig):
+    class Wider(LoopSettings):
         device: str = Field("cpu", description="A field another change adds.")
+
+    class WiderRun(RunConfig):
+        train: Wider = Field(default_factory=Wider)
 
     with pytest.raises(UsageError):
         check_key("train.device", "cuda", {})
-    monkeypatch.setattr(hrl.train.loop_config, "LoopConfig", Wider)
+    monkeypatch.setattr(hrl.runners.recipe_keys, "RunConfig", WiderRun)
     check_key("train.device", "cuda", {})
 
 
@@ -92,7 +97,7 @@ def test_engine_options_follow_an_engine_flag():
 
 @pytest.mark.parametrize("name", ["demo", "swe"])
 def test_every_key_of_a_bundled_recipe_is_known(name):
-    from hrl.cli.keys import check_overrides
+    from hrl.runners.recipe_keys import check_overrides
 
     cfg = load_recipe_config(name)
     check_overrides(list(cfg.items()), cfg)
@@ -158,6 +163,7 @@ def test_a_recipe_file_is_checked_as_c_is(tmp_path):
 
 def _section_models():
     """(section, model, cfg naming its engine or verifier) for every section a recipe can hold."""
+    from hrl.config import AsyncConfig, LoopConfig, TrainerConfig
     from hrl.runners.engines.embedded import EmbeddedEngineConfig
     from hrl.runners.engines.remote import RemoteEngineConfig
     from hrl.runners.engines.scripted import ScriptedEngineConfig
@@ -167,9 +173,6 @@ def _section_models():
     from hrl.runners.tasks.harbor_verifier import HarborVerifierConfig
     from hrl.runners.tasks.miniwob import MiniWoBVerifierConfig
     from hrl.runners.telemetry.otlp import TelemetryConfig
-    from hrl.train.async_config import AsyncConfig
-    from hrl.train.loop_config import LoopConfig
-    from hrl.train.trainer_config import TrainerConfig
 
     return [
         ("train", LoopConfig, {}), ("trainer", TrainerConfig, {}), ("async", AsyncConfig, {}),
@@ -205,8 +208,8 @@ def test_the_section_models_refuse_inf_and_nan_themselves():
     """A config built in Python (not through `-c`) refuses a non-finite number in any float field too."""
     from pydantic import ValidationError
 
+    from hrl.config import TrainerConfig
     from hrl.runners.placement import RunConfig
-    from hrl.train.trainer_config import TrainerConfig
 
     required = {"TrainerConfig": {"model": "m"}, "LoopConfig": {"trainer": TrainerConfig(model="m")}}
     mine = [(model, cfg) for section, model, cfg in _section_models() if section not in ("proxy", "online")]
@@ -219,7 +222,7 @@ def test_the_section_models_refuse_inf_and_nan_themselves():
 
 def test_a_refused_value_imports_no_torch(tmp_path):
     """`hrl train -c trainer.lr=inf` is refused (exit 2) before any run directory, and saying so imports no torch:
-    the training sections' models live apart from the loops (train/loop_config.py, train/async_config.py)."""
+    the config's models live in hrl.config, which imports nothing heavy."""
     import subprocess
     import sys
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hrl.cli.config import load_recipe_config
-from hrl.cli.online import IGNORED, check_online_settings
+from hrl.config import RunConfig
 from hrl.runners.errors import UsageError
+from hrl.runners.preflight import IGNORED, check_online_settings
+from hrl.runners.recipe_config import load_recipe_config
 from tests.cli.test_error_policy import USAGE, run_hrl
 
 SERVE = ("train", "--recipe", "demo", "--serve", "--model", "hrl:tiny", "--run-dir", "run")
@@ -32,12 +33,12 @@ def test_settings_an_online_run_ignores_are_refused_before_anything_starts(tmp_p
     assert not (tmp_path / "cache").exists()  # refused before the model was built
 
 
-def _serve(**sections: dict[str, object]) -> dict[str, object]:
+def _serve(online: bool = True, **sections: dict[str, object]) -> RunConfig:
     """The demo recipe as `hrl train --serve` resolves it, with `sections` set over it (as `-c` would)."""
-    cfg = load_recipe_config("demo") | {"recipe": "demo", "online": {"enabled": True}}
+    cfg = load_recipe_config("demo") | {"recipe": "demo", "online": {"enabled": online}}
     for name, values in sections.items():
         cfg[name] = {**(cfg.get(name) or {}), **values}
-    return cfg
+    return RunConfig.model_validate(cfg)
 
 
 def test_only_what_this_run_gave_is_refused() -> None:
@@ -45,9 +46,7 @@ def test_only_what_this_run_gave_is_refused() -> None:
     recipe_group = load_recipe_config("demo")["train"]["group_size"]
     check_online_settings(_serve(train={"group_size": recipe_group}))  # the recipe's value, said again
     check_online_settings(_serve(train={"iterations": 3, "concurrency": 2}, **{"async": {"batch_traces": 4}}))
-    not_online = _serve(train={"group_size": 2})
-    not_online["online"] = {"enabled": False}
-    check_online_settings(not_online)  # a run that starts its own episodes reads them all
+    check_online_settings(_serve(False, train={"group_size": 2}))  # a run that starts its own episodes reads them all
     with pytest.raises(UsageError, match=r"ignores async\.max_in_flight=64: .*async\.batch_traces=4 "):
         check_online_settings(_serve(**{"async": {"max_in_flight": 64, "batch_traces": 4}}))
     assert set(IGNORED) >= {"train.group_size", "train.tasks_per_iteration"}

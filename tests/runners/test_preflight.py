@@ -1,4 +1,4 @@
-"""Paths checked before any work (`cli/checks.py`): a folder this user cannot write is a usage error naming it."""
+"""Paths checked before any work (`runners/preflight.py`): a folder this user cannot write is a usage error naming it."""
 
 from __future__ import annotations
 
