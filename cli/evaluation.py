@@ -127,7 +127,7 @@ def _open_run(
     """The run directory, created with the config and the plan, and the tasks it runs: the first `limit` of those
     `hrl tasks check` found ok (the plan records their checks and count)."""
     from hrl.runners.report.evaluation import open_eval_run
-    from hrl.runners.tasks.checks import checked_task_file
+    from hrl.runners.tasks.task_checks import checked_task_file
 
     task_list, checks = checked_task_file(task_file, plan["include_unchecked"], limit, say)  # `hrl tasks check`
     plan["task_checks"], plan["task_count"] = checks.to_dict(), len(task_list)

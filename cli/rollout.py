@@ -137,7 +137,7 @@ async def _run(
     include_unchecked: bool = False,
 ) -> int:
     from hrl.runners.placement.runs import rollout_episodes, rollout_plan
-    from hrl.runners.tasks.checks import checked_task_file
+    from hrl.runners.tasks.task_checks import checked_task_file
 
     task_list, _ = checked_task_file(task_file, include_unchecked, limit, say)  # as `hrl train` and `hrl eval`
     episodes, names = rollout_plan(run, task_list, n)

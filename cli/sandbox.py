@@ -23,7 +23,7 @@ def build(
 ) -> None:
     """Build the grading/agent image (Python + pytest) on top of the base image, and with --browser the image the
     browser of a browser task's episode runs in (else built on first use)."""
-    from hrl.runners.tasks.image import build_images
+    from hrl.runners.tasks.sandbox_images import build_images
 
     for tag in build_images(rebuild, browser, on_event=lambda ev: say(f"  {ev}")):
         emit({"image": tag}, as_json=False, human=tag)

@@ -114,8 +114,8 @@ def check(
     import sys
 
     from hrl.runners.preflight import check_sandbox
-    from hrl.runners.tasks.checks import STATUSES, check_tasks
     from hrl.runners.tasks.load import load_tasks
+    from hrl.runners.tasks.task_checks import STATUSES, check_tasks
 
     check_sandbox(sandbox)
     tasks = load_tasks(file)

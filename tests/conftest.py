@@ -252,7 +252,7 @@ def tiny_full(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def swe_image() -> str:
     """The grading image (Python + pytest), built once per machine and cached by tag."""
-    from hrl.runners.tasks.image import SWE_IMAGE, ensure_image
+    from hrl.runners.tasks.sandbox_images import SWE_IMAGE, ensure_image
 
     ensure_image()
     return SWE_IMAGE

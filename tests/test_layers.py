@@ -49,8 +49,27 @@ def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != "hrl" or len(parts) < 2:
         return None
-    path = ROOT.joinpath(*parts[1:])
+    path = _source_dir(parts).joinpath(*parts[1:])
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _source_dir(parts: list[str]) -> Path:
+    """Where `hrl.<parts[1]>…` lives: a layer's folder at the top (package-dir), the base (errors, config) in hrl/."""
+    return ROOT if parts[1] in {*ORDER, "recipes"} else ROOT / "hrl"
+
+
+def test_every_import_of_hrl_names_a_module_that_exists():
+    """A module moved or renamed leaves no import of its old name behind, lazy ones included (they fail only when
+    their code path runs)."""
+    bad = []
+    for folder in [*ORDER, "recipes", "hrl", "tests", "bench", "examples"]:
+        for f in _files(folder):
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                bad += [f"{f.relative_to(ROOT)} imports {m}" for m in names if m and m.split(".")[0] == "hrl"
+                        and m != "hrl" and _module_file(m) is None and _package_file(m) is None]  # fmt: skip
+    assert not bad, "\n".join(bad)
 
 
 def test_layers_import_downwards_only():
@@ -156,7 +175,12 @@ def test_tests_are_laid_out_like_the_source():
 
 
 # What stands a run up (an engine, the proxy, rollouts) lives in runners/placement: cli/ parses, checks and renders.
-SERVING_MODULES = ("hrl.runners.serving.stack", "hrl.runners.serving", "hrl.runners.episodes", "hrl.runners.proxy")
+SERVING_MODULES = (
+    "hrl.runners.serving.stack",
+    "hrl.runners.serving",
+    "hrl.runners.rollouts.episodes",
+    "hrl.runners.proxy",
+)
 SERVING_NAMES = {"serving", "make_rollouts", "run_episodes", "ray_placement", "WorkerPool", "Proxy", "make_engine"}
 CLI_MAY_CHECK = {
     "hrl.runners.proxy.toolparsers",
@@ -238,7 +262,7 @@ def _package_file(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != "hrl":
         return None
-    init = ROOT.joinpath(*parts[1:], "__init__.py") if len(parts) > 1 else ROOT / "hrl" / "__init__.py"
+    init = _source_dir(parts).joinpath(*parts[1:], "__init__.py") if len(parts) > 1 else ROOT / "hrl" / "__init__.py"
     return init if init.is_file() else None
 
 

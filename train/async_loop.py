@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hrl.config import AsyncConfig, check_batch_fits
-from hrl.runners.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.errors import HrlError
+from hrl.runners.rollouts.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import sampled_versions
 from hrl.train.heldout import Evaluations

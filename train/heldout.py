@@ -30,9 +30,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.metrics import TURNS, trace_metrics
 from hrl.runners.report.stats import succeeded
+from hrl.runners.rollouts.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.rundir import RunDir
 
 __all__ = ["EvalEpisode", "Evaluations", "eval_row", "eval_steps", "evaluate", "succeeded"]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hrl.config import LoopConfig
-from hrl.runners.episodes import Episode, Rollouts, harness_for, run_episodes
+from hrl.runners.rollouts.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.rundir import RunDir
 from hrl.train.heldout import Evaluations
 from hrl.train.offload import PhasePeaks

@@ -155,7 +155,7 @@ async def train_online(
     from hrl.runners.live import live_status
     from hrl.runners.placement import write_control_token
     from hrl.runners.placement.local import local_placement
-    from hrl.runners.tasks.checks import heldout_for_run
+    from hrl.runners.tasks.task_checks import heldout_for_run
     from hrl.train.async_loop import train_async
 
     online_cfg, async_cfg, loop_cfg = settings.online, settings.async_, settings.loop()

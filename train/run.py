@@ -28,7 +28,7 @@ async def train_run(
         return await train_online(settings, run, address, include_unchecked, on_event, say)
     from hrl.runners.live import live_status
     from hrl.runners.placement import placed
-    from hrl.runners.tasks.checks import tasks_for_run
+    from hrl.runners.tasks.task_checks import tasks_for_run
     from hrl.train.async_loop import train_async
     from hrl.train.loop import train as train_sync
 

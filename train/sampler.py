@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hrl.config.train import SamplerKind
-from hrl.runners.episodes import Episode
+from hrl.runners.rollouts.episodes import Episode
 from hrl.runners.trace import is_infra_failure
 
 __all__ = ["SamplerKind", "Strata", "TaskStats", "entropy", "signal_weight", "task_field", "weighted_sample"]

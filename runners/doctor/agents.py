@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from hrl.runners.agent_session import agent_session
 from hrl.runners.agents import AGENTS, get_agent
 from hrl.runners.agents.install import installed
 from hrl.runners.agents.run import AgentOutcome
 from hrl.runners.engines.scripted import ScriptedTurn
 from hrl.runners.errors import HrlError, UsageError
+from hrl.runners.rollouts.agent_session import agent_session
 from hrl.runners.trace import call_prompt_ids
 
 if TYPE_CHECKING:

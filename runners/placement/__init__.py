@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hrl.config import PlacementConfig, RunConfig
-from hrl.runners.episodes import Episode
 from hrl.runners.placement.local import LocalPlacement, local_placement, run_serving
 from hrl.runners.proxy.server import check_port_free
+from hrl.runners.rollouts.episodes import Episode
 from hrl.runners.serving.standalone import (
     default_control_token_file,
     default_engine,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hrl.config import RunConfig
-from hrl.runners.episodes import Episode, Rollouts, run_episodes
-from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.rollouts.episodes import Episode, Rollouts, run_episodes
+from hrl.runners.rollouts.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.trace import Export
 

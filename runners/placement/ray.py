@@ -45,8 +45,8 @@ from pydantic import SecretStr
 
 from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.durable import write_atomically
-from hrl.runners.episodes import Episode, Rollouts, failed_trace
 from hrl.runners.errors import PrerequisiteError, UsageError
+from hrl.runners.rollouts.episodes import Episode, Rollouts, failed_trace
 from hrl.runners.trace import Export, write_trace
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class NodeAgent:
         return str(_ray().get_runtime_context().get_node_id())
 
     async def episode(self, ep: Episode) -> dict[str, Any]:
-        from hrl.runners.episodes import guarded_episode
+        from hrl.runners.rollouts.episodes import guarded_episode
 
         assert self.rollouts is not None, "NodeAgent.start first"
         assert self.trace_file is not None
@@ -383,7 +383,7 @@ class RayPlacement:
 
     async def run(self, episodes: list[Episode], trace_file: Path, concurrency: int) -> list[dict[str, Any]]:
         """The run's episodes over the node agents, each trace written here as it comes back."""
-        from hrl.runners.episodes import run_episodes
+        from hrl.runners.rollouts.episodes import run_episodes
 
         return await run_episodes(self.rollouts, episodes, trace_file, concurrency)
 

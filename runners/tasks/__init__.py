@@ -61,7 +61,7 @@ def make_verifier(name: str, backend: SandboxBackend, **options: Any) -> Verifie
 
 def __getattr__(name: str) -> Any:  # the heavier entry points load on first use
     lazy = {
-        "ensure_image": "hrl.runners.tasks.image",
+        "ensure_image": "hrl.runners.tasks.sandbox_images",
         "synthesize": "hrl.runners.tasks.synth",
         "validate_tasks": "hrl.runners.tasks.validate",
     }

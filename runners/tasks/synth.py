@@ -34,10 +34,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hrl.runners.scratch import scratch
-from hrl.runners.tasks.image import SWE_IMAGE
 from hrl.runners.tasks.mutate import Mutation, apply_mutation, find_mutations
 from hrl.runners.tasks.patches import file_diff, join_patches
 from hrl.runners.tasks.results import PASSING, failure_sections, outcome, parse_summary
+from hrl.runners.tasks.sandbox_images import SWE_IMAGE
 from hrl.runners.tasks.sdist import SourceTree, download_sdist, read_sdist
 from hrl.runners.tasks.suite import SuiteConfig, SuiteStats, WeakSuiteError, opening
 from hrl.runners.tasks.task import PYTEST, Task, pack_snapshot, write_tasks
@@ -79,7 +79,7 @@ def synthesize_warning(
     """`synthesize` as `hrl tasks synth` runs it: the grading image built first on docker, and a warning said to `say`,
     whatever `on_event` shows, for each problem of a suite too weak to guard its package (`config.weak_suite: warn`:
     the one thing a person must not miss) and of each task flagged weak. The tasks and each weak one's problems."""
-    from hrl.runners.tasks.image import ensure_image
+    from hrl.runners.tasks.sandbox_images import ensure_image
     from hrl.runners.tasks.suite import task_problems
 
     if config.sandbox == "docker":

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from hrl.config import DEFAULT_VERIFIER
-from hrl.runners.episodes import Episode, Rollouts
 from hrl.runners.errors import UsageError
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
+from hrl.runners.rollouts.episodes import Episode, Rollouts
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks.regrade import archived
 from hrl.runners.tasks.task import Task

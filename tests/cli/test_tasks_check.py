@@ -1,4 +1,4 @@
-"""`hrl tasks check` through the CLI on the five tasks of tests/runners/tasks/test_task_check.py (graded for real in
+"""`hrl tasks check` through the CLI on the five tasks of tests/runners/tasks/test_task_checks.py (graded for real in
 local sandboxes; the flaky one flaky by construction, as that module says), then `hrl train` on the same file: the
 tasks the check found not ok are left out, listed at the start, and counted in the run's task_checks.json; and
 `hrl rollout` on it leaves them out too, unless --include-unchecked."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from hrl.runners.trace import read_traces
-from tests.runners.tasks.test_task_check import EXPECTED, counter, write_check_file
+from tests.runners.tasks.test_task_checks import EXPECTED, counter, write_check_file
 
 __all__ = ["counter"]  # the fixture, shared with the runner's test
 

@@ -11,8 +11,8 @@ import pytest
 
 from hrl.recipes.loader import load_recipe
 from hrl.runners.browser import live_in_group
-from hrl.runners.episodes import Episode
-from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.rollouts.episodes import Episode
+from hrl.runners.rollouts.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
 from hrl.runners.tasks.load import load_tasks
 from hrl.runners.trace import read_traces

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from hrl.runners.episodes import Episode, Rollouts, guarded_episode
 from hrl.runners.live import LIVE_FILE, live_status, phase, read_live
+from hrl.runners.rollouts.episodes import Episode, Rollouts, guarded_episode
 
 
 class GatedRollouts(Rollouts):

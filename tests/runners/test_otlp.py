@@ -25,8 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from hrl.runners.episodes import Episode, Rollouts, guarded_episode
 from hrl.runners.errors import PrerequisiteError
+from hrl.runners.rollouts.episodes import Episode, Rollouts, guarded_episode
 from hrl.runners.telemetry.otlp import TelemetryConfig, export_step, exporting
 from hrl.runners.trace import TraceWriter, read_traces
 

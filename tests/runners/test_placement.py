@@ -20,9 +20,9 @@ import pytest
 
 from hrl.errors import UsageError
 from hrl.runners.engines.base import SamplingParams
-from hrl.runners.episodes import Episode, run_episodes
 from hrl.runners.placement import RunConfig
 from hrl.runners.placement.ray import _replica_engine_options, ray_placement
+from hrl.runners.rollouts.episodes import Episode, run_episodes
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
 from tests.runners.proxy.test_agent_attacks import SCAN
@@ -266,7 +266,7 @@ def test_chaos_a_replica_and_a_node_agent_killed_mid_episode(ray_cluster, tiny_m
     import docker
     import ray
 
-    from tests.runners.test_rollout import FIX
+    from tests.runners.rollouts.test_rollout import FIX
 
     cfg = _cfg(tmp_path, "codex", "docker")
     cfg["engine_options"] = {"turns": FIX, "token_delay_s": 0.1}  # the tool-call turn streams for ~4 s

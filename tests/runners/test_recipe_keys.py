@@ -10,7 +10,7 @@ from hrl.runners.errors import UsageError
 from hrl.runners.proxy.proxy import ProxyConfig
 from hrl.runners.recipe_config import apply_overrides, load_recipe_config
 from hrl.runners.recipe_keys import check_key
-from hrl.runners.rollout import RolloutConfig
+from hrl.runners.rollouts.rollout import RolloutConfig
 from hrl.runners.tasks.verifier import TestVerifierConfig
 
 

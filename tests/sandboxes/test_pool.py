@@ -241,7 +241,7 @@ def test_reuse_is_refused_where_the_grade_would_see_the_whole_reused_container()
     too: a reused one would carry the previous episode's into the next one's grade. (The docker backend object is
     made, never connected: no daemon is asked anything.)"""
     from hrl.errors import UsageError
-    from hrl.runners.rollout import AgentRollouts, RolloutConfig
+    from hrl.runners.rollouts.rollout import AgentRollouts, RolloutConfig
 
     cfg = RolloutConfig(agent="mini-swe-agent", sandbox="docker", reuse="group")
     with pytest.raises(UsageError, match="carry: container") as refused:

@@ -9,9 +9,9 @@ import json
 import random
 from typing import Any
 
+from hrl.runners.rollouts.simagent import SimulatedAgent
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
-from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.step import Publisher

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from hrl.runners.engines.base import Engine
-from hrl.runners.episodes import Rollouts
 from hrl.runners.errors import HrlError, UsageError
+from hrl.runners.rollouts.episodes import Rollouts
+from hrl.runners.rollouts.simagent import SimulatedAgent
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
-from hrl.runners.simagent import SimulatedAgent
 from hrl.train.async_loop import AsyncConfig, check_batch_fits, oldest_version, train_async
 from hrl.train.loop import LoopConfig
 from hrl.train.step import Publisher

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from hrl.runners.engines.base import Engine
-from hrl.runners.episodes import Rollouts
 from hrl.runners.proxy.proxy import Proxy
+from hrl.runners.rollouts.episodes import Rollouts
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import TraceWriter, read_traces

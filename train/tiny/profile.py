@@ -82,10 +82,10 @@ _FIRST = re.compile(
 async def capture_profile(model_dir: str, sandbox: str = "local", agent: str = "mini-swe-agent") -> HarnessProfile:
     """Run the installed CLI once through the real proxy (scripted engine: print a probe line, then submit) and
     read back what it sent. Raises ValueError when the capture does not re-render token-exactly."""
-    from hrl.runners.agent_session import agent_session
     from hrl.runners.agents import get_agent
     from hrl.runners.agents.install import install
     from hrl.runners.doctor.agents import scripted_stack
+    from hrl.runners.rollouts.agent_session import agent_session
     from hrl.runners.trace import call_prompt_ids
     from hrl.sandboxes import SandboxSpec, get_backend
 

@@ -15,8 +15,8 @@ import pytest
 
 from hrl.runners.agents.mini_swe_agent import SUBMIT_COMMAND
 from hrl.runners.agents.warm import CLIENT
-from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.rollout import AgentRollouts, RolloutConfig
+from hrl.runners.rollouts.episodes import Episode, run_episodes
+from hrl.runners.rollouts.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import all_prompt_ids, read_traces
 from tests.runners.tasks.test_verifier import mini_task

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hrl.runners.episodes import Episode
 from hrl.runners.proxy.session import Session
-from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.rollouts.episodes import Episode
+from hrl.runners.rollouts.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
 from hrl.runners.tasks.swebench import parse_log
 from hrl.runners.tasks.verifier import TestVerifierConfig, Verdict, score_tests

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from hrl.runners.tasks import checks
-from hrl.runners.tasks.checks import (
+from hrl.runners.tasks import task_checks
+from hrl.runners.tasks.suite import SuiteConfig, SuiteStats, task_problems
+from hrl.runners.tasks.task import Task
+from hrl.runners.tasks.task_checks import (
     STATUSES,
     TaskCheckResult,
     check_tasks,
@@ -21,9 +23,7 @@ from hrl.runners.tasks.checks import (
     judged,
     read_check,
 )
-from hrl.runners.tasks.suite import SuiteConfig, SuiteStats, task_problems
-from hrl.runners.tasks.task import Task
-from tests.runners.tasks.test_task_check import _task
+from tests.runners.tasks.test_task_checks import _task
 
 IMPORT_ERROR = "does not import: ImportError: cannot import name 'unittest' from 'tests' (unknown location)"
 JMESPATH = {  # the suite `hrl tasks synth --package jmespath --version 1.1.0` kept at baseline
@@ -110,7 +110,7 @@ def test_a_cached_ok_is_judged_again(tmp_path: Path, monkeypatch: pytest.MonkeyP
     cache.mkdir()
     before = TaskCheckResult("weak", content_hash(weak), "ok", 2, "local", [1.0, 1.0], [0.0, 0.0], hrl_version="x")
     (cache / f"{before.content_hash.removeprefix('sha256:')}.json").write_text(json.dumps(before.to_dict()))
-    monkeypatch.setattr(checks, "_version", lambda: "x")  # the cached result is this hrl version's
+    monkeypatch.setattr(task_checks, "_version", lambda: "x")  # the cached result is this hrl version's
     [again] = check_tasks([weak], runs=2, sandbox="local", cache=cache)
     assert again.cached and again.status == "weak_suite"
     assert read_check(before.content_hash, cache).status == "weak_suite"  # type: ignore[union-attr]

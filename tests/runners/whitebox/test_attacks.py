@@ -17,8 +17,8 @@ import fnmatch
 import json
 from pathlib import Path
 
-from hrl.runners.episodes import Episode
-from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.rollouts.episodes import Episode
+from hrl.runners.rollouts.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
 from hrl.sandboxes.local import HOST_ENV
 

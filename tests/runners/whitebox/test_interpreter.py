@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hrl.runners.episodes import Episode
 from hrl.runners.errors import PrerequisiteError, UsageError
-from hrl.runners.rollout import RolloutConfig, make_rollouts
+from hrl.runners.rollouts.episodes import Episode
+from hrl.runners.rollouts.rollout import RolloutConfig, make_rollouts
 from hrl.runners.serving.stack import serving
 from hrl.runners.whitebox.harness import resolve_mode
 from hrl.runners.whitebox.interpreter import agent_python, check_python, client_root

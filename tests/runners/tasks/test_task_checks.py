@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from hrl.runners.tasks.checks import (
+from hrl.runners.tasks.patches import file_diff
+from hrl.runners.tasks.task import PYTEST, Task, write_tasks
+from hrl.runners.tasks.task_checks import (
     TaskCheckResult,
     cache_dir,
     check_tasks,
@@ -34,8 +36,6 @@ from hrl.runners.tasks.checks import (
     read_check,
     select_for_run,
 )
-from hrl.runners.tasks.patches import file_diff
-from hrl.runners.tasks.task import PYTEST, Task, write_tasks
 from hrl.runners.tasks.verifier import Verdict
 
 BUGGY = "def f(x):\n    return x - 1\n"

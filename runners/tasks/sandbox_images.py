@@ -10,7 +10,7 @@ index itself with `network_mode="host"`. The image carries the label `hrl.swe.pa
 label differs from what is asked for is rebuilt.
 
 `hrl/browser:bookworm` = `hrl/base:bookworm` + Debian's Chromium (apt, in the build): one headless browser per
-browser-task episode runs in a container of it, with no network (runners/browser.py).
+browser-task episode runs in a container of it, with no network (runners/browser/).
 """
 
 from __future__ import annotations

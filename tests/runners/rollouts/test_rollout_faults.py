@@ -1,6 +1,6 @@
-"""More rollout faults, end to end like tests/runners/test_rollout.py (real codex CLI in docker, real proxy, scripted engine,
-real verifier): the agent exiting non-zero on its own, the engine restarted under a running episode, and Ctrl-C of
-`hrl rollout` itself. Each must end every started episode as exactly one trace and leave no container behind."""
+"""More rollout faults, end to end like tests/runners/rollouts/test_rollout.py (real codex CLI in docker, real proxy,
+scripted engine, real verifier): the agent exiting non-zero on its own, the engine restarted under a running episode,
+and Ctrl-C of `hrl rollout` itself. Each must end every started episode as exactly one trace and leave no container behind."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Any
 import docker
 import pytest
 
-from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.rollout import AgentRollouts, RolloutConfig
+from hrl.runners.rollouts.episodes import Episode, run_episodes
+from hrl.runners.rollouts.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.serving.stack import Stack, serving
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
+from tests.runners.rollouts.test_rollout import FIX, _left, _rollout
 from tests.runners.tasks.test_verifier import mini_task
-from tests.runners.test_rollout import FIX, _left, _rollout
 
 pytestmark = [pytest.mark.docker, pytest.mark.agents, pytest.mark.timeout(300)]
 

@@ -12,8 +12,8 @@ from typing import Any
 import docker
 import pytest
 
-from hrl.runners.episodes import Episode, run_episodes
-from hrl.runners.rollout import AgentRollouts, RolloutConfig
+from hrl.runners.rollouts.episodes import Episode, run_episodes
+from hrl.runners.rollouts.rollout import AgentRollouts, RolloutConfig
 from hrl.runners.serving.stack import serving
 from hrl.runners.trace import read_traces
 from tests.runners.tasks.test_verifier import mini_task

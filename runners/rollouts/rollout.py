@@ -16,14 +16,14 @@ from typing import Any, Literal
 
 from hrl.config import DEFAULT_VERIFIER, RolloutConfig
 from hrl.errors import UsageError
-from hrl.runners.agent_session import agent_session
 from hrl.runners.agents import get_agent
 from hrl.runners.agents.install import AgentInstall, install, install_mcp
 from hrl.runners.agents.warm import start_warm_harness
-from hrl.runners.episodes import Episode, Rollouts
 from hrl.runners.live import phase
 from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.proxy.session import Session
+from hrl.runners.rollouts.agent_session import agent_session
+from hrl.runners.rollouts.episodes import Episode, Rollouts
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.harbor import task_version

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from hrl.runners.episodes import Episode, Rollouts
+from hrl.runners.rollouts.episodes import Episode, Rollouts
 from hrl.runners.trace import write_trace
 
 __all__ = ["SimulatedAgent", "letter_reward"]
