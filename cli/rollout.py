@@ -105,26 +105,26 @@ def rollout(
     flags = {"engine": engine, "model": model, "tasks": str(tasks) if tasks else None, "rollout.agent": agent,
              "rollout.sandbox": sandbox, "rollout.time_budget_s": time_budget or None, "rollout.run_id": run_id,
              "placement.kind": placement, "telemetry.otlp_endpoint": otlp}  # fmt: skip
-    run = resolve(recipe, config or [], flags, tasks=str(tasks) if tasks else None)
-    check_rollout(run, say)
-    roll = run.rollout
+    settings = resolve(recipe, config or [], flags, tasks=str(tasks) if tasks else None)
+    check_rollout(settings, say)
+    roll = settings.rollout
     check_out_file(out, "traces")  # its folder also takes the archive (for `hrl regrade`) and the media
     if roll.sandbox == "local" and not is_python_agent(roll.agent):
         say(local_warning())
-    model = materialize_checked(run)
+    model = materialize_checked(settings)
     roll.labelled()
     archive = archive_dir(out)  # tasks and long diffs for `hrl regrade`: hidden from every sandbox, as --out is
     archive.mkdir(parents=True, exist_ok=True)  # a folder hides only once it exists
-    hide_from_sandboxes(run, run.tasks, out, archive)
-    engine, task_file = run.engine, run.tasks
+    hide_from_sandboxes(settings, settings.tasks, out, archive)
+    engine, task_file = settings.engine, settings.tasks
     rc = asyncio.run(
-        _run(run, model, engine, task_file, n, concurrency, limit, out, as_json, verbose, include_unchecked)
+        _run(settings, model, engine, task_file, n, concurrency, limit, out, as_json, verbose, include_unchecked)
     )
     raise typer.Exit(rc)
 
 
 async def _run(
-    run: Any,
+    settings: Any,
     model: str,
     engine: str,
     task_file: str,
@@ -140,14 +140,14 @@ async def _run(
     from hrl.runners.tasks.task_checks import checked_task_file
 
     task_list, _ = checked_task_file(task_file, include_unchecked, limit, say)  # as `hrl train` and `hrl eval`
-    episodes, names = rollout_plan(run, task_list, n)
+    episodes, names = rollout_plan(settings, task_list, n)
     on_event = _episode_printer(len(episodes), as_json)
-    _say_plan(run, len(episodes), len(task_list), n, names, engine)
-    traces = await rollout_episodes(run, model, engine, episodes, out, concurrency, on_event=on_event, say=say,
+    _say_plan(settings, len(episodes), len(task_list), n, names, engine)
+    traces = await rollout_episodes(settings, model, engine, episodes, out, concurrency, on_event=on_event, say=say,
                                     verbose=verbose)  # fmt: skip
     if traces is None:
         return 130
-    return _summary(traces, out, run.max_error_rate)
+    return _summary(traces, out, settings.max_error_rate)
 
 
 def _episode_printer(total: int, as_json: bool) -> Callable[[str, dict[str, Any]], None]:
@@ -174,16 +174,18 @@ def _episode_printer(total: int, as_json: bool) -> Callable[[str, dict[str, Any]
     return on_event
 
 
-def _say_plan(run: Any, episodes: int, tasks: int, n: int, names: list[str], engine: str) -> None:
+def _say_plan(settings: Any, episodes: int, tasks: int, n: int, names: list[str], engine: str) -> None:
     """The opening line: how many episodes (tasks × n, × harnesses), the agents, sandbox, engine and run id."""
     from hrl.runners.whitebox.harness import sandbox_of
 
     who = (
-        f" × {len(names)} harnesses), agents {', '.join(names)}" if len(names) > 1 else f"), agent {run.rollout.agent}"
+        f" × {len(names)} harnesses), agents {', '.join(names)}"
+        if len(names) > 1
+        else f"), agent {settings.rollout.agent}"
     )
     say(
         f"{episodes} episodes ({tasks} tasks × {n}{who}, "
-        f"sandbox {sandbox_of(run.rollout, run.verifier or None)}, engine {engine}, run {run.rollout.run_id}"
+        f"sandbox {sandbox_of(settings.rollout, settings.verifier or None)}, engine {engine}, run {settings.rollout.run_id}"
     )
 
 

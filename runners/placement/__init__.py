@@ -52,7 +52,7 @@ def engine_version(here: Any) -> int:
 
 @contextlib.asynccontextmanager
 async def placed(
-    run: RunConfig,
+    settings: RunConfig,
     model: str,
     engine: str,
     concurrency: int,
@@ -65,14 +65,14 @@ async def placed(
     `engine` are the run's after the flags (`model` resolved to a path). With a `telemetry:` endpoint every trace
     the rollouts write is also sent over OTLP (runners/telemetry/otlp.py), flushed when the run stops."""
     provider = "openai-compatible" if "://" in engine else engine  # gen_ai.provider.name: what served the calls
-    with exporting(run.telemetry, run_id=run.rollout.run_id, provider=provider, say=say) as exporter:
+    with exporting(settings.telemetry, run_id=settings.rollout.run_id, provider=provider, say=say) as exporter:
         export = exporter.export_written if exporter is not None else None
-        if run.placement.kind == "ray":
+        if settings.placement.kind == "ray":
             from hrl.runners.placement.ray import ray_placement
 
-            async with ray_placement(run, model, engine, concurrency, on_event, say, export) as on_ray:
+            async with ray_placement(settings, model, engine, concurrency, on_event, say, export) as on_ray:
                 yield on_ray
             return
-        async with local_placement(run, model, engine, say=say, verbose=verbose, export=export) as here:
+        async with local_placement(settings, model, engine, say=say, verbose=verbose, export=export) as here:
             await here.prepare(on_event)
             yield here

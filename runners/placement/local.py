@@ -34,8 +34,10 @@ class LocalPlacement:
     """Engine and proxy in this process; `rollouts` are the run's own (after `prepare`), `rollouts_for` makes more
     over the same stack (`hrl eval`: one per harness). The proxy is the publisher: it pauses, publishes, resumes."""
 
-    def __init__(self, stack: Stack, run: RunConfig, say: Say, verbose: bool, export: Export | None = None) -> None:
-        self.stack, self.run_config, self.say, self.verbose = stack, run, say, verbose
+    def __init__(
+        self, stack: Stack, settings: RunConfig, say: Say, verbose: bool, export: Export | None = None
+    ) -> None:
+        self.stack, self.run_config, self.say, self.verbose = stack, settings, say, verbose
         self.export = export  # each trace the rollouts write also goes there (the run's OTLP export)
         self.rollouts: Rollouts | None = None
         self.made: list[Rollouts] = []  # every rollouts made here, closed with the placement (their sandbox pools)
@@ -54,8 +56,10 @@ class LocalPlacement:
         from hrl.runners.agents.install import installed
         from hrl.runners.whitebox.harness import is_python_agent
 
-        run = self.run_config
-        made = make_rollouts(self.stack, rollout, on_event, run.verifier or None, run.recipe_dir or None, self.export)
+        settings = self.run_config
+        made = make_rollouts(
+            self.stack, rollout, on_event, settings.verifier or None, settings.recipe_dir or None, self.export
+        )
         self.made.append(made)
         target = "docker" if rollout.sandbox == "docker" else "local"
         for name in (a for a in rollout.harnesses if not is_python_agent(a)):
@@ -75,7 +79,7 @@ class LocalPlacement:
 
 @contextlib.asynccontextmanager
 async def local_placement(
-    run: RunConfig,
+    settings: RunConfig,
     model: str,
     engine: str,
     *,
@@ -86,19 +90,19 @@ async def local_placement(
     online: dict[str, Any] | None = None,
     export: Export | None = None,
 ) -> AsyncIterator[LocalPlacement]:
-    """Start the engine and proxy for `run` (its engine_options, proxy, rollout and verifier) with `model` and
+    """Start the engine and proxy for `settings` (its engine_options, proxy, rollout and verifier) with `model` and
     `engine` (the run's, or one of several: `hrl eval` serves each model in turn); on exit end every open session and stop them. The HTTP control routes stay closed (no
     control token): hrl drives the proxy in process, and a white-box agent opens its sub-agents with its own
     session's agent key. `harnesses` is accepted for the placements' common signature. `online`: an online run
     (`hrl train --serve`): {host, port, control_token, clients}, the proxy on that address with its control routes
     open to the control token and its client routes to the run's client keys (`hrl.runners.online`). `export`: where
     each trace the rollouts write also goes (the run's OTLP exporter's `export_written`)."""
-    options = run.engine_options if engine_options is None else engine_options
+    options = settings.engine_options if engine_options is None else engine_options
     async with serving(
-        model, engine, engine_options=options, proxy_options=run.proxy_options(),
+        model, engine, engine_options=options, proxy_options=settings.proxy_options(),
         say=say, **(online or {}),
     ) as stack:  # fmt: skip
-        placement = LocalPlacement(stack, run, say, verbose, export)
+        placement = LocalPlacement(stack, settings, say, verbose, export)
         try:
             yield placement
         finally:  # the rollouts' sandbox pools: what they still hold is closed before the stack goes

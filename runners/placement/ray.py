@@ -138,16 +138,20 @@ class NodeAgent:
         self.stack: Any = None
         self.trace_file: Path | None = None
 
-    async def start(self, run: RunConfig, model: str, replicas: dict[str, str], secret: SecretStr) -> str:
+    async def start(self, settings: RunConfig, model: str, replicas: dict[str, str], secret: SecretStr) -> str:
         """Stand the node's share of the run up as a local run whose engine is the set of replicas."""
         from hrl.runners.placement.local import local_placement
         from hrl.runners.scratch import scratch_dir
 
         self.exit = contextlib.AsyncExitStack()
-        roll = run.rollout.model_copy(update={"run_id": f"{run.rollout.run_id}.n{self.index}"})
+        roll = settings.rollout.model_copy(update={"run_id": f"{settings.rollout.run_id}.n{self.index}"})
         here = await self.exit.enter_async_context(
             local_placement(
-                run, model, "replicas", harnesses=roll.harnesses, engine_options=_replica_set(replicas, run, secret)
+                settings,
+                model,
+                "replicas",
+                harnesses=roll.harnesses,
+                engine_options=_replica_set(replicas, settings, secret),
             )
         )
         self.stack = here.stack
@@ -190,10 +194,10 @@ class NodeAgent:
             shutil.rmtree(self.trace_file.parent, ignore_errors=True)
 
 
-def _replica_set(urls: dict[str, str], run: RunConfig, secret: SecretStr) -> dict[str, Any]:
+def _replica_set(urls: dict[str, str], settings: RunConfig, secret: SecretStr) -> dict[str, Any]:
     """`engine_options` of a ReplicaSet over the replicas' servers (the recipe's `routing:` section applied)."""
     specs = [{"name": n, "engine": "remote", "options": {"url": u, "token": secret}} for n, u in urls.items()]
-    return {"replicas": specs, **run.placement.routing}
+    return {"replicas": specs, **settings.placement.routing}
 
 
 def _prune_node(run_id: str) -> int:
@@ -436,7 +440,7 @@ def _node_agents(ray: Any, pcfg: PlacementConfig, concurrency: int, agents: list
 
 @contextlib.asynccontextmanager
 async def ray_placement(
-    run: RunConfig,
+    settings: RunConfig,
     model: str,
     engine: str,
     concurrency: int,
@@ -445,10 +449,10 @@ async def ray_placement(
     export: Export | None = None,
 ) -> AsyncIterator[RayPlacement]:
     """Start replicas and node agents on Ray; on exit stop them all (and Ray, if started here).
-    `run` says what to start (rollout, proxy, verifier, engine_options, placement). `export`: where each trace the
+    `settings` says what to start (rollout, proxy, verifier, engine_options, placement). `export`: where each trace the
     driver writes also goes (the run's OTLP exporter's `export_written`)."""
     ray = _ray()
-    pcfg = run.placement
+    pcfg = settings.placement
     started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
     secret = SecretStr(secrets.token_urlsafe(32))  # the replicas' servers answer only to it; Ray carries it
     replicas: dict[str, Any] = {}
@@ -458,20 +462,20 @@ async def ray_placement(
         from hrl.runners.engines import engine_kind
         from hrl.runners.engines.replicas import ReplicaSet, ReplicaSetConfig
 
-        kind, options = engine_kind(engine, dict(run.engine_options))
+        kind, options = engine_kind(engine, dict(settings.engine_options))
         _replica_engine_options(kind, options)  # refused here, before any actor starts
         replica_cls = ray.remote(EngineReplica)
         for i in range(pcfg.engine_replicas):
             opts = await _replica_resources(pcfg, groups)
-            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(run.engine_options), secret)
+            replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(settings.engine_options), secret)
         say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
         urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
         nodes, k = _node_agents(ray, pcfg, concurrency, agents)
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
-        await asyncio.gather(*(n.actor.start.remote(run, model, urls, secret) for n in nodes))
-        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, run, secret)))
+        await asyncio.gather(*(n.actor.start.remote(settings, model, urls, secret) for n in nodes))
+        control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, settings, secret)))
         await control.start()
-        rollouts = RayRollouts(nodes, run.rollout.run_id, on_event, export)
+        rollouts = RayRollouts(nodes, settings.rollout.run_id, on_event, export)
         try:
             yield RayPlacement(rollouts, ShardedPublisher(control, agents, rollouts), replicas, urls, agents, started)
         finally:

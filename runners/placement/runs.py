@@ -19,25 +19,27 @@ Event = Callable[[str, dict[str, Any]], None]
 Say = Callable[[str], object]
 
 
-def rollout_plan(run: RunConfig, tasks: list[Any], n: int) -> tuple[list[Episode], list[str]]:
+def rollout_plan(settings: RunConfig, tasks: list[Any], n: int) -> tuple[list[Episode], list[str]]:
     """`n` episodes of each task under each of the run's harnesses, and the harnesses' names (`[""]`: the run's
     one harness)."""
-    several = list(run.rollout.agents)
+    several = list(settings.rollout.agents)
     names = several if len(several) > 1 else [""]
     return [Episode(t, k, 0, name) for t in tasks for name in names for k in range(n)], names
 
 
 async def rollout_episodes(
-    run: RunConfig, model: str, engine: str, episodes: list[Episode], out: Path, concurrency: int, *,
+    settings: RunConfig, model: str, engine: str, episodes: list[Episode], out: Path, concurrency: int, *,
     on_event: Event, say: Say, verbose: bool,
 ) -> list[dict[str, Any]] | None:  # fmt: skip
     """`episodes`, at most `concurrency` at once, each trace appended to `out` as it ends (images' bytes beside it,
     in media/) and watched by `hrl top OUT`; their traces, or None when cancelled (said to `say`)."""
     from hrl.runners.live import live_status, traces_live_file
 
-    if run.rollout.warm_sandboxes > len(episodes):  # a recipe's pool sized for training: no more than this run uses
-        run.rollout.warm_sandboxes = len(episodes)
-    async with placed(run, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
+    if settings.rollout.warm_sandboxes > len(
+        episodes
+    ):  # a recipe's pool sized for training: no more than this run uses
+        settings.rollout.warm_sandboxes = len(episodes)
+    async with placed(settings, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         # images' bytes beside the traces, where report, inspect and training read them
         here.publisher.keep_media(out.parent / "media")
         try:
