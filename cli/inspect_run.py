@@ -10,8 +10,6 @@ from rich.text import Text
 
 from hrl.cli.output import emit, err
 from hrl.cli.tables import plain_table, short_count, short_secs, stdout_console
-from hrl.runners.report.run import row_metric as _m
-from hrl.runners.report.run import sparkline, trends
 
 __all__ = ["inspect_run"]
 
@@ -42,6 +40,8 @@ def inspect_run(run: Any, *, as_json: bool) -> None:
 
 
 def _run_table(rows: list[dict[str, Any]]) -> Table:
+    from hrl.runners.report.run import row_metric as _m
+
     table = plain_table()
     for name in ("iter", "n", "reward", "success"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -78,6 +78,8 @@ def _round(v: float | None) -> int | None:
 
 def _trends(rows: list[dict[str, Any]]) -> Table:
     """One sparkline per metric over the iterations, with its first → last value (rows without data left out)."""
+    from hrl.runners.report.run import sparkline, trends
+
     table = plain_table()
     table.add_column("trend")
     table.add_column("", no_wrap=True)

@@ -15,7 +15,6 @@ import typer
 
 from hrl.cli.output import emit, err
 from hrl.runners.errors import UsageError
-from hrl.runners.report.top import snapshot
 
 __all__ = ["EPILOG", "top"]
 
@@ -102,6 +101,8 @@ def top(
     the latest traces. A run whose process is gone reads `not running (last update Ns ago)`, never as live."""
     if as_json and not once:
         raise UsageError("--json prints one snapshot: it needs --once", hint=f"hrl top {run_dir} --once --json")
+    from hrl.runners.report.top import snapshot
+
     snap = snapshot(run_dir, latest)
     if once:
         emit(snap, as_json=as_json, human=_text(snap))
@@ -117,6 +118,8 @@ def _watch(run_dir: Path, snap: dict[str, Any], interval: float, latest: int) ->
     """Redraw every `interval` seconds until Ctrl-C (a normal way out: exit 0)."""
     from rich.console import Console
     from rich.live import Live
+
+    from hrl.runners.report.top import snapshot
 
     try:
         with Live(render(snap), console=Console(), auto_refresh=False, screen=False) as view:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hrl.cli.options import ConfigOption, OtlpOption
 from hrl.cli.output import say
-from hrl.config import RunConfig
 from hrl.runners.errors import UsageError
+
+if TYPE_CHECKING:
+    from hrl.config import RunConfig
 
 __all__ = ["EPILOG", "train"]
 
