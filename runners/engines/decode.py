@@ -95,9 +95,10 @@ def score_ids(engine: Any, prompt_ids: list[int], ids: list[int]) -> list[float]
     import torch
 
     with torch.no_grad(), _adapter_context(engine, engine.version):
-        logits = engine.model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+        whole = torch.tensor([prompt_ids + ids], device=engine.device)
+        logits = engine.model(input_ids=whole).logits[0, len(prompt_ids) - 1 : -1]
         logprobs = torch.log_softmax(logits.float(), -1)  # (R, V)
-        return [float(x) for x in logprobs.gather(-1, torch.tensor(ids)[:, None])[:, 0]]
+        return [float(x) for x in logprobs.gather(-1, whole[0, len(prompt_ids) :, None])[:, 0]]
 
 
 @dataclass
@@ -163,8 +164,10 @@ def _prefill(engine: Any, reqs: list[Any]) -> _Rows | None:
         ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
         mask[i, width - len(r.prompt) :] = 1
         r.rng = torch.Generator().manual_seed(r.params.seed) if r.params.seed is not None else None
+    ids, mask = ids.to(engine.device), mask.to(engine.device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
     pixels = reqs[0].pixels if bsz == 1 and reqs[0].pixels is not None else {}
+    pixels = {k: v.to(engine.device) if isinstance(v, torch.Tensor) else v for k, v in pixels.items()}
     if pixels:  # an mRoPE model's images sit on a grid of positions: (3, 1, T), text after them goes on from there
         from hrl.runners.engines.images import rope_positions
 
@@ -203,9 +206,12 @@ def _decode(engine: Any, rows: _Rows) -> None:
 
 def _sample(engine: Any, reqs: list[Any], logits: Any) -> Any:
     """Sample each row's next token from (B, V) float32 logits, send it with its raw logprob, and mark the requests
-    that finished (stop, length) or were aborted. Returns the (B, 1) sampled ids (0 for a row that ended)."""
+    that finished (stop, length) or were aborted. Returns the (B, 1) sampled ids (0 for a row that ended), on the
+    model's device. Sampling runs on the CPU wherever the model runs: a request's seeded generator is a CPU one, so a
+    seed draws the same tokens on a GPU as on the CPU."""
     import torch
 
+    logits = logits.cpu()
     logprobs = torch.log_softmax(logits, -1)  # (B, V) raw model logprobs, before temperature
     nxt = torch.zeros((len(reqs), 1), dtype=torch.long)
     for i, r in enumerate(reqs):
@@ -225,7 +231,7 @@ def _sample(engine: Any, reqs: list[Any], logits: Any) -> Any:
             finish = "length"
         r.done = finish is not None
         r.send(TokenDelta([tok], [float(logprobs[i, tok])], r.version, finish))
-    return nxt
+    return nxt.to(engine.device)
 
 
 # ---- the running batch's KV cache: rows leave, rows join ------------------------------------------------------------
@@ -272,7 +278,7 @@ def _drop_done(rows: _Rows | None) -> _Rows | None:
         return None
     keep = [i for i, r in enumerate(rows.reqs) if not r.done]
     if len(keep) < len(rows.reqs):
-        idx = torch.tensor(keep)
+        idx = torch.tensor(keep, device=rows.mask.device)
         kv = _kv(rows.cache)
         if kv is not None:
             _set_kv(rows.cache, [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in kv])

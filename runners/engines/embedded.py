@@ -1,4 +1,4 @@
-"""The embedded engine: in-process transformers generation for CPU and small models.
+"""The embedded engine: in-process transformers generation for CPU and small models (or one GPU: `device`).
 
 One scheduler thread runs batched decoding with a KV cache, continuously: a request that arrives while a batch
 decodes is prefilled on a cache of its own, gets its first token, and joins the running batch at the next decode step
@@ -39,6 +39,12 @@ class EmbeddedEngineConfig(BaseModel):
         0, ge=0, description="Context window in tokens; 0 = the model's max_position_embeddings."
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default.")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="Where the model runs: cpu, or cuda / cuda:N (one GPU; sampling stays on the CPU, so a seed "
+        "draws the same tokens on either). A GPU the machine lacks is refused at start.",
+    )
     max_loaded_versions: int = Field(4, ge=1, description="LoRA policy versions kept loaded for pinned traces.")
     continuous: bool = Field(
         True,
@@ -100,6 +106,7 @@ class EmbeddedEngine(Engine):
         self.image_token_id: int | None = None
         self._eos: set[int] = set()
         self.max_model_len = 0
+        self.device: Any = "cpu"  # the model's torch.device once loaded: decode puts its inputs there
         self.busy_s = 0.0  # wall time spent running batches (for engine/busy_frac)
 
     @property
@@ -125,6 +132,7 @@ class EmbeddedEngine(Engine):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         path = resolve_model(self.config.model)
+        self.device = _device(self.config.device)
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         dtype = "auto" if self.config.dtype == "auto" else getattr(torch, self.config.dtype)
@@ -134,6 +142,7 @@ class EmbeddedEngine(Engine):
                 self._load_vision(path, dtype)
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            self.model.to(self.device)
         except EngineStartError:
             raise
         except Exception as e:
@@ -386,3 +395,19 @@ class EmbeddedEngine(Engine):
         from hrl.runners.engines import decode
 
         decode.run_batch(self, batch)
+
+
+def _device(name: str) -> Any:
+    """The torch device `device` names, refused at start where this machine has no such GPU."""
+    import torch
+
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise EngineStartError(
+                f"the embedded engine's engine_options.device={name}, but this machine has "
+                f"{count or 'no'} CUDA GPU{'s' if count != 1 else ''} torch can use",
+                hint="use -c engine_options.device=cpu" + (f" or a GPU below cuda:{count}" if count else ""),
+            )
+    return device

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hrl.runners.engines import SamplingParams, collect, make_engine
-from hrl.runners.errors import ContextLengthError, EngineError, ModelNotFoundError
+from hrl.runners.errors import ContextLengthError, EngineError, EngineStartError, ModelNotFoundError
 from tests.models import chat_prompt, hf_greedy, load_hf, recompute_logprobs
 
 SAMPLE = SamplingParams(max_tokens=32, temperature=1.0, seed=7)
@@ -209,6 +209,42 @@ def test_context_overflow_and_unknown_version(tiny_model):
             await engine.close()
 
     run(go())
+
+
+def test_a_gpu_the_machine_lacks_is_refused_at_start(tiny_model):
+    """`device: cuda:N` past the GPUs torch sees (none on a CPU machine) is refused before a request is taken."""
+    beyond = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(EngineStartError, match=f"device=cuda:{beyond}.*CUDA GPU") as refused:
+        run(_started(tiny_model, device=f"cuda:{beyond}"))
+    assert "engine_options.device=cpu" in (refused.value.hint or "")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_engine_serves_and_publishes_as_on_the_cpu(tiny_model, tiny_lora, tiny_full):
+    """The same requests on `device: cuda` and on the CPU, through a LoRA and a full publish: the same greedy tokens,
+    and seeded samples within float32 rounding of each other (sampling runs on the CPU for both)."""
+    prompt = chat_prompt(tiny_model)
+
+    async def go(device: str):
+        engine = await _started(tiny_model, dtype="float32", device=device)
+        try:
+            outs = [
+                await collect(engine.generate("s0", prompt, SAMPLE)),
+                await collect(engine.generate("g0", prompt, GREEDY)),
+            ]
+            await engine.publish(tiny_lora, "lora")
+            outs.append(await collect(engine.generate("g1", prompt, GREEDY)))
+            await engine.publish(tiny_full, "full")
+            outs.append(await collect(engine.generate("g2", prompt, GREEDY)))
+            assert next(engine.model.parameters()).device.type == device
+            return outs
+        finally:
+            await engine.close()
+
+    cpu, gpu = run(go("cpu")), run(go("cuda"))
+    assert [o.token_ids for o in gpu[1:]] == [o.token_ids for o in cpu[1:]]
+    assert gpu[0].token_ids == cpu[0].token_ids
+    assert _max_delta(gpu[0].logprobs, cpu[0].logprobs) < 1e-3
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
