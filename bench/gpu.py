@@ -1,4 +1,4 @@
-"""GPU check: what one accelerator does with the trainer's own pieces and with hrl's Trainer, in about 12 minutes on
+"""GPU check: what one accelerator does with the trainer's own pieces and with hrl's Trainer, in about 15 minutes on
 one H200.
 
 Phases, each in its own try/except (a failing phase reports its error and the next one runs):
@@ -17,6 +17,14 @@ Phases, each in its own try/except (a failing phase reports its error and the ne
   tree       tree training on a GRPO-shaped group (8 branches sharing a 6k-token prompt): tokens, step time and
              the largest logprob difference, one row per branch against one packed tree pass; then each pass's
              distance from the same weights in float64 (is the tree within the per-branch pass's own error?)
+  fsdp2      hrl's Trainer sharded by FSDP2 on one GPU (a one-rank process group): meta-device build, rows read
+             from the safetensors, three bf16 full steps with a trust region, the gathered save, compared weight by
+             weight with the same steps in one unsharded process
+  embedded   hrl's embedded engine on the GPU (engine_options.device): batched greedy decoding, tokens/s, served
+             logprobs against its own teacher-forced score, a full publish into it that changes what it serves
+  memory_plan  the colocated plan where vLLM never sleeps: hrl's Trainer's measured peak on --model (a 0.5B shape by
+             default) at --plan-tokens a micro-batch, the gpu_memory_utilization left for vLLM
+             (`hrl.train.offload.engine_share`), then that share held by another process while the trainer steps
   hrl_trainer  hrl's own Trainer (its pydantic config: the wheelhouse below on a GPU image) on a Qwen2.5-0.5B shape
              saved to disk, bf16: LoRA, then full training with a trust region (max_update_kl), three steps each,
              train/update_norm > 0 at every step; trainer.offload('all'), onload and a fourth step
@@ -28,16 +36,18 @@ the probe's GEMM rate; with neither (the probe failed), or where the figure woul
 the machine was busy), it prints no MFU but says why. Each phase has a time budget on a GPU; --tiny reports the
 seconds only (a CI machine's load says nothing about the code).
 
-Output: one JSON line per phase on stdout, then a table. Every phase but hrl_trainer imports only torch,
+Output: one JSON line per phase on stdout, then a table. Every phase but hrl's own (hrl_trainer, fsdp2, embedded,
+memory_plan) imports only torch,
 transformers, peft, safetensors and the standard library (the GPU image has no pydantic or vLLM): the trainer's
 device, logprob and offload modules are loaded from their files, so the steps run the trainer's own chunked logprobs,
-master-weight AdamW and mover. hrl_trainer imports hrl itself: `--pack DIR` builds a wheelhouse (at most 60 MiB) of
-what it needs beyond the image, which the device run carries and installs first; without it that phase fails saying
+master-weight AdamW and mover. hrl's own phases import hrl itself: `--pack DIR` builds a wheelhouse (at most 60 MiB) of
+what they need beyond the image, which the device run carries and installs first; without it those phases fail saying
 so and the others run.
 
     python bench/gpu.py              # on a GPU machine
     python bench/gpu.py --deadline 480 --out $OUT/gpu.jsonl   # a lease-sized run that keeps what it finished
     python bench/gpu.py --tiny       # the same phases on a tiny config on the CPU (seconds; runs in CI)
+    python bench/gpu.py --only memory_plan --model M --plan-tokens 16384   # vLLM's share beside your trainer
     python bench/gpu.py --pack bench/wheelhouse   # here, before a device run; then on the device:
     pip install --no-index --find-links bench/wheelhouse -r bench/wheelhouse/requirements.txt --target /tmp/site &&
       PYTHONPATH=/tmp/site:. python bench/gpu.py --deadline 480 --out $OUT/gpu.jsonl
@@ -126,8 +136,9 @@ def model_config(tiny: bool, size: str = "7b") -> Any:
 
 
 class Bench:
-    def __init__(self, tiny: bool) -> None:
+    def __init__(self, tiny: bool, plan_model: str = "", plan_tokens: int = 8192) -> None:
         self.tiny = tiny
+        self.plan_model, self.plan_tokens = plan_model, plan_tokens  # the memory plan's model and micro-batch
         self.device = torch.device("cuda" if torch.cuda.is_available() and not tiny else "cpu")
         self.dtype = torch.bfloat16  # on the CPU too: the tiny run takes the same master-weight path as the GPU
         self.tokens = 128 if tiny else 8192  # per micro-batch
@@ -260,36 +271,41 @@ class Bench:
         self.reset_peak()
         return out
 
+    def _hrl_batch(self, vocab: int, n: int, half: int) -> list[Any]:
+        """`n` samples for hrl's Trainer: `half` prompt tokens then `half` sampled ones, advantages ±1."""
+        Sample = _hrl("hrl.train.samples").Sample
+        gen = torch.Generator().manual_seed(0)
+        return [Sample(f"t{i}", "g", ["a"], torch.randint(0, vocab, (2 * half,), generator=gen).tolist(),
+                       [0] * half + [1] * half, [0.0] * half + [-1.0] * half, [-1] * half + [0] * half,
+                       [0.0] * half + [1 / half] * half, advantage=1.0 if i % 2 else -1.0)
+                for i in range(n)]  # fmt: skip
+
+    def _hrl_model(self, folder: str, size: str = "0.5b", seed: int = 0) -> Any:
+        """A model of `size` (tiny with --tiny) saved to `folder` as a user's is; its config."""
+        model = self.build(size, seed=seed)
+        model.save_pretrained(folder)
+        config = model.config
+        del model
+        return config
+
+    def _hrl_trainer(self, folder: str, **settings: Any) -> Any:
+        trainer = _hrl("hrl.train.trainer")
+        settings = {"dtype": "bfloat16", "device": str(self.device), "micro_batch": 2} | settings
+        return trainer.Trainer(trainer.TrainerConfig(model=folder, **settings))
+
     def hrl_trainer(self) -> dict[str, Any]:
         """hrl's own Trainer (`hrl.train.trainer`, its pydantic config and samples: on a GPU image, the wheelhouse
         `--pack` builds) on a model saved to disk as a user's is, in bf16: LoRA, then full training with a trust
         region (`trainer.max_update_kl`, which once left bf16 weights unmoved), three steps each, `train/update_norm`
         > 0 at every step; then the colocated update's path (`trainer.offload('all')`: weights, fp32 masters and
         moments to host memory, the cache freed; onload) and a fourth step."""
-        try:
-            from hrl.train.samples import Sample
-            from hrl.train.trainer import Trainer, TrainerConfig
-        except ImportError as e:
-            raise RuntimeError(f"hrl cannot be imported here ({e}): build the wheelhouse with `python bench/gpu.py "
-                               "--pack DIR` and install it before the run (this file's docstring)") from e  # fmt: skip
-
-        size = "tiny" if self.tiny else "0.5b"
-        cfg = model_config(self.tiny, size)
         n, half = (4, self.tokens // 2) if self.tiny else (4, 1024)
-        gen = torch.Generator().manual_seed(0)
-        batch = [Sample(f"t{i}", "g", ["a"], torch.randint(0, cfg.vocab_size, (2 * half,), generator=gen).tolist(),
-                        [0] * half + [1] * half, [0.0] * half + [-1.0] * half, [-1] * half + [0] * half,
-                        [0.0] * half + [1 / half] * half, advantage=1.0 if i % 2 else -1.0)
-                 for i in range(n)]  # fmt: skip
-        out: dict[str, Any] = {"model": size, "samples": n, "tokens": n * 2 * half}
+        out: dict[str, Any] = {"model": "tiny" if self.tiny else "0.5b", "samples": n, "tokens": n * 2 * half}
         with tempfile.TemporaryDirectory() as d:
-            model = self.build(size)
-            model.save_pretrained(d)
-            del model
+            batch = self._hrl_batch(self._hrl_model(d).vocab_size, n, half)
             for mode, lr, bound in (("lora", 1e-4, 0.0), ("full", 1e-6, 0.5)):
                 self.reset_peak()
-                trainer = Trainer(TrainerConfig(model=d, mode=mode, dtype="bfloat16", device=str(self.device), lr=lr,
-                                                max_update_kl=bound, micro_batch=2))  # fmt: skip
+                trainer = self._hrl_trainer(d, mode=mode, lr=lr, max_update_kl=bound)
                 t0 = time.perf_counter()
                 norms = [trainer.step(batch)["train/update_norm"] for _ in range(3)]
                 self.sync()
@@ -307,6 +323,144 @@ class Bench:
                         raise AssertionError("the step after offload and onload moved nothing")
                 out[f"{mode}_peak_gib"] = self.peak_gib()
                 del trainer
+        self.reset_peak()
+        return out
+
+    def fsdp2(self) -> dict[str, Any]:
+        """hrl's Trainer sharded with FSDP2 on one GPU (a process group of one rank: NCCL on a GPU, gloo on the CPU):
+        the meta-device build, each rank reading its rows of the safetensors, fp32 shards as bf16 training's masters,
+        full training with a trust region for three steps (`train/update_norm` > 0 each), the gathered save; then the
+        same three steps in one unsharded process, and the two saved checkpoints compared weight by weight."""
+        import socket
+
+        import torch.distributed as dist
+        from safetensors.torch import load_file
+
+        n, half = (4, self.tokens // 2) if self.tiny else (4, 1024)
+        out: dict[str, Any] = {"model": "tiny" if self.tiny else "0.5b", "samples": n, "tokens": n * 2 * half}
+        with tempfile.TemporaryDirectory() as d:
+            batch = self._hrl_batch(self._hrl_model(f"{d}/start").vocab_size, n, half)
+            saved = {}
+            for kind in ("sharded", "whole"):
+                self.reset_peak()
+                if kind == "sharded":
+                    with socket.socket() as sock:
+                        sock.bind(("127.0.0.1", 0))
+                        port = sock.getsockname()[1]
+                    dist.init_process_group("nccl" if self.cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                            rank=0, world_size=1, **({"device_id": self.device} if self.cuda else {}))  # fmt: skip
+                try:
+                    trainer = self._hrl_trainer(f"{d}/start", mode="full", lr=1e-5, max_update_kl=0.5)
+                    if trainer.distributed != (kind == "sharded"):
+                        raise AssertionError(f"{kind}: the trainer's distributed flag is {trainer.distributed}")
+                    t0 = time.perf_counter()
+                    norms = [trainer.step(batch)["train/update_norm"] for _ in range(3)]
+                    self.sync()
+                    out[f"{kind}_step_s"] = round((time.perf_counter() - t0) / 3, 3)
+                    out[f"{kind}_update_norms"] = [sig(x) for x in norms]
+                    out[f"{kind}_peak_gib"] = self.peak_gib()
+                    if not all(x > 0 for x in norms):
+                        raise AssertionError(f"{kind}: a step moved nothing (train/update_norm {norms})")
+                    trainer.save(f"{d}/{kind}")
+                    del trainer
+                finally:
+                    if dist.is_initialized():
+                        dist.destroy_process_group()
+                saved[kind] = {k: v for f in sorted(Path(f"{d}/{kind}").glob("*.safetensors"))
+                               for k, v in load_file(str(f)).items()}  # fmt: skip
+            start = {
+                k: v for f in sorted(Path(f"{d}/start").glob("*.safetensors")) for k, v in load_file(str(f)).items()
+            }
+        if saved["sharded"].keys() != saved["whole"].keys():
+            raise AssertionError(
+                f"the sharded save has other weights: {saved['sharded'].keys() ^ saved['whole'].keys()}"
+            )
+        diff = max(float((saved["sharded"][k].float() - saved["whole"][k].float()).abs().max()) for k in start)
+        moved = max(float((saved["whole"][k].float() - start[k].float()).abs().max()) for k in start)
+        out |= {"max_abs_dw_sharded_vs_whole": sig(diff), "max_abs_dw_whole_vs_start": sig(moved)}
+        if not diff <= moved:  # the two runs apart by more than training moved either: not the same update
+            raise AssertionError(f"sharded and whole training differ by {diff}, training moved the weights {moved}")
+        self.reset_peak()
+        return out
+
+    def embedded(self) -> dict[str, Any]:
+        """hrl's embedded engine on this device (`engine_options.device`): greedy and seeded requests batched, a
+        full publish into it between two requests (the served tokens change, their version is 1), and the served
+        logprobs against the engine's own teacher-forced score of the same tokens."""
+        import asyncio
+
+        engines = _hrl("hrl.runners.engines")
+        n_new = 16 if self.tiny else 128
+
+        async def go(start: str, other: str) -> dict[str, Any]:
+            engine = engines.make_engine("embedded", start, dtype="bfloat16", device=str(self.device))
+            await engine.start()
+            try:
+                gen = torch.Generator().manual_seed(0)
+                prompts = [torch.randint(0, 500, (32,), generator=gen).tolist() for _ in range(4)]
+                greedy = engines.SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True)
+                t0 = time.perf_counter()
+                runs = await asyncio.gather(*(engines.collect(engine.generate(f"r{i}", p, greedy))
+                                              for i, p in enumerate(prompts)))  # fmt: skip
+                took = time.perf_counter() - t0
+                scored = await engine.score(prompts[0], runs[0].token_ids)
+                t0 = time.perf_counter()
+                await engine.publish(other, "full")
+                publish_s = time.perf_counter() - t0
+                after = await engines.collect(engine.generate("after", prompts[0], greedy))
+                on = next(engine.model.parameters()).device
+                return {"engine_device": str(on), "tokens_per_s": sig(len(prompts) * n_new / took),
+                        "max_abs_dlogp_served_vs_scored": sig(max(abs(a - b) for a, b in zip(runs[0].logprobs, scored, strict=True))),
+                        "publish_s": round(publish_s, 3), "version_after": engine.version,
+                        "versions_after": after.versions, "changed_by_publish": after.token_ids != runs[0].token_ids}  # fmt: skip
+            finally:
+                await engine.close()
+
+        with tempfile.TemporaryDirectory() as d:
+            self._hrl_model(f"{d}/a")
+            self._hrl_model(f"{d}/b", seed=1)
+            out = asyncio.run(go(f"{d}/a", f"{d}/b"))
+        if out["engine_device"].split(":")[0] != self.device.type or out["version_after"] != 1:
+            raise AssertionError(f"the engine ran on {out['engine_device']} at version {out['version_after']}")
+        if not out["changed_by_publish"]:
+            raise AssertionError("the publish did not change the served tokens")
+        return out
+
+    def memory_plan(self) -> dict[str, Any]:
+        """The colocated memory plan where the engine never sleeps: hrl's Trainer (full, bf16, no offload: what
+        sleep_level 0 keeps) steps on micro-batches of --plan-tokens on the model of --model (a Qwen2.5-0.5B shape
+        by default), its peak reserved memory is the trainer's need, and `engine_share` turns it into the
+        `engine_options.gpu_memory_utilization` vLLM can have. Then another process takes that share while the
+        trainer steps again: the plan holds if the second step runs beside it."""
+        offload = _hrl("hrl.train.offload")
+        n, half = 2, (self.tokens // 2 if self.tiny else self.plan_tokens // 2)
+        with tempfile.TemporaryDirectory() as d:
+            folder = self.plan_model or f"{d}/m"
+            vocab = _model_vocab(folder) if self.plan_model else self._hrl_model(folder).vocab_size
+            batch = self._hrl_batch(vocab, n, half)
+            self.reset_peak()
+            trainer = self._hrl_trainer(folder, mode="full", lr=1e-6, max_update_kl=0.5, micro_batch=1)
+            trainer.step(batch)
+            self.sync()
+            out: dict[str, Any] = {"model": self.plan_model or ("tiny" if self.tiny else "0.5b"),
+                                   "micro_batch_tokens": 2 * half}  # fmt: skip
+            if self.cuda:
+                need = torch.cuda.max_memory_reserved(self.device)
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                share = offload.engine_share(need, total)
+                nbytes = int(share * total)
+                out |= {"trainer_need_gib": round(need / GIB, 2), "gpu_gib": round(total / GIB, 1),
+                        "gpu_memory_utilization": share}  # fmt: skip
+            else:  # the path runs; the figures are a GPU's
+                nbytes = 1 << 20
+            with _share_held(nbytes, str(self.device)) as got:  # the engine's share, held while the trainer steps
+                out["share_ok"] = got == nbytes
+                if got != nbytes:
+                    raise AssertionError(f"the engine's share could not be taken beside the trainer: {got}")
+                norm = trainer.step(batch)["train/update_norm"]
+                self.sync()
+            out["step_beside_share_update_norm"] = sig(norm)
+            del trainer
         self.reset_peak()
         return out
 
@@ -582,9 +736,10 @@ def _marks(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.detach().flatten()[:: max(1, t.numel() // 4096)].cpu() for t in tensors]
 
 
-def _hold_share(nbytes: int, device: str, acks: Any) -> None:
+def _hold_share(nbytes: int, device: str, acks: Any, release: Any = None) -> None:
     """The waking engine's side of the colocate phase: allocate its share, touch every byte, report the bytes (or
-    why not: an out-of-memory error is the finding), let go."""
+    why not: an out-of-memory error is the finding), let go (when `release` has something: the memory plan's
+    trainer steps in the meantime)."""
     try:
         block = torch.empty(nbytes, dtype=torch.uint8, device=device)
         block.fill_(1)
@@ -593,6 +748,44 @@ def _hold_share(nbytes: int, device: str, acks: Any) -> None:
         acks.put(block.numel())
     except Exception as e:  # reported, not raised: the parent's row says what failed
         acks.put(f"{type(e).__name__}: {e}"[:300])
+        return
+    if release is not None:
+        release.get(timeout=600)
+
+
+@contextlib.contextmanager
+def _share_held(nbytes: int, device: str) -> Iterator[Any]:
+    """Another process holds `nbytes` of `device` (an engine's share) for the block; yields what it reported: the
+    bytes, or its error."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    acks, release = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_hold_share, args=(nbytes, device, acks, release), daemon=True)
+    proc.start()
+    try:
+        yield acks.get(timeout=300)
+    finally:
+        release.put(True)
+        proc.join(60)
+
+
+def _model_vocab(folder: str) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(folder).get_text_config().vocab_size)
+
+
+def _hrl(module: str) -> Any:
+    """A module of hrl itself; on a GPU image without its pure-Python dependencies, an error saying how to bring
+    them (the wheelhouse of `--pack`)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise RuntimeError(f"hrl cannot be imported here ({e}): build the wheelhouse with `python bench/gpu.py "
+                           "--pack DIR` and install it before the run (this file's docstring)") from e  # fmt: skip
 
 
 def _receiver(jobs: Any, acks: Any, device: str) -> None:
@@ -659,13 +852,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# budgets add up to 715 s without lora_variants (run it with --only); a shorter lease passes --deadline, which cuts
+# budgets add up to 910 s without lora_variants (run it with --only); a shorter lease passes --deadline, which cuts
 # each phase to what is left. In the order of what a short device lease should measure first: hrl's own trainer, the
 # weight-sync buckets, the LoRA step, then the phases that need the most memory and time (the 7B full step is the one
 # most likely not to fit)
-PHASES = [("probe", "probe", 25), ("hrl_trainer", "hrl_trainer", 90), ("sync", "sync_phase", 100), ("lora_step", "lora_step", 75), ("tree", "tree", 60),
-          ("colocate", "colocate", 150), ("publish", "publish", 120), ("full_step", "full_step", 95),
-          ("lora_variants", "lora_variants", 120)]  # fmt: skip
+PHASES = [("probe", "probe", 25), ("hrl_trainer", "hrl_trainer", 90), ("fsdp2", "fsdp2", 75),
+          ("embedded", "embedded", 60), ("memory_plan", "memory_plan", 60), ("sync", "sync_phase", 100),
+          ("lora_step", "lora_step", 75), ("tree", "tree", 60), ("colocate", "colocate", 150),
+          ("publish", "publish", 120), ("full_step", "full_step", 95), ("lora_variants", "lora_variants", 120)]  # fmt: skip
 ON_REQUEST = {"lora_variants"}  # run only when named in --only
 VLLM_SHARE = 0.8  # of the GPU's memory: what vLLM takes back while the offloaded trainer holds next to nothing
 
@@ -674,7 +868,11 @@ VLLM_SHARE = 0.8  # of the GPU's memory: what vLLM takes back while the offloade
 IMAGE_MODULES = ("torch", "transformers", "peft", "safetensors.torch", "huggingface_hub.file_download",
                  "transformers.models.qwen2.modeling_qwen2", "transformers.models.auto.tokenization_auto")  # fmt: skip
 PACK_ANYWAY = {"typing-extensions"}  # pydantic needs a newer one than an image may hold
-PACK_MODULES = ("hrl.train.trainer", "hrl.train.samples")  # what the phases that run hrl itself import
+PACK_MODULES = (
+    "hrl.train.trainer",
+    "hrl.train.samples",
+    "hrl.runners.engines",
+)  # what the phases that run hrl itself import
 PACK_PYTHONS = ("3.10", "3.11", "3.12", "3.13")  # the image's Python is one of these; a wheel each where built
 PACK_LIMIT = 60 * 2**20
 _CLOSURE = """
@@ -751,13 +949,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds for the whole run: a phase's budget is cut to what is left, minus 10 s",
     )
+    ap.add_argument("--model", default="", help="memory_plan: the model folder to plan for (default: a Qwen2.5-0.5B "
+                    "shape built here)")  # fmt: skip
+    ap.add_argument("--plan-tokens", type=int, default=8192,
+                    help="memory_plan: the tokens of the longest micro-batch the run will train on")  # fmt: skip
     ap.add_argument("--pack", type=Path, default=None, metavar="DIR",
                     help="build the wheelhouse of hrl's dependencies the GPU image lacks into DIR, then stop")  # fmt: skip
     a = ap.parse_args(argv)
     if a.pack is not None:
         print(json.dumps(pack(a.pack)), flush=True)
         return 0
-    bench, start = Bench(a.tiny), time.perf_counter()
+    bench, start = Bench(a.tiny, a.model, a.plan_tokens), time.perf_counter()
     for name, method, budget in PHASES:
         if (name in a.only) if a.only is not None else name not in ON_REQUEST:
             if a.deadline is not None:

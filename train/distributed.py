@@ -67,8 +67,11 @@ def on_own_device(method: Callable[..., _T]) -> Callable[..., _T]:
 
 
 def init_from_env(device: torch.device) -> bool:
-    """Join the torchrun job named by the environment (WORLD_SIZE > 1); True when in one. NCCL's group is bound to
-    the rank's own GPU (`device_id`), whichever thread runs the collectives later."""
+    """Join the torchrun job named by the environment (WORLD_SIZE > 1); True when in one, or when the caller already
+    set up a process group (of any size: one rank is FSDP2 on one GPU, as bench/gpu.py's fsdp2 phase runs it). NCCL's
+    group is bound to the rank's own GPU (`device_id`), whichever thread runs the collectives later."""
+    if dist.is_available() and dist.is_initialized():
+        return True
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if not dist.is_initialized():

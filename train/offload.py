@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["OffloadPlan", "Offloader", "PhasePeaks", "free_cache", "optimizer_tensors", "resolve_offload"]
+__all__ = [
+    "OffloadPlan", "Offloader", "PhasePeaks", "engine_share", "free_cache", "optimizer_tensors", "resolve_offload",
+]  # fmt: skip
 
 OffloadPlan = Literal["none", "optimizer", "all"]
 
@@ -29,6 +31,21 @@ def resolve_offload(
     if sleep_level == 0 or not cuda or nproc > 1:
         return "none"
     return "all" if mode == "full" and sleep_level == 2 and not ipc else "optimizer"
+
+
+HEADROOM = 2**30  # besides the trainer's measured peak: the CUDA context and what NCCL or the allocator add later
+
+
+def engine_share(trainer_bytes: int, total_bytes: int, headroom_bytes: int = HEADROOM) -> float:
+    """The share of a GPU of `total_bytes` a colocated engine that never sleeps can have beside a trainer whose
+    measured peak (the allocator's reserved bytes over a step) is `trainer_bytes`: what is left after the trainer
+    and `headroom_bytes`, rounded down to 0.01, as vLLM's `gpu_memory_utilization` takes it. Raises ValueError when
+    nothing would be left for the engine."""
+    share = (total_bytes - trainer_bytes - headroom_bytes) / total_bytes
+    if share < 0.05:
+        raise ValueError(f"the trainer's peak of {trainer_bytes / 2**30:.1f} GiB leaves the engine "
+                         f"{max(share, 0) * 100:.0f} % of this {total_bytes / 2**30:.0f} GiB GPU")  # fmt: skip
+    return int(share * 100) / 100
 
 
 def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:

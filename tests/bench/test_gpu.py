@@ -22,16 +22,19 @@ for name in ("pydantic", "vllm", "hrl", "docker"):
 sys.argv = ["gpu.py", "--tiny"]
 runpy.run_path(sys.argv_path, run_name="__main__")
 """.replace("sys.argv_path", repr(str(ROOT / "bench" / "gpu.py")))
-PHASES = ["probe", "hrl_trainer", "sync", "lora_step", "tree", "colocate", "publish", "full_step"]
+PHASES = ["probe", "hrl_trainer", "fsdp2", "embedded", "memory_plan", "sync", "lora_step", "tree", "colocate", "publish",
+          "full_step"]  # fmt: skip
+HRL_PHASES = ["hrl_trainer", "fsdp2", "embedded", "memory_plan"]  # hrl's own: they need the wheelhouse
 
 
 def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     out = subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     rows = {r["phase"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
-    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])  # hrl_trainer needs the wheelhouse: one phase fails
+    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])  # hrl's own phases need the wheelhouse: they fail
     assert list(rows) == PHASES
-    assert all(r["ok"] for name, r in rows.items() if name != "hrl_trainer"), rows
-    assert not rows["hrl_trainer"]["ok"] and "--pack DIR" in rows["hrl_trainer"]["error"], rows["hrl_trainer"]
+    assert all(r["ok"] for name, r in rows.items() if name not in HRL_PHASES), rows
+    for name in HRL_PHASES:  # each says how to bring hrl's dependencies, and the phases after it still run
+        assert not rows[name]["ok"] and "--pack DIR" in rows[name]["error"], rows[name]
     assert rows["probe"]["gemm_tflops"] > 0 and rows["probe"]["device"] == "cpu"  # 3 significant figures: never 0.0
     for phase in ("lora_step", "full_step"):
         assert rows[phase]["tokens"] == 2 * 128 and rows[phase]["tokens_per_s"] > 0 and rows[phase]["peak_gib"] > 0
@@ -114,9 +117,10 @@ def _image_only(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_wheelhouse_lets_hrls_trainer_run_on_an_image_without_hrls_dependencies(tmp_path):
-    """`--pack DIR` fetches what hrl's Trainer needs beyond the image (pydantic and its own; one wheel per Python where
-    built), at most 60 MiB; installed with pip from that folder alone, hrl_trainer runs in an environment that holds
-    only the image's packages, and every step moves the weights (bf16 full training with a trust region included)."""
+    """`--pack DIR` fetches what hrl's own phases need beyond the image (pydantic and its own; one wheel per Python
+    where built), at most 60 MiB; installed with pip from that folder alone, hrl's Trainer (one process and FSDP2 on one
+    rank), its embedded engine and the memory plan run in an environment that holds only the image's packages, and
+    every step moves the weights (bf16 full training with a trust region included)."""
     packed = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--pack", str(tmp_path / "wheels")],
                             capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-3000:]
@@ -133,10 +137,18 @@ def test_the_wheelhouse_lets_hrls_trainer_run_on_an_image_without_hrls_dependenc
     blocked = subprocess.run([sys.executable, "-S", "-c", "import pydantic"], env=env | {"PYTHONPATH": str(ROOT)},
                              capture_output=True, text=True)  # fmt: skip
     assert blocked.returncode != 0  # the environment holds nothing of this one's but what is put on its path
-    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "gpu.py"), "--tiny", "--only", "hrl_trainer"],
+    out = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "gpu.py"), "--tiny", "--only", *HRL_PHASES],
                          capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)  # fmt: skip
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert out.returncode == 0 and rows and rows[0]["ok"], (out.stdout[-3000:], out.stderr[-3000:])
-    row = rows[0]
+    rows = {r["phase"]: r for r in (json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))}
+    assert out.returncode == 0 and list(rows) == HRL_PHASES, (out.stdout[-3000:], out.stderr[-3000:])
+    row = rows["hrl_trainer"]
     assert all(n > 0 for n in row["lora_update_norms"] + row["full_update_norms"]), row
     assert row["offload_gib"] > 0 and row["update_norm_after_onload"] > 0, row
+    fsdp = rows["fsdp2"]  # one rank of FSDP2: the sharded run's steps move the weights as the unsharded run's do
+    assert all(n > 0 for n in fsdp["sharded_update_norms"]) and fsdp["max_abs_dw_whole_vs_start"] > 0, fsdp
+    assert fsdp["max_abs_dw_sharded_vs_whole"] <= fsdp["max_abs_dw_whole_vs_start"], fsdp
+    served = rows["embedded"]  # bf16 decode vs a bf16 recompute: within a few roundings of logits under 1 in size
+    assert served["engine_device"] == "cpu" and served["version_after"] == 1 and served["changed_by_publish"], served
+    assert served["max_abs_dlogp_served_vs_scored"] < 0.1 and served["tokens_per_s"] > 0, served
+    plan = rows["memory_plan"]  # the trainer steps while another process holds the engine's share
+    assert plan["share_ok"] and plan["step_beside_share_update_norm"] > 0, plan

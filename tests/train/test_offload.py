@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hrl.runners.engines.base import Engine
-from hrl.train.offload import Offloader, PhasePeaks, optimizer_tensors, resolve_offload
+from hrl.train.offload import Offloader, PhasePeaks, engine_share, optimizer_tensors, resolve_offload
 from hrl.train.step import offload_plan, sleep, wake
 from hrl.train.trainer import Trainer, TrainerConfig
 from tests.train.test_trainer import _batch
@@ -199,3 +199,15 @@ def test_offloading_the_weights_that_an_ipc_publish_reads_is_refused_before_any_
     with pytest.raises(HrlError, match="weight_sync=ipc") as info:
         asyncio.run(train(TASKS, cfg, run, EnginePublisher(engine), ChatRollouts(None, "")))  # type: ignore[arg-type]
     assert "trainer.offload=optimizer" in info.value.hint
+
+
+def test_the_engine_share_is_what_the_trainer_and_the_headroom_leave_rounded_down():
+    """vLLM's gpu_memory_utilization beside a trainer that never lets go: (total - trainer peak - headroom) / total,
+    rounded down so the two never add up past the GPU; a trainer that leaves under 5 % is refused with its figures."""
+    gib = 2**30
+    assert engine_share(30 * gib, 80 * gib) == 0.61  # (80 - 30 - 1) / 80 = 0.6125
+    assert engine_share(30 * gib, 80 * gib, headroom_bytes=0) == 0.62  # 0.625 rounded down, never up
+    share = engine_share(10 * gib + 1, 141 * gib)
+    assert share * 141 * gib + 10 * gib + 1 + gib <= 141 * gib  # the sum stays inside the GPU
+    with pytest.raises(ValueError, match="76.0 GiB leaves the engine 4 % of this 80 GiB GPU"):
+        engine_share(76 * gib, 80 * gib)
