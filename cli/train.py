@@ -42,14 +42,17 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> RunCon
     """The run's config, typed and validated first (recipe, then `-c`, then flags; the rules across fields, such as
     an async buffer that cannot hold a batch, are the config's own), then the names, paths and keys the run needs,
     checked before anything starts."""
-    from hrl.cli.config import materialize_checked
-    from hrl.runners.preflight import check_training
+    from hrl.cli.config import materialize_checked, materialize_model
+    from hrl.runners.preflight import check_teacher, check_training
     from hrl.runners.recipe_config import resolve
 
     cfg = resolve(recipe, overrides, flags)
     cfg.recipe = recipe
     check_training(cfg, say)
     materialize_checked(cfg)
+    if cfg.distill.enabled:  # the teacher made real as the model is, its tokenizer checked to be the student's
+        cfg.distill.teacher = materialize_model(cfg.distill.teacher)
+        check_teacher(cfg)
     return cfg
 
 

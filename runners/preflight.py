@@ -38,6 +38,7 @@ __all__ = [
     "check_run",
     "check_sandbox",
     "check_tasks",
+    "check_teacher",
     "check_tool_prompt",
     "check_training",
     "check_web_apps",
@@ -139,6 +140,32 @@ def check_model(model: str) -> None:
 
     base, _ = split_adapter(model)
     resolve_model(base)
+
+
+def check_teacher(cfg: RunConfig) -> None:
+    """`distill.teacher` (made real, as the model is): a model that exists, whose tokenizer is the student's, the same
+    token for every id and the same special tokens, since the teacher scores the student's token ids as they are.
+    A mismatch is a usage error naming the first differences, said before anything starts."""
+    if not cfg.distill.enabled:
+        return
+    from transformers import AutoTokenizer
+
+    from hrl.runners.models import split_adapter
+
+    check_model(cfg.distill.teacher)
+    student, teacher = (AutoTokenizer.from_pretrained(split_adapter(m)[0]) for m in (cfg.model, cfg.distill.teacher))
+    ours, theirs = student.get_vocab(), teacher.get_vocab()
+    differ = sorted(t for t in ours.keys() | theirs.keys() if ours.get(t) != theirs.get(t))
+    special = set(student.all_special_tokens) ^ set(teacher.all_special_tokens)
+    if not differ and not special:
+        return
+    shown = ", ".join(f"{t!r}: {ours.get(t)} vs {theirs.get(t)}" for t in differ[:3]) if differ else ""
+    what = f"{len(differ)} tokens map to other ids or are missing (student vs teacher: {shown})" if differ else ""
+    what += ("; " if what and special else "") + (f"special tokens differ: {sorted(special)[:5]}" if special else "")
+    raise UsageError(
+        f"distill.teacher={cfg.distill.teacher} has another tokenizer than the student {cfg.model}: {what}",
+        hint="give a teacher of the student's family, with its tokenizer (the teacher scores the student's token ids)",
+    )
 
 
 def check_honest_sampling(cfg: RunConfig) -> None:
@@ -492,9 +519,9 @@ def _check_memory_plan(cfg: RunConfig) -> None:
             f"the trainer and the vLLM engine share GPU {', '.join(map(str, shared))}, and the engine never sleeps "
             "(engine_options.sleep_level=0) at vLLM's default memory share (0.9 of the GPU): the trainer would be "
             "built in the tenth that is left",
-            hint="give vLLM what the trainer leaves (-c engine_options.gpu_memory_utilization=0.4; sizes per model "
-            "in docs/training-on-gpus.md), put it to sleep around each update (-c engine_options.sleep_level=1), "
-            "or give each its own GPUs (engine_options.gpus, trainer.gpus)",
+            hint="give vLLM what the trainer leaves (-c engine_options.gpu_memory_utilization=X, X measured for "
+            "your model by `python bench/gpu.py --only memory_plan --model M`), put it to sleep around each update "
+            "(-c engine_options.sleep_level=1), or give each its own GPUs (engine_options.gpus, trainer.gpus)",
         )
 
 
@@ -508,6 +535,7 @@ IGNORED = {
     "train.sampler_key": "clients choose the tasks",
     "async.max_in_flight": "clients run their own sessions (online.max_open_per_key bounds each key)",
     "async.max_failed_groups": "no episode is started here to fail",
+    "async.pace": "clients start their own sessions: nothing is admitted here to pace",
     "tasks": "episodes come from the clients (held-out tasks: eval_tasks)",
 }
 

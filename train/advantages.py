@@ -13,6 +13,9 @@ Group = the traces of one task (`group_id`) in one batch. Variants:
              group of the batch succeeded; under a group baseline it teaches nothing. The CPU demo needs that: its
              policy learnt from rewarded `-` bugs to write `+`, wrote `+` back over `+` bugs, and those groups all
              failed, so GRPO never saw the mistake. Noisier than a group baseline (the task's difficulty is in it).
+- "distill": 0 for every trace: the signal is the teacher's alone, per token (`hrl.train.distill`, `distill.teacher`);
+             no trace is dropped for its group's agreeing rewards. Any other kind with a teacher adds that dense
+             term to the trace's advantage.
 Groups whose rewards all agree carry no signal under a group baseline: they are reported, and dropped when asked
 (for "batch" too, if asked).
 """
@@ -54,12 +57,12 @@ def group_advantages(
         mean, std = _mean_std(rs)
         if std < eps:
             zero_var += 1
-            if drop_zero_variance:
+            if drop_zero_variance and kind != "distill":
                 continue
         if kind == "batch":
             mean, std = whole
         for t, r in zip(tids, rs, strict=True):
-            adv[t] = (r - mean) / (std + eps) if kind in ("grpo", "batch") else r - mean
+            adv[t] = 0.0 if kind == "distill" else (r - mean) / (std + eps) if kind in ("grpo", "batch") else r - mean
     n_groups = max(len(members), 1)
     metrics = {
         "adv/groups": float(len(members)),
@@ -91,7 +94,10 @@ def lone_advantages(
     mean, std = _mean_std([rewards[t] for t in lone])
     with_own = [t for t in lone if baselines and t in baselines]
     for t in lone:
-        adv[t] = rewards[t] - baselines[t] if t in with_own else (rewards[t] - mean) / (std + eps)  # type: ignore[index]
+        if kind == "distill":  # the teacher's signal alone: no reward term to baseline
+            adv[t] = 0.0
+        else:
+            adv[t] = rewards[t] - baselines[t] if t in with_own else (rewards[t] - mean) / (std + eps)  # type: ignore[index]
     metrics["adv/groups"] += len(lone)
     metrics["adv/lone_traces"] = float(len(lone))
     metrics["adv/task_baselined"] = float(len(with_own))

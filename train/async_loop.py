@@ -4,10 +4,23 @@ GRPO groups only), updates and publishes while rollouts go on.
 - Weight updates go through the publisher (the proxy), so agents never see them: new requests wait inside the
   proxy, and in-flight generations follow the proxy's version policy (`mixed` or `pin`).
 - `max_staleness` (in versions): a sampled token older than `version - max_staleness` at the time it would be
-  trained on is stale. `staleness: drop` drops, and counts (`async/dropped_stale`), every trace with a stale token,
-  so its group trains short (`async/stale_groups`); `mask` takes only the stale tokens out of the loss (counted:
-  `async/masked_tokens`) and trains the rest of the trace, with its group whole and its advantage as it was. A trace
-  whose every sampled token is stale is dropped either way. Nothing is dropped silently.
+  trained on is stale. `staleness: mask` (the default) takes only the stale tokens out of the loss (counted:
+  `async/masked_tokens`) and trains the rest of the trace, with its group whole and its advantage as it was; `drop`
+  drops, and counts (`async/dropped_stale`), every trace with a stale token, so its group trains short
+  (`async/stale_groups`). A trace whose every sampled token is stale is dropped either way. Nothing is dropped
+  silently. Long episodes span the most publishes, so staleness hits them hardest: each step counts it per bucket of
+  LLM calls per trace (`staleness_by_calls`).
+- Pacing (`pace`, on by default): no new group starts while the oldest episode in flight started (was admitted)
+  more than `max_staleness` versions before the trainer's version. The trainer then runs out of batches and waits
+  for that episode instead of running ahead of it on short ones: without pacing a long episode among short ones
+  grows stale without bound (one version per batch the short ones fill); with it, its lag stays within
+  `max_staleness` + the batches that work admitted before the hold can fill. Admission is the only lever the loop
+  has (the trainer takes whole groups as they complete); a rule on the trainer's side, waiting for a given group,
+  would idle it while finished groups wait. The hold is timed (`async/paced_s`). It cannot deadlock: it holds only
+  while an episode is in flight, holding starts nothing new, and every episode ends (time budget, failure trace,
+  cancellation); with nothing in flight the producer is the unpaced one, which `check_batch_fits` shows always fills
+  a batch. The trainer's version does not move while it waits for a batch, so no wait is on both sides. An episode
+  that never ends (`rollout.time_budget_s` 0 and a hung agent) holds new groups with it.
 - Backpressure: no new groups start while `max_buffered` finished traces wait for the trainer. So the buffer must
   hold a whole batch (`check_batch_fits`, before anything starts): with less, a batch can wait forever.
 - A step that trained on nothing (every advantage zero, every trace filtered out) publishes nothing: the version
@@ -42,17 +55,17 @@ from hrl.config import AsyncConfig, check_batch_fits
 from hrl.runners.errors import HrlError
 from hrl.runners.rollouts.episodes import Episode, Rollouts, guarded_episode, harness_for
 from hrl.runners.rundir import RunDir
-from hrl.runners.trace import sampled_versions
+from hrl.train.distill import Teacher, start_teacher
 from hrl.train.heldout import Evaluations
 from hrl.train.loop import LoopConfig, sampler_metrics
 from hrl.train.sampler import Strata, TaskStats
 from hrl.train.sinks import MetricsSink
+from hrl.train.staleness import age, select_fresh, stale_groups, staleness_by_calls
 from hrl.train.step import (
     Event,
     Publisher,
     check_batch,
     commit,
-    off_policy,
     on_trainer_thread,
     publish_checkpoint,
     save_checkpoint,
@@ -62,52 +75,7 @@ from hrl.train.step import (
 )
 from hrl.train.trainer import Trainer
 
-__all__ = [
-    "AsyncConfig",
-    "Producer",
-    "check_batch_fits",
-    "newest_version",
-    "oldest_version",
-    "select_fresh",
-    "train_async",
-]
-
-
-def oldest_version(trace: dict[str, Any]) -> int | None:
-    """The oldest policy version that sampled any token of the trace (None: no sampled tokens)."""
-    versions = [v for c in trace["calls"] for _, v in c.get("versions", [])]
-    return min(versions) if versions else None
-
-
-def newest_version(trace: dict[str, Any]) -> int | None:
-    """The newest policy version that sampled any token of the trace (None: no sampled tokens). A version run that
-    covers no token (a publish just as a call ended) sampled nothing, so it does not count."""
-    versions = [v for c in trace["calls"] if c.get("versions") for v in sampled_versions(c)]
-    return max(versions) if versions else None
-
-
-def select_fresh(
-    batch: list[dict[str, Any]], version: int, acfg: AsyncConfig
-) -> tuple[list[dict[str, Any]], int | None]:
-    """What a trainer at `version` trains on: the traces kept, and with `staleness: mask` the version below which
-    their tokens leave the loss (None: drop, every kept trace is fresh throughout). A trace with no sampled token is
-    kept, as it has nothing stale, and so is one an online run trains off-policy (`online.late_reward`)."""
-    before = version - acfg.max_staleness  # a token of an older version is more than max_staleness versions old
-    if acfg.staleness == "drop":
-        return [t for t in batch if off_policy(t) or (v := oldest_version(t)) is None or v >= before], None
-    return [t for t in batch if off_policy(t) or (v := newest_version(t)) is None or v >= before], before
-
-
-def stale_groups(batch: list[dict[str, Any]], kept: list[dict[str, Any]]) -> int:
-    """Groups of the batch that lost a trace to staleness (trained short, or not at all)."""
-    ids = {t["trace_id"] for t in kept}
-    return len({str(t.get("group_id")) for t in batch if t["trace_id"] not in ids})
-
-
-def _age(trace: dict[str, Any], version: int) -> int:
-    """Staleness of a trace for a trainer at `version`: versions since its oldest token was sampled."""
-    oldest = oldest_version(trace)
-    return 0 if oldest is None else version - oldest
+__all__ = ["AsyncConfig", "Producer", "check_batch_fits", "train_async"]
 
 
 def _next_group(run: RunDir) -> int:
@@ -144,13 +112,18 @@ class Producer(Protocol):
         """The trainer published the run's policy (once, before the first step); nothing to do by default."""
         return
 
+    def published(self, version: int) -> None:
+        """The trainer's version is `version` (at the start, then after each step); nothing to do by default."""
+        return
+
     def metrics(self, trained: list[dict[str, Any]]) -> dict[str, float]:
         """Its own metrics of a step that trained on `trained`; none by default."""
         return {}
 
 
 class _Producer(Producer):
-    """Launches whole groups while there is room; collects finished traces into complete groups."""
+    """Launches whole groups while there is room (and pacing lets it: the module docstring); collects finished
+    traces into complete groups."""
 
     def __init__(
         self, tasks: list[dict[str, Any]], cfg: LoopConfig, acfg: AsyncConfig, rollouts: Rollouts, run: RunDir
@@ -170,6 +143,10 @@ class _Producer(Producer):
         )
         self.running: set[asyncio.Task[dict[str, Any]]] = set()
         self._episodes: dict[asyncio.Task[dict[str, Any]], Episode] = {}
+        self._admitted: dict[asyncio.Task[dict[str, Any]], int] = {}  # the trainer's version when each started
+        self.version = 0  # the trainer's (`published`)
+        self._held_since: float | None = None  # pacing holds a group that has room since then
+        self._paced_s = self._paced_total = 0.0  # held seconds: since the last step's metrics, over the run
         self.dropped: set[str] = set()  # groups that can never complete: their traces are not trained, but counted
         self.dropped_traces = 0
         self.errors: list[str] = []
@@ -197,20 +174,53 @@ class _Producer(Producer):
         except Exception as e:
             self._fail(e)
 
+    def published(self, version: int) -> None:
+        self.version = version
+        self.changed.set()  # pacing may hold from now on: its clock starts now
+
+    def _room(self) -> bool:
+        """Whether max_in_flight and max_buffered leave room for a group."""
+        in_flight = len(self.running) + self.cfg.group_size <= max(self.acfg.max_in_flight, self.cfg.group_size)
+        return in_flight and self.buffered() < self.acfg.max_buffered
+
+    def _paced(self) -> bool:
+        """Whether pacing holds new groups: the oldest episode in flight started more than max_staleness versions
+        before the trainer's version (never with nothing in flight)."""
+        oldest = min(self._admitted.values(), default=None)
+        return self.acfg.pace and oldest is not None and self.version - oldest > self.acfg.max_staleness
+
     async def _start_groups(self) -> None:
         while True:
-            while len(self.running) + self.cfg.group_size <= max(self.acfg.max_in_flight, self.cfg.group_size) and (
-                self.buffered() < self.acfg.max_buffered
-            ):
+            while self._room() and not self._paced():
                 trace_file = self.run.trace_file(self.step)
                 for ep in next(self._groups):
                     task = asyncio.create_task(guarded_episode(self.rollouts, ep, trace_file))
-                    self._episodes[task] = ep
+                    self._episodes[task], self._admitted[task] = ep, self.version
                     task.add_done_callback(self._done)
                     self.running.add(task)
                     self.started += 1
+            self._hold(self._room())  # room left here: pacing holds it
             self.changed.clear()
             await self.changed.wait()
+
+    def _hold(self, held: bool) -> None:
+        """Time the pacing hold: it starts when a group that has room is held, ends when none is."""
+        now = time.monotonic()
+        if held and self._held_since is None:
+            self._held_since = now
+        elif not held and self._held_since is not None:
+            self._paced_s += now - self._held_since
+            self._held_since = None
+
+    def metrics(self, trained: list[dict[str, Any]]) -> dict[str, float]:
+        """`async/paced_s`: seconds since the last step's metrics that pacing held a group there was room for (a
+        hold still on is counted up to now); `async/paced_s_total`: over this process's run."""
+        if self._held_since is not None:
+            now = time.monotonic()
+            self._paced_s, self._held_since = self._paced_s + now - self._held_since, now
+        paced, self._paced_s = self._paced_s, 0.0
+        self._paced_total += paced
+        return {"async/paced_s": paced, "async/paced_s_total": self._paced_total}
 
     def _fail(self, error: BaseException) -> None:
         self.failure = self.failure or error
@@ -227,6 +237,7 @@ class _Producer(Producer):
     def _collect(self, task: asyncio.Task[dict[str, Any]]) -> None:
         self.running.discard(task)
         ep = self._episodes.pop(task)
+        self._admitted.pop(task, None)
         if task.cancelled():
             self.changed.set()
             return
@@ -301,6 +312,7 @@ async def train_async(
     `hrl.train.online.ExternalProducer`: its `metrics()` join each step's, its `advantages` replace the groups')."""
     check_batch_fits(acfg, cfg.group_size)  # before the trainer is built: a batch that can never fill is refused
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
+    teacher = await on_trainer_thread(start_teacher, cfg, trainer)  # None without distill.teacher
     if producer is not None:  # the run's policy is the engine's now (a resumed run's published)
         producer.policy_ready()  # an online run serves again
     history: list[dict[str, Any]] = []
@@ -313,9 +325,10 @@ async def train_async(
         raise
     own_episodes = producer is None
     producer = producer or _Producer(tasks, cfg, acfg, rollouts, run)
+    producer.published(state["version"])
     feeder = asyncio.create_task(producer.loop())
     steps = _Steps(tasks, cfg, acfg, run, publisher, trainer, producer, sink, evals, on_event, state["version"],
-                   own_episodes)  # fmt: skip
+                   own_episodes, teacher)  # fmt: skip
     publisher.take_cpu_per_token()  # sets the mark: each step reports its own window
     try:
         for step in range(state["iteration"], cfg.iterations):
@@ -352,6 +365,7 @@ class _Steps:
     on_event: Event
     version: int
     own_episodes: bool  # False: an online run's clients come and go, one client's failures do not stop the run
+    teacher: Teacher | None = None  # distill.teacher: it prefills each batch while the producer's episodes go on
     held: asyncio.Task[Any] | None = None  # the evaluation of this step, running beside its rollouts
     dropped_total: int = 0
     masked_total: int = 0
@@ -369,18 +383,20 @@ class _Steps:
         fresh, stale_before = select_fresh(batch, self.version, self.acfg)
         self.dropped_total += len(batch) - len(fresh)
         advantages = self.producer.advantages
-        metrics = await update(self.trainer, fresh, self.cfg, self.version, stale_before, advantages) | sampler_metrics(
-            self.cfg, self.tasks, self.producer.stats
-        )
+        metrics = await update(
+            self.trainer, fresh, self.cfg, self.version, stale_before, advantages, self.teacher
+        ) | sampler_metrics(self.cfg, self.tasks, self.producer.stats)
         self.masked_total += int(metrics.setdefault("async/masked_tokens", 0.0))
-        staleness = max((_age(t, self.version) for t in fresh), default=0)
+        staleness = max((age(t, self.version) for t in fresh), default=0)
         published, path = await self._publish(bool(metrics["train/empty"]))
         metrics |= published
         if self.held is not None:  # its row (step `step`) is logged before this step's
             await self.held  # an evaluation that raised ends the run with its error
             self.held = None
         self.version = metrics["version"]
+        self.producer.published(self.version)
         metrics |= self._totals(step, batch, fresh, staleness, t0, t1)
+        metrics |= staleness_by_calls(batch, fresh, stale_before, self.cfg.include_side_calls)
         metrics |= self.producer.metrics(fresh)
         return metrics, path
 

@@ -17,6 +17,7 @@ from typing import Any
 from hrl.config import LoopConfig
 from hrl.runners.rollouts.episodes import Episode, Rollouts, harness_for, run_episodes
 from hrl.runners.rundir import RunDir
+from hrl.train.distill import Teacher, start_teacher
 from hrl.train.heldout import Evaluations
 from hrl.train.offload import PhasePeaks
 from hrl.train.sampler import Strata, TaskStats, entropy, task_id, weighted_sample
@@ -93,6 +94,7 @@ async def train(
     """Run (or resume) the loop; returns the metrics of the steps this call ran. `eval_tasks`: held-out tasks,
     evaluated as `hrl.train.heldout` says."""
     trainer, state = await start_trainer(cfg, run, publisher, on_event)
+    teacher = await on_trainer_thread(start_teacher, cfg, trainer)  # None without distill.teacher
     version, history = state["version"], []
     evals = Evaluations(eval_tasks, cfg, run, rollouts)
     stats = sampler_stats(cfg, run, state["iteration"], tasks)  # rebuilt from the committed steps on resume
@@ -102,7 +104,7 @@ async def train(
             for it in range(state["iteration"], cfg.iterations):
                 await evals.at(it, version, sink, on_event)  # the policy this step's rollouts use
                 metrics, path = await _iteration(
-                    it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats
+                    it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats, teacher
                 )
                 version = metrics["version"]
                 commit(run, sink, metrics, path)
@@ -118,10 +120,12 @@ async def train(
 
 async def _iteration(
     it: int, tasks: list[dict[str, Any]], cfg: LoopConfig, run: RunDir, publisher: Publisher, rollouts: Rollouts,
-    trainer: Trainer, version: int, on_event: Event, stats: TaskStats,
+    trainer: Trainer, version: int, on_event: Event, stats: TaskStats, teacher: Teacher | None = None,
 ) -> tuple[dict[str, Any], str]:  # fmt: skip
     """One batch: roll out what is missing, update, save, publish; the step's metrics and checkpoint path. A step
-    that trained on nothing saves and publishes nothing: its checkpoint is the run's last, its version unchanged."""
+    that trained on nothing saves and publishes nothing: its checkpoint is the run's last, its version unchanged.
+    With a `teacher`, it prefills the batch's samples after the rollouts end, before the update (`time/distill_s`,
+    within `time/train_s`)."""
     t0, peaks = time.monotonic(), PhasePeaks(trainer.device)  # mem/peak_gib/<phase> on a GPU
     peaks.start()
     episodes = _batch(tasks, cfg, it, stats, rollouts)
@@ -137,7 +141,7 @@ async def _iteration(
     check_batch(traces, str(run.path))  # nothing the policy did: the run stops, naming why
     t1, mem = time.monotonic(), peaks.end("rollout")
     await sleep(publisher, trainer)  # colocated: vLLM frees the GPU, the trainer takes back what it offloaded
-    metrics = await update(trainer, traces, cfg, version)
+    metrics = await update(trainer, traces, cfg, version, teacher=teacher)
     t2 = time.monotonic()
     empty = bool(metrics["train/empty"])  # trained on nothing: the weights are still `version`'s, kept as they are
     path = run.state()["checkpoint"] if empty else await save_checkpoint(trainer, run, version + 1)

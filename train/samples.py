@@ -9,7 +9,8 @@ prompts, so they are still provably sampled), 0 on everything the proxy tokenize
 gets 1/k of its share in each, so a trace that splits into 5 branches weighs the same as one that does not.
 
 `mask_stale` takes tokens out of the loss by the policy version that sampled them (`async.staleness: mask`): their
-`loss_mask` becomes 0, the rest of the sample and its weights stay as they were.
+`loss_mask` becomes 0, the rest of the sample and its weights stay as they were. `token_versions` lists the version of
+each token that counts as sampled (one per token of the training calls: those `mask_stale` and `retained_tokens` count).
 
 A sample whose prompt held images carries them (`media`: the leaf call's records, sha256 and placeholder range in
 its ids, which hold every image of its branch, since each call's prompt extends its parent's), where their bytes are
@@ -29,7 +30,7 @@ from typing import Any
 
 from hrl.runners.trace import all_prompt_ids, branches, expand_versions
 
-__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "mask_stale", "retained_tokens"]
+__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "mask_stale", "retained_tokens", "token_versions"]
 
 RETAINED_TOKEN_RATIO = "train/retained_token_ratio"  # tokens trained ÷ tokens sampled, over the step's traces
 
@@ -50,6 +51,7 @@ class Sample:
     weight: list[float] = field(default_factory=list)  # per-token share of the trace's unit weight
     reward: float = 0.0
     advantage: float = 0.0
+    dense_advantage: list[float] = field(default_factory=list)  # per token, added to `advantage`; [] = none (distill)
     media: list[dict[str, Any]] = field(default_factory=list)  # the prompt's images: {sha256, placeholder, …}
     media_dir: str | None = None  # where their bytes are: media/<sha256>
     image_processor: dict[str, Any] | None = None  # the settings the engine's image processor used (None: default)
@@ -57,6 +59,13 @@ class Sample:
     @property
     def loss_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def token_advantages(self) -> list[float]:
+        """Each token's advantage: the trace's, plus the dense per-token term where one is set (on-policy
+        distillation's, `hrl.train.distill`)."""
+        if not self.dense_advantage:
+            return [self.advantage] * len(self.input_ids)
+        return [self.advantage + d for d in self.dense_advantage]
 
 
 def _keep(include_side: bool) -> Callable[[dict[str, Any]], bool]:
@@ -143,6 +152,13 @@ def mask_stale(trace: dict[str, Any], samples: list[Sample], before: int) -> int
         for call_id in calls
         for v in expand_versions(index[call_id]["versions"], len(index[call_id]["response_ids"]))
     )
+
+
+def token_versions(trace: dict[str, Any], include_side: bool = False) -> list[int]:
+    """The policy version of each sampled token of the trace's training calls (a whole response the agent got, of a
+    trainable agent; side calls only with `include_side`), each token once: what `mask_stale` counts from."""
+    calls = [c for c in trace["calls"] if _keep(include_side)(c)]
+    return [v for c in calls for v in expand_versions(c["versions"], len(c["response_ids"]))]
 
 
 def retained_tokens(trace: dict[str, Any], samples: list[Sample], include_side: bool = False) -> tuple[int, int]:

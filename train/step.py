@@ -23,6 +23,7 @@ from hrl.runners.rundir import RunDir
 from hrl.runners.trace import dropped_media, image_calls, is_infra_failure
 from hrl.train.advantages import group_advantages
 from hrl.train.device import release_free_memory
+from hrl.train.distill import Teacher, distill
 from hrl.train.group import make_trainer
 from hrl.train.media import unusable_images
 from hrl.train.offload import OffloadPlan, resolve_offload
@@ -213,13 +214,16 @@ def update_from_traces(
     cfg: LoopConfig,
     stale_before: int | None = None,
     advantages: Any = None,
+    teacher: Teacher | None = None,
 ) -> dict[str, Any]:
     """Advantages per group, branch samples, one trainer step. Returns the step's advantage and train metrics,
     `train/lr` (the learning rate of this step) among them. `stale_before`: tokens sampled by an older version leave
     the loss (`mask_stale`, counted as `async/masked_tokens`), after the retained-token check, which stays a check of
     tokenization alone; advantages are the traces' own, as without it. A trace an online run trains off-policy (its
     reward came late: `online.late_reward: off_policy`) keeps its stale tokens. `advantages`: (rewards, groups) →
-    (advantages, metrics) in place of the per-group ones (an online run's `lone_advantages`)."""
+    (advantages, metrics) in place of the per-group ones (an online run's `lone_advantages`). `teacher`: the run's
+    (`hrl.train.distill.start_teacher`), whose per-token term is added to the samples' advantages, with its
+    `distill/*` metrics and `time/distill_s`."""
     unseen = _unseen_images(trainer, traces)
     rewards = {t["trace_id"]: float(t["reward"]) for t in traces
                if trainable(t, cfg.keep_dropped_media) and t["trace_id"] not in unseen}  # fmt: skip
@@ -239,6 +243,7 @@ def update_from_traces(
             for s in mine:
                 s.advantage = adv[t["trace_id"]]
             samples += mine
+    distilled = distill(samples, teacher, cfg.distill.coef) if teacher is not None else {}
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
     images = float(len(unseen))  # left out: images the trainer cannot use (no vision tower, bytes missing)
     media = float(sum(trainable(t, keep_dropped_media=True) and t["trace_id"] not in rewards
@@ -250,7 +255,7 @@ def update_from_traces(
             "train/dropped_media": media,  # left out for media the proxy dropped (0 with train.keep_dropped_media)
             "train/image_traces": images,
             **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}), **lr,
-            **({"async/masked_tokens": float(masked)} if stale_before is not None else {}),
+            **({"async/masked_tokens": float(masked)} if stale_before is not None else {}), **distilled,
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
 
 
@@ -272,11 +277,12 @@ async def update(
     version: int,
     stale_before: int | None = None,
     advantages: Any = None,
+    teacher: Teacher | None = None,
 ) -> dict[str, Any]:
     """One update on the traces (off the event loop), with their trace metrics; `version`: the trainer's now;
-    `stale_before`: as in `update_from_traces`. `train/empty` = 1 when it trained on nothing (`trained_nothing`): the
+    `stale_before` and `teacher`: as in `update_from_traces`. `train/empty` = 1 when it trained on nothing (`trained_nothing`): the
     loops then neither save nor publish."""
-    metrics = await on_trainer_thread(update_from_traces, trainer, traces, cfg, stale_before, advantages)
+    metrics = await on_trainer_thread(update_from_traces, trainer, traces, cfg, stale_before, advantages, teacher)
     return metrics | step_metrics(traces, trainer_version=version) | {"train/empty": float(trained_nothing(metrics))}
 
 

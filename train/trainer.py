@@ -158,7 +158,7 @@ class Trainer:
         proximal = self.logprobs(samples)  # trainer's policy at update start, per sample
         behaviour = [_flat([s], lambda x: x.behaviour_logprobs) for s in samples]
         metrics = mismatch_kl(torch.cat(proximal), torch.cat(behaviour))
-        if all(s.advantage == 0 for s in samples):
+        if not any(a for s in samples for a in s.token_advantages()):
             # no learning signal (every group agreed): the gradient is exactly zero, but Adam would still move every
             # weight by its momentum (m/√v ≠ 0), drifting a policy that just collapsed further from where it was
             return {**metrics, "train/loss": 0.0, "train/grad_norm": 0.0, "train/samples": float(len(samples)),
@@ -212,7 +212,7 @@ class Trainer:
             logp = self._gather(mb, self._logp(self.forward, mb, tree)).float()  # (N,)
             prox = torch.cat([proximal[i] for i in mb_idx]).to(dev)
             behav = torch.cat([behaviour[i] for i in mb_idx]).to(dev)
-            adv = torch.cat([torch.full((len(_loss_pos(s)),), s.advantage) for s in mb]).to(dev)
+            adv = torch.cat([torch.tensor(s.token_advantages())[_loss_pos(s)] for s in mb]).to(dev)  # (N,)
             weight = token_weights(mb, n_traces, cfg.loss_norm, cfg.max_len).to(dev) * scale
             old, is_w = (behav, None) if cfg.correction == "none" else (prox, None)
             if cfg.correction != "none":  # ratio against the trainer, importance weight against the engine

@@ -2,6 +2,7 @@
 fields as validators on the models. The lowest room of hrl beside hrl.errors: every layer may import it, and it
 imports nothing heavy (pydantic only), so a refused `-c` or recipe is said before anything else is imported."""
 
+from hrl.config.distill import DistillConfig
 from hrl.config.proxy import BYTES_PER_TOKEN, MediaPolicy, ProxyConfig
 from hrl.config.rollout import PROXY_PORT, RolloutConfig
 from hrl.config.run import DEFAULT_VERIFIER, AsyncSection, OnlineSection, RunConfig
@@ -23,6 +24,7 @@ __all__ = [
     "AdvantageKind",
     "AsyncConfig",
     "AsyncSection",
+    "DistillConfig",
     "LoopConfig",
     "LoopSettings",
     "MediaPolicy",

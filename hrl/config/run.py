@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hrl.config.distill import DistillConfig
 from hrl.config.proxy import ProxyConfig
 from hrl.config.rollout import RolloutConfig
 from hrl.config.serving import OnlineConfig, PlacementConfig, TelemetryConfig
@@ -61,6 +62,10 @@ class RunConfig(BaseModel):
         default_factory=LoopSettings, description="The outer loop: iterations, batch, advantage."
     )
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The update: LoRA/full, lr, clipping.")
+    distill: DistillConfig = Field(
+        default_factory=DistillConfig,
+        description="On-policy distillation: the teacher and its weight (off by default).",
+    )
     async_: AsyncSection = Field(
         default_factory=AsyncSection, alias="async", description="The asynchronous loop (`enabled` turns it on)."
     )
@@ -78,7 +83,7 @@ class RunConfig(BaseModel):
         """What the loops run with: `train` and `trainer` (the run's `model` trained), their cross-field rules
         checked together."""
         trainer = self.trainer.model_copy(update={"model": self.model}) if self.model else self.trainer
-        return LoopConfig(**self.train.model_dump(exclude_unset=True), trainer=trainer)
+        return LoopConfig(**self.train.model_dump(exclude_unset=True), trainer=trainer, distill=self.distill)
 
     @model_validator(mode="after")
     def _loop_rules(self) -> RunConfig:
@@ -87,6 +92,18 @@ class RunConfig(BaseModel):
             self.loop()
         except ValidationError as exc:
             raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _distill_on_own_episodes(self) -> RunConfig:
+        """An online run's groups are its clients' and its advantages their rewards alone (`lone_advantages`): a
+        teacher there is not supported yet, and `train.advantage: distill` would not be the teacher's signal alone."""
+        if self.distill.enabled and self.serves_clients:
+            raise UsageError(
+                f"distill.teacher={self.distill.teacher} is not supported with --serve yet: an online run's "
+                "advantages are its clients' rewards alone",
+                hint="distill in hrl train's own loops (sync or --async), or leave distill.teacher out",
+            )
         return self
 
     @model_validator(mode="after")

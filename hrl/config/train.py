@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hrl.config.distill import DistillConfig
 from hrl.errors import UsageError
 
 __all__ = [
@@ -19,7 +20,7 @@ __all__ = [
     "check_batch_fits",
 ]
 
-AdvantageKind = Literal["grpo", "mean", "dr_grpo", "batch"]
+AdvantageKind = Literal["grpo", "mean", "dr_grpo", "batch", "distill"]
 SamplerKind = Literal["uniform", "signal", "balanced"]
 
 _ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -140,7 +141,8 @@ class LoopSettings(BaseModel):
         "grpo",
         description="grpo: (r − mean) / std per group. mean: r − mean. dr_grpo: r − mean with the loss ÷ a constant "
         "(Dr. GRPO); sets trainer.loss_norm=constant. batch: (r − mean) / std over the whole batch (REINFORCE++): "
-        "a group that all failed is pushed down when another succeeded.",
+        "a group that all failed is pushed down when another succeeded. distill: the teacher's per-token signal alone "
+        "(distill.teacher), no reward term.",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch (PPO epochs); > 1 reuses the rollouts.")
     mini_batches: int = Field(
@@ -200,6 +202,18 @@ class LoopConfig(LoopSettings):
     """What the loops run with: the `train:` section and the `trainer:` section inside it."""
 
     trainer: TrainerConfig
+    distill: DistillConfig = Field(default_factory=DistillConfig, description="The teacher, when distilling.")
+
+    @model_validator(mode="after")
+    def _distill_needs_a_teacher(self) -> LoopConfig:
+        """`train.advantage: distill` trains on the teacher's signal alone: without a teacher there is none."""
+        if self.advantage == "distill" and not self.distill.enabled:
+            raise UsageError(
+                "train.advantage=distill trains on a teacher's per-token signal alone, but no distill.teacher is set",
+                hint="add -c distill.teacher=MODEL (an HF model dir or id, or an hrl: name with the student's "
+                "tokenizer), or use -c train.advantage=grpo",
+            )
+        return self
 
     @model_validator(mode="after")
     def _dr_grpo_normalises_by_a_constant(self) -> LoopConfig:
@@ -222,9 +236,17 @@ class AsyncConfig(BaseModel):
     batch_traces: int = Field(8, ge=1, description="Finished traces per update (N), rounded up to whole groups.")
     max_staleness: int = Field(1, ge=0, description="Tokens more versions old than this are stale (see `staleness`).")
     staleness: Literal["drop", "mask"] = Field(
-        "drop",
-        description="drop: a trace with any stale token is left out, so its group trains short; mask: only its stale "
-        "tokens leave the loss, the rest of the trace and its group train (a trace with no fresh token is dropped).",
+        "mask",
+        description="mask: only a trace's stale tokens leave the loss, the rest of the trace and its group train (a "
+        "trace with no fresh token is dropped); drop: a trace with any stale token is left out, so its group trains "
+        "short, and long episodes, which span the most publishes, are the ones lost.",
+    )
+    pace: bool = Field(
+        True,
+        description="Start no new group while the oldest episode in flight started more than max_staleness versions "
+        "before the trainer's version: the trainer runs out of batches and waits for slow episodes instead of "
+        "running ahead of them (held seconds: async/paced_s). false: start groups whenever max_in_flight and "
+        "max_buffered leave room.",
     )
     max_buffered: int = Field(
         32,

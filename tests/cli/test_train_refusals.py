@@ -33,6 +33,21 @@ ASYNC = ("train", "--recipe", "demo", "--async", "--model", "hrl:tiny", "--run-d
             ("proxy.version_policy=pin", "trainer.mode=full"),
             "proxy.version_policy=mixed",
         ),
+        (  # the teacher's signal alone, and no teacher
+            ("train", "--recipe", "demo", "--model", "hrl:tiny", "-c", "train.advantage=distill"),
+            ("train.advantage=distill", "no distill.teacher"),
+            "-c distill.teacher=MODEL",
+        ),
+        (
+            ("train", "--recipe", "demo", "--model", "hrl:tiny", "-c", "distill.teacher=http://127.0.0.1:8000/v1"),
+            ("distill.teacher=http://127.0.0.1:8000/v1", "not supported yet"),
+            "HF model dir",
+        ),
+        (  # an online run's advantages are its clients' rewards alone: no teacher there yet
+            ("train", "--recipe", "demo", "--serve", "--model", "hrl:tiny", "-c", "distill.teacher=hrl:tiny"),
+            ("distill.teacher=hrl:tiny", "--serve"),
+            "sync or --async",
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_refused_before_anything_starts(
@@ -47,6 +62,22 @@ def test_settings_that_cannot_work_are_refused_before_anything_starts(
     assert hint in hints[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
     assert not (tmp_path / "cache").exists()  # refused before the model was built
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_before_anything_starts(
+    tiny_model, family_model, tmp_path, monkeypatch, capsys
+):
+    """distill.teacher scores the student's token ids as they are: a teacher whose tokenizer maps them to other
+    tokens is refused (exit 2) once both models are real, before a run directory, engine or sandbox exists."""
+    monkeypatch.chdir(tmp_path)
+    teacher = family_model("llama3")  # the same BPE trained with another family's special tokens: other ids
+    argv = ["train", "--recipe", "demo", "--model", tiny_model, "-c", f"distill.teacher={teacher}", "--run-dir", "run"]
+    code, _out, err = run_hrl(argv, {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert code == USAGE and len(errors) == 1, err
+    assert f"distill.teacher={teacher} has another tokenizer than the student" in errors[0], errors[0]
+    assert "special tokens differ" in errors[0] and "Hint: give a teacher of the student's family" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 
 def test_a_run_written_before_the_checks_is_refused_on_resume(tmp_path, monkeypatch, capsys):

@@ -18,8 +18,9 @@ from hrl.runners.rollouts.episodes import Rollouts
 from hrl.runners.rollouts.simagent import SimulatedAgent
 from hrl.runners.rundir import RunDir
 from hrl.runners.serving.stack import serving
-from hrl.train.async_loop import AsyncConfig, check_batch_fits, oldest_version, train_async
+from hrl.train.async_loop import AsyncConfig, check_batch_fits, train_async
 from hrl.train.loop import LoopConfig
+from hrl.train.staleness import oldest_version
 from hrl.train.step import Publisher
 from hrl.train.trainer import TrainerConfig
 
@@ -45,7 +46,7 @@ def _published(history: list[dict], start: int = 0) -> list[int]:
 def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     run = RunDir(tmp_path / policy)
     cfg = LoopConfig(iterations=4, group_size=2, task_sampler=sampler, trainer=TrainerConfig(model=tiny_model, lr=1e-2))
-    acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8)
+    acfg = AsyncConfig(max_in_flight=6, batch_traces=4, max_staleness=0, max_buffered=8, staleness="drop")
     run.create(cfg.model_dump())
     history = asyncio.run(_run(tiny_model, run, cfg, acfg, policy))
     assert [m["version"] for m in history] == _published(history)
@@ -58,7 +59,7 @@ def _check(tmp_path, tiny_model, policy: str, sampler: str = "uniform") -> None:
     # staleness 0: every trained trace was sampled entirely by the version live at its update; stale ones counted
     assert sum(m["async/dropped_stale"] for m in history) == history[-1]["async/dropped_stale_total"]
     assert all(m["trace/staleness/max"] == 0 for m in history)
-    assert all(m["async/masked_tokens"] == 0 for m in history)  # drop, the default, masks nothing
+    assert all(m["async/masked_tokens"] == 0 for m in history)  # drop masks nothing
     assert all(m["async/stale_groups"] <= m["async/dropped_stale"] for m in history)  # a group lost one or more
     mixed = [t for t in traces if len({v for c in t["calls"] for _, v in c["versions"]}) > 1]
     if policy == "pin":
@@ -117,7 +118,10 @@ def _check_readers(run: RunDir, n_traces: int) -> None:
     """An async run's traces are where `hrl inspect RUN_DIR` and `hrl report` look, per step."""
     rows = _hrl("inspect", str(run.path), "--json")
     assert sum(r["traces"] for r in rows) == n_traces
-    assert [r["iteration"] for r in rows][:6] == list(range(6)) and all(r["traces"] for r in rows[:6])
+    assert [r["iteration"] for r in rows][:6] == list(range(6))
+    # each step's own traces (a step while pacing held every new group, async.pace, started none: it has none)
+    assert all(r["traces"] == len(run.iteration_traces(r["iteration"])) for r in rows[:6])
+    assert rows[0]["traces"] > 0
     logged = run.metric_rows()
     assert all(r["metrics"]["version"] == logged[r["iteration"]]["version"] for r in rows[:6])  # per iteration
     report = _hrl("report", str(run.path), "--json")

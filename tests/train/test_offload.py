@@ -209,5 +209,5 @@ def test_the_engine_share_is_what_the_trainer_and_the_headroom_leave_rounded_dow
     assert engine_share(30 * gib, 80 * gib, headroom_bytes=0) == 0.62  # 0.625 rounded down, never up
     share = engine_share(10 * gib + 1, 141 * gib)
     assert share * 141 * gib + 10 * gib + 1 + gib <= 141 * gib  # the sum stays inside the GPU
-    with pytest.raises(ValueError, match="76.0 GiB leaves the engine 4 % of this 80 GiB GPU"):
+    with pytest.raises(ValueError, match=r"76\.0 GiB leaves the engine 4 % of this 80 GiB GPU"):
         engine_share(76 * gib, 80 * gib)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from hrl.train.async_loop import AsyncConfig, newest_version, select_fresh, stale_groups
+from hrl.train.async_loop import AsyncConfig
 from hrl.train.loop import LoopConfig
 from hrl.train.samples import build_samples, mask_stale
+from hrl.train.staleness import newest_version, select_fresh, stale_groups
 from hrl.train.step import update_from_traces
 from hrl.train.trainer import Trainer, TrainerConfig
 from tests.train.test_math import _call as math_call
@@ -55,7 +56,7 @@ def test_mask_keeps_the_group_whole_and_drops_only_a_trace_with_no_fresh_token()
     # trainer at version 6, max_staleness 1: tokens of versions older than 5 are stale; mixed's oldest is 3
     kept, before = select_fresh(batch, 6, AsyncConfig(max_staleness=1, staleness="mask"))
     assert kept == batch and before == 5 and stale_groups(batch, kept) == 0
-    kept, before = select_fresh(batch, 6, AsyncConfig(max_staleness=1))  # drop, the default
+    kept, before = select_fresh(batch, 6, AsyncConfig(max_staleness=1, staleness="drop"))
     assert kept == [fresh] and before is None and stale_groups(batch, kept) == 1
     # every token older than 7 - 1 = 6 except b's last two (version 6): kept; at 8 nothing is fresh: dropped
     assert newest_version(mixed) == 6
