@@ -51,7 +51,8 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> RunCon
     check_training(cfg, say)
     materialize_checked(cfg)
     if cfg.distill.enabled:  # the teacher made real as the model is, its tokenizer checked to be the student's
-        cfg.distill.teacher = materialize_model(cfg.distill.teacher)
+        if not cfg.distill.remote:
+            cfg.distill.teacher = materialize_model(cfg.distill.teacher)
         check_teacher(cfg)
     return cfg
 

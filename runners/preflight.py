@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrl.config import DEFAULT_VERIFIER
-from hrl.runners.errors import PrerequisiteError, UnknownNameError, UsageError
+from hrl.runners.errors import EngineError, PrerequisiteError, UnknownNameError, UsageError
 
 if TYPE_CHECKING:
     from hrl.config import RunConfig
@@ -152,6 +152,9 @@ def check_teacher(cfg: RunConfig) -> None:
 
     from hrl.runners.models import split_adapter
 
+    if cfg.distill.remote:
+        _check_remote_teacher(cfg, AutoTokenizer.from_pretrained(split_adapter(cfg.model)[0]))
+        return
     check_model(cfg.distill.teacher)
     student, teacher = (AutoTokenizer.from_pretrained(split_adapter(m)[0]) for m in (cfg.model, cfg.distill.teacher))
     ours, theirs = student.get_vocab(), teacher.get_vocab()
@@ -166,6 +169,37 @@ def check_teacher(cfg: RunConfig) -> None:
         f"distill.teacher={cfg.distill.teacher} has another tokenizer than the student {cfg.model}: {what}",
         hint="give a teacher of the student's family, with its tokenizer (the teacher scores the student's token ids)",
     )
+
+
+PROBE_TOKENS = 4096  # of the student's vocabulary, decoded into the texts a URL teacher's tokenizer must split alike
+
+
+def _check_remote_teacher(cfg: RunConfig, student: Any) -> None:
+    """A teacher behind a URL: the server answers, serves the model named (or one), and its tokenizer splits, as the
+    student's does, the text of every special token and of PROBE_TOKENS tokens spread over the vocabulary (a server
+    shows no vocabulary to compare whole; another tokenizer splits such a probe otherwise)."""
+    from hrl.runners.engines.scoring import ScoringServer
+
+    vocab = len(student)
+    step = max(1, vocab // PROBE_TOKENS)
+    texts = [*student.all_special_tokens, *(student.decode(list(range(i, min(i + 64, vocab)))) for i in
+                                             range(0, vocab, 64 * step))]  # fmt: skip
+    server = ScoringServer(cfg.distill.teacher, cfg.distill.teacher_model)
+    try:
+        theirs = server.describe(texts)
+    except EngineError as e:
+        raise UsageError(f"distill.teacher={cfg.distill.teacher}: {e}",
+                         hint="start the teacher's vLLM server first (hrl serve, or vllm serve), or name "
+                         "its model with -c distill.teacher_model=NAME") from e  # fmt: skip
+    for text, got in zip(texts, theirs, strict=True):
+        want = student.encode(text, add_special_tokens=False)
+        if got != want:
+            raise UsageError(
+                f"distill.teacher={cfg.distill.teacher} ({server.model}) has another tokenizer than the student "
+                f"{cfg.model}: {text[:40]!r} is {want[:6]} for the student and {got[:6]} for the teacher",
+                hint="serve a teacher of the student's family, with its tokenizer (the teacher scores the student's "
+                "token ids)",
+            )
 
 
 def check_honest_sampling(cfg: RunConfig) -> None:

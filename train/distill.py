@@ -9,7 +9,8 @@ token (the trace's), so the teacher needs one prefill per sample and the student
 distill` the trace's own advantage is 0 and this term is the whole signal; with any other kind it is added to it.
 
 The teacher runs after a batch's rollouts end and before the update, on the trainer's device and in its dtype,
-samples padded into forward passes of at most `distill.batch_tokens` tokens. Its tokenizer is checked to be the
+samples padded into forward passes of at most `distill.batch_tokens` tokens; or, given as a running vLLM server's
+URL, on that server (`RemoteTeacher`: one `prompt_logprobs` request a sample). Its tokenizer is checked to be the
 student's before anything starts (`hrl.runners.preflight.check_teacher`): ids are scored as they are, never re-
 tokenized. A sample whose prompt holds images is left without the term (the teacher gets no pixels), counted.
 """
@@ -27,7 +28,7 @@ from hrl.train.device import plan_micro_batches
 from hrl.train.logprobs import token_logprobs
 from hrl.train.samples import Sample
 
-__all__ = ["Teacher", "distill", "start_teacher"]
+__all__ = ["RemoteTeacher", "Teacher", "distill", "start_teacher"]
 
 
 class Teacher:
@@ -63,11 +64,29 @@ class Teacher:
         return out
 
 
+class RemoteTeacher(Teacher):
+    """A running vLLM server that scores samples over HTTP (`distill.teacher: URL`): one `prompt_logprobs` request a
+    sample, `distill.concurrency` at once (`hrl.runners.engines.scoring`). The server's own dtype and kernels are
+    the teacher's."""
+
+    def __init__(self, cfg: DistillConfig) -> None:  # nothing is loaded here: the server holds the model
+        from hrl.runners.engines.scoring import ScoringServer
+
+        self.server = ScoringServer(cfg.teacher, cfg.teacher_model, cfg.concurrency)
+
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """As `Teacher.logprobs`: per sample, per position t, log π_teacher(input_ids[t] | input_ids[:t]); 0.0 at 0."""
+        return self.server.score([s.input_ids for s in samples])
+
+
 def start_teacher(cfg: LoopConfig, trainer: Any) -> Teacher | None:
-    """The run's teacher on the trainer's device and in its dtype (`trainer.logprob_chunk` positions per vocabulary
-    chunk), or None without `distill.teacher`. Both loops call it once, after `start_trainer`."""
+    """The run's teacher: a server's URL scores over HTTP; a model is loaded on the trainer's device and in its dtype
+    (`trainer.logprob_chunk` positions per vocabulary chunk); None without `distill.teacher`. Both loops call it
+    once, after `start_trainer`."""
     if not cfg.distill.enabled:
         return None
+    if cfg.distill.remote:
+        return RemoteTeacher(cfg.distill)
     return Teacher(cfg.distill, trainer.device, trainer.dtype, cfg.trainer.logprob_chunk)
 
 

@@ -4,9 +4,7 @@ estimate, log π_student − log π_teacher on the sampled token, enters the los
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from hrl.errors import UsageError
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DistillConfig"]
 
@@ -16,9 +14,17 @@ class DistillConfig(BaseModel):
 
     teacher: str = Field(
         "",
-        description="The teacher: an HF model dir or id, a LoRA checkpoint dir, or an hrl: name; its tokenizer must "
-        "be the student's (checked before anything starts). '' = no distillation.",
+        description="The teacher: an HF model dir or id, a LoRA checkpoint dir, an hrl: name (loaded beside the "
+        "trainer), or a running vLLM server's URL (http://host:port[/v1] or unix:/path/to/socket: it scores over "
+        "HTTP, with prompt_logprobs); its tokenizer must be the student's (checked before anything starts). '' = no "
+        "distillation.",
     )
+    teacher_model: str = Field(
+        "",
+        description="With a URL teacher: the served model that scores ('' = the server's base model, refused when it "
+        "serves several).",
+    )
+    concurrency: int = Field(8, ge=1, description="With a URL teacher: scoring requests in flight at once.")
     coef: float = Field(
         1.0,
         gt=0,
@@ -32,17 +38,11 @@ class DistillConfig(BaseModel):
         "longest ≤ this; a longer one goes alone).",
     )
 
-    @field_validator("teacher")
-    @classmethod
-    def _no_url_yet(cls, value: str) -> str:
-        """A running server as the teacher (prompt logprobs over HTTP) is not built yet: said now, not at step 0."""
-        if value.startswith(("http://", "https://")):
-            raise UsageError(
-                f"distill.teacher={value}: a teacher behind a URL is not supported yet",
-                hint="give the teacher as an HF model dir or id, or an hrl: name (it is loaded beside the trainer)",
-            )
-        return value
-
     @property
     def enabled(self) -> bool:
         return bool(self.teacher)
+
+    @property
+    def remote(self) -> bool:
+        """A running server scores (`teacher` is its URL), not a model loaded beside the trainer."""
+        return self.teacher.startswith(("http://", "https://", "unix:"))

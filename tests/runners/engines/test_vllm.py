@@ -25,6 +25,7 @@ from hrl.runners.errors import (
     ModelNotFoundError,
     PortInUseError,
     PrerequisiteError,
+    UsageError,
 )
 from tests.models import chat_prompt, hf_greedy, load_hf, recompute_logprobs
 
@@ -534,3 +535,28 @@ def test_the_server_listens_on_a_private_unix_socket_and_no_http_port(engine, lo
             continue
     assert answered == []
     assert loop.run_until_complete(engine.health())
+
+
+def test_a_vllm_server_teaches_as_the_model_it_serves_and_its_tokenizer_is_checked(engine, tiny_model, family_model):
+    """distill.teacher as the server's address: each sample's tokens scored by `prompt_logprobs`, as the same model
+    loaded beside the trainer scores them (within the parity tolerance of vLLM's kernels); the tokenizer check passes
+    the student whose tokenizer the server has and refuses another's, before anything starts."""
+    import torch
+
+    from hrl.config import DistillConfig, RunConfig
+    from hrl.runners.preflight import check_teacher
+    from hrl.train.distill import RemoteTeacher, Teacher
+    from hrl.train.samples import Sample
+
+    prompt = chat_prompt(tiny_model)
+    samples = [Sample(trace_id=f"t{i}", group_id="g", branch=[], input_ids=prompt + list(range(40 + i, 60 + 2 * i)),
+                      loss_mask=[], behaviour_logprobs=[], versions=[]) for i in range(3)]  # fmt: skip
+    remote = RemoteTeacher(DistillConfig(teacher=engine.address)).logprobs(samples)
+    local = Teacher(DistillConfig(teacher=tiny_model), torch.device("cpu"), torch.float32).logprobs(samples)
+    assert [len(r) for r in remote] == [len(s.input_ids) for s in samples] and all(r[0] == 0.0 for r in remote)
+    assert max(_max_delta(r[1:], ref[1:]) for r, ref in zip(remote, local, strict=True)) <= TOL
+    check_teacher(RunConfig(model=tiny_model, distill={"teacher": engine.address}))
+    with pytest.raises(UsageError, match="another tokenizer than the student"):
+        check_teacher(RunConfig(model=family_model("llama3"), distill={"teacher": engine.address}))
+    with pytest.raises(UsageError, match="does not serve 'nope'"):
+        check_teacher(RunConfig(model=tiny_model, distill={"teacher": engine.address, "teacher_model": "nope"}))
