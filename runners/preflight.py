@@ -445,9 +445,34 @@ def check_training(cfg: RunConfig, say: Say) -> None:
     check_honest_sampling(cfg)
     cfg.for_training()  # in the run's config.json: what every call sampled with
     check_placement(cfg)
+    check_turn_credit(cfg)
     check_run(cfg, cfg.engine, cfg.tasks, say=say)
     if cfg.eval_tasks:  # held-out tasks: read whole now too (`-c eval_tasks=` runs without evaluations)
         check_tasks(cfg.eval_tasks)
+
+
+def check_turn_credit(cfg: RunConfig) -> None:
+    """`train.credit: turn` (rollout.turn_scores) needs agent CLI episodes (the white-box rollouts record no turn
+    scores) graded by a verifier whose class scores turns (`Verifier.scores_turns`): else every trace would fall back."""
+    if not cfg.rollout.turn_scores:
+        return
+    from hrl.registry import lookup
+    from hrl.runners.tasks import VERIFIERS
+    from hrl.runners.whitebox.harness import is_python_agent
+
+    grade_by_source(cfg, cfg.tasks)  # the verifier a task source implies (miniwob: pages), as check_run finds it
+    if white := [a for a in harnesses(cfg) if is_python_agent(a)]:
+        raise UsageError(
+            f"train.credit=turn scores turns in an agent CLI's sandbox; {white[0]} is a white-box Python agent, whose "
+            "episodes record no turn scores",
+            hint="use -c train.credit=episode, or an agent CLI (--agent mini-swe-agent)",
+        )
+    name = cfg.verifier_name
+    if not lookup(VERIFIERS, "verifier", name).scores_turns:
+        raise UsageError(
+            f"train.credit=turn needs a verifier that scores each turn; the {name} verifier cannot",
+            hint="use -c train.credit=episode, or tasks graded by their tests (verifier.name: tests)",
+        )
 
 
 def check_harnesses(cfg: RunConfig, names: list[str], engine: str, task_file: str, say: Say) -> None:

@@ -216,6 +216,7 @@ def test_the_base_imports_nothing_of_hrl():
     [
         (["-c", "trainer.lr=-1"], "trainer.lr"),  # a value out of its bounds
         (["--async", "-c", "async.max_buffered=2", "-c", "async.batch_traces=16"], "async.max_buffered=2"),  # a rule
+        (["--serve", "-c", "train.credit=turn"], "train.credit=turn"),  # across sections
     ],  # across fields
 )
 def test_a_refused_setting_imports_nothing_heavy(args, named, tmp_path):

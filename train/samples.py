@@ -30,7 +30,10 @@ from typing import Any
 
 from hrl.runners.trace import all_prompt_ids, branches, expand_versions
 
-__all__ = ["RETAINED_TOKEN_RATIO", "Sample", "build_samples", "mask_stale", "retained_tokens", "token_versions"]
+__all__ = [
+    "RETAINED_TOKEN_RATIO", "Sample", "build_samples", "mask_stale", "retained_tokens", "token_versions",
+    "training_calls",
+]  # fmt: skip
 
 RETAINED_TOKEN_RATIO = "train/retained_token_ratio"  # tokens trained ÷ tokens sampled, over the step's traces
 
@@ -62,7 +65,7 @@ class Sample:
 
     def token_advantages(self) -> list[float]:
         """Each token's advantage: the trace's, plus the dense per-token term where one is set (on-policy
-        distillation's, `hrl.train.distill`)."""
+        distillation's, `hrl.train.distill`; turn credit's, `hrl.train.credit`; their sum where both are)."""
         if not self.dense_advantage:
             return [self.advantage] * len(self.input_ids)
         return [self.advantage + d for d in self.dense_advantage]
@@ -74,6 +77,11 @@ def _keep(include_side: bool) -> Callable[[dict[str, Any]], bool]:
     return lambda c: (
         c["finish_reason"] not in _UNUSABLE and c.get("trainable", True) and (include_side or not c.get("side"))
     )
+
+
+def training_calls(trace: dict[str, Any], include_side: bool = False) -> list[dict[str, Any]]:
+    """The calls of a trace that samples train on (`_keep`), in the trace's order."""
+    return [c for c in trace["calls"] if _keep(include_side)(c)]
 
 
 def _branch_media(trace: dict[str, Any], path: list[int], prompts: list[list[int]]) -> list[dict[str, Any]]:

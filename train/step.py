@@ -22,6 +22,7 @@ from hrl.runners.models import resolve_model
 from hrl.runners.rundir import RunDir
 from hrl.runners.trace import dropped_media, image_calls, is_infra_failure
 from hrl.train.advantages import group_advantages
+from hrl.train.credit import credit_turns
 from hrl.train.device import release_free_memory
 from hrl.train.distill import Teacher, distill
 from hrl.train.group import make_trainer
@@ -223,7 +224,7 @@ def update_from_traces(
     reward came late: `online.late_reward: off_policy`) keeps its stale tokens. `advantages`: (rewards, groups) →
     (advantages, metrics) in place of the per-group ones (an online run's `lone_advantages`). `teacher`: the run's
     (`hrl.train.distill.start_teacher`), whose per-token term is added to the samples' advantages, with its
-    `distill/*` metrics and `time/distill_s`."""
+    `distill/*` metrics and `time/distill_s`. `train.credit: turn` adds each turn's credit on top (`credit/*`)."""
     unseen = _unseen_images(trainer, traces)
     rewards = {t["trace_id"]: float(t["reward"]) for t in traces
                if trainable(t, cfg.keep_dropped_media) and t["trace_id"] not in unseen}  # fmt: skip
@@ -232,7 +233,7 @@ def update_from_traces(
         adv, adv_metrics = advantages(rewards, groups)
     else:
         adv, adv_metrics = group_advantages(rewards, groups, cfg.advantage, drop_zero_variance=cfg.drop_zero_variance)
-    samples, trained, sampled, masked = [], 0, 0, 0
+    samples, trained, sampled, masked, by_trace = [], 0, 0, 0, []
     for t in traces:
         if t["trace_id"] in adv:
             mine = build_samples(t, cfg.include_side_calls, trainer.media_dir)
@@ -243,7 +244,10 @@ def update_from_traces(
             for s in mine:
                 s.advantage = adv[t["trace_id"]]
             samples += mine
+            by_trace.append((t, mine))
     distilled = distill(samples, teacher, cfg.distill.coef) if teacher is not None else {}
+    # after distillation, which sets the dense term: turn credit adds to it
+    credit = credit_turns(by_trace, cfg.credit_coef, cfg.include_side_calls) if cfg.credit == "turn" else {}
     infra = float(sum(is_infra_failure(t) for t in traces))  # left out of training, counted
     images = float(len(unseen))  # left out: images the trainer cannot use (no vision tower, bytes missing)
     media = float(sum(trainable(t, keep_dropped_media=True) and t["trace_id"] not in rewards
@@ -255,7 +259,7 @@ def update_from_traces(
             "train/dropped_media": media,  # left out for media the proxy dropped (0 with train.keep_dropped_media)
             "train/image_traces": images,
             **({RETAINED_TOKEN_RATIO: trained / sampled} if sampled else {}), **lr,
-            **({"async/masked_tokens": float(masked)} if stale_before is not None else {}), **distilled,
+            **({"async/masked_tokens": float(masked)} if stale_before is not None else {}), **distilled, **credit,
             **trainer.step(samples, cfg.ppo_epochs, cfg.mini_batches)}  # fmt: skip
 
 

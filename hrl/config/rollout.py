@@ -58,6 +58,15 @@ class RolloutConfig(BaseModel):
         "heavy imports done off the episode's clock, then run unchanged when the episode starts (mini-swe-agent: "
         "litellm). Traces say harness_warm.",
     )
+    turn_scores: bool = Field(
+        False,
+        description="Score the agent's sandbox as each LLM call arrives, with the verifier's turn_score (the tests "
+        "verifier: the share of the task's tests passing with the diff so far, one grading run per distinct diff); "
+        "each call's trace record gets turn_score. train.credit: turn sets it; alone, the scores are only recorded.",
+    )
+    turn_score_timeout_s: float = Field(
+        300.0, gt=0, description="Limit for reading or grading one turn's state, s; past it the score is null."
+    )
     mode: Literal["auto", "inprocess", "subprocess"] = Field(
         "auto",
         description="White-box (python:) agents only: `subprocess` (a worker process with OPENAI_BASE_URL / "

@@ -134,6 +134,21 @@ class RunConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _turn_credit_scores_turns(self) -> RunConfig:
+        """`train.credit: turn` trains on scores the rollouts record (`rollout.turn_scores`); an online run's
+        episodes are its clients', with no sandbox of hrl's to score."""
+        if self.train.credit != "turn":
+            return self
+        if self.serves_clients:
+            raise UsageError(
+                "train.credit=turn scores each turn in the episode's sandbox, but an online run's (--serve) episodes "
+                "are its clients', with no sandbox hrl can score",
+                hint="use -c train.credit=episode with --serve",
+            )
+        self.rollout.turn_scores = True
+        return self
+
     @property
     def serves_clients(self) -> bool:
         """An online run (`hrl train --serve`): episodes come from clients."""

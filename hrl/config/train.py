@@ -183,6 +183,14 @@ class LoopSettings(BaseModel):
         "(the demo: in_place = 'sed -i', the fix written in place; success among them = the right operator).",
     )
     include_side_calls: bool = Field(False, description="Train on side calls (title generation, …) too.")
+    credit: Literal["episode", "turn"] = Field(
+        "episode",
+        description="episode: every token of a trace gets its advantage. turn: the verifier also scores the sandbox "
+        "as each LLM call arrives (rollout.turn_scores; the tests verifier: one grading run per distinct diff), and "
+        "each turn's response tokens get credit_coef × (its progress − the mean progress of its agent's turns) added "
+        "to the trace's advantage (docs/recipes.md, Turn credit). A trace without every score falls back to episode.",
+    )
+    credit_coef: float = Field(1.0, gt=0, description="train.credit: turn: the weight of the per-turn term.")
     keep_dropped_media: bool = Field(
         False,
         description="Train on traces whose requests lost media to proxy.media: drop (the model answered without "

@@ -68,6 +68,9 @@ class CallRecord:
     sent_ids: list[int] | None = None
     image_processor: dict[str, Any] | None = None  # the settings the engine's image processor made the pixels with
     tool_prompt: str | None = None  # the tool prompt the proxy showed the tools in (proxy.tool_prompt): hermes
+    # train.credit: turn: the verifier's score of the sandbox as the call arrived (None: scoring failed or timed out)
+    turn_scored: bool = False
+    turn_score: float | None = None
 
     @property
     def full_ids(self) -> list[int]:

@@ -280,6 +280,8 @@ class Proxy:
                 )
             await self._off_loop(self._store_media, images, prompt=False)
         call = session.open_call(dialect, req, plan, body_hash)
+        if session.trainable and (on_call := session.root.on_call) is not None:
+            await on_call(call.record)  # the sandbox is still as the agent's last tools left it
         call.images = [ImageInput(images[sha].data or b"", images[sha].mime, sha) for sha in plan.images]
         return call
 

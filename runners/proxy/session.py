@@ -16,6 +16,7 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hrl.errors import HrlError
@@ -103,6 +104,8 @@ class Session:
         self.replica_switches: list[dict[str, Any]] = []  # generations moved off a dead engine replica (replicas.py)
         self.replica_moves: list[dict[str, Any]] = []  # the session moved to a less-loaded replica (engines/routing.py)
         self.agent_key_digest: bytes | None = None  # of the tree's scoped credential (issue_agent_key), not the key
+        # awaited as each call of a trained agent of the tree arrives, before it is generated (train.credit: turn)
+        self.on_call: Callable[[CallRecord], Awaitable[None]] | None = None
 
     def issue_agent_key(self) -> str:
         """A white-box agent's credential for this session's tree: it opens and retires the tree's sub-agents
@@ -453,6 +456,8 @@ def _encode_calls(calls: list[CallRecord], t0: float, agentic: set[str | None]) 
             d["image_processor"] = c.image_processor
         if c.tool_prompt:
             d["tool_prompt"] = c.tool_prompt
+        if c.turn_scored:
+            d["turn_score"] = c.turn_score
         out.append(d)
     return out
 

@@ -24,6 +24,7 @@ from hrl.runners.proxy.proxy import UnknownSessionError
 from hrl.runners.proxy.session import Session
 from hrl.runners.rollouts.agent_session import agent_session
 from hrl.runners.rollouts.episodes import Episode, Rollouts
+from hrl.runners.rollouts.turns import TurnScorer
 from hrl.runners.serving.stack import Stack
 from hrl.runners.tasks import make_verifier
 from hrl.runners.tasks.harbor import task_version
@@ -99,6 +100,11 @@ class AgentRollouts(Rollouts):
                 "rollout.reuse: group cannot go with a Harbor verifier that grades the agent's whole container "
                 "(carry: container): what one episode left outside the workdir would be graded with the next",
                 hint="set verifier.carry: workdir (only the workdir is graded), or rollout.reuse: none",
+            )
+        if config.turn_scores and not self.verifier.scores_turns:
+            raise UsageError(
+                f"rollout.turn_scores (train.credit: turn) needs a verifier that scores turns; {name} does not",
+                hint="use -c train.credit=episode, or the tests verifier (verifier.name: tests)",
             )
         warm_harness = config.warm_harness and config.warm_sandboxes > 0 and config.reuse == "none"
         self.pool = SandboxPool(self.backend, self.run_id, warm=config.warm_sandboxes, reuse=config.reuse,
@@ -209,7 +215,15 @@ class AgentRollouts(Rollouts):
                 proxy_session.meta["env"] = {**env, "version": await self._env_version(task, spec.image)}
                 infra = session.lease.metrics() if session.lease is not None else {}
                 phase("agent")
-                result = await session.run(budget)
+                scorer = self._turn_scorer(session.sandbox, task, proxy_session)
+                try:
+                    result = await session.run(budget)
+                    if scorer is not None:
+                        await scorer.settle()
+                finally:
+                    proxy_session.on_call = None
+                    if scorer is not None:
+                        scorer.cancel()
                 phase("grading")
                 verdict = await self.verifier.verify(session.sandbox, task) if cfg.verify else Verdict(None)
             finally:  # what the verifier started for the episode (a browser) stops with it, verified or not
@@ -230,8 +244,17 @@ class AgentRollouts(Rollouts):
             "agent_stdout_tail": result.stdout_tail[-2000:],
             "agent_stderr_tail": result.stderr_tail[-2000:],
             "patch": verdict.patch,  # cut to PATCH_INLINE in the trace, archived whole beside it (`archived`)
+            **({"turn_scores": scorer.summary(verdict)} if scorer is not None else {}),
         }
         return outcome, extra
+
+    def _turn_scorer(self, sandbox: Any, task: Task, proxy_session: Session) -> TurnScorer | None:
+        """With `rollout.turn_scores` (train.credit: turn): the session's calls scored as they arrive."""
+        if not self.config.turn_scores:
+            return None
+        scorer = TurnScorer(self.verifier, sandbox, task, self.config.turn_score_timeout_s)
+        proxy_session.on_call = scorer.arrived
+        return scorer
 
     async def _env_version(self, task: Task, image: str) -> str | None:
         """`env.version`, read once the episode's sandbox stands: a Harbor task's folder hash; else the image's digest

@@ -16,6 +16,10 @@ Lifecycle, per episode:
    (R2E-Gym rows): the image's own run_tests.sh, scored 1 when its outcomes are exactly the row's
    `expected_output_json` (`r2egym.py`).
 
+Between turns (`train.credit: turn`, `runners/rollouts/turns.py`): `turn_state` peeks at the agent's diff without
+changing its sandbox (`peek_diff`), `turn_score` grades it as in 3. and returns the share of the listed tests passing;
+`end_score` reads the same share from the final verdict.
+
 Resolution, the task's own pass/fail rule (`Verdict.success`), by `TestVerifierConfig.resolution`:
 
 - `official` (default): SWE-bench-family rows (`grader: swebench`, `swesmith`) are resolved by the official
@@ -55,7 +59,7 @@ from hrl.runners.tasks.guards import DEFAULT_PROTECTED, filter_patch, runner_hoo
 from hrl.runners.tasks.patches import patch_paths
 from hrl.runners.tasks.results import PASSING, outcome, parse_summary, skip_locations
 from hrl.runners.tasks.task import DEFAULT_IMAGE, Task
-from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out
+from hrl.runners.tasks.workspace import WorkspaceError, apply_patch, collect_diff, lay_out, peek_diff
 from hrl.sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 __all__ = [
@@ -116,6 +120,22 @@ class Verifier(Protocol):
     async def grade(self, task: Task, patch: str) -> Verdict:
         """Score a diff against the task's base state in a fresh sandbox."""
         ...
+
+    # scores an episode's state between its turns (`train.credit: turn`); checked once before a run starts
+    scores_turns: bool = False
+
+    async def turn_state(self, sandbox: Sandbox, task: Task) -> str | None:
+        """What a turn's score depends on, read from the agent's sandbox while the agent waits for the model: quick,
+        and changing nothing there. None where this verifier cannot score turns. Raises SandboxError."""
+        return None
+
+    async def turn_score(self, task: Task, state: str) -> float | None:
+        """The score in [0, 1] of a `turn_state`, had away from the agent's sandbox; None: not had (never raises)."""
+        return None
+
+    def end_score(self, verdict: Verdict) -> float | None:
+        """`turn_score`'s measure of the episode's end state, read from its final verdict; None: not had."""
+        return None
 
     def needs_browser(self, task: Task) -> bool:
         """The task is a browser's: the agent's CLI is given a browser MCP server (unless it drives one itself)."""
@@ -297,6 +317,25 @@ class TestVerifier(Verifier):
 
     def _score(self, task: Task, results: dict[str, str], info: dict[str, Any]) -> Verdict:
         return score_tests(task, results, self.config, info)
+
+    scores_turns = True
+
+    async def turn_state(self, sandbox: Sandbox, task: Task) -> str | None:
+        """The agent's diff so far (`peek_diff`: the agent's index and objects untouched)."""
+        return await peek_diff(sandbox, self.config.setup_timeout_s)
+
+    async def turn_score(self, task: Task, state: str) -> float | None:
+        """The share of the task's listed tests passing with that diff, graded as `verify` grades the final one."""
+        return self.end_score(await self.grade(task, state))
+
+    def end_score(self, verdict: Verdict) -> float | None:
+        """The share of the task's FAIL_TO_PASS and PASS_TO_PASS tests that passed (whatever `reward` says); 0 for
+        work that failed before any test ran (a diff that does not apply, a guard); None when grading failed."""
+        if verdict.failure_reason is not None:
+            return None
+        counts = [verdict.reward_info.get(k) or {} for k in ("fail_to_pass", "pass_to_pass")]
+        total = sum(int(c.get("total", 0)) for c in counts)
+        return sum(int(c.get("passed", 0)) for c in counts) / total if total else None
 
 
 def score_tests(

@@ -17,7 +17,7 @@ from hrl.runners.scratch import scratch
 from hrl.runners.tasks.task import Task, unpack_snapshot
 from hrl.sandboxes import Sandbox, SandboxError
 
-__all__ = ["BASE_REF", "WorkspaceError", "apply_patch", "collect_diff", "lay_out"]
+__all__ = ["BASE_REF", "WorkspaceError", "apply_patch", "collect_diff", "lay_out", "peek_diff"]
 
 BASE_REF = "refs/hrl/base"
 # git with a fixed identity, no hooks, no signing, no pager, paths unquoted where possible.
@@ -112,18 +112,38 @@ def _unpack(snapshot: str | dict[str, str], dest: Path) -> None:
     unpack_snapshot(snapshot, dest)
 
 
+_DIFF = "g diff --cached --binary --no-renames --no-color --no-ext-diff --no-textconv"
+
+
 async def collect_diff(sandbox: Sandbox, timeout_s: float = 120) -> str:
     """Everything changed in the workdir since the base state (tracked, new and deleted files; .gitignore'd
     files excluded), as a binary-safe git diff without rename detection."""
     out = ".git/hrl-agent.diff"
-    script = (
-        "rm -f .git/index.lock\ng add -A\n"
-        f"g diff --cached --binary --no-renames --no-color --no-ext-diff --no-textconv {BASE_REF} --output={out}\n"
-    )
+    script = f"rm -f .git/index.lock\ng add -A\n{_DIFF} {BASE_REF} --output={out}\n"
     await _run(sandbox, script, "taking the agent's diff", timeout_s)
     data = await sandbox.read_file(out)
     with contextlib.suppress(Exception):
         await sandbox.exec(["rm", "-f", out], timeout_s=30)
+    return data.decode("utf-8", "surrogateescape")
+
+
+async def peek_diff(sandbox: Sandbox, timeout_s: float = 120) -> str:
+    """The diff `collect_diff` would take, taken mid-episode without changing what the agent sees: staged into a
+    copy of the index, new objects written to a scratch object directory (the repository's own read as alternates),
+    both under `.git/hrl-peek/` and removed after; the agent's index, objects and files stay as they were."""
+    tmp = ".git/hrl-peek"
+    script = (
+        f"rm -rf {tmp}\nmkdir -p {tmp}/objects\nif [ -f .git/index ]; then cp .git/index {tmp}/index; fi\n"
+        f'export GIT_INDEX_FILE="$PWD/{tmp}/index" GIT_OBJECT_DIRECTORY="$PWD/{tmp}/objects" '
+        'GIT_ALTERNATE_OBJECT_DIRECTORIES="$PWD/.git/objects"\n'
+        f"g add -A\n{_DIFF} {BASE_REF} --output={tmp}/diff\n"
+    )
+    try:
+        await _run(sandbox, script, "peeking at the agent's diff", timeout_s)
+        data = await sandbox.read_file(f"{tmp}/diff")
+    finally:
+        with contextlib.suppress(Exception):
+            await sandbox.exec(["rm", "-rf", tmp], timeout_s=30)
     return data.decode("utf-8", "surrogateescape")
 
 
