@@ -37,7 +37,7 @@ class LocalPlacement:
     def __init__(
         self, stack: Stack, settings: RunConfig, say: Say, verbose: bool, export: Export | None = None
     ) -> None:
-        self.stack, self.run_config, self.say, self.verbose = stack, settings, say, verbose
+        self.stack, self.settings, self.say, self.verbose = stack, settings, say, verbose
         self.export = export  # each trace the rollouts write also goes there (the run's OTLP export)
         self.rollouts: Rollouts | None = None
         self.made: list[Rollouts] = []  # every rollouts made here, closed with the placement (their sandbox pools)
@@ -48,7 +48,7 @@ class LocalPlacement:
 
     async def prepare(self, on_event: Event = _quiet, rollout: RolloutConfig | None = None) -> Rollouts:
         """The run's rollouts (its `rollout:` section unless `rollout` is given), agents installed."""
-        self.rollouts = await self.rollouts_for(rollout or self.run_config.rollout, on_event)
+        self.rollouts = await self.rollouts_for(rollout or self.settings.rollout, on_event)
         return self.rollouts
 
     async def rollouts_for(self, rollout: RolloutConfig, on_event: Event = _quiet) -> Rollouts:
@@ -56,7 +56,7 @@ class LocalPlacement:
         from hrl.runners.agents.install import installed
         from hrl.runners.whitebox.harness import is_python_agent
 
-        settings = self.run_config
+        settings = self.settings
         made = make_rollouts(
             self.stack, rollout, on_event, settings.verifier or None, settings.recipe_dir or None, self.export
         )
