@@ -38,11 +38,6 @@ ASYNC = ("train", "--recipe", "demo", "--async", "--model", "hrl:tiny", "--run-d
             ("train.advantage=distill", "no distill.teacher"),
             "-c distill.teacher=MODEL",
         ),
-        (
-            ("train", "--recipe", "demo", "--model", "hrl:tiny", "-c", "distill.teacher=http://127.0.0.1:8000/v1"),
-            ("distill.teacher=http://127.0.0.1:8000/v1", "not supported yet"),
-            "HF model dir",
-        ),
         (  # an online run's advantages are its clients' rewards alone: no teacher there yet
             ("train", "--recipe", "demo", "--serve", "--model", "hrl:tiny", "-c", "distill.teacher=hrl:tiny"),
             ("distill.teacher=hrl:tiny", "--serve"),
@@ -89,6 +84,17 @@ def test_a_run_written_before_the_checks_is_refused_on_resume(tmp_path, monkeypa
     code, _out, err = run_hrl(["train", "--run-dir", str(run.path), "--resume"], {}, monkeypatch, capsys)
     assert code == USAGE and "async.max_buffered=3 and async.max_in_flight=4 can never fill" in err, err
     assert json.loads((run.path / "config.json").read_text()) == before and not Path(run.path / "lock").exists()
+
+
+def test_a_teacher_server_that_does_not_answer_is_refused_before_the_run_starts(tmp_path, monkeypatch, capsys):
+    """distill.teacher as a URL is checked once the student is found (its tokenizer is compared through the server's
+    /tokenize): a server that does not answer is refused then, before the run directory, engine or sandboxes."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--recipe", "demo", "--model", "hrl:tiny", "-c", "distill.teacher=http://127.0.0.1:9/v1"]
+    code, _out, err = run_hrl(argv, {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
+    assert code == USAGE and "distill.teacher=http://127.0.0.1:9/v1" in err and "did not answer" in err, err
+    assert "Hint: start the teacher's vLLM server first" in err
+    assert not (tmp_path / "runs").exists()
 
 
 VLLM = ("train", "--recipe", "demo", "--engine", "vllm", "--model", "hrl:tiny", "--run-dir", "run")
