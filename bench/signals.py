@@ -50,6 +50,22 @@ def wilson(successes: float, n: int, z: float = 1.96) -> list[float]:
     return [round(centre - half, 4), round(centre + half, 4)]
 
 
+def heldout(runs: list[dict]) -> dict[str, object]:
+    """An arm's held-out figures over its seeds: each seed's success after, with its Wilson interval, beside the
+    start it was measured from (one evaluation per invocation; merged seeds keep their own)."""
+    afters = [r["after"]["success"] for r in runs]
+    befores = [r["before"]["success"] for r in runs]
+    n = int(runs[-1]["after"]["episodes"])
+    cis = [wilson(b * r["before"]["episodes"], r["before"]["episodes"]) for b, r in zip(befores, runs, strict=True)]
+    after_cis = [wilson(a * n, n) for a in afters]
+    return {
+        "before": round(sum(befores) / len(befores), 4), "after": round(sum(afters) / len(afters), 4), "n": n,
+        "seeds": [r["seed"] for r in runs], "before_by_seed": befores, "after_by_seed": afters,
+        "before_ci95": cis[-1], "before_ci95_by_seed": cis, "after_ci95_by_seed": after_cis,
+        "clear_of_start": [a[0] > b[1] for a, b in zip(after_cis, cis, strict=True)],
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["grpo", "opd"])
@@ -61,6 +77,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=demo.ROOT / "runs" / "bench-signals")
     ap.add_argument("--start-traces", type=Path, default=None, help="reuse this before-evaluation's traces")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--merge", action="store_true", help="keep the runs already in --out (earlier seeds) and add these")
     args = ap.parse_args()
     if any(a.startswith("opd") for a in args.arms) and not args.teacher:
         ap.error("the opd arms need --teacher")
@@ -80,6 +97,14 @@ def main() -> None:
     print(f"before: held-out success {before['success']:.3f} over {before['episodes']} episodes", flush=True)
     result: dict[str, object] = {"model": str(model), "teacher": args.teacher, "cores": os.cpu_count(),
                                  "before": before, "config": args.config, "arms": {}}  # fmt: skip
+    if args.merge and args.out and args.out.exists():  # earlier seeds, each run keeping the start it was measured from
+        earlier = json.loads(args.out.read_text())
+        for entry in earlier["arms"].values():
+            for row in entry["runs"]:
+                row.setdefault("before", earlier["before"])
+                row.setdefault("config", earlier.get("config", []))
+        result["arms"] = earlier["arms"]
+        result["merged_from"] = {k: earlier[k] for k in ("before", "config", "teacher") if k in earlier}
     for seed in args.seeds:
         for arm in args.arms:
             run = work / f"{arm}-s{seed}"
@@ -91,6 +116,7 @@ def main() -> None:
             after = demo.evaluate(state["checkpoint"], work / f"eval-{arm}-s{seed}.jsonl", args.n, log, str(model))
             steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             row = {"seed": seed, "run_dir": str(run), "train_wall_s": wall, "train_cpu_s": cpu,
+                   "before": before, "config": args.config,
                    "load_avg_1m": os.getloadavg()[0], "after": after,
                    "train_reward_per_iteration": [s.get("trace/reward") for s in steps],
                    **({"distill_reverse_kl_per_iteration": [s.get("distill/reverse_kl") for s in steps]}
@@ -99,13 +125,7 @@ def main() -> None:
                   flush=True)  # fmt: skip
             entry = result["arms"].setdefault(arm, {"runs": []})  # type: ignore[union-attr]
             entry["runs"].append(row)
-            afters = [r["after"]["success"] for r in entry["runs"]]
-            n = int(after["episodes"])
-            entry["heldout"] = {
-                "before": before["success"], "after": round(sum(afters) / len(afters), 4), "n": n,
-                "after_by_seed": afters, "before_ci95": wilson(before["success"] * before["episodes"], before["episodes"]),
-                "after_ci95_by_seed": [wilson(a * n, n) for a in afters],
-            }  # fmt: skip
+            entry["heldout"] = heldout(entry["runs"])
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(result, indent=1) + "\n")
