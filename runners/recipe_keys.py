@@ -51,10 +51,13 @@ def _model_of(ref: str, cfg: dict[str, Any]) -> type[BaseModel]:
 
 def _fields(model: type[BaseModel]) -> dict[str, Any]:
     """name → field of a model, by the name a recipe uses (its alias: `async`). In a section, a field that is a
-    top-level section too (LoopConfig.trainer) is filled from that section, so it is no key of its own there."""
-    top = set() if model is RunConfig else set(_fields(RunConfig))
+    top-level section of the same model (LoopConfig.trainer) is filled from that section, so it is no key of its own
+    there; one that only shares the name (PlacementConfig.trainer, a choice) is."""
+    top = {} if model is RunConfig else _fields(RunConfig)
     return {
-        field.alias or name: field for name, field in model.model_fields.items() if (field.alias or name) not in top
+        field.alias or name: field
+        for name, field in model.model_fields.items()
+        if (field.alias or name) not in top or top[field.alias or name].annotation != field.annotation
     }
 
 

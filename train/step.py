@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hrl.config import LoopConfig
+from hrl.runners.durable import write_atomically
 from hrl.runners.engines.base import Engine
 from hrl.runners.errors import BatchFailedError, HrlError
 from hrl.runners.metrics import step_metrics
@@ -121,7 +123,16 @@ async def start_trainer(
         raise HrlError("trainer.offload=all moves the weights to CPU memory, but engine_options.weight_sync=ipc "
                        "publishes them from the trainer's GPU memory",
                        hint="use -c trainer.offload=optimizer (or auto), or -c engine_options.weight_sync=disk")  # fmt: skip
-    trainer = await on_trainer_thread(make_trainer, cfg.trainer)
+    placement = getattr(publisher, "settings", None)  # a Ray placement's: placement.trainer=ray, ranks as actors
+    if placement is not None and placement.trainer == "ray":
+        from hrl.train.ray_group import RayTrainerGroup
+
+        trainer = await on_trainer_thread(RayTrainerGroup, cfg.trainer, placement)
+    else:
+        trainer = await on_trainer_thread(make_trainer, cfg.trainer)
+    if (record := getattr(publisher, "placement_record", None)) is not None:  # where each piece of the run is
+        ranks = getattr(trainer, "ranks", None)
+        write_atomically(run.path / "placement.json", json.dumps(record(ranks, cfg.trainer.nproc), indent=1) + "\n")
     trainer.media_dir = run.traces / "media"  # images' bytes, where the proxy keeps them for this run
     publisher.keep_media(trainer.media_dir)
     attach_ipc_weights(engine, trainer, cfg.trainer)
@@ -312,7 +323,23 @@ async def publish_checkpoint(publisher: Publisher, path: str, kind: str, version
         "publish/seconds": seconds,
         "publish/bytes": nbytes,
         "publish/tier": tier,
+        **_fanout(publisher),
     }
+
+
+def _fanout(publisher: Publisher) -> dict[str, float]:
+    """On several replicas (a Ray placement): `publish/replicas_acked` and `publish/replicas_fenced`, and with
+    `placement.weights: ship` `publish/shipped_bytes` and `publish/ship_failed` (replicas the files did not reach)."""
+    report = getattr(publisher, "last_fanout", None)
+    if not isinstance(report, dict) or report.get("step") != "publish":
+        return {}
+    out = {
+        "publish/replicas_acked": float(len(report["acked"])),
+        "publish/replicas_fenced": float(len(report["failed"])),
+    }
+    if shipped := report.get("shipped"):
+        out |= {"publish/shipped_bytes": float(shipped["bytes"]), "publish/ship_failed": float(len(shipped["failed"]))}
+    return out
 
 
 async def restore_dropped_weights(publisher: Publisher, path: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["OnlineConfig", "PlacementConfig", "RoutingConfig", "TelemetryConfig"]
 
@@ -59,6 +59,27 @@ class PlacementConfig(BaseModel):
     nodes: int = Field(0, ge=0, description="Node agents (one per node); 0 = one on every alive node.")
     episodes_per_node: int = Field(0, ge=0, description="K episodes at once per node; 0 = --concurrency spread.")
     num_cpus: int = Field(0, ge=0, description="CPUs of a local Ray started here; 0 = Ray's default.")
+    connect_timeout_s: float = Field(
+        60, gt=0, description="Seconds to join the cluster at `address`; one that does not answer by then is an error."
+    )
+    trainer: Literal["driver", "ray"] = Field(
+        "driver",
+        description="Where the trainer's ranks run: driver (in the hrl process and its children, on this node) or ray "
+        "(each of the trainer.nproc ranks a Ray actor in a placement group over the cluster's nodes, "
+        "trainer.ranks_per_node each; the driver only orchestrates).",
+    )
+    weights: Literal["auto", "ship", "disk"] = Field(
+        "auto",
+        description="How a published checkpoint reaches the replicas: disk (each reads the run directory's path: one "
+        "node or a shared file system), ship (sent through Ray's object store and written on the replica's node, "
+        "checked by sha256 and version) or auto (ship when a replica runs on another node than the driver).",
+    )
+
+    @model_validator(mode="after")
+    def _ray_trainer_on_ray(self) -> PlacementConfig:
+        if self.trainer == "ray" and self.kind != "ray":
+            raise ValueError("placement.trainer=ray places the trainer's ranks on a Ray cluster: add --placement ray")
+        return self
     routing: dict[str, Any] = Field(
         default_factory=dict,
         description="Each proxy shard's routing over the replicas (runners.engines.replicas.RoutingConfig: "

@@ -63,6 +63,12 @@ class TrainerConfig(BaseModel):
         description="Trainer processes (FSDP2 shards, NCCL on GPUs, gloo on the CPU): rank 0 in the loop's process, "
         "the others spawned with torchrun's environment. On GPUs, one per visible device.",
     )
+    ranks_per_node: int = Field(
+        0,
+        ge=0,
+        description="With placement.trainer: ray, the ranks placed on each node (nproc must be a multiple); 0 = one "
+        "rank per bundle, spread over the nodes as Ray can.",
+    )
     gpus: list[int] = Field(
         default_factory=list,
         description="GPUs of the trainer's ranks (rank r on gpus[r]) in the split layout, apart from the engine's "

@@ -216,12 +216,17 @@ class ReplicaSet(Engine):
         for r in self.replicas.values():
             r.engine.check_publish(kind)
 
-    async def publish(self, path: str, kind: PublishKind, version: int | None = None) -> int:
-        """Publish to every replica as one version number; fence the ones that still fail after the retries."""
+    async def publish(
+        self, path: str, kind: PublishKind, version: int | None = None, paths: dict[str, str] | None = None
+    ) -> int:
+        """Publish to every replica as one version number; fence the ones that still fail after the retries.
+        `paths`: each replica's own copy of the checkpoint (shipped to its node); one missing from it is fenced."""
         target = self.version + 1 if version is None else version
 
         async def one(r: Replica) -> None:
-            got = await r.engine.publish(path, kind, target)
+            if paths is not None and r.name not in paths:
+                raise EngineError(f"version {target}'s checkpoint did not reach replica {r.name}'s node")
+            got = await r.engine.publish(paths[r.name] if paths is not None else path, kind, target)
             r.version, r.fenced = got, got != target
 
         report = await self._fan_out("publish", one, every=True)

@@ -3,7 +3,7 @@ resolved recipe, in this process (`local`) or on a Ray cluster (`ray`: engine re
 proxy shard per node). `hrl rollout`, `hrl train` and `hrl eval` stand runs up only through here.
 
 Either placement yields an object with `rollouts` (the `Rollouts` protocol) and `publisher` (pause, publish,
-resume: the proxy here, a `ShardedPublisher` on Ray). Ray is imported only by `placement.ray`, and only there.
+resume: the proxy here, a `ShardedPublisher` on Ray). Ray is imported only under `placement.ray*`, and only there.
 """
 
 from __future__ import annotations

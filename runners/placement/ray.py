@@ -2,7 +2,8 @@
 
 What runs where (docs/ray.md has the diagram):
 
-- **driver** (the `hrl rollout` / `hrl train` process): the task list, the trainer (in process), the run directory
+- **driver** (the `hrl rollout` / `hrl train` process): the task list, the trainer (in process, or its ranks as Ray
+  actors with `placement.trainer: ray`: `hrl.train.ray_group`), the run directory
   (every finished trace comes back here and is written as with `--placement local`), and the control plane: a
   `ReplicaSet` over every replica that fans pause / publish / resume out, acknowledged and retried.
 - **`EngineReplica` actors** (`placement.engine_replicas`, each in a placement group of `{GPU: tp}` when
@@ -22,7 +23,8 @@ A node agent that dies takes its episodes with it: each becomes an `internal_err
 node's containers of the run (labelled `hrl.run=<run>.n<i>`) are removed by a task on that node. A replica that dies
 is failed over by each shard (`runners.engines.replicas`).
 
-Ray is imported only in this module, and only when the placement is `ray`.
+Ray is imported only under `runners/placement/` (here, and the cluster's join) and by `hrl.train.ray_group` (the
+trainer's ranks as actors, `placement.trainer: ray`), and only when the placement is `ray`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ __all__ = ["RayPlacement", "ShardedPublisher", "ray_placement"]
 Event = Callable[[str, dict[str, Any]], None]
 log = logging.getLogger(__name__)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_KEEP_SHIPPED = 3
 
 
 def _ray() -> Any:
@@ -65,6 +68,15 @@ def _ray() -> Any:
     except ImportError as e:
         raise PrerequisiteError("--placement ray needs Ray", hint="pip install 'hrl[ray]'") from e
     return ray
+
+
+def node_of_this_process() -> dict[str, Any]:
+    """Where the calling process runs: Ray's node id and address, and its devices (the GPUs Ray gave it, else cpu)."""
+    ray = _ray()
+    ctx = ray.get_runtime_context()
+    gpus = [str(g) for g in ray.get_gpu_ids()] if ctx.worker.mode == ray.WORKER_MODE else []
+    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "devices": [f"cuda:{g}" for g in gpus] or ["cpu"]}  # fmt: skip
 
 
 class _LoopThread:
@@ -110,6 +122,8 @@ class EngineReplica:
         self.thread = _LoopThread()
         self.engine: Any = None
         self.runner: Any = None
+        self.weights: Path | None = None  # shipped checkpoints, on this node
+        self.received = -1
 
     def start(self) -> str:
         from hrl.runners.engines import engine_kind, make_engine
@@ -121,11 +135,42 @@ class EngineReplica:
         self.runner, url = self.thread.run(serve_engine(self.engine, token=self._secret, host=host))
         return str(url)
 
+    def where(self) -> dict[str, Any]:
+        return node_of_this_process()
+
+    def receive(self, version: int, files: dict[str, bytes], sha256: dict[str, str]) -> str:
+        """A checkpoint shipped to this replica's node (`placement.weights: ship`): each file checked against the
+        driver's sha256, a version older than one already here refused. Returns the folder to publish from; the
+        last `_KEEP_SHIPPED` versions stay (an engine may read an adapter again later)."""
+        import shutil
+        import tempfile
+
+        if version <= self.received:
+            raise PrerequisiteError(f"replica got version {version} after version {self.received}: refused")
+        if self.weights is None:
+            self.weights = Path(tempfile.mkdtemp(prefix="hrl-weights-"))
+        out = self.weights / f"v{version:06d}"
+        for name, data in files.items():
+            if hashlib.sha256(data).hexdigest() != sha256.get(name):
+                raise PrerequisiteError(f"version {version}'s {name} arrived with another sha256 than it was sent")
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(out / name, data)
+        if set(sha256) - set(files):
+            raise PrerequisiteError(f"version {version} arrived without {sorted(set(sha256) - set(files))}")
+        self.received = version
+        for old in sorted(self.weights.iterdir())[:-_KEEP_SHIPPED]:
+            shutil.rmtree(old, ignore_errors=True)
+        return str(out)
+
     def stop(self) -> None:
         if self.runner is not None:
             self.thread.run(self.runner.cleanup(), 30)
         if self.engine is not None:
             self.thread.run(self.engine.close(), 60)
+        if self.weights is not None:
+            import shutil
+
+            shutil.rmtree(self.weights, ignore_errors=True)
 
 
 class NodeAgent:
@@ -334,11 +379,51 @@ class ShardedPublisher:
     does not answer is reported in `last_fanout["shards"]` (its node's episodes fail on their own)."""
 
     def __init__(
-        self, control: ReplicaSet, agents: list[Any], rollouts: RayRollouts, sync_timeout_s: float = 60.0
+        self,
+        control: ReplicaSet,
+        agents: list[Any],
+        rollouts: RayRollouts,
+        sync_timeout_s: float = 60.0,
+        *,
+        replicas: dict[str, Any] | None = None,
+        where: dict[str, Any] | None = None,
+        settings: PlacementConfig | None = None,
     ) -> None:
         self.control, self.agents, self.rollouts, self.sync_timeout_s = control, agents, rollouts, sync_timeout_s
         self.engine = control  # what the loop reads of an engine: the ReplicaSet's last publish tier
         self.stats: dict[str, float] = {}  # no proxy runs in the driver: its queue and pause figures are the shards'
+        self.replicas = replicas or {}  # name -> EngineReplica actor
+        self.where = where or {}  # "driver" and each replica: node id, address, devices
+        self.settings = settings or PlacementConfig()
+        driver = self.where.get("driver", {}).get("node_id")
+        elsewhere = any(w.get("node_id") != driver for n, w in self.where.items() if n != "driver")
+        self.ship = self.settings.weights == "ship" or (self.settings.weights == "auto" and elsewhere)
+
+    def placement_record(self, ranks: list[dict[str, Any]] | None, nproc: int) -> dict[str, Any]:
+        """Where each piece of the run is (the run directory's placement.json): the driver, the trainer's ranks (as
+        the Ray trainer placed them; else all on the driver's node), the engine replicas."""
+        driver = self.where.get("driver", {})
+        ranks = ranks or [{"rank": r, **driver} for r in range(nproc)]
+        replicas = [{"replica": n, **w, "url": self.control.replicas[n].engine.url if n in self.control.replicas
+                     else ""} for n, w in self.where.items() if n != "driver"]  # fmt: skip
+        return {"driver": driver, "trainer": self.settings.trainer, "weights": "ship" if self.ship else "disk",
+                "trainer_ranks": ranks, "replicas": replicas}  # fmt: skip
+
+    async def _ship(self, path: str, version: int) -> dict[str, str]:
+        """The checkpoint's files, put once in Ray's object store and written by each replica on its node: the path
+        each replica publishes from. A replica it did not reach is left out (the publish fences it) and reported."""
+        ray = _ray()
+        files = await asyncio.to_thread(_checkpoint_files, Path(path))
+        sha = {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
+        ref = ray.put(files)
+        names_r = list(self.replicas)
+        got = await asyncio.gather(*(self.replicas[n].receive.remote(version, ref, sha) for n in names_r),
+                                   return_exceptions=True)  # fmt: skip
+        paths = {n: p for n, p in zip(names_r, got, strict=True) if isinstance(p, str)}
+        self.shipped = {"version": version, "bytes": sum(len(b) for b in files.values()), "acked": sorted(paths),
+                        "failed": {n: f"{type(e).__name__}: {e}"[:300] for n, e in zip(names_r, got, strict=True)
+                                   if not isinstance(e, str)}}  # fmt: skip
+        return paths
 
     def take_cpu_per_token(self) -> float | None:
         """None: no proxy runs in the driver; each shard measures its own CPU per token."""
@@ -360,7 +445,11 @@ class ShardedPublisher:
         return self.control.last_fanout
 
     async def publish(self, path: str, kind: Any, version: int | None = None) -> int:
-        target = await self.control.publish(path, kind, version)
+        target = self.control.version + 1 if version is None else version
+        paths = await self._ship(path, target) if self.ship and self.replicas else None
+        target = await self.control.publish(path, kind, target, paths=paths)
+        if paths is not None:
+            self.control.last_fanout["shipped"] = self.shipped
         views = await asyncio.gather(
             *(asyncio.wait_for(a.sync.remote(), self.sync_timeout_s) for a in self.agents), return_exceptions=True
         )
@@ -390,6 +479,17 @@ class RayPlacement:
         from hrl.runners.rollouts.episodes import run_episodes
 
         return await run_episodes(self.rollouts, episodes, trace_file, concurrency)
+
+
+def _checkpoint_files(folder: Path) -> dict[str, bytes]:
+    """What a replica loads of a checkpoint, by relative name: every file but the optimizer's state."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and not f.name.startswith("optimizer"))
+    return {str(f.relative_to(folder)): f.read_bytes() for f in files}
+
+
+def _driver_node(ray: Any) -> dict[str, Any]:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "devices": []}  # fmt: skip
 
 
 def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:
@@ -470,6 +570,8 @@ async def ray_placement(
             replicas[f"r{i}"] = replica_cls.options(**opts).remote(model, engine, dict(settings.engine_options), secret)
         say(f"starting {len(replicas)} {kind} engine replica(s) on Ray …")
         urls = dict(zip(replicas, await asyncio.gather(*(r.start.remote() for r in replicas.values())), strict=True))
+        where = dict(zip(replicas, await asyncio.gather(*(r.where.remote() for r in replicas.values())), strict=True))
+        where["driver"] = _driver_node(ray)
         nodes, k = _node_agents(ray, pcfg, concurrency, agents)
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
         await asyncio.gather(*(n.actor.start.remote(settings, model, urls, secret) for n in nodes))
@@ -477,7 +579,8 @@ async def ray_placement(
         await control.start()
         rollouts = RayRollouts(nodes, settings.rollout.run_id, on_event, export)
         try:
-            yield RayPlacement(rollouts, ShardedPublisher(control, agents, rollouts), replicas, urls, agents, started)
+            publisher = ShardedPublisher(control, agents, rollouts, replicas=replicas, where=where, settings=pcfg)
+            yield RayPlacement(rollouts, publisher, replicas, urls, agents, started)
         finally:
             await control.close()
     finally:
