@@ -40,6 +40,7 @@ EPILOG = """Examples:
   hrl rollout --recipe langgraph-react -n 2                 # a white-box LangGraph agent (docs/whitebox.md)
 
   hrl rollout --recipe demo --placement ray -c placement.engine_replicas=2   # on Ray (docs/ray.md)
+  hrl rollout --recipe demo --placement ray -c placement.engine_replicas=2 --dry-run   # what would start where
 """
 
 
@@ -60,6 +61,15 @@ _Placement = Annotated[
     typer.Option(
         help="local: everything in this process; ray: engine replicas, a node agent and a proxy shard per node "
         "on a Ray cluster (placement.address, default a local one; placement.engine_replicas). docs/ray.md."
+    ),
+]
+_DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Resolve the recipe, -c and the flags as the run would and print what would start where (placement and "
+        "cluster, engine replicas, node agents); start nothing, write nothing. This machine's Docker, vLLM, Ray and "
+        "model files are not looked at.",
     ),
 ]
 _RunId = Annotated[
@@ -85,12 +95,15 @@ def rollout(
     time_budget: TimeBudgetOption = 0,
     out: Annotated[Path, typer.Option(help="Append one trace per episode here.")] = Path("traces.jsonl"),
     config: ConfigOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON summary line per episode.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Stream one JSON summary line per episode (--dry-run: the plan, one object).")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also say what is cached and ready.")] = False,
     placement: _Placement = "",
     otlp: OtlpOption = "",
     include_unchecked: IncludeUncheckedOption = False,
     run_id: _RunId = "",
+    dry_run: _DryRun = False,
 ) -> None:
     """Run K episodes per task with at most M at once; append each episode's trace to --out as it finishes. Tasks
     `hrl tasks check` found not ok are left out (and listed) unless --include-unchecked."""
@@ -106,6 +119,9 @@ def rollout(
              "rollout.sandbox": sandbox, "rollout.time_budget_s": time_budget or None, "rollout.run_id": run_id,
              "placement.kind": placement, "telemetry.otlp_endpoint": otlp}  # fmt: skip
     settings = resolve(recipe, config or [], flags, tasks=str(tasks) if tasks else None)
+    if dry_run:
+        _print_plan(settings, concurrency, out, as_json)
+        return
     check_rollout(settings, say)
     roll = settings.rollout
     check_out_file(out, "traces")  # its folder also takes the archive (for `hrl regrade`) and the media
@@ -121,6 +137,22 @@ def rollout(
         _run(settings, model, engine, task_file, n, concurrency, limit, out, as_json, verbose, include_unchecked)
     )
     raise typer.Exit(rc)
+
+
+def _print_plan(settings: Any, concurrency: int, out: Path, as_json: bool) -> None:
+    """`--dry-run`: what the rollout would start where (`runners.placement.plan`), after the checks that read the
+    config alone (those of `check_rollout` that look at this machine are left to the run). Nothing is started."""
+    from hrl.runners.placement.plan import check_names, describe, plan
+    from hrl.runners.recipe_config import require_model
+
+    if not ({"agent", "agents"} & settings.rollout.model_fields_set):
+        raise UsageError("give --agent (the recipe names none)", hint="`hrl agents ls` lists the agents")
+    require_model(settings, "hrl:tiny (a tiny local model)")
+    check_names(settings)
+    found = plan(settings, settings.model, settings.engine, concurrency, training=False)
+    found["out"] = str(out)
+    say("dry run: nothing was started or written")
+    emit(found, as_json=as_json, human=describe(found))
 
 
 async def _run(

@@ -1,7 +1,7 @@
 """`hrl top`: a live view of a running `hrl train` or `hrl eval`, read from its run directory alone, or of an
 `hrl rollout`, read from its trace file (`--out`) and the live status beside it (so a run on another machine shows
 over a shared filesystem): episodes in flight, policy version and staleness, latencies, tokens/s, reward and
-failures per step (a training run's), the latest traces."""
+failures per step (a training run's), the latest traces, and where a Ray run's pieces run (its placement.json)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,49 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
 
 
+PLACEMENT_FILE = "placement.json"  # written by a Ray run: which node each piece of it runs on
+
+
+def read_placement(run: Path) -> dict[str, Any] | None:
+    """`<run>/placement.json` as its writer left it, or None where there is none (a local run, a rollout's trace
+    file) or it cannot be read whole yet: the view goes on without the panel rather than fail on it."""
+    import json
+
+    try:
+        found = json.loads((run / PLACEMENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _placement_table(placed: dict[str, Any]) -> Any:
+    """Where each piece ran, one row each: the driver, every trainer rank, every engine replica; node ids cut to 12
+    characters (Ray's are 56), enough to tell the nodes apart and to find one in `ray status`. The title names
+    where the trainer ran and how weights reached the replicas, where the file says."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def row(piece: str, where: dict[str, Any]) -> tuple[str, ...]:
+        devices = ",".join(map(str, where.get("devices") or [])) or "-"
+        return piece, str(where.get("node_id") or "-")[:12], str(where.get("node_ip") or "-"), devices
+
+    ranks, replicas = placed.get("trainer_ranks") or [], placed.get("replicas") or []
+    rows = [row("driver", placed["driver"])] if isinstance(placed.get("driver"), dict) else []
+    rows += [row(f"rank {r.get('rank')}", r) for r in sorted(ranks, key=lambda r: r.get("rank", 0))]
+    rows += [row(f"replica {r.get('replica')}", r) for r in replicas]
+    nodes = len({r[1] for r in rows})
+    how = ", ".join(f"{k} {placed[k]}" for k in ("trainer", "weights") if isinstance(placed.get(k), str))
+    title = f"placement: {len(ranks)} trainer ranks, {len(replicas)} replicas on {nodes} nodes" + (
+        f" ({how})" if how else "")  # fmt: skip
+    table = Table()
+    for col in ("piece", "node", "ip", "devices"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*r)
+    return Group(Text(title), table)  # the title on its own line: a table's would wrap to the table's width
+
+
 def render(snap: dict[str, Any]) -> Any:
     """The snapshot as rich tables (one renderable, for `Live` and for `--once`)."""
     from rich.console import Group
@@ -69,7 +112,8 @@ def render(snap: dict[str, Any]) -> Any:
     for t in snap["latest"]:
         latest.add_row(str(t["episode"]), str(t["task"]), _fmt(t["reward"]), t["failure"] or "-", str(t["calls"]),
                        ",".join(map(str, t["versions"])) or "-", _fmt(t["seconds"], ".1f"))  # fmt: skip
-    return Group(head, flight, *([steps] if snap["steps"] else []), fails, latest)
+    placed = [_placement_table(snap["placement"])] if snap.get("placement") else []
+    return Group(head, *placed, flight, *([steps] if snap["steps"] else []), fails, latest)
 
 
 def _text(snap: dict[str, Any]) -> str:
@@ -98,12 +142,12 @@ def top(
     """Watch a training run (sync or async) or an evaluation from its run directory, or a rollout from its trace
     file: the episodes in flight by state (sandbox, agent, grading) with the policy version each started on and its
     staleness; for a training run reward, success, call and tool latency and tokens/s per step; failures by reason,
-    the latest traces. A run whose process is gone reads `not running (last update Ns ago)`, never as live."""
+    the latest traces; for a Ray run, the node, IP and devices of the driver, each trainer rank and each engine
+    replica (its placement.json). A run whose process is gone reads `not running (last update Ns ago)`, never as
+    live."""
     if as_json and not once:
         raise UsageError("--json prints one snapshot: it needs --once", hint=f"hrl top {run_dir} --once --json")
-    from hrl.runners.report.top import snapshot
-
-    snap = snapshot(run_dir, latest)
+    snap = _snapshot(run_dir, latest)
     if once:
         emit(snap, as_json=as_json, human=_text(snap))
         return
@@ -114,17 +158,24 @@ def top(
     _watch(run_dir, snap, interval, latest)
 
 
+def _snapshot(run_dir: Path, latest: int) -> dict[str, Any]:
+    """The run's snapshot (`runners.report.top`) with `placement`: its placement.json, None where it has none."""
+    from hrl.runners.report.top import snapshot
+
+    snap = snapshot(run_dir, latest)
+    snap["placement"] = read_placement(Path(snap["run"])) if snap.get("kind") == "run" else None
+    return snap
+
+
 def _watch(run_dir: Path, snap: dict[str, Any], interval: float, latest: int) -> None:
     """Redraw every `interval` seconds until Ctrl-C (a normal way out: exit 0)."""
     from rich.console import Console
     from rich.live import Live
 
-    from hrl.runners.report.top import snapshot
-
     try:
         with Live(render(snap), console=Console(), auto_refresh=False, screen=False) as view:
             while True:
                 time.sleep(interval)
-                view.update(render(snapshot(run_dir, latest)), refresh=True)
+                view.update(render(_snapshot(run_dir, latest)), refresh=True)
     except KeyboardInterrupt:
         err.print("")

@@ -32,6 +32,7 @@ EPILOG = """Examples:
 
   hrl train --recipe demo --agent mini-swe-agent,aider      # across two harnesses: curves per harness in the report
   hrl train --recipe demo --placement ray -c placement.engine_replicas=2   # rollouts on Ray (docs/ray.md)
+  hrl train --recipe swe --placement ray -c placement.trainer=ray -c trainer.nproc=8 --dry-run   # starts nothing
 
   hrl train --recipe demo --serve --port 8100 --run-dir runs/online   # episodes come from clients (docs/online.md)
   hrl keys add fleet --run-dir runs/online                             # a client key for them
@@ -48,6 +49,9 @@ def _resolve(recipe: str, overrides: list[str], flags: dict[str, Any]) -> RunCon
 
     cfg = resolve(recipe, overrides, flags)
     cfg.recipe = recipe
+    from hrl.runners.placement.plan import check_plan  # after `resolve`: its refusals import nothing heavy
+
+    check_plan(cfg)  # where the trainer's ranks go, as --dry-run refuses it
     check_training(cfg, say)
     materialize_checked(cfg)
     if cfg.distill.enabled:  # the teacher made real as the model is, its tokenizer checked to be the student's
@@ -82,9 +86,21 @@ _Placement = Annotated[
     str,
     typer.Option(
         help="local (default) | ray: engine replicas, a node agent and a proxy shard per node on a Ray cluster "
-        "(placement.address, default a local one; placement.engine_replicas); the trainer stays here. docs/ray.md."
+        "(placement.address, default a local one; placement.engine_replicas); the trainer stays here unless "
+        "placement.trainer=ray. docs/ray.md."
     ),
 ]
+_DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Resolve the recipe, -c and the flags as the run would, refuse what it would refuse from the config, "
+        "and print what would start where (placement and cluster, engine replicas, node agents, the trainer's ranks, "
+        "how weights reach the replicas, the run dir); start nothing, write nothing. This machine's Docker, vLLM, "
+        "Ray and model files are not looked at.",
+    ),
+]
+_Json = Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as one JSON object.")]
 _IncludeUnchecked = Annotated[
     bool,
     typer.Option(
@@ -115,8 +131,12 @@ def train(
     placement: _Placement = "",
     config: ConfigOption = None,
     include_unchecked: _IncludeUnchecked = False,
+    dry_run: _DryRun = False,
+    as_json: _Json = False,
 ) -> None:
     """Train a model through the agent harness it is deployed with; one line per step, run dir for everything."""
+    if as_json and not dry_run:
+        raise UsageError("--json prints the --dry-run plan: it needs --dry-run", hint="hrl train ... --dry-run --json")
     if resume:
         fixed = {"--recipe": recipe, "--agent": agent, "--model": model, "--engine": engine, "--lora": lora,
                  "--full": full, "--async": use_async, "--sandbox": sandbox, "--placement": placement,
@@ -130,7 +150,10 @@ def train(
             "telemetry.otlp_endpoint": otlp or None, "online.enabled": serve or None,
             "async.enabled": (use_async or serve) or None,
         }  # fmt: skip
-        run, cfg = _new_run(recipe, run_dir, config or [], flags)
+        run, cfg = (_planned_run if dry_run else _new_run)(recipe, run_dir, config or [], flags)
+    if dry_run:
+        _print_plan(run, cfg, resume, as_json)
+        return
     with run.locked():
         if resume and cfg.dump() != run.config():
             run.save_config(cfg.dump())  # the extended run: a later plain --resume goes on to the new iteration count
@@ -170,17 +193,57 @@ def _resumed_run(
 def _new_run(recipe: str, run_dir: Path | None, overrides: list[str], flags: dict[str, Any]) -> tuple[Any, RunConfig]:
     """A new run (`run_dir`, default runs/<recipe>-<time>; created later, under its lock) and its config from
     `recipe`, `overrides` and `flags` (`_resolve`); the folder is checked before the model is built."""
+    from hrl.runners.preflight import check_writable
+
+    run = _new_run_dir(recipe, run_dir)
+    check_writable(run_dir or Path("runs"), "--run-dir")  # before the model is built
+    return run, _resolve(recipe, overrides, flags)
+
+
+def _new_run_dir(recipe: str, run_dir: Path | None) -> Any:
+    """The `RunDir` a new run would take (`run_dir`, default runs/<recipe>-<time>), refused where a run is already."""
     from hrl.runners.rundir import RunDir
 
     if not recipe:
         raise UsageError("give --recipe (or --run-dir with --resume)", hint="e.g. `hrl train --recipe demo`")
     if run_dir is not None:
         RunDir(run_dir).check_new()  # before anything is written: its config.json stays the run's own
-    from hrl.runners.preflight import check_writable
+    return RunDir(run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
 
-    check_writable(run_dir or Path("runs"), "--run-dir")  # before the model is built
-    cfg = _resolve(recipe, overrides, flags)
-    return RunDir(run_dir or Path("runs") / f"{Path(recipe).stem}-{time.strftime('%Y%m%d-%H%M%S')}"), cfg
+
+def _planned_run(
+    recipe: str, run_dir: Path | None, overrides: list[str], flags: dict[str, Any]
+) -> tuple[Any, RunConfig]:
+    """`--dry-run`: the run and config `_new_run` would make, resolved the same way (`resolve`, the config's own
+    rules), with the checks that read the config alone (`_resolve`'s others look at this machine: Docker, vLLM, Ray,
+    the model's files, which a plan for a cluster need not find where it is read). Nothing is built or written."""
+    from hrl.runners.preflight import check_gpu_plan, check_honest_sampling, check_online_settings, check_turn_credit
+    from hrl.runners.recipe_config import require_model, resolve
+
+    run = _new_run_dir(recipe, run_dir)
+    cfg = resolve(recipe, overrides, flags)
+    cfg.recipe = recipe
+    from hrl.runners.placement.plan import check_names, check_plan  # after `resolve`, as in `_resolve`
+
+    check_plan(cfg)
+    check_gpu_plan(cfg)
+    check_online_settings(cfg)
+    require_model(cfg, "hrl:tiny (a tiny local model)")
+    check_honest_sampling(cfg)
+    check_names(cfg)
+    check_turn_credit(cfg)
+    return run, cfg.for_training()
+
+
+def _print_plan(run: Any, cfg: RunConfig, resume: bool, as_json: bool) -> None:
+    """What the run would start where (`runners.placement.plan`), on stdout; nothing is started."""
+    from hrl.cli.output import emit
+    from hrl.runners.placement.plan import describe, plan
+
+    found = plan(cfg, cfg.model, cfg.engine, cfg.loop().concurrency)
+    found.update(recipe=cfg.recipe, run_dir=str(run.path), resume=resume)
+    say("dry run: nothing was started or written")
+    emit(found, as_json=as_json, human=describe(found))
 
 
 def _start(

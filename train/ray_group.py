@@ -103,11 +103,10 @@ def _uses_gpus(config: TrainerConfig, cluster: dict[str, float]) -> bool:
 
 def bundles(config: TrainerConfig, gpus: bool) -> tuple[list[dict[str, float]], str, list[int]]:
     """The placement group for the ranks: its bundles, strategy, and each rank's bundle. With `ranks_per_node`
-    one bundle per node holds that many ranks (STRICT_SPREAD: distinct nodes); else one bundle per rank, spread."""
+    one bundle per node holds that many ranks (STRICT_SPREAD: distinct nodes); else one bundle per rank, spread.
+    What the config cannot place (nproc not a multiple, trainer.gpus, weight_sync=ipc) `check_plan` refused."""
     n, per = config.nproc, config.ranks_per_node
-    if per and n % per:
-        raise UsageError(f"trainer.nproc={n} is not a multiple of trainer.ranks_per_node={per}",
-                         hint=f"use -c trainer.nproc={per * max(1, round(n / per))}")  # fmt: skip
+    assert not per or n % per == 0, "refused before the run starts (runners.placement.plan.check_plan)"
     size = per or 1
     one = {"CPU": float(size), **({"GPU": float(size)} if gpus else {})}
     return [dict(one) for _ in range(n // size)], "STRICT_SPREAD" if per else "SPREAD", [r // size for r in range(n)]
@@ -121,9 +120,6 @@ class RayTrainerGroup:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if config.gpus:
-            raise UsageError("trainer.gpus picks GPUs of this machine; with placement.trainer=ray Ray gives each rank "
-                             "its GPU", hint="drop trainer.gpus (trainer.ranks_per_node places ranks per node)")  # fmt: skip
         self.config, self.pcfg = config, pcfg
         self.media_dir: Path | None = None  # the loop sets it; images are refused below (they live on the driver)
         cluster = ray.cluster_resources()

@@ -92,14 +92,6 @@ def test_a_rank_that_dies_is_an_error_naming_it(ray_cluster, tiny_model):
     )
 
 
-def test_ranks_per_node_must_divide_nproc(ray_cluster, tiny_model):
-    from hrl.train.ray_group import RayTrainerGroup
-
-    cfg = TrainerConfig(model=tiny_model, mode="lora", device="cpu", nproc=3, ranks_per_node=2)
-    with pytest.raises(UsageError, match="not a multiple"):
-        RayTrainerGroup(cfg, PlacementConfig(kind="ray", trainer="ray"))
-
-
 def test_hrl_train_with_its_ranks_on_two_nodes_trains_and_publishes(ray_cluster, tmp_path):
     """The CLI, joined to the two-node cluster: one iteration, the two ranks on distinct nodes (placement.json), the
     checkpoint shipped to each replica's node and served there at the new version."""
