@@ -572,6 +572,8 @@ def _check_memory_plan(cfg: RunConfig) -> None:
     opts = cfg.engine_options
     if cfg.engine != "vllm" or opts.get("sleep_level") or opts.get("gpu_memory_utilization"):
         return
+    if cfg.placement.kind == "ray" and (cfg.placement.trainer == "ray" or cfg.placement.replica_gpus):
+        return  # Ray gives each replica (replica_gpus) and each trainer rank (placement.trainer=ray) GPUs of its own
     trainer_gpus, engine_gpus = _gpus(cfg)
     if shared := sorted(set(trainer_gpus) & set(engine_gpus)):
         raise UsageError(

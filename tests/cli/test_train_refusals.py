@@ -152,3 +152,14 @@ def test_engine_settings_a_layout_cannot_honour_are_refused_before_anything_star
     assert code == USAGE and len(errors) == 1, err
     assert all(n in errors[0] for n in needles), errors[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_the_memory_share_is_not_refused_where_ray_gives_the_trainer_its_own_gpus(tmp_path, monkeypatch, capsys):
+    """The shared-GPU refusal above reads this machine's layout; with the trainer's ranks on Ray (each given its GPU
+    by Ray, apart from the replicas') it does not apply, and the plan goes through."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*VLLM, "--full", "-c", "trainer.device=cuda:0", "--placement", "ray", "-c", "placement.trainer=ray",
+            "--dry-run"]  # fmt: skip
+    code, out, err = run_hrl(argv, {"HRL_CACHE": str(tmp_path / "cache")}, monkeypatch, capsys)
+    assert code == 0 and "share GPU" not in err, err
+    assert "rank as a Ray actor" in out
