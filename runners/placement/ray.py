@@ -48,6 +48,7 @@ from pydantic import SecretStr
 from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.durable import write_atomically
 from hrl.runners.errors import PrerequisiteError, UsageError
+from hrl.runners.placement.ray_cluster import init_ray
 from hrl.runners.rollouts.episodes import Episode, Rollouts, failed_trace
 from hrl.runners.trace import Export, write_trace
 
@@ -492,18 +493,6 @@ def _driver_node(ray: Any) -> dict[str, Any]:
             "devices": []}  # fmt: skip
 
 
-def _init_ray(ray: Any, cfg: PlacementConfig) -> bool:
-    """Join the cluster (`address`) or start a local one; True when this process started it."""
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if cfg.address:
-        ray.init(address=cfg.address, **kwargs)
-        return False
-    ray.init(num_cpus=cfg.num_cpus or None, **kwargs)
-    return True
-
-
 async def _replica_resources(pcfg: PlacementConfig, groups: list[Any]) -> dict[str, Any]:
     """Ray options of one engine replica: its CPUs, or with `replica_gpus` a placement group of its GPUs and CPUs,
     ready (and added to `groups`, which `_stop` removes)."""
@@ -553,7 +542,7 @@ async def ray_placement(
     driver writes also goes (the run's OTLP exporter's `export_written`)."""
     ray = _ray()
     pcfg = settings.placement
-    started = _init_ray(ray, pcfg)  # on the main thread: Ray sets its signal handlers there
+    started = init_ray(ray, pcfg, say)  # main thread: SIGTERM/SIGINT stop Ray's start or join there
     secret = SecretStr(secrets.token_urlsafe(32))  # the replicas' servers answer only to it; Ray carries it
     replicas: dict[str, Any] = {}
     agents: list[Any] = []
