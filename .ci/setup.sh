@@ -182,11 +182,11 @@ setup_main_venv() {
     log "main venv: creating $VENV"
     python3 -m venv "$VENV"
   fi
-  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry,browser] (about a minute with uv, minutes with pip; log: $logfile)"
+  log "main venv: installing $TORCH_PIN (CPU) and hrl[train,dev,whitebox,fast,swebench,ray,telemetry,browser,tinker] (about a minute with uv, minutes with pip; log: $logfile)"
   check_cpu_torch "$VENV/bin/pip"
   # Naming the torch pin keeps the resolver from swapping torch for another (CUDA) build.
   # setuptools/wheel in the venv let later runs refresh the editable install without build isolation.
-  venv_install "$VENV" "$logfile" "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry,browser]"
+  venv_install "$VENV" "$logfile" "$TORCH_PIN" "setuptools>=68" wheel -e "${ROOT}[train,dev,whitebox,fast,swebench,ray,telemetry,browser,tinker]"
   "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)' ||
     die "main venv: a CUDA build of torch got installed into $VENV"
   echo "$key" >"$marker"

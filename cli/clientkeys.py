@@ -32,7 +32,7 @@ def add(
     name: Annotated[str, typer.Argument(help="The key's name (traces say metadata.online.client = NAME).")],
     run_dir: _RunDir = None,
     keys_file: _KeysFile = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print {name, key, file} as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {name, key, file, tinker_api_key} as JSON.")] = False,
 ) -> None:
     """Add a client key and print it (once: the file keeps only its digest)."""
     from hrl.runners.online.keys import add_key, keys_path
@@ -40,7 +40,8 @@ def add(
     path = keys_path(run_dir, keys_file)
     key = add_key(path, name)
     say(f"client key {name} added to {path}: send it as Authorization: Bearer <key>")
-    emit({"name": name, "key": key, "file": str(path)}, as_json=as_json, human=key)
+    say(f"for the tinker SDK (hrl serve --tinker): api_key='tml-{key}' (the SDK wants the tml- prefix)")
+    emit({"name": name, "key": key, "file": str(path), "tinker_api_key": f"tml-{key}"}, as_json=as_json, human=key)
 
 
 @app.command(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from hrl.cli.output import say
+from hrl.runners.errors import UsageError
 
 __all__ = ["EPILOG", "serve"]
 
@@ -35,6 +36,9 @@ EPILOG = """Examples:
 
   hrl serve --model Qwen/Qwen2.5-0.5B-Instruct --engine http://127.0.0.1:8000 --port 8100 --workers 4
       # 4 proxy processes on ports 8100-8103 sharing one vLLM; a session lives in the worker it registered at
+
+  hrl keys add me --run-dir runs/tinker && hrl serve --tinker --model hrl:tiny --port 8100 --run-dir runs/tinker
+      # the Tinker training API: tinker.ServiceClient(base_url="http://127.0.0.1:8100", api_key="tml-<key>")
 """
 
 
@@ -102,6 +106,19 @@ _Media = Annotated[
         "A vision model's images are served."
     ),
 ]
+_Tinker = Annotated[
+    bool,
+    typer.Option(
+        "--tinker",
+        help="Serve the Tinker training API instead, for the official `tinker` SDK (hrl's `tinker` extra): LoRA "
+        "training and sampling of --model, every sample a trace in --run-dir (docs/tinker.md).",
+    ),
+]
+_KeysFile = Annotated[
+    Path | None,
+    typer.Option(help="--tinker: the client keys file (default RUN_DIR/client_keys.json; `hrl keys add NAME`)."),
+]
+_RunDir = Annotated[Path, typer.Option(help="--tinker: where the samples' traces and the saved checkpoints go.")]
 _Workers = Annotated[
     int,
     typer.Option(
@@ -129,9 +146,19 @@ def serve(
     sampling: _Sampling = "agent",
     media: _Media = "refuse",
     workers: _Workers = 1,
+    tinker: _Tinker = False,
+    keys_file: _KeysFile = None,
+    run_dir: _RunDir = Path("runs/tinker"),
 ) -> None:
     """Run the recording proxy: agents talk OpenAI chat / Responses, Anthropic or Gemini to it, every call is
-    recorded token-exactly, and each finished session becomes one trace line."""
+    recorded token-exactly, and each finished session becomes one trace line. With --tinker: a Tinker-compatible
+    training service instead."""
+    if tinker:
+        if workers != 1 or traces is not None:
+            raise UsageError("--tinker serves one process and writes its traces to --run-dir",
+                             hint="drop --workers and --traces")  # fmt: skip
+        _serve_tinker(model, engine or "embedded", host, port, keys_file, run_dir, served_name or model)
+        return
     from hrl.cli.config import materialize_model
     from hrl.runners.placement import check_port_free, default_engine
     from hrl.runners.placement import serve as serve_standalone
@@ -147,3 +174,32 @@ def serve(
                "reasoning_parser": reasoning_parser, "sampling": sampling, "media": media,
                "tool_prompt": tool_prompt}  # fmt: skip
     serve_standalone(path, engine, served_name or model, options, traces, host, port, control_token_file, workers, say)
+
+
+def _serve_tinker(
+    model: str, engine: str, host: str, port: int, keys_file: Path | None, run_dir: Path, name: str
+) -> None:
+    """`hrl serve --tinker`: checks first (the SDK, the engine, the port, the model), then the service."""
+    import importlib.util
+
+    from hrl.runners.errors import PrerequisiteError
+
+    if engine != "embedded":
+        raise UsageError(f"--tinker samples with the embedded engine only, not {engine!r} (vLLM: not wired yet)",
+                         hint="drop --engine (the trainer still takes the GPU when there is one)")  # fmt: skip
+    if importlib.util.find_spec("tinker") is None:
+        raise PrerequisiteError("--tinker needs the tinker SDK, whose types are its wire",
+                                hint="pip install 'hrl[tinker]'")  # fmt: skip
+    from hrl.cli.config import materialize_model
+    from hrl.runners.placement import check_port_free
+    from hrl.runners.preflight import check_engine, check_model
+    from hrl.runners.tinker import TinkerConfig, serve_tinker
+    from hrl.train.tinker_ops import TinkerLoraTrainer
+
+    check_engine(engine)
+    check_port_free(host, port)
+    path = materialize_model(model)
+    check_model(path)
+    keys = keys_file or run_dir / "client_keys.json"
+    config = TinkerConfig(model=path, name=name, engine=engine, host=host, port=port, keys_file=keys, run_dir=run_dir)
+    serve_tinker(config, TinkerLoraTrainer, say)

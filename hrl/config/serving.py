@@ -80,6 +80,7 @@ class PlacementConfig(BaseModel):
         if self.trainer == "ray" and self.kind != "ray":
             raise ValueError("placement.trainer=ray places the trainer's ranks on a Ray cluster: add --placement ray")
         return self
+
     routing: dict[str, Any] = Field(
         default_factory=dict,
         description="Each proxy shard's routing over the replicas (runners.engines.replicas.RoutingConfig: "
