@@ -50,6 +50,16 @@ def wilson(successes: float, n: int, z: float = 1.96) -> list[float]:
     return [round(centre - half, 4), round(centre + half, 4)]
 
 
+def shown(path: Path, cache: Path) -> str:
+    """A path as the result file keeps it: under $HRL_CACHE or the checkout, never this machine's absolute path."""
+    path = path.resolve()
+    for root, name in ((cache.resolve(), "$HRL_CACHE"), (demo.ROOT.resolve(), "")):
+        if path.is_relative_to(root):
+            rel = path.relative_to(root).as_posix()
+            return f"{name}/{rel}" if name else rel
+    return path.name
+
+
 def heldout(runs: list[dict]) -> dict[str, object]:
     """An arm's held-out figures over its seeds: each seed's success after, with its Wilson interval, beside the
     start it was measured from (one evaluation per invocation; merged seeds keep their own)."""
@@ -95,7 +105,7 @@ def main() -> None:
     else:
         before = demo.evaluate(str(model), work / "eval-before.jsonl", args.n, log, str(model))
     print(f"before: held-out success {before['success']:.3f} over {before['episodes']} episodes", flush=True)
-    result: dict[str, object] = {"model": str(model), "teacher": args.teacher, "cores": os.cpu_count(),
+    result: dict[str, object] = {"model": shown(model, cache), "teacher": args.teacher, "cores": os.cpu_count(),
                                  "before": before, "config": args.config, "arms": {}}  # fmt: skip
     if args.merge and args.out and args.out.exists():  # earlier seeds, each run keeping the start it was measured from
         earlier = json.loads(args.out.read_text())
@@ -115,7 +125,7 @@ def main() -> None:
             state = json.loads((run / "state.json").read_text())
             after = demo.evaluate(state["checkpoint"], work / f"eval-{arm}-s{seed}.jsonl", args.n, log, str(model))
             steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            row = {"seed": seed, "run_dir": str(run), "train_wall_s": wall, "train_cpu_s": cpu,
+            row = {"seed": seed, "run_dir": shown(run, cache), "train_wall_s": wall, "train_cpu_s": cpu,
                    "before": before, "config": args.config,
                    "load_avg_1m": os.getloadavg()[0], "after": after,
                    "train_reward_per_iteration": [s.get("trace/reward") for s in steps],
