@@ -53,8 +53,9 @@ from typing import Any, Protocol
 
 from hrl.config import AsyncConfig, check_batch_fits
 from hrl.runners.errors import HrlError
-from hrl.runners.rollouts.episodes import Episode, Rollouts, guarded_episode, harness_for
+from hrl.runners.rollouts.episodes import Episode, Rollouts, failed_trace, guarded_episode, harness_for
 from hrl.runners.rundir import RunDir
+from hrl.runners.trace import write_trace
 from hrl.train.distill import Teacher, start_teacher
 from hrl.train.heldout import Evaluations
 from hrl.train.loop import LoopConfig, sampler_metrics
@@ -155,6 +156,8 @@ class _Producer(Producer):
         self.ready: list[list[dict[str, Any]]] = []
         self.changed = asyncio.Event()
         self.started = self.finished = 0
+        self._files: dict[asyncio.Task[dict[str, Any]], Any] = {}  # each episode's trace file
+        self._began: set[asyncio.Task[Any] | None] = set()  # episodes whose coroutine ran (`_run`)
         self.step = run.state()["iteration"]  # the step whose batch is being gathered: new episodes trace there
 
     def _pick(self, rng: random.Random, group: int) -> Any:
@@ -194,14 +197,21 @@ class _Producer(Producer):
             while self._room() and not self._paced():
                 trace_file = self.run.trace_file(self.step)
                 for ep in next(self._groups):
-                    task = asyncio.create_task(guarded_episode(self.rollouts, ep, trace_file))
+                    task = asyncio.create_task(self._run(ep, trace_file))
                     self._episodes[task], self._admitted[task] = ep, self.version
+                    self._files[task] = trace_file
                     task.add_done_callback(self._done)
                     self.running.add(task)
                     self.started += 1
             self._hold(self._room())  # room left here: pacing holds it
             self.changed.clear()
             await self.changed.wait()
+
+    async def _run(self, ep: Episode, trace_file: Any) -> dict[str, Any]:
+        """The episode, marked as begun: a task cancelled before its first step never reaches the runner, which
+        writes the `cancelled` trace of an episode it ran, so `stop` writes that one's."""
+        self._began.add(asyncio.current_task())
+        return await guarded_episode(self.rollouts, ep, trace_file)
 
     def _hold(self, held: bool) -> None:
         """Time the pacing hold: it starts when a group that has room is held, ends when none is."""
@@ -238,6 +248,7 @@ class _Producer(Producer):
         self.running.discard(task)
         ep = self._episodes.pop(task)
         self._admitted.pop(task, None)
+        self._files.pop(task, None)
         if task.cancelled():
             self.changed.set()
             return
@@ -289,9 +300,14 @@ class _Producer(Producer):
             ) from self.failure
 
     async def stop(self) -> None:
+        """Cancel what runs; every started episode ends as one trace, one that never began too."""
+        never = [(self._episodes[t], self._files[t]) for t in self.running if t not in self._began]
         for t in list(self.running):
             t.cancel()
         await asyncio.gather(*self.running, return_exceptions=True)
+        for ep, trace_file in never:
+            trace = failed_trace(ep, "cancelled", "cancelled before it started", time.time())
+            await asyncio.to_thread(write_trace, trace_file, trace, self.rollouts.export)
 
 
 async def train_async(

@@ -368,3 +368,32 @@ def test_async_steps_that_train_on_nothing_publish_nothing(tiny_model, tmp_path)
     assert [m["version"] for m in history] == [0, 0]
     assert [(m["train/empty"], m["train/empty_steps"]) for m in history] == [(1.0, 1.0), (1.0, 2.0)]
     assert run.state() == {"iteration": 2, "version": 0, "checkpoint": None}
+
+
+def test_an_episode_cancelled_before_it_began_still_ends_as_one_trace(tmp_path):
+    """The producer stops (end of run, an error) while episodes it started have not taken their first step: their
+    coroutine never runs, so no runner writes their `cancelled` trace; the producer does. Under load this was two
+    started episodes of 22 without a trace."""
+    from hrl.train.async_loop import _Producer
+
+    class Waits(Rollouts):
+        async def episode(self, ep, trace_file):
+            await asyncio.Event().wait()
+
+    run = RunDir(tmp_path / "run")
+    cfg = LoopConfig(iterations=1, group_size=2, trainer=TrainerConfig(model="unused"))
+    run.create(cfg.model_dump())
+
+    async def main() -> _Producer:
+        producer = _Producer(TASKS, cfg, AsyncConfig(max_in_flight=4, batch_traces=4), Waits(), run)
+        starter = asyncio.create_task(producer._start_groups())
+        await asyncio.sleep(0)  # the starter ran once: its episodes are created, none has taken a step
+        assert producer.started == 4 and not producer._began
+        starter.cancel()  # as the loop does: no new group, then stop what runs
+        await producer.stop()
+        return producer
+
+    producer = asyncio.run(main())
+    traces = run.all_traces()
+    assert len(traces) == producer.started == 4
+    assert {t["failure_reason"] for t in traces} == {"cancelled"}
