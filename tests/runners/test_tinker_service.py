@@ -119,7 +119,7 @@ def test_the_sdk_trains_samples_and_is_recorded(
     assert [r[0] for r in recorded] == [s[0] for s in sampled]  # token for token
     assert all(r[1] == pytest.approx(s[1], abs=1e-6) for r, s in zip(recorded, sampled, strict=True))
     assert all(t["calls"][0]["prompt_ids"] == prompt for t in traces)
-    service.close("success").result()
+    service.close("success").result()  # its heartbeat thread stops with the session
 
 
 @pytest.mark.timeout(120)
@@ -131,9 +131,12 @@ def test_a_wrong_key_an_unserved_model_and_an_unknown_loss_are_refused(served: t
         ).result()
     assert wrong.value.status_code == 401
     service = tinker.ServiceClient(base_url=url, api_key=api_key)
-    with pytest.raises(tinker.NotFoundError, match="Qwen/Qwen3-8B"):
-        service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
-    info = tinker.RestClient(base_url=url, api_key=api_key).get_server_capabilities().result()
-    training = service.create_lora_training_client(base_model=info.supported_models[0].model_name, rank=4).result()
-    with pytest.raises(tinker.BadRequestError, match="cispo"):
-        training.forward_backward([_datum([1, 2, 3])], "cispo").result()
+    try:
+        with pytest.raises(tinker.NotFoundError, match="Qwen/Qwen3-8B"):
+            service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
+        info = tinker.RestClient(base_url=url, api_key=api_key).get_server_capabilities().result()
+        training = service.create_lora_training_client(base_model=info.supported_models[0].model_name, rank=4).result()
+        with pytest.raises(tinker.BadRequestError, match="cispo"):
+            training.forward_backward([_datum([1, 2, 3])], "cispo").result()
+    finally:  # its session's heartbeat thread would go on knocking at the stopped server for the rest of the run
+        service.close("success").result()
