@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tinker  # the `tinker` extra: CI installs it, so this test runs there
 from typer.testing import CliRunner
 
 from hrl.cli.main import app
 from hrl.runners.rundir import RunDir
 
-tinker = pytest.importorskip("tinker")  # the `tinker` extra (CI installs it)
 types = tinker.types
 
 TEXTS = ["the cat sat on the mat", "hello world, this is a test", "one two three four five", "fix the failing test"]
