@@ -123,7 +123,7 @@ async def start_trainer(
         raise HrlError("trainer.offload=all moves the weights to CPU memory, but engine_options.weight_sync=ipc "
                        "publishes them from the trainer's GPU memory",
                        hint="use -c trainer.offload=optimizer (or auto), or -c engine_options.weight_sync=disk")  # fmt: skip
-    placement = getattr(publisher, "settings", None)  # a Ray placement's: placement.trainer=ray, ranks as actors
+    placement = getattr(publisher, "placement", None)  # a Ray placement's: placement.trainer=ray, ranks as actors
     if placement is not None and placement.trainer == "ray":
         from hrl.train.ray_group import RayTrainerGroup
 

@@ -395,10 +395,10 @@ class ShardedPublisher:
         self.stats: dict[str, float] = {}  # no proxy runs in the driver: its queue and pause figures are the shards'
         self.replicas = replicas or {}  # name -> EngineReplica actor
         self.where = where or {}  # "driver" and each replica: node id, address, devices
-        self.settings = settings or PlacementConfig()
+        self.placement = settings or PlacementConfig()
         driver = self.where.get("driver", {}).get("node_id")
         elsewhere = any(w.get("node_id") != driver for n, w in self.where.items() if n != "driver")
-        self.ship = self.settings.weights == "ship" or (self.settings.weights == "auto" and elsewhere)
+        self.ship = self.placement.weights == "ship" or (self.placement.weights == "auto" and elsewhere)
 
     def placement_record(self, ranks: list[dict[str, Any]] | None, nproc: int) -> dict[str, Any]:
         """Where each piece of the run is (the run directory's placement.json): the driver, the trainer's ranks (as
@@ -407,7 +407,7 @@ class ShardedPublisher:
         ranks = ranks or [{"rank": r, **driver} for r in range(nproc)]
         replicas = [{"replica": n, **w, "url": self.control.replicas[n].engine.url if n in self.control.replicas
                      else ""} for n, w in self.where.items() if n != "driver"]  # fmt: skip
-        return {"driver": driver, "trainer": self.settings.trainer, "weights": "ship" if self.ship else "disk",
+        return {"driver": driver, "trainer": self.placement.trainer, "weights": "ship" if self.ship else "disk",
                 "trainer_ranks": ranks, "replicas": replicas}  # fmt: skip
 
     async def _ship(self, path: str, version: int) -> dict[str, str]:
