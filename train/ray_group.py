@@ -25,6 +25,7 @@ import torch
 from hrl.config import PlacementConfig
 from hrl.runners.durable import write_atomically
 from hrl.runners.errors import HrlError, PrerequisiteError, UsageError
+from hrl.runners.placement.plan import rank_bundles
 from hrl.train.trainer import TrainerConfig
 
 __all__ = ["RayTrainerGroup", "TrainerRank"]
@@ -107,9 +108,9 @@ def bundles(config: TrainerConfig, gpus: bool) -> tuple[list[dict[str, float]], 
     What the config cannot place (nproc not a multiple, trainer.gpus, weight_sync=ipc) `check_plan` refused."""
     n, per = config.nproc, config.ranks_per_node
     assert not per or n % per == 0, "refused before the run starts (runners.placement.plan.check_plan)"
-    size = per or 1
+    count, size, strategy = rank_bundles(n, per)
     one = {"CPU": float(size), **({"GPU": float(size)} if gpus else {})}
-    return [dict(one) for _ in range(n // size)], "STRICT_SPREAD" if per else "SPREAD", [r // size for r in range(n)]
+    return [dict(one) for _ in range(count)], strategy, [r // size for r in range(n)]
 
 
 class RayTrainerGroup:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hrl.config import RunConfig
+from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.errors import UsageError
 
-__all__ = ["check_names", "check_plan", "describe", "plan"]
+__all__ = ["check_names", "check_plan", "describe", "plan", "rank_bundles", "replica_cpus"]
 
 _WEIGHTS = {
     "disk": "each replica reads the checkpoint at its run-directory path (one node, or a shared file system)",
@@ -24,6 +24,20 @@ _BACKEND = {
     "driver": "nccl on a GPU, gloo on the CPU (trainer.device=auto)",
     "ray": "nccl when the cluster has a GPU for every rank, else gloo on the CPU (trainer.device=auto)",
 }
+
+
+def replica_cpus(pcfg: PlacementConfig) -> float:
+    """The CPUs one engine replica reserves on Ray: `replica_cpus`, and at least one for a GPU replica (its placement
+    group's bundle needs a CPU beside the GPUs). `runners.placement.ray` reserves this; the plan shows it."""
+    return max(1.0, pcfg.replica_cpus) if pcfg.replica_gpus else pcfg.replica_cpus
+
+
+def rank_bundles(nproc: int, ranks_per_node: int) -> tuple[int, int, str]:
+    """How the trainer's ranks sit in their placement group on Ray: (bundles, ranks a bundle, strategy). With
+    `ranks_per_node` one bundle per node holds that many ranks (STRICT_SPREAD: distinct nodes); else one bundle per
+    rank, spread. `hrl.train.ray_group` builds this group; the plan shows it."""
+    size = ranks_per_node or 1
+    return nproc // size, size, "STRICT_SPREAD" if ranks_per_node else "SPREAD"
 
 
 def check_plan(settings: RunConfig) -> None:
@@ -76,9 +90,8 @@ def _engine(settings: RunConfig, engine: str) -> dict[str, Any]:
     if pcfg.kind != "ray":
         return {"where": "driver", "replicas": 1, "engine": kind, "url": options.get("url"), "gpus_each": None,
                 "cpus_each": None}  # fmt: skip
-    gpus = pcfg.replica_gpus  # as runners.placement.ray reserves them: a GPU replica gets at least one CPU
     return {"where": "ray", "replicas": pcfg.engine_replicas, "engine": kind, "url": options.get("url"),
-            "gpus_each": gpus, "cpus_each": max(1.0, pcfg.replica_cpus) if gpus else pcfg.replica_cpus}  # fmt: skip
+            "gpus_each": pcfg.replica_gpus, "cpus_each": replica_cpus(pcfg)}  # fmt: skip
 
 
 def _node_agents(settings: RunConfig, concurrency: int) -> dict[str, Any]:
@@ -90,17 +103,17 @@ def _node_agents(settings: RunConfig, concurrency: int) -> dict[str, Any]:
 
 
 def _trainer(settings: RunConfig) -> dict[str, Any]:
-    """The ranks and, on Ray, their placement group as `hrl.train.ray_group.bundles` makes it: with ranks_per_node one bundle
-    per node (STRICT_SPREAD: distinct nodes), else one per rank (SPREAD)."""
+    """The ranks and, on Ray, their placement group (`rank_bundles`)."""
     trainer, on_ray = settings.trainer, settings.placement.trainer == "ray"
     per = trainer.ranks_per_node if on_ray else 0
+    bundles, _, strategy = rank_bundles(trainer.nproc, per)
     return {
         "where": "ray" if on_ray else "driver",
         "nproc": trainer.nproc,
         "ranks_per_node": per or None,
         "nodes": trainer.nproc // per if per else None,
-        "bundles": (trainer.nproc // (per or 1)) if on_ray else None,
-        "strategy": ("STRICT_SPREAD" if per else "SPREAD") if on_ray else None,
+        "bundles": bundles if on_ray else None,
+        "strategy": strategy if on_ray else None,
         "device": trainer.device,
         "backend": _backend(trainer.device),
         "mode": trainer.mode,

@@ -48,6 +48,7 @@ from pydantic import SecretStr
 from hrl.config import PlacementConfig, RunConfig
 from hrl.runners.durable import write_atomically
 from hrl.runners.errors import PrerequisiteError, UsageError
+from hrl.runners.placement.plan import replica_cpus
 from hrl.runners.placement.ray_cluster import init_ray
 from hrl.runners.rollouts.episodes import Episode, Rollouts, failed_trace
 from hrl.runners.trace import Export, write_trace
@@ -501,10 +502,11 @@ async def _replica_resources(pcfg: PlacementConfig, groups: list[Any]) -> dict[s
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg = placement_group([{"GPU": pcfg.replica_gpus, "CPU": max(1.0, pcfg.replica_cpus)}])
+    cpus = replica_cpus(pcfg)
+    pg = placement_group([{"GPU": pcfg.replica_gpus, "CPU": cpus}])
     await pg.ready()
     groups.append(pg)
-    return {"num_gpus": pcfg.replica_gpus, "num_cpus": max(1.0, pcfg.replica_cpus),
+    return {"num_gpus": pcfg.replica_gpus, "num_cpus": cpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(pg)}  # fmt: skip
 
 
@@ -563,6 +565,10 @@ async def ray_placement(
         where["driver"] = _driver_node(ray)
         nodes, k = _node_agents(ray, pcfg, concurrency, agents)
         say(f"starting {len(nodes)} node agent(s) with a proxy shard each, {k} episodes at once per node …")
+        if (most := len(nodes) * k) != concurrency:  # the run's episodes at once and the nodes' slots disagree: said
+            say(f"episodes at once: {min(most, concurrency)} ({len(nodes)} node(s) × {k} = {most} slots, the run's "
+                f"concurrency {concurrency}; the smaller holds: raise -c train.concurrency or "
+                "placement.episodes_per_node)")  # fmt: skip
         await asyncio.gather(*(n.actor.start.remote(settings, model, urls, secret) for n in nodes))
         control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, settings, secret)))
         await control.start()
