@@ -342,7 +342,8 @@ def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_mode
     (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
     out = tmp_path / "out.jsonl"
     cmd = [sys.executable, "-m", "hrl.cli", "rollout", "--recipe", str(tmp_path / "recipe.yaml"), "-n", "2",
-           "--out", str(out), "--placement", "ray", "-c", "placement.engine_replicas=2"]  # fmt: skip
+           "--out", str(out), "--placement", "ray", "-c", "placement.engine_replicas=2",
+           "-c", "placement.episodes_per_node=1"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     written = list(read_traces(out))
@@ -350,6 +351,7 @@ def test_hrl_rollout_placement_ray_on_an_existing_cluster(ray_cluster, tiny_mode
     assert [t["reward"] for t in written] == [1.0] * 4
     assert {t["env"]["replica"] for t in written} <= {"r0", "r1"}
     assert "starting 2 scripted engine replica(s) on Ray" in r.stderr
+    assert "episodes at once: 2 (2 node(s) × 1 = 2 slots, the run's concurrency 4;" in r.stderr  # said, not silent
     assert "done: 4 traces" in r.stderr
 
 
