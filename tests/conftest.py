@@ -185,6 +185,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{seconds:>6}s  {name:<12} {status}")
 
 
+def covering(values: list[str], full: list[str]) -> list[Any]:
+    """A matrix's parameters with those in `full` marked for the full tier (`make test-full`): CI runs the rest, a
+    covering subset (each value left out has its code path covered by one kept, said where it is used)."""
+    return [pytest.param(v, marks=pytest.mark.full) if v in full else v for v in values]
+
+
 def install_agent(name: str, target: str) -> None:
     """Install an agent CLI for an `agents` test: a failed install fails in CI and skips with the reason elsewhere."""
     from hrl.runners.agents.install import install

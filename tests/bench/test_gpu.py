@@ -65,6 +65,7 @@ def test_tiny_gpu_check_runs_every_phase_on_the_cpu(tmp_path):
     assert "| colocate | yes |" in out.stdout  # the closing table
 
 
+@pytest.mark.full  # the variants beside the LoRA that test_tiny_gpu_check_runs_every_phase_on_the_cpu runs
 def test_the_lora_variants_run_when_asked_for(tmp_path):
     """`--only lora_variants` (not in the default run): the trainer's LoRA step, bf16 adapters and attention-only
     adapters side by side; attention only trains fewer parameters."""
@@ -116,6 +117,7 @@ def _image_only(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a GPU session's own first step packs and installs it again (docs/training-on-gpus.md)
 def test_the_wheelhouse_lets_hrls_trainer_run_on_an_image_without_hrls_dependencies(tmp_path):
     """`--pack DIR` fetches what hrl's own phases need beyond the image (pydantic and its own; one wheel per Python
     where built), at most 60 MiB; installed with pip from that folder alone, hrl's Trainer (one process and FSDP2 on one

@@ -35,6 +35,7 @@ def _interval_ok(ci: list[float], p: float) -> bool:
 
 @pytest.mark.browser
 @pytest.mark.slow
+@pytest.mark.full  # the card's parts (rollout, train, regrade) each have their CI tests; this is the bench script's
 def test_tiny_card(tiny_model, tmp_path):
     out = tmp_path / "card.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "real_model_learning.py"), "--tiny", "--model", tiny_model,

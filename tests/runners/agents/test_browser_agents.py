@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hrl.runners.agents import get_agent
-from tests.conftest import install_agent
+from tests.conftest import covering, install_agent
 
 MCP_CLIS = ["claude-code", "codex", "opencode", "gemini-cli", "qwen-code"]
 
@@ -101,7 +101,7 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.docker
 @pytest.mark.browser
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", MCP_CLIS)
+@pytest.mark.parametrize("name", covering(MCP_CLIS, full=["qwen-code"]))  # qwen-code's dialect is opencode's
 def test_a_screenshot_reaches_the_vision_model_as_media(name: str, vision_model: str, tmp_path: Path):
     """With a model that takes images, the MCP server sends its screenshots as images: the CLI passes the page's
     screenshot on, and the call after it records one PNG of the page, kept in the run's media folder."""

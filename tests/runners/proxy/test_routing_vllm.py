@@ -24,7 +24,9 @@ from hrl.runners.engines.vllm import VLLMEngine, VLLMEngineConfig
 from hrl.runners.errors import EngineError
 from tests.proxy_helpers import running_proxy
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+# The full tier (`make test-full`): in CI test_routing.py covers the routing, the fan-out and the hand-over with scripted
+# replicas, test_vllm.py a vLLM server's publish, and tests/runners/test_placement.py two replicas under Ray.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.full, pytest.mark.timeout(600)]
 
 CONTEXT = " ".join(f"line {i} of the task's context." for i in range(60))  # ~400 tokens, past vLLM's cache blocks
 

@@ -20,7 +20,7 @@ from hrl.runners.tasks.harbor import load_harbor_tasks
 from hrl.runners.tasks.harbor_verifier import HarborVerifier, browser_of
 from hrl.runners.tasks.task import TaskFormatError
 from hrl.sandboxes import SandboxSpec, get_backend
-from tests.conftest import install_agent
+from tests.conftest import covering, install_agent
 from tests.harbor_tasks import write_web_task
 from tests.runners.agents.test_browser_agents import hrl, running_under
 
@@ -151,7 +151,8 @@ def _web_turns(name: str) -> list[object]:
 @pytest.mark.docker
 @pytest.mark.browser
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["claude-code", "codex"])
+# claude-code's MCP browser is covered in CI by tests/runners/agents/test_browser_agents.py
+@pytest.mark.parametrize("name", covering(["claude-code", "codex"], full=["claude-code"]))
 def test_a_cli_confirms_the_order_in_the_apps_page_and_the_tests_grade_it(name: str, tmp_path: Path):
     """`hrl rollout --tasks DIR --agent CLI --sandbox docker`: the CLI's MCP browser server clicks the app's button;
     the app (in the container) records it and test.sh scores it 1. An agent that does nothing scores 0 (a second
