@@ -529,6 +529,18 @@ def _node_agents(ray: Any, pcfg: PlacementConfig, concurrency: int, agents: list
     return nodes, k
 
 
+def _node_settings(settings: RunConfig, nodes: int) -> RunConfig:
+    """What each node agent stands up: the run's settings with its share of `rollout.warm_sandboxes`. The run's pool
+    is sized for the episodes of an iteration (or of the run), which the nodes share out: a sandbox made ahead on one
+    node serves no episode on another, so each node making the whole pool made `nodes` times too many (each with its
+    harness started ahead: mini-swe-agent's imports, seconds of CPU each)."""
+    warm = settings.rollout.warm_sandboxes
+    if warm <= 0 or nodes <= 1:
+        return settings
+    rollout = settings.rollout.model_copy(update={"warm_sandboxes": -(-warm // nodes)})
+    return settings.model_copy(update={"rollout": rollout})
+
+
 @contextlib.asynccontextmanager
 async def ray_placement(
     settings: RunConfig,
@@ -569,7 +581,8 @@ async def ray_placement(
             say(f"episodes at once: {min(most, concurrency)} ({len(nodes)} node(s) × {k} = {most} slots, the run's "
                 f"concurrency {concurrency}; the smaller holds: raise -c train.concurrency or "
                 "placement.episodes_per_node)")  # fmt: skip
-        await asyncio.gather(*(n.actor.start.remote(settings, model, urls, secret) for n in nodes))
+        each = _node_settings(settings, len(nodes))
+        await asyncio.gather(*(n.actor.start.remote(each, model, urls, secret) for n in nodes))
         control = ReplicaSet(ReplicaSetConfig(model=model, **_replica_set(urls, settings, secret)))
         await control.start()
         rollouts = RayRollouts(nodes, settings.rollout.run_id, on_event, export)

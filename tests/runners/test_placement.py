@@ -2,7 +2,14 @@
 actors, a node agent and a proxy shard per node, traces written by the driver; the driver's publish fanned out to
 every replica; an outsider on the network, with every credential it could have, driving no replica; and chaos — a
 replica killed mid-episode, a node agent killed mid-episode — with every started episode ending as exactly one trace,
-no container and (see the `ray_cluster` fixture) no Ray process left."""
+no container and (see the `ray_cluster` fixture) no Ray process left.
+
+`placement.trainer: ray` on the same cluster (one module, so one cluster start: with `--dist loadfile` a module fixture
+is started once per file): the trainer's two gloo ranks are Ray actors on two distinct nodes; a step equals the
+single-process step to 1e-6; the checkpoint comes back to the driver through Ray (no folder shared with the ranks) and
+`--resume` sends it back; a rank killed mid-run is an error naming its rank and node, not a hang; and `hrl train`
+itself trains and publishes with its ranks on two nodes, the replicas serving the published version from checkpoints
+shipped to their nodes."""
 
 from __future__ import annotations
 
@@ -17,16 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from hrl.errors import UsageError
+from hrl.config import PlacementConfig
+from hrl.errors import HrlError, UsageError
 from hrl.runners.engines.base import SamplingParams
 from hrl.runners.placement import RunConfig
 from hrl.runners.placement.ray import _replica_engine_options, ray_placement
 from hrl.runners.rollouts.episodes import Episode, run_episodes
 from hrl.runners.tasks.task import write_tasks
 from hrl.runners.trace import read_traces
+from hrl.train.trainer import Trainer, TrainerConfig
 from tests.runners.proxy.test_agent_attacks import SCAN
 from tests.runners.tasks.test_verifier import mini_task
+from tests.train.test_distributed import _batch4, _weights
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -54,32 +65,30 @@ def _cfg(tmp_path: Path, agent: str, sandbox: str, **placement: Any) -> dict[str
     }  # fmt: skip
 
 
-def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(ray_cluster, tiny_model, tmp_path):
-    (tmp_path / "agent.py").write_text(AGENT)
-    # the shards' own poll is far off: only the publish barrier can tell them of version 1 in time
-    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local", routing={"poll_s": 60})
-    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}  # scores the agent's last reply
+def test_two_nodes_two_replicas_and_a_publish_fanned_out_from_the_driver(placed, loop, tmp_path):
+    # the shards' own poll is far off (`placed`): only the publish barrier can tell them of the new version in time;
+    # the verifier scores the agent's last reply
     tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(4)]
     out = tmp_path / "traces.jsonl"
 
-    async def main() -> tuple[list[dict], list[dict], dict[str, Any]]:
-        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4) as placed:
-            first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
-            version = await placed.publisher.publish("unused", "lora")
-            report = dict(placed.publisher.last_fanout, version=version)  # no sleep: every shard acknowledged
-            second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 4)
-        return first, second, report
+    async def main() -> tuple[int, list[dict], list[dict], dict[str, Any]]:
+        v0 = placed.publisher.control.version  # the placement is shared: other tests may have published before
+        first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
+        version = await placed.publisher.publish("unused", "lora")
+        report = dict(placed.publisher.last_fanout, version=version)  # no sleep: every shard acknowledged
+        second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 4)
+        return v0, first, second, report
 
-    first, second, report = asyncio.run(main())
+    v0, first, second, report = loop.run_until_complete(main())
     written = list(read_traces(out))
     assert len(written) == 8 == len({t["metadata"]["episode"] for t in written})
     assert [t["reward"] for t in written] == [1.0] * 8, [(t["failure_reason"], t["metadata"]) for t in written][:2]
     assert {t["metadata"]["node"] for t in written} == {0, 1}  # both node agents ran episodes
     assert {t["env"]["replica"] for t in written} == {"r0", "r1"}  # sessions spread over both replicas
-    assert report == {**report, "step": "publish", "acked": ["r0", "r1"], "failed": {}, "version": 1}
+    assert report == {**report, "step": "publish", "acked": ["r0", "r1"], "failed": {}, "version": v0 + 1}
     assert report["shards"] == {"acked": [0, 1], "failed": {}}
-    assert all(t["calls"][0]["versions"] == [[0, 0]] for t in first)
-    assert all(t["calls"][0]["versions"] == [[0, 1]] for t in second)
+    assert all(t["calls"][0]["versions"] == [[0, v0]] for t in first)
+    assert all(t["calls"][0]["versions"] == [[0, v0 + 1]] for t in second)
 
 
 IMAGE_AGENT = """
@@ -176,22 +185,15 @@ print(json.dumps(codes))
 LONG = " ".join(["word"] * 40)  # the held generations' turn: 40 tokens, 0.05 s apart once resumed
 
 
-def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path):
+def test_an_outsider_cannot_drive_any_replica(placed, loop, tiny_model, tmp_path):
     """Replicas listen on the node address, so anyone on the cluster network reaches them: with no credential, a
     guessed token or an agent's session key, every route of every replica is a 401; no version, pause or abort
     changes (a generation each replica holds, paused, plays out whole); the run goes on with the run's secret."""
     from transformers import AutoTokenizer
 
-    keys = tmp_path / "keys"
-    (tmp_path / "agent.py").write_text(
-        AGENT.replace("client = session.openai()", f"open({str(keys)!r}, 'a').write(session.api_key + '\\n')\n"
-                      "    client = session.openai()")
-    )  # fmt: skip
-    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
-    cfg["rollout"]["mode"] = "inprocess"  # the agent hands its key out through a file on this host
-    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
-    cfg["engine_options"] = {"turns": ["Done.", LONG], "token_delay_s": 0.05}
-    tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() for i in range(2)]
+    # the agent hands its session key out beside its own reward (`tell_key`); the engine's second turn is LONG
+    tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="say done").model_dump() | {"tell_key": True}
+             for i in range(2)]  # fmt: skip
     out = tmp_path / "traces.jsonl"
     marker = AutoTokenizer.from_pretrained(tiny_model).encode("<|im_start|>assistant", add_special_tokens=False)
     second_turn = marker * 2  # one completed assistant turn: the engine plays its second, LONG
@@ -205,44 +207,46 @@ def test_an_outsider_cannot_drive_any_replica(ray_cluster, tiny_model, tmp_path)
         return json.loads(r.stdout)
 
     async def main() -> dict[str, Any]:
-        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 2) as placed:
-            first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 2)
-            agent_key = keys.read_text().split()[0]
-            control = placed.publisher.control  # the driver's own clients: they hold the run's secret
-            engines = {n: r.engine for n, r in control.replicas.items()}
+        control = placed.publisher.control  # the driver's own clients: they hold the run's secret
+        v0 = control.version  # the placement is shared: other tests may have published before
+        first = await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 2)
+        agent_key = next(t["metadata"]["agent_reward_info"]["session_key"] for t in first)
+        engines = {n: r.engine for n, r in control.replicas.items()}
 
-            async def hold(name: str) -> list[Any]:
-                params = SamplingParams(max_tokens=len(LONG))
-                return [d async for d in engines[name].generate(f"held-{name}", second_turn, params)]
+        async def hold(name: str) -> list[Any]:
+            params = SamplingParams(max_tokens=len(LONG))
+            return [d async for d in engines[name].generate(f"held-{name}", second_turn, params)]
 
-            await placed.publisher.pause()  # with the secret: a generation sent now waits in its engine, held
+        await placed.publisher.pause()  # with the secret: a generation sent now waits in its engine, held
+        try:
             held = {n: asyncio.create_task(hold(n)) for n in engines}
             codes = await asyncio.to_thread(attack, list(placed.urls.values()), [f"held-{n}" for n in engines],
                                             agent_key)  # fmt: skip
             versions = {n: (await e._state())["version"] for n, e in engines.items()}
             pending = [n for n, t in held.items() if t.done()]
-            await placed.publisher.resume()
-            played = {n: await t for n, t in held.items()}
-            second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 2)
-            version = await placed.publisher.publish("unused", "lora")
-            fanout = dict(placed.publisher.last_fanout)
+        finally:
+            await placed.publisher.resume()  # whatever failed: the tests after find the placement serving
+        played = {n: await t for n, t in held.items()}
+        second = await run_episodes(placed.rollouts, [Episode(t, 1, 0) for t in tasks], out, 2)
+        version = await placed.publisher.publish("unused", "lora")
+        fanout = dict(placed.publisher.last_fanout)
         return {"codes": codes, "versions": versions, "pending": pending, "played": played, "first": first,
-                "second": second, "version": version, "fanout": fanout, "agent_key": agent_key}  # fmt: skip
+                "second": second, "version": version, "fanout": fanout, "agent_key": agent_key, "v0": v0}  # fmt: skip
 
-    got = asyncio.run(main())
+    got = loop.run_until_complete(main())
     codes = got["codes"]
     print(f"\nattack: {len(codes)} requests, statuses {sorted(set(codes.values()))}")
     assert got["agent_key"].startswith("hrl-")
     assert len(codes) == 2 * 4 * (6 + 2)  # replicas × credentials × (routes + an abort per held generation)
     assert set(codes.values()) == {401}, {k: v for k, v in codes.items() if v != 401}
-    assert got["versions"] == {"r0": 0, "r1": 0}  # no publish
+    assert got["versions"] == {"r0": got["v0"], "r1": got["v0"]}  # no publish
     assert got["pending"] == []  # no abort ended a held generation, no resume released it
     for name, deltas in got["played"].items():  # played out whole after the secret's resume: never aborted
         assert deltas[-1].finish_reason == "stop", (name, deltas[-1])
         assert sum(len(d.token_ids) for d in deltas) >= 40
     run = got["first"] + got["second"]
     assert [t["reward"] for t in run] == [1.0] * 4, [(t["failure_reason"], t["metadata"].get("error")) for t in run]
-    assert got["version"] == 1 and got["fanout"]["acked"] == ["r0", "r1"]
+    assert got["version"] == got["v0"] + 1 and got["fanout"]["acked"] == ["r0", "r1"]
 
 
 def test_a_replicas_vllm_server_stays_on_loopback():
@@ -426,17 +430,63 @@ def score(task, answer):
 """
 )
 
+# The agent of the tests that share one placement (`placed`), doing what each task asks by its fields: the sandbox
+# scan above (`scan`), else a reply, scored by the verifier on it (`tell_key`: the session key handed out beside the
+# agent's own reward, for the outsider). A sync `run`: the scan blocks, as SCAN_AGENT's; a reply is awaited.
+PLACED_AGENT = (
+    SCAN_AGENT.replace("def run(task, session):", "def _scan(task, session):").replace(
+        "def score(task, answer):\n    return 0.5\n", ""
+    )
+    + r"""
+async def _reply(task, session):
+    client = session.openai()
+    reply = await client.chat.completions.create(
+        model=session.model, messages=[{"role": "user", "content": task.problem_statement}], max_tokens=16)
+    got = 1.0 if reply.choices[0].message.content == "Done." else 0.0
+    if not getattr(task, "tell_key", False):
+        return got
+    session.reward(got, {"session_key": session.api_key})
 
-def test_an_agent_placed_by_ray_reaches_only_its_proxy(ray_cluster, tiny_model, tmp_path):
+
+def run(task, session):
+    return _scan(task, session) if getattr(task, "scan", None) else _reply(task, session)
+
+
+def score(task, answer):  # the recipe's verifier: the reward (the agent's own is kept as agent_reward)
+    if getattr(task, "scan", None):
+        return 0.5  # told apart from the agent's own 1.0
+    return 1.0 if answer == "Done." else 0.0
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def placed(ray_cluster: Any, tiny_model: str, loop: asyncio.AbstractEventLoop, tmp_path_factory: Any) -> Any:
+    """One placement for the tests that need the same one (two replicas of the tiny model's scripted engine, "Done."
+    then LONG, 0.05 s a token; PLACED_AGENT in subprocess mode on both node agents; the shards' own poll far off, so
+    only a publish's barrier tells them of a new version), on the module's event loop: a placement is four actors,
+    each importing torch, transformers and hrl (~6 CPU-seconds apiece, ~30 s on 2 loaded cores). Each test runs its
+    own episodes and reads versions relative to where it found them."""
+    folder = tmp_path_factory.mktemp("placed")
+    (folder / "agent.py").write_text(PLACED_AGENT)
+    cfg = _cfg(folder, f"{folder}/agent.py:run", "local", routing={"poll_s": 60})
+    cfg["rollout"]["mode"] = "subprocess"
+    cfg["verifier"] = {"name": "python", "function": f"{folder}/agent.py:score"}
+    cfg["engine_options"] = {"turns": ["Done.", LONG], "token_delay_s": 0.05}
+    started = ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4)
+    placement = loop.run_until_complete(started.__aenter__())
+    try:
+        yield placement
+    finally:
+        loop.run_until_complete(started.__aexit__(None, None, None))
+
+
+def test_an_agent_placed_by_ray_reaches_only_its_proxy(placed, loop, tmp_path):
     """The sandbox attack under `--placement ray` on the two-node cluster: the agents, on both node agents, reach
     their shard's proxy data plane through the relay and nothing else: not the replicas' engine_app ports on the
     node address, not Ray's ports, not another socket, not a control route; the state folder is empty to them."""
     from tests.runners.proxy.test_agent_attacks import _host_addresses, _listening_ports, _unix_sockets
 
-    (tmp_path / "agent.py").write_text(SCAN_AGENT)
-    cfg = _cfg(tmp_path, f"{tmp_path}/agent.py:run", "local")
-    cfg["rollout"]["mode"] = "subprocess"
-    cfg["verifier"] = {"name": "python", "function": f"{tmp_path}/agent.py:score"}
     state = Path.home() / ".local" / "state" / "hrl"  # the node agents' own: their environment is Ray's
     planted = not (state / "control-token").exists()
     if planted:
@@ -445,17 +495,16 @@ def test_an_agent_placed_by_ray_reaches_only_its_proxy(ray_cluster, tiny_model, 
     out = tmp_path / "traces.jsonl"
 
     async def main() -> tuple[list[int], list[dict]]:
-        async with ray_placement(RunConfig.model_validate(cfg), tiny_model, "scripted", 4) as placed:
-            ports = sorted({*_listening_ports(), 8000})  # the replicas' engine_app and Ray's ports among them
-            scan = json.dumps({"hosts": _host_addresses(), "ports": ports, "unix": _unix_sockets(),
-                               "token_file": str(state / "control-token")})  # fmt: skip
-            tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="hi").model_dump() | {"scan": scan}
-                     for i in range(4)]  # fmt: skip
-            await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
-            return ports, list(read_traces(out))
+        ports = sorted({*_listening_ports(), 8000})  # the replicas' engine_app and Ray's ports among them
+        scan = json.dumps({"hosts": _host_addresses(), "ports": ports, "unix": _unix_sockets(),
+                           "token_file": str(state / "control-token")})  # fmt: skip
+        tasks = [mini_task("local", instance_id=f"t{i}", problem_statement="hi").model_dump() | {"scan": scan}
+                 for i in range(4)]  # fmt: skip
+        await run_episodes(placed.rollouts, [Episode(t, 0, 0) for t in tasks], out, 4)
+        return ports, list(read_traces(out))
 
     try:
-        ports, written = asyncio.run(main())
+        ports, written = loop.run_until_complete(main())
     finally:
         if planted:
             (state / "control-token").unlink(missing_ok=True)
@@ -472,3 +521,99 @@ def test_an_agent_placed_by_ray_reaches_only_its_proxy(ray_cluster, tiny_model, 
         assert all(code in (401, 403, 404) for code in report["routes"].values()), report["routes"]
         assert t["reward"] == 0.5 and len(t["calls"]) == 1  # the verifier's reward; its own call went through
     print(f"\nray: {len(ports)} ports tried from {len(written)} agents on both nodes; each reached only its relay")
+
+
+# ---- `placement.trainer: ray`: the trainer's ranks as Ray actors, on the cluster above ----------------------------
+
+
+@pytest.mark.slow
+def test_two_ranks_on_two_nodes_take_the_single_process_step_and_a_rank_that_dies_is_named(
+    ray_cluster, tiny_model, tmp_path
+):
+    """A step of two gloo ranks on two nodes equals the single-process step; the checkpoint comes back through Ray and
+    `--resume` sends it to a fresh group, whose next step matches too. Then a rank of that group is killed: the next
+    step is an error naming the rank and its node, not a hang, and the group's placement group is freed (one group
+    less to start than a test of its own: each rank imports torch and builds the model)."""
+    import ray
+
+    from hrl.train.ray_group import RayTrainerGroup
+
+    cfg = TrainerConfig(model=tiny_model, mode="lora", lr=3e-5, micro_batch=1, device="cpu", nproc=2)
+    one = Trainer(cfg.model_copy(update={"nproc": 1}))
+    single = one.step(_batch4())
+    one.save(tmp_path / "single")
+
+    group = RayTrainerGroup(cfg, PlacementConfig(kind="ray", trainer="ray"))
+    try:
+        assert len({r["node_id"] for r in group.ranks}) == 2, group.ranks  # one rank per node
+        assert [r["rank"] for r in group.ranks] == [0, 1]
+        assert all(r["devices"] == ["cpu"] for r in group.ranks)
+        sharded = group.step(_batch4())
+        torch.testing.assert_close(torch.tensor(sharded["train/loss"]), torch.tensor(single["train/loss"]),
+                                   rtol=0, atol=1e-6)  # fmt: skip
+        ckpt = group.save(tmp_path / "ckpt")
+        names = sorted(p.name for p in ckpt.iterdir())
+        assert {"adapter_config.json", "adapter_model.safetensors", "optimizer-rank0-of-2.pt",
+                "optimizer-rank1-of-2.pt"} <= set(names), names  # fmt: skip
+        a, b = _weights(tmp_path / "single"), _weights(ckpt)
+        assert a.keys() == b.keys() and a
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+        with pytest.raises(UsageError, match="ipc"):
+            group.named_weights()
+        assert group.lr_info()["train/lr"] == pytest.approx(3e-5)
+    finally:
+        group.close()
+
+    resumed = RayTrainerGroup(cfg, PlacementConfig(kind="ray", trainer="ray"))  # --resume: from the driver's files
+    try:
+        resumed.load(tmp_path / "ckpt")
+        again, ref = resumed.step(_batch4()), one.step(_batch4())
+        torch.testing.assert_close(torch.tensor(again["train/loss"]), torch.tensor(ref["train/loss"]),
+                                   rtol=0, atol=1e-6)  # fmt: skip
+        resumed.save(tmp_path / "ckpt2")
+        one.save(tmp_path / "single2")
+        a, b = _weights(tmp_path / "single2"), _weights(tmp_path / "ckpt2")
+        for k in a:  # the optimizer's moments came back too: the second step matches as well
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+
+        # a rank that dies: the step is an error naming it and its node, with the way on (--resume)
+        node = resumed.ranks[1]["node_id"][:12]
+        ray.kill(resumed.actors[1])
+        with pytest.raises(HrlError, match=rf"trainer rank 1 on node {node}.* died during step") as e:
+            resumed.step(_batch4())
+        assert "--resume" in (e.value.hint or "")
+    finally:
+        resumed.close()
+    assert not ray.util.placement_group_table(resumed.group) or (
+        ray.util.placement_group_table(resumed.group)["state"] == "REMOVED"
+    )
+
+
+@pytest.mark.slow
+def test_hrl_train_with_its_ranks_on_two_nodes_trains_and_publishes(ray_cluster, tmp_path):
+    """The CLI, joined to the two-node cluster: one iteration, the two ranks on distinct nodes (placement.json), the
+    checkpoint shipped to each replica's node and served there at the new version."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hrl.cli", "train", "--recipe", "demo", "--iterations", "1", "--placement", "ray",
+           "--run-dir", str(run), "-c", f"placement.address={ray_cluster.address}", "-c", "placement.trainer=ray",
+           "-c", "trainer.nproc=2", "-c", "placement.engine_replicas=2", "-c", "placement.weights=ship",
+           "-c", "train.tasks_per_iteration=1", "-c", "train.group_size=2", "-c", "eval_tasks=",
+           # a step that always trains, whatever the two episodes score: the dense signal of a teacher (the model
+           # itself: near zero, never all zero), so the step, its checkpoint and the publish always happen
+           "-c", "train.advantage=distill", "-c", "distill.teacher=hrl:tiny-agent"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env={**os.environ, "NO_COLOR": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    placed = json.loads((run / "placement.json").read_text())
+    assert placed["trainer"] == "ray" and placed["weights"] == "ship"
+    assert len({r["node_id"] for r in placed["trainer_ranks"]}) == 2, placed
+    assert len(placed["replicas"]) == 2 and all(r["url"] for r in placed["replicas"])
+    state = json.loads((run / "state.json").read_text())
+    assert state["version"] == 1 and Path(state["checkpoint"]).is_dir()
+    assert (Path(state["checkpoint"]) / "optimizer-rank1-of-2.pt").is_file()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["version"] == 1 and not steps[-1].get("train/empty"), steps[-1]
+    assert steps[-1]["distill/tokens"] > 0
+    # the checkpoint reached both replicas' nodes through Ray and both serve version 1
+    assert steps[-1]["publish/replicas_acked"] == 2 and steps[-1]["publish/replicas_fenced"] == 0
+    assert steps[-1]["publish/shipped_bytes"] > 0 and steps[-1]["publish/ship_failed"] == 0
