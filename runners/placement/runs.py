@@ -42,6 +42,8 @@ async def rollout_episodes(
     async with placed(settings, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         # images' bytes beside the traces, where report, inspect and training read them
         here.publisher.keep_media(out.parent / "media")
+        if here.rollouts is not None:
+            here.rollouts.expect(len(episodes))  # no sandbox made ahead past the last episode
         try:
             with live_status(traces_live_file(out), lambda: engine_version(here)):  # `hrl top OUT` watches it
                 return await here.run(episodes, out, concurrency)
@@ -77,14 +79,22 @@ async def evaluate(
             async with local_placement(settings, path, engine, harnesses=harnesses, export=export) as here:
                 serving.append(here)
                 for cell in cells:
-                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": []})
-                    await here.prepare(on_cell(cell), roll)
                     episodes = [Episode(t, k, cell["iteration"]) for t in tasks for k in range(plan["n"])]
+                    # a recipe's pool sized for training (the demo's 16, each starting mini-swe-agent's imports)
+                    # makes no more than the cell runs, and the cell's pool ends with it: its sandboxes made ahead
+                    # would otherwise import beside the next cells' episodes until the model's placement ends
+                    warm = min(settings.rollout.warm_sandboxes, len(episodes))
+                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": [],
+                                                               "warm_sandboxes": warm})  # fmt: skip
+                    rollouts = await here.prepare(on_cell(cell), roll)
+                    rollouts.expect(len(episodes))
                     try:
                         traces += await here.run(episodes, run.trace_file(cell["iteration"]), concurrency)
                     except asyncio.CancelledError:
                         say(f"interrupted: the traces so far are in {run.path}")
                         live.end_as = "interrupted"
                         return None
+                    finally:
+                        await rollouts.close()
                     cell_done(cell)
     return traces

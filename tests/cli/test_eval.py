@@ -36,9 +36,11 @@ def _codex_tails(run_dir: Path) -> str:
 
 
 def test_eval_prints_one_row_per_harness_and_report_repeats_it(tmp_path: Path):
+    # one step of at most 16 tokens for mini-swe-agent: the table's columns are what is checked, not how far it gets
     run = _hrl(
         "eval", "--agents", "mini-swe-agent,codex", "--recipe", "demo", "--model", "hrl:tiny-agent", "--limit", "1",
-        "--run-dir", "ev", cwd=tmp_path,
+        "--run-dir", "ev", "-c", "rollout.agent_options.step_limit=1", "-c", "proxy.default_max_tokens=16",
+        cwd=tmp_path,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
