@@ -93,6 +93,7 @@ class SandboxPool:
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
     _closed: bool = False
     _made: int = 0
+    _left: int | None = None  # leases still to come (`expect`); None: not known, the pool keeps `warm` ahead
     _waiting: Counter[str] = field(default_factory=Counter)  # leases waiting for a sandbox being made, by spec
     _changed: asyncio.Condition | None = None  # a sandbox made ahead is ready, or its making ended
 
@@ -132,6 +133,12 @@ class SandboxPool:
         else:
             await close_sandbox(lease.sandbox)
 
+    def expect(self, leases: int) -> None:
+        """At most `leases` more leases will come (a run's episodes left): the pool makes no more ahead than they
+        take. Without it, each lease's replacement is made until the pool closes: at a run's end `warm` sandboxes
+        (and their harnesses, started ahead) nobody leases."""
+        self._left = max(0, leases)
+
     async def close(self) -> None:
         """Stop refilling and close every sandbox the pool holds (ready or parked). Idempotent."""
         self._closed = True
@@ -166,6 +173,8 @@ class SandboxPool:
     # --- warm pool ---
 
     async def _fresh(self, spec: SandboxSpec, key: str, episode_id: str, started: float) -> Lease:
+        if self._left is not None:
+            self._left = max(0, self._left - 1)  # this lease's
         if self.warm > 0:
             self._specs[key] = spec
             self._specs.move_to_end(key)
@@ -208,7 +217,8 @@ class SandboxPool:
             return
         key = next(reversed(self._specs))
         making = self._making.setdefault(key, set())
-        while len(self._ready.get(key, [])) + len(making) < self.warm:
+        ahead = self.warm if self._left is None else min(self.warm, self._left)  # no more than the leases to come
+        while len(self._ready.get(key, [])) + len(making) < ahead:
             total = sum(map(len, self._ready.values())) + sum(map(len, self._making.values()))
             if total >= self.warm and not self._evict_other(key):
                 break

@@ -66,6 +66,10 @@ class Rollouts(Protocol):
         """Release what the episodes held (sandbox pools, HTTP clients); nothing by default."""
         return
 
+    def expect(self, episodes: int) -> None:
+        """At most `episodes` more episodes will run here: a sandbox pool makes no more ahead (nothing by default)."""
+        return
+
 
 def harness_for(rollouts: Rollouts | None, group: int) -> str:
     """The harness of the run's `group`-th group: round-robin over the rollouts' harnesses when there are several

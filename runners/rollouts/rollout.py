@@ -152,6 +152,9 @@ class AgentRollouts(Rollouts):
         have = {m.target for m in inst.mounts}
         return dataclasses.replace(inst, mounts=(*inst.mounts, *(m for m in mcp.mounts if m.target not in have))), argv
 
+    def expect(self, episodes: int) -> None:
+        self.pool.expect(episodes)
+
     async def close(self) -> None:
         """End the run's sandbox pool (every sandbox it still holds, ready or parked for a group, is closed), then
         what the verifier holds for the run (browsers an episode left, their socket folders)."""
@@ -319,6 +322,10 @@ class HarnessMix(Rollouts):
         """Install (or load) every harness before the first episode."""
         for rollouts in self.by_harness.values():
             rollouts.prepare()
+
+    def expect(self, episodes: int) -> None:
+        for rollouts in self.by_harness.values():  # each runs at most all of them
+            rollouts.expect(episodes)
 
     async def close(self) -> None:
         """Close each harness's rollouts (what they hold: a sandbox pool, the verifier's browsers)."""

@@ -78,6 +78,22 @@ def test_warm_pool_hands_out_premade_sandboxes_and_removes_them_all_at_the_end(t
     asyncio.run(main())
 
 
+def test_a_pool_told_the_leases_to_come_makes_no_sandbox_past_the_last(tmp_path: Path) -> None:
+    """`expect(n)`: a run of n episodes (warm 2) makes n sandboxes in all, not n + 2 refills nobody leases."""
+
+    async def main() -> None:
+        pool = SandboxPool(_backend(tmp_path), f"test-{uuid.uuid4().hex[:8]}", warm=2)
+        pool.expect(3)
+        for k in range(3):
+            async with pool.lease(SPEC, f"ep-{k}", prepare=_nothing) as lease:
+                assert lease.source == "pooled"
+            await pool.settle()
+        assert pool.counts["created"] == 3 and pool.held == 0 and _left(tmp_path) == []
+        await pool.close()
+
+    asyncio.run(main())
+
+
 def test_a_spec_that_differs_never_gets_another_specs_sandbox(tmp_path: Path) -> None:
     hidden = tmp_path / "hidden"
     hidden.mkdir()
