@@ -103,6 +103,8 @@ async def train(
         with MetricsSink(run.path, wandb=cfg.wandb, config=cfg.model_dump(), on_event=on_event) as sink:
             for it in range(state["iteration"], cfg.iterations):
                 await evals.at(it, version, sink, on_event)  # the policy this step's rollouts use
+                if it == cfg.iterations - 1:  # the last batch and the final evaluation: no sandbox made past them
+                    rollouts.expect(cfg.tasks_per_iteration * cfg.group_size + evals.episodes_at(cfg.iterations))
                 metrics, path = await _iteration(
                     it, tasks, cfg, run, publisher, rollouts, trainer, version, on_event, stats, teacher
                 )
