@@ -78,6 +78,7 @@ def test_a_check_that_times_out_is_named_after_the_checks_done(tiny_model):
 
 
 @pytest.mark.vllm
+@pytest.mark.full  # CI: test_vllm.py's logprob parity and publish check, and the publish check on the embedded engine
 @pytest.mark.timeout(600)
 def test_vllm_cpu_raw_logprobs_and_publish_check(tiny_model):
     """One vLLM server: the probe (its sampled logprobs are raw) and the publish check for a LoRA adapter and a full
