@@ -3,6 +3,8 @@ reader, which dequantizes every tensor; torch, transformers and `gguf` are impor
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,9 @@ def convert_gguf(gguf: Path, out: Path, dtype: str = "float32") -> dict[str, Any
 
     gguf_version = _gguf_version(transformers)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with _one_reader():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as e:  # an architecture or a quantization it does not read
         raise UsageError(f"transformers {transformers.__version__} cannot read {gguf}: {e}",
                          hint="give a GGUF of a model family transformers reads (llama, mistral, qwen2, …)") from None  # fmt: skip
@@ -74,3 +77,22 @@ def _drop_quantizer(model: Any) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+
+
+@contextlib.contextmanager
+def _one_reader() -> Iterator[None]:
+    """transformers' GGUF loader parses the file's metadata anew for the tokenizer, the config and the weights (~5 s
+    of CPU each for SmolLM2's 49k-token vocabulary, a Python loop over its fields): parse it once per file meanwhile.
+    The reader only maps the file read-only, so the three loads read the same values from one reader."""
+    import functools
+    import os
+
+    import gguf
+
+    reader = gguf.GGUFReader
+    readers = functools.lru_cache(maxsize=2)(reader)
+    gguf.GGUFReader = lambda path, mode="r": readers(os.path.realpath(path), mode)  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = reader  # type: ignore[misc]
