@@ -244,6 +244,31 @@ def _one_weight_changed(model: Path) -> None:
     save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
 
 
+@pytest.fixture(scope="module")
+def behaviours() -> dict[tuple[object, ...], tuple[list[str], float]]:
+    """`verify.behaviour` results by the digests of the files they were computed from, for the module: a function of
+    those bytes (greedy decoding, one load), it costs seconds of generation a call, and the tests below ask it of the
+    shipped build, or of a copy of it, up to five times."""
+    return {}
+
+
+@pytest.fixture
+def behaviour_once(monkeypatch: pytest.MonkeyPatch, behaviours: dict) -> None:
+    from hrl.train.tiny import verify
+
+    compute = verify.behaviour
+
+    def once(model_dir: str | Path, tasks: int = 48) -> tuple[list[str], float]:
+        key = (str(tasks), *sorted(file_digests(model_dir).items()))
+        if key not in behaviours:
+            behaviours[key] = compute(model_dir, tasks)
+        answers, loss = behaviours[key]
+        return list(answers), loss
+
+    monkeypatch.setattr(verify, "behaviour", once)
+
+
+@pytest.mark.usefixtures("behaviour_once")
 @pytest.mark.parametrize("mode", ["bytes", "behaviour"])
 def test_verify_fails_when_one_weight_of_the_shipped_model_is_changed(tmp_path, monkeypatch, mode):
     """On the builder's machine (bytes) and on any other (behaviour): the shipped build must match its record, so a
@@ -284,6 +309,7 @@ def test_a_rebuild_by_another_transformers_release_differs_only_in_its_version_k
     assert not {r["file"]: r for r in compare_files(wider, shipped_model())}["config.json"]["same"]
 
 
+@pytest.mark.usefixtures("behaviour_once")
 def test_verify_elsewhere_fails_a_build_of_other_data_or_a_model_that_learnt_less(tmp_path, monkeypatch):
     """Off the builder's machine: another tokenizer (the generated data changed), another architecture, or weights
     that have not learnt the fixed turns each fail, even with a record that matches their files."""
@@ -345,11 +371,15 @@ def test_cli_builds_with_a_summary(tmp_path, small_agent, monkeypatch):
 
     from hrl.cli.main import app
 
-    monkeypatch.setattr("hrl.train.tiny.agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=kw))
+    # SMALL's data, tokenizer and shape (its parameters are small_agent's) trained for one step: the command's build,
+    # not the training, which small_agent and the build tests above cover
+    one_step = {"bare_steps": 1, "brief_steps": 0, "steps": 0}
+    monkeypatch.setattr("hrl.train.tiny.agent.TinyAgentConfig", lambda **kw: SMALL.model_copy(update=one_step | kw))
     result = CliRunner().invoke(app, ["models", "tiny-agent", str(tmp_path / "m"), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["path"] == str(tmp_path / "m") and summary["params"] == build_info(small_agent)["params"]
+    assert build_info(tmp_path / "m")["config"] == SMALL.model_copy(update=one_step).model_dump()  # trained, not copied
 
 
 # ---- the real harness ---------------------------------------------------------------------------------------------
