@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,6 +92,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             if in_ci():
                 pytest.fail(f"[{name}] required in CI: {problem}", pytrace=False)
             pytest.skip(f"[{name}] {problem}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The `hrl` that the tests' subprocesses import (a CLI run in a temporary folder, an agent's worker) must be this
+    checkout's: an editable install made from another checkout sharing $HRL_CACHE (its `make test` reinstalls hrl
+    from there) would run that one's code in every subprocess, silently. Checked once, in the main process."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller checked
+        return
+    here = Path(__file__).resolve().parents[1]
+    probe = "import hrl.runners, sys; sys.stdout.write(hrl.runners.__file__)"
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
+    where = Path(got.stdout).resolve().parents[1] if got.returncode == 0 and got.stdout else None
+    if where != here:
+        found = f"from {where}" if where else f"not at all ({got.stderr.strip()[-300:]})"
+        raise pytest.UsageError(
+            f"outside this checkout ({here}) Python imports hrl {found}: run `.ci/setup.sh venv` (or `make test`) "
+            "here to install this checkout's hrl into the venv"
+        )
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
