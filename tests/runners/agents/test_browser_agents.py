@@ -101,7 +101,8 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.docker
 @pytest.mark.browser
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", covering(MCP_CLIS, full=["qwen-code"]))  # qwen-code's dialect is opencode's
+# CI: claude-code here (the MCP server's screenshots as images); each CLI's own image to the model in test_agents.py
+@pytest.mark.parametrize("name", covering(MCP_CLIS, full=["codex", "opencode", "gemini-cli", "qwen-code"]))
 def test_a_screenshot_reaches_the_vision_model_as_media(name: str, vision_model: str, tmp_path: Path):
     """With a model that takes images, the MCP server sends its screenshots as images: the CLI passes the page's
     screenshot on, and the call after it records one PNG of the page, kept in the run's media folder."""

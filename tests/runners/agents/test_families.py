@@ -10,7 +10,7 @@ import pytest
 
 from hrl.runners.doctor.agents import doctor
 from hrl.train.tiny.families import FAMILIES
-from tests.conftest import install_agent
+from tests.conftest import covering, install_agent
 
 # each dialect once, with a family whose syntax differs most from Hermes
 BY_DIALECT = {"codex": "gpt-oss", "claude-code": "kimi-k2", "gemini-cli": "glm45", "opencode": "qwen3-coder"}
@@ -24,7 +24,8 @@ def _check(name: str, model: str, sandbox: str) -> None:
 
 @pytest.mark.agents
 @pytest.mark.timeout(1800)  # a first install of a Python CLI takes minutes
-@pytest.mark.parametrize("family", list(FAMILIES))
+# the families test_each_dialect_with_another_family drives a CLI with are the full tier's here
+@pytest.mark.parametrize("family", covering(list(FAMILIES), full=list(BY_DIALECT.values())))
 def test_every_family_drives_a_cli(family: str, family_model: Any) -> None:
     install_agent("mini-swe-agent", "local")
     _check("mini-swe-agent", family_model(family), "local")
