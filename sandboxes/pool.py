@@ -107,6 +107,8 @@ class SandboxPool:
         if self._closed:
             raise SandboxError("the sandbox pool is closed (the run has ended)")
         key, started = spec_key(spec), time.monotonic()
+        if self._left is not None:
+            self._left = max(0, self._left - 1)  # this lease's, fresh or reused
         mismatched = self.counts["reset_mismatch"]
         lease = await self._reused(key, group, started) if self.reuse == "group" and group else None
         if lease is None:
@@ -173,8 +175,6 @@ class SandboxPool:
     # --- warm pool ---
 
     async def _fresh(self, spec: SandboxSpec, key: str, episode_id: str, started: float) -> Lease:
-        if self._left is not None:
-            self._left = max(0, self._left - 1)  # this lease's
         if self.warm > 0:
             self._specs[key] = spec
             self._specs.move_to_end(key)

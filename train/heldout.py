@@ -137,20 +137,19 @@ class Evaluations:
     def due(self, step: int) -> bool:
         return step in self.steps and step not in self.done
 
+    def _tasks_at(self, step: int) -> int:
+        return len(self.tasks) if self.steps[step] else min(self.cfg.eval_slice, len(self.tasks))
+
     def episodes_at(self, step: int) -> int:
         """The episodes the evaluation at `step` runs (0 where none is due)."""
-        if not self.due(step):
-            return 0
-        n = len(self.tasks) if self.steps[step] else min(self.cfg.eval_slice, len(self.tasks))
-        return n * self.cfg.eval_episodes
+        return self._tasks_at(step) * self.cfg.eval_episodes if self.due(step) else 0
 
     async def at(self, step: int, version: int, sink: Any, on_event: Any) -> dict[str, Any] | None:
         """Evaluate policy `version` if `step` is due and not logged yet; log and return its row."""
         if not self.due(step):
             return None
-        whole, episodes = self.steps[step], self.episodes_at(step)
-        on_event("eval_start", {"step": step, "version": version, "tasks": episodes // max(1, self.cfg.eval_episodes),
-                                "episodes": episodes})  # fmt: skip
+        whole, n = self.steps[step], self._tasks_at(step)
+        on_event("eval_start", {"step": step, "version": version, "tasks": n, "episodes": n * self.cfg.eval_episodes})
         row = await evaluate(self.tasks, self.rollouts, self.run, step, version, self.cfg, whole)
         sink.log(row, step=step)
         self.done.add(step)

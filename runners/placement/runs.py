@@ -35,15 +35,14 @@ async def rollout_episodes(
     in media/) and watched by `hrl top OUT`; their traces, or None when cancelled (said to `say`)."""
     from hrl.runners.live import live_status, traces_live_file
 
-    if settings.rollout.warm_sandboxes > len(
-        episodes
-    ):  # a recipe's pool sized for training: no more than this run uses
-        settings.rollout.warm_sandboxes = len(episodes)
+    # a recipe's pool sized for training: no more than this run uses (the node agents' pools under Ray too, which
+    # `expect` does not reach)
+    settings.rollout.warm_sandboxes = min(settings.rollout.warm_sandboxes, len(episodes))
     async with placed(settings, model, engine, concurrency, on_event=on_event, say=say, verbose=verbose) as here:
         # images' bytes beside the traces, where report, inspect and training read them
         here.publisher.keep_media(out.parent / "media")
         if here.rollouts is not None:
-            here.rollouts.expect(len(episodes))  # no sandbox made ahead past the last episode
+            here.rollouts.expect(len(episodes))  # and none made past the last episode
         try:
             with live_status(traces_live_file(out), lambda: engine_version(here)):  # `hrl top OUT` watches it
                 return await here.run(episodes, out, concurrency)
@@ -80,13 +79,11 @@ async def evaluate(
                 serving.append(here)
                 for cell in cells:
                     episodes = [Episode(t, k, cell["iteration"]) for t in tasks for k in range(plan["n"])]
+                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": []})
+                    rollouts = await here.prepare(on_cell(cell), roll)
                     # a recipe's pool sized for training (the demo's 16, each starting mini-swe-agent's imports)
                     # makes no more than the cell runs, and the cell's pool ends with it: its sandboxes made ahead
                     # would otherwise import beside the next cells' episodes until the model's placement ends
-                    warm = min(settings.rollout.warm_sandboxes, len(episodes))
-                    roll = settings.rollout.model_copy(update={"agent": cell["agent"], "agents": [],
-                                                               "warm_sandboxes": warm})  # fmt: skip
-                    rollouts = await here.prepare(on_cell(cell), roll)
                     rollouts.expect(len(episodes))
                     try:
                         traces += await here.run(episodes, run.trace_file(cell["iteration"]), concurrency)
